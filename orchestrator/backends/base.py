@@ -1,0 +1,129 @@
+"""What every backend provides: submit, poll many attempts in one call, cancel, find by token.
+
+A backend never decides completion (that is ``protocol.verify_done_marker``) nor classifies a
+failure (``classify.py``); it only says what the scheduler knows about a process it started.
+Backends are constructed on the login node / controller host and must be cheap to import:
+heavy modules (submitit) are imported inside methods.
+"""
+
+from __future__ import annotations
+
+import enum
+import sys
+from abc import ABC, abstractmethod
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+
+class Phase(str, enum.Enum):
+    """What the scheduler says about one attempt."""
+
+    PENDING = "pending"  # accepted, not started (or requeued in place and waiting to restart)
+    RUNNING = "running"
+    EXITED = "exited"  # finished by itself or killed; see exit_code / signal / backend_state
+    VANISHED = "vanished"  # the scheduler has no trace and the process is gone without a record
+    UNKNOWN = "unknown"  # the scheduler could not be asked (sacct failed, timed out): never "failed"
+
+
+@dataclass(frozen=True)
+class Resources:
+    partition: str | None = None
+    gpus: int | None = None
+    cpus_per_task: int | None = None
+    mem_mb: int | None = None
+    time_s: int | None = None
+    account: str | None = None
+    extra_sbatch: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class SubmitSpec:
+    """Everything a backend needs to start attempt ``attempt`` of job ``job``."""
+
+    job: str
+    attempt: int
+    token: str  # unique per attempt; travels with the job so a lost submission can be found again
+    run_dir: Path
+    command: tuple[str, ...]  # argv of the user's program, policy flags already appended
+    env: dict[str, str] = field(default_factory=dict)  # ORCH_* etc., added to the job's environment
+    outputs: tuple[str, ...] = ()  # --outputs globs: the wrapper writes done.json after exit 0
+    resources: Resources = Resources()
+
+    @property
+    def attempt_dir(self) -> Path:
+        return self.run_dir / "attempts" / str(self.attempt)
+
+    def wrapper_argv(self, python: str | None = None) -> list[str]:
+        """argv that runs the user's command under orch's job wrapper (see ``orchestrator/wrapper.py``)."""
+        argv = [python or sys.executable, "-m", "orchestrator.wrapper", "--run-dir", str(self.run_dir),
+                "--job", self.job, "--attempt", str(self.attempt), "--token", self.token]
+        for g in self.outputs:
+            argv += ["--outputs", g]
+        return argv + ["--", *self.command]
+
+
+@dataclass(frozen=True)
+class AttemptRef:
+    """How the reconciler names one live attempt to a backend."""
+
+    external_id: str | None
+    token: str
+    run_dir: Path
+    attempt: int
+
+    @property
+    def attempt_dir(self) -> Path:
+        return self.run_dir / "attempts" / str(self.attempt)
+
+
+@dataclass(frozen=True)
+class Outcome:
+    phase: Phase
+    exit_code: int | None = None
+    signal: int | None = None
+    backend_state: str | None = None  # raw scheduler state, e.g. sacct's OUT_OF_MEMORY
+    reason: str = ""
+    restart_count: int = 0  # Slurm in-place requeues of this same attempt
+
+
+class BackendError(RuntimeError):
+    """The backend refused or failed a submission (the attempt stays pending and is retried)."""
+
+
+class Backend(ABC):
+    name: str = "?"
+
+    @abstractmethod
+    def submit(self, spec: SubmitSpec) -> str:
+        """Start the attempt; return its external id. Raises BackendError."""
+
+    @abstractmethod
+    def poll(self, refs: Sequence[AttemptRef]) -> dict[str, Outcome]:
+        """One batched query for all refs; keyed by ``ref.token``. Missing keys mean UNKNOWN."""
+
+    @abstractmethod
+    def cancel(self, refs: Sequence[AttemptRef]) -> None:
+        """Ask the scheduler to stop these attempts (SIGTERM first, so the job can checkpoint)."""
+
+    @abstractmethod
+    def find_by_token(self, refs: Sequence[AttemptRef]) -> dict[str, str]:
+        """token -> external id for attempts the scheduler knows although the DB lost the id.
+
+        Exactly-once submission rests on this: an attempt row written before a crash that hid
+        whether the backend call happened is resolved by looking its token up, never by resubmitting
+        blindly.
+        """
+
+
+def get_backend(name: str) -> Backend:
+    """Backend by name; imports only the one asked for."""
+    if name == "local":
+        from orchestrator.backends.local import LocalBackend
+
+        return LocalBackend()
+    if name == "slurm":
+        from orchestrator.backends.slurm import SlurmBackend
+
+        return SlurmBackend()
+    raise ValueError(f"unknown backend {name!r} (choose local or slurm)")

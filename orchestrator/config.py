@@ -1,0 +1,110 @@
+"""Where orch keeps its things ($ORCH_HOME) and what orch.toml may change.
+
+Read on every command, so it imports only the stdlib. A malformed orch.toml is a usage error that
+names the file and the key, found before anything is written.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import tomllib
+
+from orchestrator.errors import UsageError
+
+# The defaults of the design's policy section: which classes reconcile requeues by itself,
+# which count against --max-attempts, and per-class caps.
+AUTO_REQUEUE = frozenset({"preempted", "timeout", "node_fail", "oom", "hang", "nan", "enospc"})
+UNCOUNTED = frozenset({"preempted", "timeout", "node_fail"})
+CLASS_CAPS = {"oom": 3, "nan": 3, "enospc": 2, "hang": 3, "crash": 3}
+
+
+@dataclass
+class Config:
+    home: Path
+    runs_root: Path
+    trash: Path
+    db_url: str
+    auto_requeue: frozenset[str] = AUTO_REQUEUE
+    uncounted: frozenset[str] = UNCOUNTED
+    caps: dict[str, int] = field(default_factory=lambda: dict(CLASS_CAPS))
+    max_attempts: int = 3
+    nan_rollback_steps: int = 1  # resume from the newest checkpoint at least this many steps before the NaN
+    nan_lr_factor: float = 0.5
+    oom_mem_factor: float = 2.0
+    oom_mem_cap_mb: int = 512 * 1024
+    crash_backoff_s: float = 30.0
+    hang_timeout_s: float = 600.0
+    slow_factor: float = 0.3  # flag jobs whose tokens/s falls below this fraction of their own median
+    lease_ttl_s: float = 120.0
+    busy_timeout_ms: int = 30000
+    keep_last_k: int = 2  # what an enospc prune keeps
+
+
+def orch_home() -> Path:
+    return Path(os.environ.get("ORCH_HOME") or Path.home() / ".orch").expanduser()
+
+
+def _get(tbl: dict, key: str, typ: type | tuple[type, ...], path: str) -> Any:
+    v = tbl[key]
+    if not isinstance(v, typ) or isinstance(v, bool) and typ is not bool:
+        raise UsageError(f"orch.toml: {path}{key} must be {getattr(typ, '__name__', typ)}, got {v!r}")
+    return v
+
+
+def load_config(home: Path | None = None) -> Config:
+    """Defaults, overlaid by ``$ORCH_HOME/orch.toml`` when it exists. Creates nothing."""
+    home = (home or orch_home()).absolute()
+    cfg = Config(home=home, runs_root=home / "runs", trash=home / "trash",
+                 db_url=os.environ.get("ORCH_DB_URL") or f"sqlite:///{home / 'orch.db'}")
+    path = home / "orch.toml"
+    if not path.exists():
+        return cfg
+    try:
+        data = tomllib.loads(path.read_text())
+    except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError) as e:
+        raise UsageError(f"cannot read {path}: {e}") from None
+    runs = data.get("runs", {})
+    if not isinstance(runs, dict):
+        raise UsageError(f"{path}: [runs] must be a table")
+    if "root" in runs:
+        root = Path(_get(runs, "root", str, "runs.")).expanduser()
+        if not root.is_absolute():
+            raise UsageError(f"{path}: runs.root must be an absolute path, got {str(root)!r}")
+        cfg.runs_root = root
+    pol = data.get("policy", {})
+    if not isinstance(pol, dict):
+        raise UsageError(f"{path}: [policy] must be a table")
+    from orchestrator.protocol import FAILURE_CLASSES
+
+    for key in ("auto_requeue", "uncounted"):
+        if key in pol:
+            classes = _get(pol, key, list, "policy.")
+            bad = [c for c in classes if c not in FAILURE_CLASSES]
+            if bad:
+                raise UsageError(f"{path}: policy.{key} names unknown classes {bad}")
+            setattr(cfg, key, frozenset(classes))
+    if "caps" in pol:
+        caps = _get(pol, "caps", dict, "policy.")
+        for cls, n in caps.items():
+            if cls not in FAILURE_CLASSES or not isinstance(n, int) or isinstance(n, bool) or n < 0:
+                raise UsageError(f"{path}: policy.caps.{cls} must be a known class with an integer >= 0")
+            cfg.caps[cls] = n
+    for key, typ in (("max_attempts", int), ("nan_rollback_steps", int), ("nan_lr_factor", (int, float)),
+                     ("oom_mem_factor", (int, float)), ("oom_mem_cap_mb", int), ("crash_backoff_s", (int, float)),
+                     ("hang_timeout_s", (int, float)), ("slow_factor", (int, float)), ("keep_last_k", int)):
+        if key in pol:
+            v = _get(pol, key, typ, "policy.")
+            if v < 0:
+                raise UsageError(f"{path}: policy.{key} must be >= 0")
+            setattr(cfg, key, v)
+    rec = data.get("reconcile", {})
+    if not isinstance(rec, dict):
+        raise UsageError(f"{path}: [reconcile] must be a table")
+    for key, typ in (("lease_ttl_s", (int, float)), ("busy_timeout_ms", int)):
+        if key in rec:
+            setattr(cfg, key, _get(rec, key, typ, "reconcile."))
+    return cfg

@@ -1,0 +1,169 @@
+"""Engine, sessions and schema upgrades for the job table.
+
+SQLite (the default) gets WAL, a busy timeout and foreign keys on every connection, so cron
+reconcilers and a user's commands can overlap without "database is locked". The schema is born and
+changed only by Alembic; the common case (already at head) is checked with one SELECT so that read
+commands do not pay for importing Alembic on a login node.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import os
+from collections.abc import Iterator
+from pathlib import Path
+
+from sqlalchemy import create_engine, event, text
+from sqlalchemy.engine import Engine
+from sqlalchemy.exc import DatabaseError, OperationalError
+from sqlalchemy.orm import Session, sessionmaker
+
+from orchestrator.config import Config
+from orchestrator.errors import DatabaseProblem
+
+SCHEMA_HEAD = "0001"  # a test checks this equals Alembic's head revision
+MIGRATIONS = Path(__file__).resolve().parent / "migrations"
+
+
+def _sqlite_path(url: str) -> Path | None:
+    if url.startswith("sqlite:///") and ":memory:" not in url:
+        return Path(url[len("sqlite:///"):])
+    return None
+
+
+def prepare_home(cfg: Config) -> None:
+    """Create ORCH_HOME (0700) and the SQLite file (0600): a shared login node must not expose them."""
+    cfg.home.mkdir(mode=0o700, parents=True, exist_ok=True)
+    p = _sqlite_path(cfg.db_url)
+    if p is not None and not p.exists():
+        p.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+        os.close(os.open(p, os.O_CREAT | os.O_WRONLY, 0o600))
+
+
+def make_engine(cfg: Config) -> Engine:
+    sqlite = cfg.db_url.startswith("sqlite")
+    kwargs = {"connect_args": {"timeout": cfg.busy_timeout_ms / 1000}} if sqlite else {}
+    engine = create_engine(cfg.db_url, **kwargs)
+    if sqlite:
+        @event.listens_for(engine, "connect")
+        def _pragmas(dbapi_conn, _record):  # noqa: ANN001
+            # Let SQLAlchemy's transaction control issue BEGIN; we issue BEGIN IMMEDIATE ourselves
+            # for writers so that two writers never deadlock upgrading a read lock.
+            dbapi_conn.isolation_level = None
+            cur = dbapi_conn.cursor()
+            cur.execute(f"PRAGMA busy_timeout={int(cfg.busy_timeout_ms)}")
+            cur.execute("PRAGMA journal_mode=WAL")
+            cur.execute("PRAGMA foreign_keys=ON")
+            cur.execute("PRAGMA synchronous=NORMAL")
+            cur.close()
+
+        @event.listens_for(engine, "begin")
+        def _begin(conn):  # noqa: ANN001
+            write = conn.get_execution_options().get("orch_write")
+            conn.exec_driver_sql("BEGIN IMMEDIATE" if write else "BEGIN")
+    return engine
+
+
+def _current_revision(engine: Engine) -> str | None:
+    with engine.connect() as conn:
+        try:
+            return conn.execute(text("SELECT version_num FROM alembic_version")).scalar()
+        except OperationalError as e:
+            if "no such table" in str(e) or "does not exist" in str(e):
+                return None
+            raise
+
+
+def alembic_config(engine: Engine):  # noqa: ANN201 - alembic imported lazily
+    from alembic.config import Config as AlembicConfig
+
+    acfg = AlembicConfig()
+    acfg.set_main_option("script_location", str(MIGRATIONS))
+    acfg.set_main_option("sqlalchemy.url", engine.url.render_as_string(hide_password=False))
+    return acfg
+
+
+def upgrade(engine: Engine) -> None:
+    from alembic import command
+
+    acfg = alembic_config(engine)
+    with engine.begin() as conn:
+        acfg.attributes["connection"] = conn
+        command.upgrade(acfg, "head")
+
+
+def ensure_schema(cfg: Config, engine: Engine) -> None:
+    """Bring the DB to the head revision; cheap when it already is."""
+    try:
+        if _current_revision(engine) == SCHEMA_HEAD:
+            return
+        lock_path = _sqlite_path(cfg.db_url)
+        with _file_lock(lock_path.with_suffix(".migrate.lock") if lock_path else None):
+            if _current_revision(engine) != SCHEMA_HEAD:  # another process may have done it meanwhile
+                upgrade(engine)
+    except DatabaseError as e:
+        raise DatabaseProblem(f"database {describe(cfg)} is unusable: {_short(e)}") from None
+
+
+@contextlib.contextmanager
+def _file_lock(path: Path | None) -> Iterator[None]:
+    if path is None:
+        yield
+        return
+    fd = os.open(path, os.O_CREAT | os.O_RDWR, 0o600)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)
+
+
+def describe(cfg: Config) -> str:
+    p = _sqlite_path(cfg.db_url)
+    return str(p) if p else cfg.db_url.split("@")[-1]
+
+
+def _short(e: Exception) -> str:
+    return str(getattr(e, "orig", e)).splitlines()[0][:200]
+
+
+class Database:
+    """One per process: engine + session factory, schema at head."""
+
+    def __init__(self, cfg: Config) -> None:
+        self.cfg = cfg
+        prepare_home(cfg)
+        self.engine = make_engine(cfg)
+        ensure_schema(cfg, self.engine)
+        self._sessions = sessionmaker(self.engine, expire_on_commit=False)
+        self._write_sessions = sessionmaker(self.engine.execution_options(orch_write=True),
+                                            expire_on_commit=False)
+
+    @contextlib.contextmanager
+    def read(self) -> Iterator[Session]:
+        with self._guard(), self._sessions() as s:
+            yield s
+
+    @contextlib.contextmanager
+    def write(self) -> Iterator[Session]:
+        """A write transaction (BEGIN IMMEDIATE on SQLite), committed on success."""
+        with self._guard(), self._write_sessions() as s:
+            try:
+                yield s
+                s.commit()
+            except BaseException:
+                s.rollback()
+                raise
+
+    @contextlib.contextmanager
+    def _guard(self) -> Iterator[None]:
+        try:
+            yield
+        except OperationalError as e:
+            if "locked" in str(e) or "busy" in str(e):
+                raise DatabaseProblem(f"database {describe(self.cfg)} is locked by another writer "
+                                      f"for longer than {self.cfg.busy_timeout_ms} ms; try again") from None
+            raise DatabaseProblem(f"database {describe(self.cfg)}: {_short(e)}") from None
+        except DatabaseError as e:
+            raise DatabaseProblem(f"database {describe(self.cfg)} is unusable: {_short(e)}") from None

@@ -1,0 +1,102 @@
+"""Read-only views for status/show/logs. Imports no torch, no submitit, no Alembic."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from sqlalchemy import func, select
+
+from orchestrator import protocol
+from orchestrator.config import Config
+from orchestrator.db import Database
+from orchestrator.jobs import attempt_view, get_job
+from orchestrator.models import Attempt, Job
+
+SLOW_MIN_SAMPLES = 5
+
+
+def status_rows(db: Database, cfg: Config, state: str | None = None) -> list[dict[str, Any]]:
+    """One row per job with its latest attempt; one query, plus heartbeats of running jobs only."""
+    latest = (select(Attempt.job_id, func.max(Attempt.n).label("n"), func.count().label("count"))
+              .group_by(Attempt.job_id).subquery())
+    q = (select(Job.name, Job.state, Job.backend, Job.run_dir, latest.c.count, Attempt.external_id,
+                Attempt.failure_class, Attempt.n, Attempt.restarts)
+         .outerjoin(latest, latest.c.job_id == Job.id)
+         .outerjoin(Attempt, (Attempt.job_id == Job.id) & (Attempt.n == latest.c.n))
+         .order_by(Job.id))
+    if state:
+        q = q.where(Job.state == state)
+    rows = []
+    with db.read() as s:
+        for r in s.execute(q):
+            row = {"name": r.name, "state": r.state, "attempts": r.count or 0, "run_dir": r.run_dir,
+                   "backend": r.backend, "external_id": r.external_id, "failure_class": r.failure_class,
+                   "restarts": r.restarts or 0, "step": None, "flags": []}
+            if r.state == "running" and r.n:
+                _progress_flags(cfg, Path(r.run_dir), r.n, row)
+            rows.append(row)
+    return rows
+
+
+def _progress_flags(cfg: Config, run_dir: Path, n: int, row: dict[str, Any]) -> None:
+    import time
+
+    p = protocol.read_progress(run_dir, n)
+    if not p:
+        return
+    row["step"] = p.get("step")
+    row["tokens_per_s"] = p.get("tokens_per_s")
+    t = p.get("time")
+    if isinstance(t, (int, float)) and time.time() - t > cfg.hang_timeout_s:
+        row["flags"].append("hang")
+    tps, med = p.get("tokens_per_s"), p.get("tokens_per_s_median")
+    if (isinstance(tps, (int, float)) and isinstance(med, (int, float)) and med > 0
+            and (p.get("samples") or SLOW_MIN_SAMPLES) >= SLOW_MIN_SAMPLES and tps < cfg.slow_factor * med):
+        row["flags"].append("slow")
+
+
+def show_job(db: Database, name: str) -> dict[str, Any]:
+    with db.read() as s:
+        job = get_job(s, name)
+        return {
+            "name": job.name, "state": job.state, "backend": job.backend, "run_dir": job.run_dir,
+            "command": job.command, "resources": job.resources, "outputs": job.outputs,
+            "max_attempts": job.max_attempts, "overrides": job.overrides,
+            "created_at": job.created_at.isoformat(timespec="seconds") + "Z",
+            "attempts": [attempt_view(a) for a in job.attempts],
+        }
+
+
+def log_paths(db: Database, name: str, n: int | None) -> tuple[list[Path], Callable[[], bool]]:
+    """stdout.log and stderr.log of attempt ``n`` (default latest), and a 'still live?' probe."""
+    from orchestrator.errors import UsageError
+
+    with db.read() as s:
+        job = get_job(s, name)
+        if not job.attempts:
+            raise UsageError(f"job {name!r} has no attempts")
+        numbers = [a.n for a in job.attempts]
+        n = n or numbers[-1]
+        if n not in numbers:
+            raise UsageError(f"job {name!r} has no attempt {n} (attempts: {numbers})")
+        d = protocol.attempt_dir(job.run_dir, n)
+
+    def live() -> bool:
+        with db.read() as s:
+            a = s.scalar(select(Attempt).join(Job).where(Job.name == name, Attempt.n == n))
+            if a is None or a.state not in ("pending", "submitted", "running"):
+                return False
+        from orchestrator.config import load_config
+        from orchestrator.reconcile import reconcile_pass
+
+        reconcile_pass(db, load_config())
+        return True
+
+    return [d / "stdout.log", d / "stderr.log"], live
+
+
+def dumps(obj: Any) -> str:
+    return json.dumps(obj, sort_keys=True, default=str)
