@@ -126,6 +126,15 @@ def _plain_cb(_ctx: click.Context, param: click.Parameter, value: str | None) ->
     return value
 
 
+def _absolute_program(cmd: tuple[str, ...]) -> tuple[str, ...]:
+    """A relative program path (``.venv/bin/python``) means the submitter's cwd, not the run dir the
+    job runs in; bare names (``python``) are looked up on PATH by the job, as usual."""
+    prog = cmd[0]
+    if "/" in prog and not os.path.isabs(prog):
+        prog = os.path.abspath(prog)
+    return (prog, *cmd[1:])
+
+
 def _default_name(cmd: tuple[str, ...]) -> str:
     import secrets
 

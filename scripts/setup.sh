@@ -1,0 +1,17 @@
+#!/usr/bin/env bash
+# Create or reuse .venv at the repository root and install orch (and, with --dev, the test tools).
+# torch: an existing torch in .venv is kept (GPU users install their CUDA build first); otherwise
+# torch==2.13.0 is installed, which on the project's CPU machines resolves to a local CPU wheel.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+dev=""
+[ "${1:-}" = "--dev" ] && dev="[dev]"
+PY=${PYTHON:-python3}
+[ -x .venv/bin/python ] || "$PY" -m venv .venv
+.venv/bin/python -m pip install -q --upgrade pip >/dev/null 2>&1 || true
+if ! .venv/bin/python -c "import torch" >/dev/null 2>&1; then
+  echo "setup: installing torch==2.13.0 (keep your own build by installing torch into .venv first)"
+  .venv/bin/python -m pip install -q "torch==2.13.0"
+fi
+.venv/bin/python -m pip install -q -e ".$dev"
+.venv/bin/orch --version
