@@ -39,13 +39,18 @@ def classify(outcome: Outcome, report: dict | None, verification: Verification,
     ``preset`` is a class the reconciler decided while the job ran (``hang``: it stopped the job
     because its heartbeat stalled).
     """
+    state = (outcome.backend_state or "").split()[0].upper() if outcome.backend_state else ""
     if report is not None:
-        return Classification(report["class"], report.get("step"), str(report.get("detail", ""))[:500])
+        cls = report["class"]
+        if cls == "preempted" and state in ("TIMEOUT", "DEADLINE"):
+            # The job checkpointed on the warning signal and called it preemption; the scheduler
+            # knows the signal came from the time limit.
+            cls = "timeout"
+        return Classification(cls, report.get("step"), str(report.get("detail", ""))[:500])
     if preset:
         return Classification(preset, None, "set by the reconciler")
-    state = (outcome.backend_state or "").split()[0].upper() if outcome.backend_state else ""
     if state in SLURM_STATE_CLASS:
-        detail = f"Slurm state {outcome.backend_state}" + (f"; {outcome.reason}" if outcome.reason else "")
+        detail = f"scheduler state {outcome.backend_state}" + (f"; {outcome.reason}" if outcome.reason else "")
         return Classification(SLURM_STATE_CLASS[state], None, detail)
     if "exceeded" in outcome.reason.lower() and "memory" in outcome.reason.lower():
         # Slurm without cgroups (OverMemoryKill): FAILED 0:9 plus this line in the job's output.

@@ -36,6 +36,7 @@ from orchestrator.models import Attempt, Job, Lease, utcnow
 from orchestrator.policy import decide, dumps
 from orchestrator.service import launch, record_submitted, requeue
 from orchestrator.states import AttemptState, JobState
+from orchestrator.wrapper import WRAPPER_FILE
 
 LEASE = "reconcile"
 HANG_KILL_GRACE_S = 30.0
@@ -181,15 +182,26 @@ def _apply(db: Database, cfg: Config, backend: Backend, attempt_id: int, ref: At
                 a.state = AttemptState.SUBMITTED.value
                 transition(s, job, JobState.SUBMITTED, f"attempt {a.n} requeued in place by the scheduler")
                 rep.changed.append({"name": job.name, "to": "submitted", "why": "requeued in place"})
+            stop = None
             if hang:
-                first = a.failure_class != "hang"
-                a.failure_class = "hang"
-                a.detail = a.detail if not first else f"no heartbeat for {cfg.hang_timeout_s:.0f}s; stopping it"
-                a.backend_state = a.backend_state if not first else f"hang-stop@{time.time():.0f}"
-        if hang:
-            _stop_hung(backend, ref, first, rep)
+                if a.failure_class != "hang":
+                    a.failure_class = "hang"
+                    a.detail = f"no heartbeat for {cfg.hang_timeout_s:.0f}s; stopping it"
+                    a.backend_state = f"hang-stop@{time.time():.0f}"
+                    stop = "term"
+                elif time.time() - _stop_time(a.backend_state) >= min(HANG_KILL_GRACE_S, cfg.hang_timeout_s):
+                    stop = "kill"
+        if stop:
+            _stop_hung(backend, ref, stop == "term", rep)
         return
     _finish(db, cfg, attempt_id, ref, out, rep)
+
+
+def _stop_time(backend_state: str | None) -> float:
+    try:
+        return float((backend_state or "").split("@", 1)[1])
+    except (IndexError, ValueError):
+        return 0.0
 
 
 def _hung(cfg: Config, ref: AttemptRef) -> bool:
@@ -197,7 +209,13 @@ def _hung(cfg: Config, ref: AttemptRef) -> bool:
     p = protocol.read_progress(ref.run_dir, ref.attempt)
     if not p or not isinstance(p.get("time"), (int, float)):
         return False
-    return time.time() - p["time"] > cfg.hang_timeout_s
+    try:
+        # A Slurm in-place requeue restarts the wrapper (rewriting wrapper.json) long after the last
+        # heartbeat of the previous run: count from the later of the two.
+        started = (ref.attempt_dir / WRAPPER_FILE).stat().st_mtime
+    except OSError:
+        started = 0.0
+    return time.time() - max(p["time"], started) > cfg.hang_timeout_s
 
 
 def _stop_hung(backend: Backend, ref: AttemptRef, first: bool, rep: PassReport) -> None:

@@ -36,6 +36,9 @@ def _parse(argv: list[str]) -> argparse.Namespace:
     ap.add_argument("--attempt", type=int, required=True)
     ap.add_argument("--token", required=True)
     ap.add_argument("--outputs", action="append", default=[])
+    ap.add_argument("--time-limit", type=float, default=None,
+                    help="seconds; SIGTERM then, SIGKILL after --kill-grace (the local backend's time limit)")
+    ap.add_argument("--kill-grace", type=float, default=30.0)
     ap.add_argument("command", nargs=argparse.REMAINDER)
     a = ap.parse_args(argv)
     if a.command and a.command[0] == "--":
@@ -114,16 +117,27 @@ def main(argv: list[str] | None = None) -> int:
 
         for s in FORWARDED:
             signal.signal(s, forward)
+        timed_out = False
+        deadline = time.monotonic() + a.time_limit if a.time_limit else None
         while True:
             try:
-                rc = child.wait()
+                timeout = None if deadline is None else max(0.0, deadline - time.monotonic())
+                rc = child.wait(timeout=timeout)
                 break
-            except InterruptedError:  # pragma: no cover - PEP 475 retries, kept for clarity
-                continue
+            except subprocess.TimeoutExpired:
+                # Same lifecycle as a Slurm time limit: SIGTERM (the job checkpoints), SIGKILL after a grace.
+                if not timed_out:
+                    timed_out = True
+                    child.send_signal(signal.SIGTERM)
+                    deadline = time.monotonic() + a.kill_grace
+                else:
+                    child.kill()
+                    deadline = None
 
     sig = -rc if rc < 0 else None
     record: dict[str, object] = {"returncode": rc, "signal": sig, "ended_at": protocol.now_iso(),
-                                 "restart_count": restart, "token": a.token, "time": time.time()}
+                                 "restart_count": restart, "token": a.token, "time": time.time(),
+                                 "time_limit_reached": timed_out}
     if rc == 0 and a.outputs:
         problem = write_outputs_marker(run_dir, a.job, a.attempt, a.outputs)
         if problem:

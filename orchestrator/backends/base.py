@@ -54,12 +54,17 @@ class SubmitSpec:
     def attempt_dir(self) -> Path:
         return self.run_dir / "attempts" / str(self.attempt)
 
-    def wrapper_argv(self, python: str | None = None) -> list[str]:
-        """argv that runs the user's command under orch's job wrapper (see ``orchestrator/wrapper.py``)."""
+    def wrapper_argv(self, python: str | None = None, time_limit_s: float | None = None) -> list[str]:
+        """argv that runs the user's command under orch's job wrapper (see ``orchestrator/wrapper.py``).
+
+        ``time_limit_s``: let the wrapper enforce the time limit (local backend; Slurm enforces its own).
+        """
         argv = [python or sys.executable, "-m", "orchestrator.wrapper", "--run-dir", str(self.run_dir),
                 "--job", self.job, "--attempt", str(self.attempt), "--token", self.token]
         for g in self.outputs:
             argv += ["--outputs", g]
+        if time_limit_s:
+            argv += ["--time-limit", str(time_limit_s)]
         return argv + ["--", *self.command]
 
 

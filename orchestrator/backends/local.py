@@ -48,7 +48,7 @@ class LocalBackend(Backend):
 
     def submit(self, spec: SubmitSpec) -> str:
         spec.attempt_dir.mkdir(parents=True, exist_ok=True)
-        argv = spec.wrapper_argv()
+        argv = spec.wrapper_argv(time_limit_s=spec.resources.time_s)
         env = dict(os.environ)
         env.update(spec.env)
         r, w = os.pipe()
@@ -99,6 +99,7 @@ class LocalBackend(Backend):
                 sig = rec.get("signal")
                 out[ref.token] = Outcome(Phase.EXITED, exit_code=rc if isinstance(rc, int) else None,
                                          signal=sig if isinstance(sig, int) else None,
+                                         backend_state="TIMEOUT" if rec.get("time_limit_reached") is True else None,
                                          reason=str(rec.get("marker_error") or ""))
                 continue
             ident = _parse_id(ref.external_id)

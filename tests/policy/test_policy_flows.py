@@ -1,0 +1,148 @@
+"""One test per failure class: a real trainer job on the local backend, a fault injected at the real
+code site, the class orch derives, the action its policy takes, and the job ending verified.
+
+These are the runbook's recovery procedures (seed 002) done by policy instead of by hand.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+from orchestrator import protocol
+
+TRAINER = [sys.executable, "-m", "trainer", "--preset", "tiny"]
+DONE = {"done_marker_verified"}
+SETTLED = {"done_marker_verified", "failed", "retryable_failed", "cancelled"}
+
+
+def submit(orch, name: str, *trainer_args: str, opts: tuple[str, ...] = ()) -> None:
+    orch("submit", "--name", name, *opts, "--", *TRAINER, *trainer_args, check=True)
+
+
+def attempts(orch, name: str) -> list[dict]:
+    return orch.show(name)["attempts"]
+
+
+def argv_of(orch, name: str, n: int) -> list[str]:
+    run_dir = Path(orch.show(name)["run_dir"])
+    return json.loads((protocol.attempt_dir(run_dir, n) / protocol.COMMAND_FILE).read_text())["argv"]
+
+
+def flag(argv: list[str], name: str) -> str | None:
+    """The value argparse would see for ``name`` (the last occurrence wins)."""
+    vals = [argv[i + 1] for i, a in enumerate(argv[:-1]) if a == name]
+    return vals[-1] if vals else None
+
+
+def test_nan_rolls_back_halves_lr_skips_batches_and_quarantines(orch):
+    # Roll back at least 6 steps: the newest checkpoint before the NaN at 25 (step 20) is too close,
+    # so the retry resumes from 15 and step 20 is quarantined (moved to the trash, not deleted).
+    orch.write_config("[policy]\nnan_rollback_steps = 6\n")
+    submit(orch, "nan", "--max-steps", "40", "--save-interval", "5", "--lr", "0.002",
+           "--inject-fault", "nan@step=25")
+    assert orch.wait("nan", DONE, timeout=180) == "done_marker_verified"
+    a1, a2 = attempts(orch, "nan")[:2]
+    assert (a1["failure_class"], a1["failure_step"]) == ("nan", 25)
+    act = a1["action"]
+    assert act["action"] == "rollback" and act["resume_step"] == 15
+    assert act["lr"] == pytest.approx(0.001) and act["lr_before"] == pytest.approx(0.002)
+    assert act["quarantined"] == ["checkpoints/step-00000020"]
+    argv = argv_of(orch, "nan", 2)
+    assert float(flag(argv, "--lr")) == pytest.approx(0.001)
+    assert flag(argv, "--resume").endswith("checkpoints/step-00000015")
+    assert int(flag(argv, "--skip-batches")) == 25 - 15
+    assert list((orch.home / "trash" / "nan").glob("*/checkpoints/step-00000020"))
+    cfg = json.loads((orch.runs / "nan" / protocol.RUN_CONFIG).read_text())
+    assert cfg["resumed_from_step"] == 15 and cfg["lr"] == pytest.approx(0.001)
+
+
+def test_oom_in_process_halves_micro_batch_and_keeps_effective_batch(orch):
+    submit(orch, "oom1", "--max-steps", "20", "--batch-size", "8", "--micro-batch-size", "4",
+           "--inject-fault", "oom@step=5")
+    assert orch.wait("oom1", DONE, timeout=120) == "done_marker_verified"
+    assert len(attempts(orch, "oom1")) == 1  # recovered without the orchestrator
+    cfg = json.loads((orch.runs / "oom1" / protocol.RUN_CONFIG).read_text())
+    assert (cfg["micro_batch_size"], cfg["batch_size"]) == (2, 8)
+
+
+def test_oom_at_micro_batch_one_asks_for_more_memory(orch):
+    submit(orch, "oom2", "--max-steps", "20", "--batch-size", "2", "--micro-batch-size", "1",
+           "--save-interval", "4", "--inject-fault", "oom@step=6", opts=("--mem", "1G"))
+    assert orch.wait("oom2", DONE, timeout=150) == "done_marker_verified"
+    a1 = attempts(orch, "oom2")[0]
+    assert a1["failure_class"] == "oom"
+    assert a1["action"] == {**a1["action"], "action": "more_memory", "mem_mb_before": 1024, "mem_mb": 2048}
+    assert orch.show("oom2")["resources"]["mem_mb"] == 2048
+
+
+def test_enospc_prunes_old_checkpoints_empties_trash_and_resumes(orch):
+    orch.write_config("[policy]\nkeep_last_k = 1\n")
+    submit(orch, "disk", "--max-steps", "30", "--save-interval", "4", "--keep-last-k", "10",
+           "--inject-fault", "enospc@step=20")
+    assert orch.wait("disk", DONE, timeout=180) == "done_marker_verified"
+    a1 = attempts(orch, "disk")[0]
+    assert a1["failure_class"] == "enospc"
+    assert a1["action"]["action"] == "prune_and_resume"
+    pruned = a1["action"]["pruned"]
+    assert pruned and all(not (orch.runs / "disk" / p).exists() for p in pruned)
+    assert not any(p.is_file() for p in (orch.home / "trash").rglob("*")), "the trash was emptied"
+
+
+def test_preemption_resumes_and_is_not_counted(orch):
+    submit(orch, "pre", "--max-steps", "30", "--save-interval", "100", "--inject-fault", "sigterm@step=12",
+           opts=("--max-attempts", "1"))
+    assert orch.wait("pre", DONE, timeout=150) == "done_marker_verified"
+    a1, a2 = attempts(orch, "pre")
+    assert a1["failure_class"] == "preempted" and a1["counted"] is False
+    cfg = json.loads((orch.runs / "pre" / protocol.RUN_CONFIG).read_text())
+    assert cfg["resumed_from_step"] == 12  # the SIGTERM checkpoint, not a periodic one (interval 100)
+
+
+def test_hang_is_stopped_and_resumed(orch):
+    orch.write_config("[policy]\nhang_timeout_s = 4\n")
+    submit(orch, "hang", "--max-steps", "30", "--save-interval", "5", "--inject-fault", "hang@step=12")
+    assert orch.wait("hang", DONE, timeout=180) == "done_marker_verified"
+    a1 = attempts(orch, "hang")[0]
+    assert a1["failure_class"] == "hang" and a1["action"]["action"] == "resume"
+
+
+def test_crash_waits_for_requeue_then_resumes(orch):
+    submit(orch, "crash", "--max-steps", "30", "--save-interval", "5", "--inject-fault", "crash@step=12")
+    assert orch.wait("crash", SETTLED, timeout=120) == "retryable_failed"
+    assert attempts(orch, "crash")[0]["failure_class"] == "crash"
+    p = orch("requeue", "--failed", check=True)
+    assert "crash: requeued as attempt 2" in p.stdout
+    assert orch.wait("crash", DONE, timeout=120) == "done_marker_verified"
+    cfg = json.loads((orch.runs / "crash" / protocol.RUN_CONFIG).read_text())
+    assert cfg["resumed_from_step"] == 10
+
+
+def test_kill9_mid_run_recovers_from_last_checkpoint(orch):
+    submit(orch, "k9", "--max-steps", "30", "--save-interval", "5", "--inject-fault", "sigkill@step=17")
+    assert orch.wait("k9", SETTLED, timeout=120) == "retryable_failed"
+    assert attempts(orch, "k9")[0]["failure_class"] == "crash"
+    orch("requeue", "k9", check=True)
+    assert orch.wait("k9", DONE, timeout=120) == "done_marker_verified"
+    cfg = json.loads((orch.runs / "k9" / protocol.RUN_CONFIG).read_text())
+    assert cfg["resumed_from_step"] == 15
+
+
+def test_local_time_limit_checkpoints_and_resumes_as_timeout(orch):
+    # --time 0:03 (3 s): the wrapper sends SIGTERM at the limit like Slurm; the trainer checkpoints.
+    submit(orch, "tl", "--max-steps", "400", "--save-interval", "1000", opts=("--time", "0:03", "--max-attempts", "1"))
+    assert orch.wait("tl", DONE, timeout=300) == "done_marker_verified"
+    att = attempts(orch, "tl")
+    assert len(att) >= 2 and all(a["failure_class"] == "timeout" for a in att[:-1])
+    assert not any(a["counted"] for a in att[:-1])
+
+
+def test_invalid_goes_to_failed_at_once(orch):
+    orch("submit", "--name", "bad", "--", *TRAINER, "--lora-rank", "4", "--save-fork-checkpoint", check=True)
+    assert orch.wait("bad", SETTLED, timeout=60) == "failed"
+    a1 = attempts(orch, "bad")[0]
+    assert a1["failure_class"] == "invalid" and len(attempts(orch, "bad")) == 1
+    assert not list((orch.runs / "bad").glob("checkpoints/step-*"))
