@@ -66,6 +66,8 @@ def _emit(obj: Any) -> None:
 # argument-only validation (before any row or directory exists)
 # ------------------------------------------------------------------------------------------
 _MEM_RE = re.compile(r"^(\d+)([KMGT]?)B?$", re.I)
+MAX_MEM_MB = 2**43  # its size in bytes still fits a signed 64-bit integer (Slurm, the DB)
+MAX_TIME_S = (2**32 - 2) * 60  # Slurm keeps a time limit in minutes in a uint32 (all ones = INFINITE)
 _TIME_RE = re.compile(r"^(?:(\d+)-)?(\d+)(?::(\d+))?(?::(\d+))?$")
 
 
@@ -75,8 +77,12 @@ def parse_mem_mb(value: str) -> int:
     if not m or int(m.group(1)) == 0:
         raise click.BadParameter(f"{value!r} is not a memory size like 500M, 4G or 1T", param_hint="--mem")
     n, unit = int(m.group(1)), m.group(2).upper()
-    mb = {"K": n / 1024, "": n, "M": n, "G": n * 1024, "T": n * 1024 * 1024}[unit]
-    return max(1, int(mb))
+    mb = {"K": n // 1024, "": n, "M": n, "G": n * 1024, "T": n * 1024 * 1024}[unit]
+    # Refused here rather than by sbatch after the job row exists (and the reconciler would retry
+    # the launch every pass); "9"*400+"K" also overflowed the float division (exit 1, not 2).
+    if mb > MAX_MEM_MB:
+        raise click.BadParameter(f"{value!r} is more than {MAX_MEM_MB} MB", param_hint="--mem")
+    return max(1, mb)
 
 
 def parse_time_s(value: str) -> int:
@@ -96,6 +102,8 @@ def parse_time_s(value: str) -> int:
         secs, parts = int(a) * 60, []
     if any(p >= 60 for p in parts) or secs <= 0:
         raise click.BadParameter(f"{value!r} is not a valid positive time", param_hint="--time")
+    if secs > MAX_TIME_S:
+        raise click.BadParameter(f"{value!r} is longer than Slurm can express", param_hint="--time")
     return secs
 
 
@@ -121,7 +129,8 @@ def _outputs_cb(_ctx: click.Context, _param: click.Parameter, value: tuple[str, 
 
 def _plain_cb(_ctx: click.Context, param: click.Parameter, value: str | None) -> str | None:
     # Values that end up in sbatch directives: a newline or '#' could smuggle an #SBATCH line.
-    if value is not None and not re.match(r"^[A-Za-z0-9._,:=@/+-]+$", value):
+    # fullmatch: with re.match, "$" also matches before a trailing newline ("gpu\n" passed).
+    if value is not None and not re.fullmatch(r"[A-Za-z0-9._,:=@/+-]+", value):
         raise click.BadParameter(f"{value!r} contains characters not allowed in --{param.name}")
     return value
 
@@ -194,7 +203,7 @@ def submit(name: str | None, backend: str, partition: str | None, account: str |
         if v is not None:
             resources[k] = v
     for a in sbatch_args:
-        if not re.match(r"^--[A-Za-z-]+(=[A-Za-z0-9._,:=@/+-]+)?$", a):
+        if not re.fullmatch(r"--[A-Za-z-]+(=[A-Za-z0-9._,:=@/+-]+)?", a):  # fullmatch: no trailing newline
             raise click.BadParameter(f"{a!r} is not a plain --option[=value]", param_hint="--sbatch-arg")
     if sbatch_args:
         resources["extra_sbatch"] = list(sbatch_args)
@@ -203,6 +212,7 @@ def submit(name: str | None, backend: str, partition: str | None, account: str |
     from orchestrator.service import SubmitRequest
     from orchestrator.service import submit as do_submit
 
+    command = _absolute_program(command)
     req = SubmitRequest(name=name or _default_name(command), command=list(command), backend=backend,
                         resources=resources, max_attempts=max_attempts, outputs=list(outputs))
     cfg, db = _ctx()
@@ -320,8 +330,12 @@ def verify(target: str) -> None:
 
     if "/" in target or target in (".", ".."):
         run_dir = Path(target)
-        if not run_dir.is_dir():
-            raise click.BadParameter(f"{target} is not a directory", param_hint="TARGET")
+        try:
+            is_dir = run_dir.is_dir()
+        except OSError:  # ENAMETOOLONG and friends: still a bad argument (exit 2), not a crash (exit 1)
+            is_dir = False
+        if not is_dir:
+            raise click.BadParameter(f"{target[:200]} is not a directory", param_hint="TARGET")
     else:
         run_dir = _run_dir_of(target)
     v = verify_done_marker(run_dir)
@@ -337,10 +351,14 @@ def _run_dir_of(name: str) -> Path:
     try:
         with db.read() as s:
             return Path(get_job(s, name).run_dir)
-    except JobNotFound:
+    except JobNotFound as e:
+        from orchestrator.protocol import UnsafePath
         from orchestrator.rundir import run_dir_for
 
-        p = run_dir_for(cfg, name)
+        try:
+            p = run_dir_for(cfg, name)
+        except UnsafePath:  # `orch verify -` was an "unexpected error" (exit 1); it is no job: exit 2
+            raise e from None
         if not p.exists():
             raise
         return p

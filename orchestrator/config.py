@@ -6,6 +6,7 @@ names the file and the key, found before anything is written.
 
 from __future__ import annotations
 
+import math
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -19,7 +20,9 @@ from orchestrator.errors import UsageError
 # which count against --max-attempts, and per-class caps.
 AUTO_REQUEUE = frozenset({"preempted", "timeout", "node_fail", "oom", "hang", "nan", "enospc"})
 UNCOUNTED = frozenset({"preempted", "timeout", "node_fail"})
-CLASS_CAPS = {"oom": 3, "nan": 3, "enospc": 2, "hang": 3, "crash": 3}
+# Uncounted classes get generous caps too: an endless preemption loop is a bug to surface, not to hide.
+CLASS_CAPS = {"oom": 3, "nan": 3, "enospc": 2, "hang": 3, "crash": 3, "preempted": 100, "timeout": 50,
+              "node_fail": 20}
 
 
 @dataclass
@@ -98,13 +101,16 @@ def load_config(home: Path | None = None) -> Config:
                      ("hang_timeout_s", (int, float)), ("slow_factor", (int, float)), ("keep_last_k", int)):
         if key in pol:
             v = _get(pol, key, typ, "policy.")
-            if v < 0:
-                raise UsageError(f"{path}: policy.{key} must be >= 0")
+            if not 0 <= v < math.inf:  # also refuses nan: hang_timeout_s = nan silently disabled hang detection
+                raise UsageError(f"{path}: policy.{key} must be a finite number >= 0, got {v!r}")
             setattr(cfg, key, v)
     rec = data.get("reconcile", {})
     if not isinstance(rec, dict):
         raise UsageError(f"{path}: [reconcile] must be a table")
     for key, typ in (("lease_ttl_s", (int, float)), ("busy_timeout_ms", int)):
         if key in rec:
-            setattr(cfg, key, _get(rec, key, typ, "reconcile."))
+            v = _get(rec, key, typ, "reconcile.")
+            if not 0 <= v < math.inf:  # a negative lease TTL let overlapping passes both run; inf crashed them
+                raise UsageError(f"{path}: reconcile.{key} must be a finite number >= 0, got {v!r}")
+            setattr(cfg, key, v)
     return cfg

@@ -65,6 +65,11 @@ def decide(cfg: Config, job: Job, attempt: Attempt, cls: str, step: int | None,
     if cls == "invalid":
         return Decision(JobState.FAILED, {"action": "give_up", "why": "invalid: retrying cannot help"}, counted)
     prior = [a for a in job.attempts if a.id != attempt.id]
+    if not counted and prior and prior[-1].failure_class == cls and prior[-1].failure_step == step:
+        # Uncounted classes resume for free, but a time limit shorter than start-up never gets past
+        # the same step: an attempt that made no progress counts (found by a 3 s --time test that
+        # looped through 30 free attempts at step 0).
+        counted = True
     used = sum(1 for a in prior if a.counted) + (1 if counted else 0)
     if counted and used >= job.max_attempts:
         return Decision(JobState.FAILED, {"action": "give_up", "why": f"{used} of {job.max_attempts} attempts used"},
@@ -100,7 +105,9 @@ def _nan(cfg: Config, job: Job, run_dir: Path, step: int | None, report: dict | 
     good = [(s, p) for s, p in ckpts if limit is None or s <= limit]
     resume_step = good[0][0] if good else 0
     d.quarantine = [f"{protocol.CHECKPOINTS_DIR}/{p.name}" for s, p in ckpts if not good or s > resume_step]
-    lr = _num(job.overrides.get("lr")) or _num((report or {}).get("lr")) or _num(rc.get("lr"))
+    # The base LR (what --lr set), never the report's scheduled LR of that step: halving a warmup
+    # value would compound with the schedule on resume.
+    lr = _num(job.overrides.get("lr")) or _num(rc.get("lr")) or _num((report or {}).get("lr"))
     if lr is not None:
         d.sticky["lr"] = lr * cfg.nan_lr_factor
     if bad is not None:

@@ -85,7 +85,9 @@ def validate_job_name(name: str) -> str:
     ``.``/``..``. A name with ``/`` or ``..`` would put a run dir outside the runs root; a newline
     would smuggle an ``#SBATCH`` line into a batch script.
     """
-    if not isinstance(name, str) or not _NAME_RE.match(name) or ".." in name:
+    # fullmatch, not match: "$" also matches before a trailing newline, so "abc\n" used to pass
+    # and became a run dir (and an sbatch value) with a newline in it.
+    if not isinstance(name, str) or not _NAME_RE.fullmatch(name) or ".." in name:
         raise UnsafePath(
             f"invalid job name {name!r}: use 1-128 letters, digits, '.', '_' or '-', "
             "starting with a letter or digit, and no '..'"
@@ -282,7 +284,11 @@ class Verification:
         return self.status is MarkerStatus.VERIFIED
 
     def __str__(self) -> str:
-        return self.status.value + (f": {self.reason}" if self.reason else "")
+        # One short line whatever the marker holds: reasons quote marker content (paths, sizes), and a
+        # listed path "x\nVERIFIED" must not print a second line a script could mistake for the verdict.
+        reason = self.reason if self.reason.isprintable() else self.reason.encode("unicode_escape").decode()
+        reason = reason if len(reason) <= 300 else reason[:300] + "..."
+        return self.status.value + (f": {reason}" if reason else "")
 
 
 def verify_done_marker(run_dir: Path | str) -> Verification:
@@ -427,7 +433,10 @@ def read_failure(run_dir: Path | str, attempt: int) -> dict | None:
     if not isinstance(r, dict) or r.get("class") not in FAILURE_CLASSES:
         return None
     step = r.get("step")
-    if step is not None and (not isinstance(step, int) or isinstance(step, bool)):
+    # A step outside [0, 2**63) would overflow attempts.failure_step (SQLite INTEGER) and crash every
+    # reconciler pass (tests/reliability, R4: {"step": 10**30}); a negative one made the NaN rollback
+    # quarantine every checkpoint.
+    if step is not None and (not isinstance(step, int) or isinstance(step, bool) or not 0 <= step < 2**63):
         r["step"] = None
     return r
 

@@ -138,7 +138,8 @@ def _poll_live(db: Database, cfg: Config, backend: Callable[[str], Backend], rep
     live = (AttemptState.SUBMITTED.value, AttemptState.RUNNING.value)
     with db.read() as s:
         rows = s.execute(select(Attempt.id, Attempt.token, Attempt.external_id, Attempt.n, Job.run_dir,
-                                Job.backend).join(Job).where(Attempt.state.in_(live))).all()
+                                Job.backend, Attempt.state, Attempt.restarts, Job.state.label("job_state"))
+                         .join(Job).where(Attempt.state.in_(live))).all()
     by_backend: dict[str, list] = {}
     for r in rows:
         by_backend.setdefault(r.backend, []).append(r)
@@ -156,10 +157,29 @@ def _poll_live(db: Database, cfg: Config, backend: Callable[[str], Backend], rep
             if out.phase is Phase.UNKNOWN:
                 rep.unknown += 1
                 continue
+            if _unchanged(cfg, r, ref, out):
+                continue
             try:
                 _apply(db, cfg, backend(name), r.id, ref, out, rep)
             except IllegalTransition:
                 pass  # another process moved this job first; its decision stands
+
+
+def _unchanged(cfg: Config, r: Any, ref: AttemptRef, out: Outcome) -> bool:
+    """True when ``out`` would change nothing ``_apply`` writes: skip its write transaction.
+
+    A steady pass over 10,000 running jobs otherwise took 10,000 BEGIN IMMEDIATE transactions that
+    wrote nothing (bench P1: ~0.5 ms each, and each one holds the writer lock). Decided on the
+    pass's own read; if another process moved the job since, the next pass sees it.
+    """
+    if out.restart_count > (r.restarts or 0):
+        return False
+    if out.phase is Phase.RUNNING:
+        return (r.state == AttemptState.RUNNING.value and r.job_state != JobState.SUBMITTED.value
+                and not _hung(cfg, ref))
+    if out.phase is Phase.PENDING:
+        return r.job_state != JobState.RUNNING.value
+    return False
 
 
 def _apply(db: Database, cfg: Config, backend: Backend, attempt_id: int, ref: AttemptRef, out: Outcome,

@@ -117,6 +117,10 @@ def launch(db: Database, cfg: Config, name: str, backend: Backend | None = None)
         move_to_trash(cfg, run_dir, [p for p in plan["prune"] if (run_dir / p).exists()], name)
     if plan.get("empty_trash"):
         empty_trash(cfg, name)
+    if spec.attempt_dir.is_dir() and _command_token(spec.attempt_dir) != spec.token:
+        # attempts/<n>/ left by an earlier run of this name (fresh DB, same runs root): its
+        # failure.json would classify this new attempt (an old "invalid" failed it for good). Trash it.
+        move_to_trash(cfg, run_dir, [f"{protocol.ATTEMPTS_DIR}/{spec.attempt}"], name)
     spec.attempt_dir.mkdir(parents=True, exist_ok=True)
     protocol.atomic_write_json(spec.attempt_dir / protocol.COMMAND_FILE, {
         "argv": argv, "overrides": overrides, "backend": backend.name, "token": spec.token,
@@ -131,6 +135,14 @@ def launch(db: Database, cfg: Config, name: str, backend: Backend | None = None)
         raise OrchError(f"{name}: {e}") from None
     _fault("after_backend_submit")
     record_submitted(db, job_id, attempt_id, external_id, overrides)
+
+
+def _command_token(adir: Path) -> str | None:
+    try:
+        rec = protocol.read_json_bounded(adir / protocol.COMMAND_FILE, limit=1 << 20)
+    except (OSError, ValueError):
+        return None
+    return rec.get("token") if isinstance(rec, dict) else None
 
 
 def record_submitted(db: Database, job_id: int, attempt_id: int, external_id: str,
@@ -200,6 +212,10 @@ def requeue(db: Database, cfg: Config, names: list[str] | None, dry_run: bool = 
             results.append(_requeue_one(db, cfg, name, dry_run, explicit=names is not None, auto_only=auto_only))
         except IllegalTransition:
             results.append(RequeueResult(name, "skipped", "another process requeued or changed it first"))
+        except Refused as e:
+            # One bad run dir (a symlink) is that job's refusal, not the whole pass's: raised, it
+            # stopped `requeue --failed` and every reconcile pass's auto-requeue for all other jobs.
+            results.append(RequeueResult(name, "refused", str(e)))
     return results
 
 

@@ -60,6 +60,7 @@ class Orch:
         raise AssertionError(f"{name} still {st} after {timeout}s; wanted {states}: {self.show(name)}")
 
     def write_config(self, text: str) -> None:
+        self.home.mkdir(mode=0o700, parents=True, exist_ok=True)
         (self.home / "orch.toml").write_text(text)
 
 
