@@ -229,6 +229,16 @@ def _requeue_one(db: Database, cfg: Config, name: str, dry_run: bool, explicit: 
         outputs = job.outputs
     if state is JobState.DONE:
         return RequeueResult(name, "refused", "verified: done_marker_verified jobs are never rerun")
+    action = (last.action or {}) if last else {}
+    if auto_only:
+        # DB-only checks first: every reconcile pass walks all retryable_failed jobs, and verifying
+        # a marker hashes every artifact.
+        if not action.get("auto"):
+            why = f"{last.failure_class if last else 'job'} waits for `orch requeue`"
+            return RequeueResult(name, "skipped", why)
+        nb = action.get("retry_not_before")
+        if nb and nb > utcnow().isoformat():
+            return RequeueResult(name, "skipped", f"backoff until {nb}")
     check_run_dir(cfg, run_dir)
     v = protocol.verify_done_marker(run_dir)
     if v.verified:
@@ -241,17 +251,9 @@ def _requeue_one(db: Database, cfg: Config, name: str, dry_run: bool, explicit: 
     if state not in REQUEUEABLE or (not explicit and state is not JobState.RETRYABLE_FAILED):
         return RequeueResult(name, "refused", f"job is {state.value}; only failed, retryable_failed or "
                                               "cancelled jobs can be requeued (cancel a live one first)")
-    action = (last.action or {}) if last else {}
     plan = dict(action.get("plan") or {})
     clears = unverified_leftovers(run_dir, outputs, plan.get("quarantine", []))
     clears += [p for p in plan.get("prune", []) if p not in clears]
-    if auto_only:
-        if not action.get("auto"):
-            why = f"{last.failure_class if last else 'job'} waits for `orch requeue`"
-            return RequeueResult(name, "skipped", why)
-        nb = action.get("retry_not_before")
-        if nb and nb > utcnow().isoformat():
-            return RequeueResult(name, "skipped", f"backoff until {nb}")
     if dry_run:
         return RequeueResult(name, "would_requeue", action.get("action", "resume"),
                              (last.n + 1) if last else 1, clears)

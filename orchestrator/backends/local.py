@@ -145,6 +145,8 @@ class LocalBackend(Backend):
                 except psutil.NoSuchProcess:
                     ctime = 0
                 found[ref.token] = f"{rec['pid']}:{ctime}"
-            elif read_exit(ref.attempt_dir) is not None:
+            elif (read_exit(ref.attempt_dir) or {}).get("token") == ref.token:
+                # Only this attempt's own exit record: a run dir reused under a fresh DB still holds
+                # the earlier run's attempts/<n>/exit.json, which would hide a lost submission.
                 found[ref.token] = "0:0"
         return found

@@ -1,0 +1,110 @@
+"""Helpers for the local-backend integration tests (imported by tests/local/test_*.py only).
+
+Kept here rather than imported from tests/conftest.py: several folders have a conftest.py and
+pytest swaps the module named ``conftest`` between them, so ``from conftest import ...`` is fragile.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import sqlite3
+import time
+from pathlib import Path
+
+from orchestrator import protocol
+
+# A job that fails on its first attempt (after writing a partial result) and succeeds on every later
+# one; it appends one line per run to ran.log, so a double launch of one attempt shows up as two lines.
+FLAKY = ('echo "attempt=$ORCH_ATTEMPT pid=$$" >> "$ORCH_RUN_DIR/ran.log"; mkdir -p result; '
+         'echo "partial $ORCH_ATTEMPT" > result/model.bin; [ "$ORCH_ATTEMPT" = 1 ] && exit 1; '
+         'echo "complete $ORCH_ATTEMPT" > result/model.bin')
+# A job that runs until the test creates <run_dir>/go, then writes its result (it gives up after
+# about a minute, so a failed test leaves no process behind for long).
+GATED = ('echo "attempt=$ORCH_ATTEMPT" >> "$ORCH_RUN_DIR/ran.log"; t=0; '
+         'while [ ! -e go ] && [ $t -lt 1200 ]; do sleep 0.05; t=$((t+1)); done; '
+         '[ -e go ] || exit 1; mkdir -p result; echo ok > result/out.txt')
+# Attempt 1 waits (about a minute at most) for the test to SIGTERM it, as a preemption would;
+# later attempts finish at once.
+PREEMPTIBLE = ('echo "attempt=$ORCH_ATTEMPT" >> ran.log; if [ "$ORCH_ATTEMPT" = 1 ]; then t=0; '
+               'while [ $t -lt 1200 ]; do sleep 0.05; t=$((t+1)); done; exit 1; fi; '
+               'mkdir -p result; echo ok > result/out.txt')
+DONE = {"done_marker_verified"}
+RETRYABLE = {"retryable_failed"}
+
+
+def tree_hash(root: Path) -> str:
+    """Hash of every path, file content, mode and symlink target below root (order-independent)."""
+    h = hashlib.sha256()
+    for p in sorted(root.rglob("*")):
+        rel = str(p.relative_to(root))
+        if p.is_symlink():
+            h.update(f"L {rel} {os.readlink(p)}\n".encode())
+        elif p.is_file():
+            h.update(f"F {rel} {oct(p.stat().st_mode)} {hashlib.sha256(p.read_bytes()).hexdigest()}\n".encode())
+        else:
+            h.update(f"D {rel}\n".encode())
+    return h.hexdigest()
+
+
+def db_rows(home: Path, sql: str, *params) -> list[tuple]:  # noqa: ANN002
+    with sqlite3.connect(home / "orch.db") as c:
+        return c.execute(sql, params).fetchall()
+
+
+def db_snapshot(home: Path) -> list[tuple]:
+    """Jobs and attempts as stored (minus nothing): equal snapshots mean the DB did not change."""
+    return db_rows(home, "SELECT * FROM jobs ORDER BY id") + db_rows(home, "SELECT * FROM attempts ORDER BY id") \
+        + db_rows(home, "SELECT * FROM events ORDER BY id")
+
+
+def make_checkpoint(run_dir: Path, step: int, files: dict[str, bytes] | None = None,
+                    final_name: str | None = None, manifest: bool = True) -> Path:
+    """Commit a checkpoint the documented way: files + manifest in a tmp dir, renamed into place."""
+    files = files if files is not None else {"model.pt": b"w" * 64 + bytes([step % 256])}
+    root = run_dir / protocol.CHECKPOINTS_DIR
+    root.mkdir(parents=True, exist_ok=True)
+    name = final_name or protocol.checkpoint_name(step)
+    tmp = root / protocol.tmp_name(name)
+    tmp.mkdir()
+    listing = {rel: protocol.write_file_synced(tmp / rel, [data]) for rel, data in files.items()}
+    if manifest:
+        protocol.atomic_write_json(tmp / protocol.MANIFEST, {"step": step, "files": listing})
+    os.rename(tmp, root / name)
+    return root / name
+
+
+def write_corrupt_marker(run_dir: Path, artifact: str = "result/out.txt") -> None:
+    """done.json that lists an existing artifact with a wrong sha256 (an interrupted/lying writer)."""
+    p = run_dir / artifact
+    protocol.atomic_write_json(run_dir / protocol.DONE_MARKER, {
+        "schema": 1, "job": run_dir.name, "attempt": 1, "finished_at": protocol.now_iso(),
+        "artifacts": {artifact: {"size": p.stat().st_size, "sha256": "0" * 64}}})
+
+
+def wait_for_file(path: Path, timeout: float = 30) -> None:
+    t0 = time.time()
+    while not path.exists():
+        if time.time() - t0 > timeout:
+            raise AssertionError(f"{path} did not appear within {timeout}s")
+        time.sleep(0.05)
+
+
+def wrapper_record(run_dir: Path, n: int = 1) -> dict:
+    p = protocol.attempt_dir(run_dir, n) / "wrapper.json"
+    wait_for_file(p)
+    return json.loads(p.read_text())
+
+
+def trash_files(home: Path, job: str) -> dict[str, bytes]:
+    """relpath-inside-the-stamp -> content, for everything trashed for ``job``."""
+    out = {}
+    base = home / "trash" / job
+    if not base.is_dir():
+        return out
+    for stamp in base.iterdir():
+        for p in stamp.rglob("*"):
+            if p.is_file():
+                out[str(p.relative_to(stamp))] = p.read_bytes()
+    return out

@@ -1,0 +1,109 @@
+"""Exactly-once submission: `orch submit` killed around the backend call; reconcile resolves it.
+
+service._fault(site) makes the process die with exit 99 at the named site, as a kill -9 would:
+``after_attempt_row`` (the attempt row and command.json exist, the backend was never called) and
+``after_backend_submit`` (the job is running, the DB does not know its id).
+"""
+
+from __future__ import annotations
+
+import time
+
+import psutil
+import pytest
+from localkit import DONE, db_rows
+
+from orchestrator import protocol
+
+# Each run appends one line with its attempt and pid, sleeps a little (so a duplicate launch would
+# overlap the first one), then writes its result.
+ONCE = ('echo "attempt=$ORCH_ATTEMPT pid=$$" >> "$ORCH_RUN_DIR/ran.log"; sleep 0.3; mkdir -p result; '
+        'echo ok > result/out.txt')
+
+
+def _wrappers_of(token: str) -> list[psutil.Process]:
+    out = []
+    for p in psutil.process_iter(["cmdline"]):
+        cmd = p.info["cmdline"] or []
+        if "orchestrator.wrapper" in cmd and token in cmd:
+            out.append(p)
+    return out
+
+
+@pytest.mark.parametrize("site", ["after_attempt_row", "after_backend_submit"])
+def test_submit_killed_at_a_fault_site_runs_the_job_exactly_once_after_reconcile(orch, site):
+    p = orch("submit", "--name", "once", "--outputs", "result/*", "--", "bash", "-c", ONCE,
+             env={"ORCH_FAULT": site})
+    assert p.returncode == 99, (p.stdout, p.stderr)
+    run = orch.runs / "once"
+    ((job_state,),) = db_rows(orch.home, "SELECT state FROM jobs WHERE name = 'once'")
+    rows = db_rows(orch.home, "SELECT n, state, token, external_id FROM attempts")
+    assert job_state == "pending" and len(rows) == 1
+    n, a_state, token, external_id = rows[0]
+    assert (n, a_state, external_id) == (1, "pending", None)  # the crash hid whether the backend ran it
+    assert (protocol.attempt_dir(run, 1) / "command.json").exists()
+
+    # Within the launch grace (default 60 s) a pass leaves the in-doubt attempt alone.
+    orch("reconcile", check=True)
+    assert db_rows(orch.home, "SELECT state FROM attempts") == [("pending",)]
+
+    fast = {"ORCH_LAUNCH_GRACE_S": "0"}
+    r = orch("reconcile", env=fast)
+    assert r.returncode == 0, r.stderr
+    why = "found by token" if site == "after_backend_submit" else "submission was lost"
+    assert f"once: -> submitted why={why}" in r.stdout
+    assert len(_wrappers_of(token)) <= 1
+    for _ in range(3):  # more passes, still one run
+        orch("reconcile", env=fast, check=True)
+        assert len(_wrappers_of(token)) <= 1
+
+    t0 = time.time()
+    while orch.state("once") != "done_marker_verified":
+        assert time.time() - t0 < 60, orch.show("once")
+        orch("reconcile", env=fast, check=True)
+        time.sleep(0.2)
+
+    lines = (run / "ran.log").read_text().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("attempt=1 pid="), lines
+    assert sorted(q.name for q in (run / "attempts").iterdir()) == ["1"]
+    assert not list(protocol.attempt_dir(run, 1).glob("exit.prev-*"))  # no second wrapper in this attempt
+    assert db_rows(orch.home, "SELECT n, state FROM attempts") == [(1, "succeeded")]
+    assert orch.state("once") in DONE
+
+
+def test_stale_exit_record_of_an_earlier_run_is_not_taken_for_this_attempts_submission(orch):
+    # A run dir reused under a fresh DB (seed 000's situation) still holds attempts/1/ of the
+    # earlier run. Its exit record carries another token: it must not make the in-doubt attempt 1
+    # look submitted, or the job would never run at all.
+    run = orch.runs / "reused"
+    old = protocol.attempt_dir(run, 1)
+    old.mkdir(parents=True)
+    protocol.atomic_write_json(old / "exit.json", {"returncode": 1, "signal": None, "token": "0badc0ffee0badc0",
+                                                  "ended_at": protocol.now_iso()})
+    p = orch("submit", "--name", "reused", "--outputs", "result/*", "--", "bash", "-c", ONCE,
+             env={"ORCH_FAULT": "after_attempt_row"})
+    assert p.returncode == 99
+    fast = {"ORCH_LAUNCH_GRACE_S": "0"}
+    r = orch("reconcile", env=fast)
+    assert "reused: -> submitted why=submission was lost" in r.stdout, r.stdout
+    t0 = time.time()
+    while orch.state("reused") not in ("done_marker_verified", "retryable_failed", "failed"):
+        assert time.time() - t0 < 60, orch.show("reused")
+        orch("reconcile", env=fast, check=True)
+        time.sleep(0.2)
+    assert orch.state("reused") == "done_marker_verified", orch.show("reused")
+    assert (run / "ran.log").read_text().count("attempt=1") == 1
+
+
+def test_local_find_by_token_trusts_only_this_attempts_own_exit_record(tmp_path):
+    from orchestrator.backends.base import AttemptRef
+    from orchestrator.backends.local import LocalBackend
+
+    ref = AttemptRef(None, "feedfacefeedface", tmp_path, 1)
+    adir = protocol.attempt_dir(tmp_path, 1)
+    adir.mkdir(parents=True)
+    protocol.atomic_write_json(adir / "exit.json", {"returncode": 1, "token": "0badc0ffee0badc0"})
+    assert LocalBackend().find_by_token([ref]) == {}  # an earlier run's record: not a submission
+    # The wrapper could not start the command: exit.json (this token) without wrapper.json.
+    protocol.atomic_write_json(adir / "exit.json", {"returncode": 127, "token": ref.token})
+    assert LocalBackend().find_by_token([ref]) == {ref.token: "0:0"}

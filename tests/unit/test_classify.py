@@ -1,0 +1,100 @@
+"""classify(): (backend outcome, the job's own report, marker verification) -> failure class.
+
+Table-driven over every row of the decision: the job's report wins, then the reconciler's preset,
+then the scheduler's state, then the OverMemoryKill line, then vanished, then the exit code.
+"""
+
+from __future__ import annotations
+
+import signal
+
+import pytest
+
+from orchestrator.backends.base import Outcome, Phase
+from orchestrator.classify import SLURM_STATE_CLASS, classify
+from orchestrator.protocol import FAILURE_CLASSES, MarkerStatus, Verification
+
+ABSENT = Verification(MarkerStatus.ABSENT, "no done.json")
+CORRUPT = Verification(MarkerStatus.CORRUPT, "result/model.pt sha256 mismatch")
+
+
+def exited(rc=None, sig=None, state=None, reason=""):  # noqa: ANN001, ANN201
+    return Outcome(Phase.EXITED, exit_code=rc, signal=sig, backend_state=state, reason=reason)
+
+
+# (id, outcome, report, verification, preset, expected class, text the detail must contain)
+ROWS = [
+    # the job's own report wins over everything the scheduler says
+    ("report wins over exit 1", exited(1), {"class": "nan", "step": 412, "detail": "loss nan"}, ABSENT, None,
+     "nan", "loss nan"),
+    ("report wins over slurm OOM", exited(0, state="OUT_OF_MEMORY"), {"class": "enospc", "step": 3}, ABSENT,
+     None, "enospc", ""),
+    ("report wins over exit 0 + corrupt", exited(0), {"class": "crash", "detail": "x"}, CORRUPT, None,
+     "crash", "x"),
+    ("report wins over vanished", Outcome(Phase.VANISHED), {"class": "oom", "step": 7}, ABSENT, None,
+     "oom", ""),
+    ("report wins over the hang preset", exited(143, sig=None), {"class": "preempted"}, ABSENT, "hang",
+     "preempted", ""),
+    ("preempted report at a time limit is a timeout", exited(143, state="TIMEOUT"), {"class": "preempted"},
+     ABSENT, None, "timeout", ""),
+    # the reconciler's preset (it stopped a hung job)
+    ("hang preset over SIGTERM", exited(None, sig=signal.SIGTERM), None, ABSENT, "hang", "hang", "reconciler"),
+    # Slurm states
+    ("slurm PREEMPTED", exited(0, state="PREEMPTED"), None, ABSENT, None, "preempted", "PREEMPTED"),
+    ("slurm TIMEOUT", exited(1, state="TIMEOUT"), None, ABSENT, None, "timeout", "TIMEOUT"),
+    ("slurm DEADLINE", exited(1, state="DEADLINE"), None, ABSENT, None, "timeout", "DEADLINE"),
+    ("slurm OUT_OF_MEMORY", exited(0, state="OUT_OF_MEMORY"), None, ABSENT, None, "oom", "OUT_OF_MEMORY"),
+    ("slurm NODE_FAIL", exited(1, state="NODE_FAIL"), None, ABSENT, None, "node_fail", "NODE_FAIL"),
+    ("slurm BOOT_FAIL", exited(1, state="BOOT_FAIL"), None, ABSENT, None, "node_fail", "BOOT_FAIL"),
+    ("slurm 'CANCELLED by 1000'", exited(0, state="CANCELLED by 1000"), None, ABSENT, None, "cancelled",
+     "CANCELLED"),
+    ("slurm lower-case state", exited(1, state="timeout"), None, ABSENT, None, "timeout", ""),
+    ("slurm state beats exit 0", exited(0, state="NODE_FAIL"), None, CORRUPT, None, "node_fail", ""),
+    # OverMemoryKill (no cgroups): FAILED 0:9 and a line in the output
+    ("OverMemoryKill reason", exited(0, sig=9, state="FAILED",
+                                     reason="slurmstepd: error: Job 12 exceeded memory limit (9 > 8), being killed"),
+     None, ABSENT, None, "oom", "exceeded memory limit"),
+    # vanished
+    ("vanished", Outcome(Phase.VANISHED, reason="process gone without an exit record"), None, ABSENT, None,
+     "unknown", "gone"),
+    ("vanished without a reason", Outcome(Phase.VANISHED), None, ABSENT, None, "unknown", "vanished"),
+    # exit codes
+    ("exit 0 + ABSENT", exited(0), None, ABSENT, None, "marker_missing", "without a done marker"),
+    ("exit 0 + ABSENT, wrapper's reason", exited(0, reason="--outputs ['r/*'] matched no file"), None, ABSENT,
+     None, "marker_missing", "matched no file"),
+    ("exit 0 + CORRUPT", exited(0), None, CORRUPT, None, "marker_corrupt", "sha256 mismatch"),
+    ("SIGTERM", exited(None, sig=signal.SIGTERM), None, ABSENT, None, "preempted", "SIGTERM"),
+    ("exit 143", exited(143), None, ABSENT, None, "preempted", "SIGTERM"),
+    ("SIGKILL", exited(None, sig=signal.SIGKILL), None, ABSENT, None, "crash", "SIGKILL"),
+    ("exit 137", exited(137), None, ABSENT, None, "crash", "SIGKILL"),
+    ("exit 2 is invalid", exited(2), None, ABSENT, None, "invalid", "usage"),
+    ("SIGSEGV", exited(None, sig=signal.SIGSEGV), None, ABSENT, None, "crash", f"signal {int(signal.SIGSEGV)}"),
+    ("exit 1", exited(1), None, ABSENT, None, "crash", "exit 1"),
+    ("exit 3 without a readable report", exited(3), None, ABSENT, None, "crash", "exit 3"),
+    ("exit 127 (command not found)", exited(127), None, ABSENT, None, "crash", "exit 127"),
+]
+
+
+@pytest.mark.parametrize("outcome,report,verification,preset,cls,detail", [r[1:] for r in ROWS],
+                         ids=[r[0] for r in ROWS])
+def test_classify_row(outcome, report, verification, preset, cls, detail):
+    c = classify(outcome, report, verification, preset=preset)
+    assert c.cls == cls
+    assert c.cls in FAILURE_CLASSES
+    assert detail in c.detail
+
+
+def test_report_step_is_carried_only_from_the_report():
+    assert classify(exited(3), {"class": "nan", "step": 412}, ABSENT).step == 412
+    assert classify(exited(1), None, ABSENT).step is None
+
+
+def test_every_slurm_state_maps_to_a_contract_class():
+    assert set(SLURM_STATE_CLASS.values()) <= set(FAILURE_CLASSES)
+
+
+def test_every_row_class_is_produced_somewhere_by_the_table():
+    # The table above covers every class classify can derive without a report.
+    derived = {r[5] for r in ROWS if r[2] is None}
+    assert derived == {"hang", "preempted", "timeout", "oom", "node_fail", "cancelled", "unknown",
+                       "marker_missing", "marker_corrupt", "crash", "invalid"}
