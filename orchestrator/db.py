@@ -100,8 +100,15 @@ def ensure_schema(cfg: Config, engine: Engine) -> None:
             return
         lock_path = _sqlite_path(cfg.db_url)
         with _file_lock(lock_path.with_suffix(".migrate.lock") if lock_path else None):
-            if _current_revision(engine) != SCHEMA_HEAD:  # another process may have done it meanwhile
-                upgrade(engine)
+            if (rev := _current_revision(engine)) != SCHEMA_HEAD:  # another process may have done it meanwhile
+                from alembic.util import CommandError
+
+                try:
+                    upgrade(engine)
+                except CommandError as e:  # e.g. a revision this orch does not have: never guess, refuse
+                    raise DatabaseProblem(f"database {describe(cfg)} is at schema revision {rev!r}, which this "
+                                          f"orch cannot upgrade to {SCHEMA_HEAD} (written by a newer orch?): "
+                                          f"{str(e)[:200]}") from None
     except DatabaseError as e:
         raise DatabaseProblem(f"database {describe(cfg)} is unusable: {_short(e)}") from None
 

@@ -16,7 +16,7 @@ import os
 import socket
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
@@ -36,7 +36,7 @@ from orchestrator.models import Attempt, Job, Lease, utcnow
 from orchestrator.policy import decide, dumps
 from orchestrator.service import launch, record_submitted, requeue
 from orchestrator.states import AttemptState, JobState
-from orchestrator.wrapper import WRAPPER_FILE
+from orchestrator.wrapper import WRAPPER_FILE, read_exit
 
 LEASE = "reconcile"
 HANG_KILL_GRACE_S = 30.0
@@ -252,6 +252,11 @@ def _finish(db: Database, cfg: Config, attempt_id: int, ref: AttemptRef, out: Ou
     """The attempt ended: the marker decides done; otherwise classify and apply the policy."""
     verification = protocol.verify_done_marker(ref.run_dir)
     report = None if verification.verified else protocol.read_failure(ref.run_dir, ref.attempt)
+    rec = read_exit(ref.attempt_dir)
+    if rec is not None and rec.get("token") == ref.token and isinstance(rec.get("returncode"), int):
+        # The wrapper's own record is exact; sacct reports exit 143 as 15 (it drops the 128).
+        rc = rec["returncode"]
+        out = replace(out, exit_code=rc if rc >= 0 else None, signal=-rc if rc < 0 else out.signal)
     with db.write() as s:
         a = s.scalar(select(Attempt).where(Attempt.id == attempt_id).options(selectinload(Attempt.job)))
         job = a.job

@@ -132,6 +132,13 @@ def launch(db: Database, cfg: Config, name: str, backend: Backend | None = None)
         with db.write() as s:
             a = s.get(Attempt, attempt_id)
             a.detail = f"submission failed: {e}"
+            if e.permanent:
+                # The scheduler will never take it (bad partition...): failed now, not retried forever.
+                a.state, a.failure_class, a.ended_at = AttemptState.FAILED.value, "invalid", utcnow()
+                a.action_json = dumps({"action": "give_up", "why": "the scheduler refused the submission"})
+                transition(s, s.get(Job, job_id), JobState.FAILED, f"attempt {a.n}: {e}")
+        if e.permanent:
+            raise Refused(f"refused: {name}: {e}") from None
         raise OrchError(f"{name}: {e}") from None
     _fault("after_backend_submit")
     record_submitted(db, job_id, attempt_id, external_id, overrides)

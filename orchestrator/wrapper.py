@@ -115,8 +115,16 @@ def main(argv: list[str] | None = None) -> int:
             except ProcessLookupError:
                 pass
 
+        under_slurm = "SLURM_JOB_ID" in os.environ
         for s in FORWARDED:
-            signal.signal(s, forward)
+            if under_slurm and s in (signal.SIGTERM, signal.SIGINT):
+                # Slurm signals every process of the job itself (preemption, scancel, time limit);
+                # forwarding again would hit a program twice (measured: one that exits in its
+                # handler died of the second TERM). Only the batch-shell signals (--signal=B:USR2)
+                # need forwarding; the wrapper just survives to write exit.json.
+                signal.signal(s, lambda *_: None)
+            else:
+                signal.signal(s, forward)
         timed_out = False
         deadline = time.monotonic() + a.time_limit if a.time_limit else None
         while True:

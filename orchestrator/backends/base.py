@@ -93,7 +93,18 @@ class Outcome:
 
 
 class BackendError(RuntimeError):
-    """The backend refused or failed a submission (the attempt stays pending and is retried)."""
+    """The backend failed a submission; the attempt stays pending and is retried by reconcile."""
+
+    permanent = False
+
+
+class SubmissionRefused(BackendError):
+    """The scheduler will never accept this submission as it is (bad partition, bad value).
+
+    Retrying cannot help: the attempt is classified ``invalid`` and the job goes to ``failed``.
+    """
+
+    permanent = True
 
 
 class Backend(ABC):

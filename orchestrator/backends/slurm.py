@@ -1,0 +1,444 @@
+"""Slurm backend: one batch job per attempt, submitted with a thin ``sbatch`` of our own.
+
+Who calls: the reconciler and ``orch submit`` on the login node / controller host. Import cost is
+the standard library only (no submitit, no torch).
+
+Why not submitit's SlurmExecutor (1.5.4) — measured on Slurm 22.05 (deploy/slurm/cluster.sh) and
+read from its source (../shared/notes/submitit.md):
+
+* The time-limit warning never reached the program. Measured: ``SlurmExecutor`` with
+  ``use_srun=False``, ``timeout_min=1``, ``signal_delay_s=30`` running a ``CommandFunction``: the
+  program got no USR2 at all (submitit passes ``--signal=USR2@..`` without ``B:``, which signals job
+  steps, and without srun there are none), only the time limit's SIGTERM -> ``TIMEOUT``. With srun
+  the signal goes to submitit's own process, whose handler requeues (``scontrol requeue``) or raises
+  ``UncompletedJobError`` instead of passing it on; it also ignores SIGTERM.
+* It emits no ``--requeue``; under srun (its default) 22.05 does not inherit ``--cpus-per-task``,
+  and srun jobs that exited within the grace time were not requeued in place on this cluster.
+* It pickles a Python call that needs submitit on the compute node; orch's contract
+  (``spec.wrapper_argv()``) is an argv.
+
+So ``submit`` writes a tiny batch script (Python, so the argv never passes through a shell) that
+``os.execv``s ``spec.wrapper_argv()``: the wrapper *is* the batch process, ``--signal=B:USR2@<lead>``
+reaches it (and is forwarded to the program), no srun is involved, and Slurm's in-place requeue
+reruns the same script under the same job id. What we keep from submitit: its list of inherited
+variables to drop when submitting from inside a job (``submitit.helpers.clean_env``: SLURM_*,
+SLURMD_*, SRUN_*, SBATCH_*, SUBMITIT_*, torch.distributed's rank variables) and its
+``--open-mode=append``.
+
+Signals, as measured on 22.05 without srun (deploy/slurm/README.md has the numbers):
+
+* Preemption: the grace-start SIGTERM goes to job *steps* only, so a batch-only job sees nothing
+  until the grace ends (+ up to ~10 s); then SIGCONT+SIGTERM reach every process of the job (the
+  program directly, and again through the wrapper), SIGKILL after KillWait. A job that exits then
+  is requeued in place on a REQUEUE partition (any exit code) and ends ``PREEMPTED`` on a CANCEL
+  one. With ``SlurmctldParameters=preempt_send_user_signal`` the USR2 comes at the grace start, but
+  a job that exits on it ends ``FAILED`` and is not requeued in place (orch requeues it instead).
+* Time limit: USR2 arrives when at most lead + ~30 s are left (slurmctld checks every ~30 s); a
+  job still running at the limit gets SIGTERM, then SIGKILL after KillWait (``TIMEOUT``).
+* ``cancel`` is a plain ``scancel``: SIGCONT+SIGTERM to every process, SIGKILL after KillWait.
+* sacct drops 128 from exit statuses above 128 (exit 143 shows as ``15:0``): ``exit_code`` is
+  sacct's; orch's wrapper keeps the real status in ``exit.json``.
+
+Outcomes (``poll``): one ``sacct -X --duplicates`` call for all attempts, the newest record per id
+wins, cross-checked with one ``squeue`` call because sacct lags the controller by seconds after an
+in-place requeue (rules in ``orchestrator/slurm_states.py``). Memory: a cluster with cgroup
+enforcement reports ``OUT_OF_MEMORY``; one with ``JobAcctGatherParams=OverMemoryKill`` reports
+``FAILED 0:9`` and slurmstepd writes "exceeded memory limit" into the job's output. This backend
+reads the tail of that output (``attempts/<n>/slurm/slurm-<id>.out``) and reports the second form
+as ``backend_state="OUT_OF_MEMORY"`` too, with the slurmstepd line as ``reason``.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import re
+import subprocess
+from collections.abc import Sequence
+from pathlib import Path
+
+from orchestrator import protocol, slurm_states
+from orchestrator.backends.base import (
+    AttemptRef,
+    Backend,
+    BackendError,
+    Outcome,
+    Phase,
+    SubmissionRefused,
+    SubmitSpec,
+)
+
+SLURM_DIR = "slurm"  # attempts/<n>/slurm/: batch script, sbatch's record, the job's Slurm output
+SCRIPT_NAME = "job.sbatch"
+OUTPUT_PATTERN = "slurm-%j.out"
+JOB_NAME_PREFIX = "orch-"
+WARNING_SIGNAL = "USR2"  # the trainer (and orch's wrapper) treat SIGUSR2 like SIGTERM: checkpoint, exit
+
+# What sacct/squeue/sbatch may take before we give up and answer UNKNOWN (a busy slurmctld or
+# slurmdbd must delay a decision, never fail a job: SkyPilot #10155 restarted a healthy job 24
+# times because status queries timed out).
+QUERY_TIMEOUT_S = float(os.environ.get("ORCH_SLURM_QUERY_TIMEOUT_S", "30"))
+SUBMIT_TIMEOUT_S = float(os.environ.get("ORCH_SLURM_SUBMIT_TIMEOUT_S", "60"))
+FIND_HISTORY = os.environ.get("ORCH_SLURM_FIND_HISTORY", "now-30days")  # sacct -S for find_by_token
+OUTPUT_TAIL_BYTES = 64 * 1024
+
+# Inherited variables that must not reach a job submitted from inside another job: sbatch reads
+# SBATCH_*/SLURM_* as option defaults, and torch.distributed reads the rank variables
+# (the same list as submitit.helpers.clean_env).
+_CLEAN_PREFIXES = ("SLURM_", "SLURMD_", "SRUN_", "SBATCH_", "SUBMITIT_")
+_CLEAN_NAMES = frozenset({
+    "MASTER_ADDR", "MASTER_PORT", "RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE",
+})
+
+# --- validation: every sbatch value comes from here (no newline, no #SBATCH smuggling) -------------
+_TOKEN_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,99}$")
+_WORD_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")  # partition, account
+_ENV_NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,255}$")
+_EXTRA_RE = re.compile(r"^--[A-Za-z][A-Za-z0-9-]*(=[^\x00-\x1f\x7f]*)?$")
+_CONTROL_RE = re.compile(r"[\x00-\x1f\x7f]")
+# Options orch sets itself and that an extra argument must not change: they decide where the
+# job's output goes, what the job is called (find_by_token), whether it is requeued in place,
+# what runs, and how sbatch answers.
+_OWNED_OPTIONS = frozenset({
+    "job-name", "comment", "output", "error", "open-mode", "requeue", "no-requeue", "export",
+    "export-file", "chdir", "wrap", "parsable", "array", "hold", "wait", "test-only", "input",
+})
+
+
+_PERMANENT_SBATCH = re.compile(r"invalid|unrecognized option|not available|no partition|requested node config"
+                               r"|not permitted|does not exist|exceeds", re.I)
+
+
+class SlurmSubmitRefused(SubmissionRefused):
+    """A value that may not go into an sbatch command line (the attempt cannot be submitted as is)."""
+
+
+def _check_value(what: str, value: str, pattern: re.Pattern[str] | None = None) -> str:
+    if not isinstance(value, str) or _CONTROL_RE.search(value) or (pattern and not pattern.match(value)):
+        raise SlurmSubmitRefused(f"refusing {what} {value!r} for sbatch: not a plain value")
+    return value
+
+
+def _check_path(what: str, path: Path) -> str:
+    s = str(path)
+    # '%' would be expanded by sbatch as a filename pattern; control characters could end a line.
+    if not path.is_absolute() or _CONTROL_RE.search(s) or "%" in s:
+        raise SlurmSubmitRefused(
+            f"refusing {what} {s!r}: need an absolute path without '%' or control characters")
+    return s
+
+
+def _positive(what: str, value: object) -> int:
+    if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
+        raise SlurmSubmitRefused(f"refusing {what} {value!r}: need a positive integer")
+    return value
+
+
+def validate_extra_sbatch(extra: Sequence[str]) -> list[str]:
+    """Extra sbatch arguments: each ``--option`` or ``--option=value``; never one orch owns."""
+    out = []
+    for arg in extra:
+        _check_value("extra sbatch argument", arg, _EXTRA_RE)
+        opt = arg[2:].split("=", 1)[0].lower()
+        # sbatch (getopt_long) also takes unambiguous prefixes: --outp=... is --output=...
+        if any(owned.startswith(opt) for owned in _OWNED_OPTIONS):
+            raise SlurmSubmitRefused(f"refusing extra sbatch argument {arg!r}: orch sets --{opt} itself")
+        out.append(arg)
+    return out
+
+
+def warning_lead_s(time_s: int | None) -> int:
+    """Seconds before the time limit at which the job gets SIGUSR2 to checkpoint.
+
+    Measured on 22.05: slurmctld checks every ~30 s and sends the signal at the first check where
+    the time left is <= lead + 30 s, so the job gets it between lead and lead + 30 s before its
+    limit (with --time=1 and a 30 s lead it came 6-9 s after the start). Hence a tenth of the limit,
+    between 10 s and 5 min, and never so long that the warning could arrive in the first ~15 s,
+    before the program has installed its handler (SIGUSR2's default action kills). 3 min when the
+    limit is the partition's. ``ORCH_SLURM_SIGNAL_LEAD_S`` overrides.
+    """
+    env = os.environ.get("ORCH_SLURM_SIGNAL_LEAD_S")
+    if env and env.isdigit() and int(env) > 0:
+        return int(env)
+    if not time_s:
+        return 180
+    return min(max(10, min(300, time_s // 10)), max(5, time_s - 45))
+
+
+def clean_submit_env(base: dict[str, str] | None = None) -> dict[str, str]:
+    """The submitter's environment without what a surrounding Slurm job or torchrun put there."""
+    env = dict(os.environ if base is None else base)
+    return {k: v for k, v in env.items() if not k.startswith(_CLEAN_PREFIXES) and k not in _CLEAN_NAMES}
+
+
+def job_name_for(token: str) -> str:
+    return JOB_NAME_PREFIX + token
+
+
+def batch_script(python: str, argv: Sequence[str], env: dict[str, str], header: str) -> str:
+    """A batch script that sets ``env`` and replaces itself with ``argv`` (no shell involved).
+
+    The values are embedded as JSON (ASCII only, so one line each, and valid Python literals): a
+    newline or '#SBATCH' inside a value stays inside a string and can never become a directive.
+    """
+    return (
+        f"#!{python}\n"
+        f"# {header}\n"
+        "# Generated by orch (orchestrator/backends/slurm.py). Runs orch's job wrapper as the batch\n"
+        "# process itself, so Slurm's --signal=B:... and preemption signals reach it; no srun.\n"
+        "import json, os, sys\n"
+        f"ARGV = json.loads({json.dumps(json.dumps(list(argv)))})\n"
+        f"ENV = json.loads({json.dumps(json.dumps(env, sort_keys=True))})\n"
+        "os.environ.update(ENV)\n"
+        "sys.stdout.flush()\n"
+        "os.execv(ARGV[0], ARGV)\n"
+    )
+
+
+def _run(argv: list[str], timeout_s: float, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
+    return subprocess.run(argv, stdin=subprocess.DEVNULL, capture_output=True, text=True,
+                          timeout=timeout_s, env=env, check=False)
+
+
+def _first_line(text: str) -> str:
+    lines = [ln.strip() for ln in (text or "").splitlines() if ln.strip()]
+    return lines[-1][:300] if lines else ""
+
+
+class SlurmBackend(Backend):
+    """Attempts as Slurm batch jobs named ``orch-<token>``; see the module docstring."""
+
+    name = "slurm"
+
+    def __init__(self, *, python: str | None = None, query_timeout_s: float | None = None) -> None:
+        # The interpreter that runs orch's wrapper on the compute node: the same venv path by
+        # default (a shared filesystem), or ORCH_SLURM_PYTHON where the nodes install it elsewhere.
+        self.python = python or os.environ.get("ORCH_SLURM_PYTHON") or None
+        self.query_timeout_s = QUERY_TIMEOUT_S if query_timeout_s is None else query_timeout_s
+
+    # ------------------------------------------------------------------------------------------
+    def sbatch_argv(self, spec: SubmitSpec, script: Path) -> list[str]:
+        """The sbatch command line for ``spec`` (every value validated here)."""
+        protocol.validate_job_name(spec.job)
+        token = _check_value("token", spec.token, _TOKEN_RE)
+        _positive("attempt", spec.attempt)
+        out_dir = spec.attempt_dir / SLURM_DIR
+        r = spec.resources
+        argv = [
+            "sbatch", "--parsable",
+            f"--job-name={job_name_for(token)}",
+            f"--comment=orch job={spec.job} attempt={spec.attempt} token={token}",
+            f"--output={_check_path('output dir', out_dir)}/{OUTPUT_PATTERN}",
+            "--open-mode=append",  # a rerun after an in-place requeue appends instead of truncating
+            "--requeue",  # preempted on a REQUEUE partition / node failure -> rerun under the same id
+            "--export=ALL",
+            f"--chdir={_check_path('run dir', spec.run_dir)}",
+            f"--signal=B:{WARNING_SIGNAL}@{warning_lead_s(r.time_s)}",
+        ]
+        if r.partition is not None:
+            argv.append(f"--partition={_check_value('partition', r.partition, _WORD_RE)}")
+        if r.account is not None:
+            argv.append(f"--account={_check_value('account', r.account, _WORD_RE)}")
+        if r.gpus:  # 0 / None: no GPU requested
+            # gres, not --gpus-per-node: works with count-only and File= gres alike, no cons_tres needed
+            argv.append(f"--gres=gpu:{_positive('gpus', r.gpus)}")
+        if r.cpus_per_task is not None:
+            argv.append(f"--cpus-per-task={_positive('cpus_per_task', r.cpus_per_task)}")
+        if r.mem_mb is not None:
+            argv.append(f"--mem={_positive('mem_mb', r.mem_mb)}M")
+        if r.time_s is not None:
+            argv.append(f"--time={math.ceil(_positive('time_s', r.time_s) / 60)}")  # Slurm counts minutes
+        argv += validate_extra_sbatch(r.extra_sbatch)
+        argv.append(_check_path("batch script", script))
+        return argv
+
+    def submit(self, spec: SubmitSpec) -> str:
+        """sbatch the attempt; return the Slurm job id. Raises BackendError (nothing submitted is
+        guaranteed only for SlurmSubmitRefused; after a timeout use ``find_by_token``)."""
+        out_dir = spec.attempt_dir / SLURM_DIR
+        script = out_dir / SCRIPT_NAME
+        argv = self.sbatch_argv(spec, script)  # validate before anything is written
+        for k, v in spec.env.items():
+            _check_value("environment variable name", k, _ENV_NAME_RE)
+            if not isinstance(v, str) or "\x00" in v:
+                raise SlurmSubmitRefused(f"refusing environment value for {k}: not a string without NUL")
+        python = self.python or spec.wrapper_argv()[0]
+        if _CONTROL_RE.search(python) or " " in python or not os.path.isabs(python):
+            raise SlurmSubmitRefused(f"refusing interpreter path {python!r} for a #! line")
+        out_dir.mkdir(parents=True, exist_ok=True)
+        header = f"orch job {spec.job} attempt {spec.attempt} token {spec.token}"
+        protocol.atomic_write(script, batch_script(python, spec.wrapper_argv(python), dict(spec.env), header))
+        os.chmod(script, 0o700)
+        try:
+            p = _run(argv, SUBMIT_TIMEOUT_S, env=clean_submit_env())
+        except subprocess.TimeoutExpired:
+            raise BackendError(f"sbatch timed out after {SUBMIT_TIMEOUT_S:.0f} s (the job may exist: "
+                               f"look it up by token {spec.token})") from None
+        except OSError as e:
+            raise BackendError(f"cannot run sbatch: {e}") from None
+        if p.returncode != 0:
+            why = _first_line(p.stderr) or _first_line(p.stdout)
+            if _PERMANENT_SBATCH.search(why):  # e.g. "invalid partition specified": retrying cannot help
+                raise SlurmSubmitRefused(f"sbatch refused the job: {why}")
+            raise BackendError(f"sbatch failed ({p.returncode}): {why}")
+        job_id = p.stdout.strip().split(";", 1)[0]
+        if not job_id.isdigit():
+            raise BackendError(f"sbatch answered {p.stdout.strip()!r}: not a job id")
+        protocol.atomic_write_json(out_dir / "submitted.json", {
+            "job_id": job_id, "token": spec.token, "sbatch": argv, "submitted_at": protocol.now_iso()})
+        return job_id
+
+    # ------------------------------------------------------------------------------------------
+    def _squeue(self, ids: Sequence[str]) -> dict[str, tuple[str, str, str]] | None:
+        """Controller's view of ``ids`` (one call); None when squeue cannot be asked."""
+        if not ids:
+            return {}
+        try:
+            p = _run(["squeue", "-h", "-t", "all", "-j", ",".join(ids), "-o", slurm_states.SQUEUE_FORMAT],
+                     self.query_timeout_s)
+        except (OSError, subprocess.TimeoutExpired):
+            return None
+        if p.returncode != 0:
+            # One id the controller forgot (MinJobAge passed) makes squeue fail with this message.
+            if "Invalid job id" in p.stderr:
+                return {}
+            return None
+        return slurm_states.parse_squeue(p.stdout)
+
+    def poll(self, refs: Sequence[AttemptRef]) -> dict[str, Outcome]:
+        """token -> Outcome for every ref with an external id: one sacct (+ one squeue) call.
+
+        sacct failing or timing out -> UNKNOWN for all (never EXITED). Records of another job
+        that reuses the id (a controller that lost its state) are ignored by name.
+        """
+        by_id = {r.external_id: r for r in refs if r.external_id and str(r.external_id).isdigit()}
+        if not by_id:
+            return {}
+        fields = ",".join(slurm_states.SACCT_FIELDS)
+        argv = ["sacct", "-X", "--duplicates", "-n", "--parsable2", "-o", fields, "-j", ",".join(by_id)]
+        try:
+            p = _run(argv, self.query_timeout_s)
+            err = None if p.returncode == 0 else (_first_line(p.stderr) or f"exit {p.returncode}")
+        except subprocess.TimeoutExpired:
+            err = f"timed out after {self.query_timeout_s:.0f} s"
+        except OSError as e:
+            err = str(e)
+        if err is not None:
+            return {r.token: Outcome(Phase.UNKNOWN, reason=f"sacct failed: {err}") for r in by_id.values()}
+        records = slurm_states.parse_sacct(p.stdout)
+
+        sacct_view: dict[str, Outcome | None] = {}
+        need_live: list[str] = []
+        for job_id, ref in by_id.items():
+            mine = [rec for rec in records.get(job_id, []) if rec.name == job_name_for(ref.token)]
+            if not mine:
+                sacct_view[job_id] = None
+                need_live.append(job_id)
+                continue
+            oc = slurm_states.outcome_from_records(mine)
+            if oc.phase is Phase.EXITED and oc.backend_state in ("FAILED", "CANCELLED"):
+                line = over_memory_line(ref.attempt_dir, job_id)
+                if line:
+                    oc = slurm_states.outcome_from_records(mine, over_memory_line=line)
+            sacct_view[job_id] = oc
+            if oc.phase is Phase.EXITED:  # the controller may be requeueing it in place right now
+                need_live.append(job_id)
+        live = self._squeue(need_live)
+        asked = set(need_live)
+        out: dict[str, Outcome] = {}
+        for job_id, ref in by_id.items():
+            if job_id not in asked:
+                out[ref.token] = sacct_view[job_id] or Outcome(Phase.UNKNOWN)
+                continue
+            entry = (live or {}).get(job_id)
+            if entry is not None and entry[0] != job_name_for(ref.token):
+                entry = None  # another job under a reused id
+            out[ref.token] = slurm_states.combine(sacct_view[job_id], entry, live_known=live is not None)
+        return out
+
+    def cancel(self, refs: Sequence[AttemptRef]) -> None:
+        """One plain ``scancel``: SIGCONT+SIGTERM to every process of each job, SIGKILL after KillWait."""
+        ids = [r.external_id for r in refs if r.external_id and str(r.external_id).isdigit()]
+        if not ids:
+            return
+        try:
+            p = _run(["scancel", *ids], self.query_timeout_s)
+        except (OSError, subprocess.TimeoutExpired) as e:
+            raise BackendError(f"scancel failed: {e}") from None
+        # scancel exits non-zero when a job already ended ("Invalid job id"); that is not a failure.
+        if p.returncode != 0 and "Invalid job id" not in p.stderr and "already completing" not in p.stderr:
+            raise BackendError(f"scancel failed ({p.returncode}): {_first_line(p.stderr)}")
+
+    def kill(self, refs: Sequence[AttemptRef]) -> None:
+        """SIGKILL every process of each job now (a hung job that ignored ``cancel``'s SIGTERM)."""
+        ids = [r.external_id for r in refs if r.external_id and str(r.external_id).isdigit()]
+        if not ids:
+            return
+        try:
+            _run(["scancel", "--signal=KILL", "--full", *ids], self.query_timeout_s)
+            _run(["scancel", *ids], self.query_timeout_s)
+        except (OSError, subprocess.TimeoutExpired) as e:
+            raise BackendError(f"scancel failed: {e}") from None
+
+    def find_by_token(self, refs: Sequence[AttemptRef]) -> dict[str, str]:
+        """token -> Slurm job id by job name ``orch-<token>``: one sacct call, squeue for the rest.
+
+        Two Slurm jobs with one token (a submission retried blindly) answer with the older one;
+        both are visible in ``sacct --name``.
+        """
+        tokens = {job_name_for(r.token): r.token for r in refs if _TOKEN_RE.match(r.token or "")}
+        if not tokens:
+            return {}
+        found: dict[str, tuple[int, str]] = {}
+
+        def add(name: str, job_id: str) -> None:
+            tok = tokens.get(name)
+            if tok and job_id.isdigit() and (tok not in found or int(job_id) < found[tok][0]):
+                found[tok] = (int(job_id), job_id)
+
+        names = ",".join(tokens)
+        try:
+            p = _run(["sacct", "-X", "-n", "--parsable2", "-S", FIND_HISTORY, "-o", "JobIDRaw,JobName",
+                      f"--name={names}"], self.query_timeout_s)
+            if p.returncode == 0:
+                for line in p.stdout.splitlines():
+                    job_id, _, name = line.partition("|")
+                    add(name.strip(), job_id.strip())
+        except (OSError, subprocess.TimeoutExpired):
+            pass
+        missing = [n for n, t in tokens.items() if t not in found]
+        if missing:
+            try:
+                p = _run(["squeue", "-h", "-t", "all", f"--name={','.join(missing)}", "-o", "%i|%j"],
+                         self.query_timeout_s)
+                if p.returncode == 0:
+                    for line in p.stdout.splitlines():
+                        job_id, _, name = line.partition("|")
+                        add(name.strip(), job_id.strip())
+            except (OSError, subprocess.TimeoutExpired):
+                pass
+        return {tok: jid for tok, (_, jid) in found.items()}
+
+
+def slurm_output_path(attempt_dir: Path, job_id: str) -> Path:
+    return attempt_dir / SLURM_DIR / OUTPUT_PATTERN.replace("%j", str(job_id))
+
+
+def over_memory_line(attempt_dir: Path, job_id: str) -> str | None:
+    """slurmstepd's "exceeded memory limit" line from the tail of the job's Slurm output, if any."""
+    path = slurm_output_path(attempt_dir, job_id)
+    try:
+        with open(path, "rb") as f:
+            f.seek(0, os.SEEK_END)
+            size = f.tell()
+            f.seek(max(0, size - OUTPUT_TAIL_BYTES))
+            tail = f.read().decode("utf-8", "replace")
+    except OSError:
+        return None
+    lines = tail.splitlines()
+    for marker in slurm_states.OVER_MEMORY_MARKERS:  # the first marker's line carries the numbers
+        for line in reversed(lines):
+            if marker in line.lower():
+                return line.strip()
+    return None

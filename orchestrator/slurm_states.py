@@ -1,0 +1,196 @@
+"""Slurm job states -> orch backend phases: pure functions, no I/O, unit-tested without a cluster.
+
+Who calls: ``orchestrator.backends.slurm`` (the only place that runs sacct/squeue). What it
+guarantees: a Slurm state orch does not know maps to UNKNOWN, never to EXITED, so a new state in
+a future Slurm release can delay a decision but never fail a job.
+
+Facts this rests on (measured on Slurm 22.05.8, deploy/slurm/cluster.sh; see deploy/slurm/README.md):
+
+* ``sacct -X --duplicates`` lists one record per run of a job id. A job preempted on a REQUEUE
+  partition shows ``PREEMPTED`` for the first run and a new record (higher DBIndex) ``PENDING`` /
+  ``RUNNING`` for the rerun under the same id. The newest record wins.
+* For about 5 s after such a preemption, sacct's newest record is still ``PREEMPTED`` while the
+  controller (squeue) already says ``COMPLETING`` then ``PENDING`` (reason BeginTime): sacct alone
+  would call a job that Slurm is requeueing in place "exited". The controller's live state,
+  when it has one, therefore overrides a terminal sacct state (``combine``).
+* sacct 22.05 has no ``Restarts`` field; the restart count is the number of earlier records.
+* Job ids are reused when a controller loses its state; records whose name is not the attempt's
+  ``orch-<token>`` are ignored by the caller, so another job's record never answers for ours.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+from orchestrator.backends.base import Outcome, Phase
+
+# sacct/squeue state names (Slurm 22.05, src/common/slurm_protocol_defs.c job_state_string).
+PENDING_STATES = frozenset({
+    "PENDING", "REQUEUED", "REQUEUE_HOLD", "REQUEUE_FED", "RESV_DEL_HOLD", "SPECIAL_EXIT",
+})
+RUNNING_STATES = frozenset({
+    "RUNNING", "COMPLETING", "SUSPENDED", "CONFIGURING", "RESIZING", "SIGNALING", "STAGE_OUT",
+    "STOPPED", "POWER_UP_NODE", "UPDATE_DB",
+})
+EXITED_STATES = frozenset({
+    "COMPLETED", "FAILED", "TIMEOUT", "OUT_OF_MEMORY", "NODE_FAIL", "CANCELLED", "PREEMPTED",
+    "BOOT_FAIL", "DEADLINE", "REVOKED",
+})
+# Terminal states after which Slurm may still requeue the same id in place (PreemptMode=REQUEUE,
+# --requeue on node failure). Without the controller's word these are not trusted as final.
+MAYBE_REQUEUED_STATES = frozenset({"PREEMPTED", "NODE_FAIL"})
+
+# The line slurmstepd writes into the job's output when JobAcctGatherParams=OverMemoryKill kills a
+# job (no cgroups): sacct then says FAILED 0:9, not OUT_OF_MEMORY. Matched case-insensitively.
+OVER_MEMORY_MARKERS = ("exceeded memory limit", "exceeded job memory limit")
+OOM_STATE = "OUT_OF_MEMORY"
+
+
+def normalize_state(raw: str) -> str:
+    """``"CANCELLED by 0"`` -> ``"CANCELLED"``; strip sacct's truncation ``+`` and whitespace."""
+    s = (raw or "").strip().split(" ", 1)[0].rstrip("+").upper()
+    return s
+
+
+def phase_of(state: str) -> Phase:
+    s = normalize_state(state)
+    if s in PENDING_STATES:
+        return Phase.PENDING
+    if s in RUNNING_STATES:
+        return Phase.RUNNING
+    if s in EXITED_STATES:
+        return Phase.EXITED
+    return Phase.UNKNOWN
+
+
+def parse_exit_code(field: str) -> tuple[int | None, int | None]:
+    """sacct ``ExitCode`` ``"a:b"`` -> (exit code a, signal b or None when 0); (None, None) if unreadable."""
+    code, _, sig = (field or "").strip().partition(":")
+    try:
+        c = int(code)
+    except ValueError:
+        return None, None
+    try:
+        s = int(sig) if sig else 0
+    except ValueError:
+        s = 0
+    return c, (s or None)
+
+
+@dataclass(frozen=True)
+class SacctRecord:
+    """One line of ``sacct -X --duplicates --parsable2`` (see ``SACCT_FIELDS``)."""
+
+    job_id: str
+    name: str
+    state: str  # normalized
+    exit_code: int | None
+    signal: int | None
+    db_index: int
+    reason: str = ""
+
+
+SACCT_FIELDS = ("JobIDRaw", "JobName", "State", "ExitCode", "DBIndex", "Reason")
+
+
+def parse_sacct(text: str) -> dict[str, list[SacctRecord]]:
+    """job id -> its records, oldest first (by DBIndex, then output order). Malformed lines are skipped."""
+    out: dict[str, list[tuple[int, int, SacctRecord]]] = {}
+    for n, line in enumerate(text.splitlines()):
+        parts = line.split("|")
+        if len(parts) < len(SACCT_FIELDS):
+            continue
+        job_id, name, state, exit_field, dbi, reason = parts[: len(SACCT_FIELDS)]
+        job_id = job_id.strip()
+        if not job_id.isdigit():  # a step (123.batch) or a header: -X should prevent both
+            continue
+        try:
+            db_index = int(dbi)
+        except ValueError:
+            db_index = -1
+        code, sig = parse_exit_code(exit_field)
+        rec = SacctRecord(job_id, name.strip(), normalize_state(state), code, sig, db_index, reason.strip())
+        out.setdefault(job_id, []).append((db_index, n, rec))
+    return {k: [r for _, _, r in sorted(v, key=lambda t: (t[0], t[1]))] for k, v in out.items()}
+
+
+SQUEUE_FORMAT = "%i|%j|%T|%r"
+
+
+def parse_squeue(text: str) -> dict[str, tuple[str, str, str]]:
+    """``squeue -h -t all -o '%i|%j|%T|%r'`` -> job id -> (name, normalized state, reason)."""
+    out: dict[str, tuple[str, str, str]] = {}
+    for line in text.splitlines():
+        parts = line.split("|")
+        if len(parts) < 4 or not parts[0].strip().isdigit():
+            continue
+        out[parts[0].strip()] = (parts[1].strip(), normalize_state(parts[2]), "|".join(parts[3:]).strip())
+    return out
+
+
+def outcome_from_records(records: Iterable[SacctRecord], *, over_memory_line: str | None = None) -> Outcome:
+    """Outcome of one attempt from all its sacct records (one per run of the id): the newest wins.
+
+    ``over_memory_line``: the job output's "exceeded memory limit" line, if the caller found one;
+    a FAILED/CANCELLED run with it is reported as OUT_OF_MEMORY (the OverMemoryKill form).
+    """
+    recs = list(records)
+    if not recs:
+        return Outcome(Phase.UNKNOWN, reason="no sacct record")
+    newest = recs[-1]
+    restarts = len(recs) - 1
+    phase = phase_of(newest.state)
+    if phase is Phase.UNKNOWN:
+        return Outcome(Phase.UNKNOWN, backend_state=newest.state, restart_count=restarts,
+                       reason=f"unrecognised Slurm state {newest.state!r}")
+    if phase is not Phase.EXITED:
+        return Outcome(phase, backend_state=newest.state, restart_count=restarts, reason=_reason(newest))
+    state = newest.state
+    reason = _reason(newest)
+    if over_memory_line and state in ("FAILED", "CANCELLED"):
+        state = OOM_STATE
+        reason = over_memory_line.strip()[:300]
+    return Outcome(Phase.EXITED, exit_code=newest.exit_code, signal=newest.signal, backend_state=state,
+                   reason=reason, restart_count=restarts)
+
+
+def _reason(rec: SacctRecord) -> str:
+    return "" if rec.reason in ("", "None") else rec.reason
+
+
+def combine(sacct_outcome: Outcome | None, live: tuple[str, str, str] | None, *,
+            live_known: bool) -> Outcome:
+    """Merge sacct's view (``outcome_from_records``) with the controller's (squeue) for one attempt.
+
+    ``live``: squeue's (name, state, reason) for the id, None when squeue does not list it;
+    ``live_known``: whether squeue answered at all. Rules (see the module docstring for why):
+
+    * the controller lists the job as pending/running/completing -> that phase, whatever sacct says:
+      it is the authority on live jobs and is ahead of sacct after an in-place requeue;
+    * sacct has no record -> UNKNOWN (submitted seconds ago, or the accounting DB lags): never
+      EXITED without sacct's record of how the job ended;
+    * sacct says terminal and the controller does not contradict it -> EXITED, except that a state
+      after which Slurm may still requeue in place (PREEMPTED, NODE_FAIL) is UNKNOWN while the
+      controller cannot be asked.
+    """
+    if live is not None:
+        _, lstate, lreason = live
+        lphase = phase_of(lstate)
+        if lphase in (Phase.PENDING, Phase.RUNNING):
+            restarts = sacct_outcome.restart_count if sacct_outcome else 0
+            if (sacct_outcome is not None and sacct_outcome.phase is Phase.EXITED
+                    and lstate != "COMPLETING"):
+                restarts += 1  # requeued in place; the rerun's record has not reached sacct yet
+            return Outcome(lphase, backend_state=lstate, restart_count=restarts,
+                           reason="" if lreason in ("", "None") else lreason)
+    if sacct_outcome is None or sacct_outcome.phase is Phase.UNKNOWN:
+        why = "no sacct record" + (f"; squeue says {live[1]}" if live else "; squeue does not list it")
+        return Outcome(Phase.UNKNOWN, backend_state=live[1] if live else None, reason=why,
+                       restart_count=sacct_outcome.restart_count if sacct_outcome else 0)
+    if (sacct_outcome.phase is Phase.EXITED and not live_known
+            and sacct_outcome.backend_state in MAYBE_REQUEUED_STATES):
+        return Outcome(Phase.UNKNOWN, backend_state=sacct_outcome.backend_state,
+                       restart_count=sacct_outcome.restart_count,
+                       reason=f"sacct says {sacct_outcome.backend_state}; squeue could not confirm it")
+    return sacct_outcome

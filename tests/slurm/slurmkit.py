@@ -1,0 +1,98 @@
+"""Helpers of the real-Slurm tests (the fixtures in conftest.py use them; tests import them)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from orchestrator.backends.base import AttemptRef, Outcome, Phase, Resources, SubmitSpec
+from orchestrator.backends.slurm import SlurmBackend
+
+ROOT = Path(__file__).resolve().parents[2]
+CLUSTER_SH = ROOT / "deploy" / "slurm" / "cluster.sh"
+STATE = Path(os.environ.get("ORCH_SLURM_STATE", "/var/lib/orch-slurm"))
+IN_CI = os.environ.get("CI", "").lower() == "true"
+
+
+def cluster_status() -> subprocess.CompletedProcess:
+    return subprocess.run(["bash", str(CLUSTER_SH), "status"], capture_output=True, text=True, timeout=60)
+
+
+def cluster_up() -> subprocess.CompletedProcess:
+    return subprocess.run(["bash", str(CLUSTER_SH), "up"], capture_output=True, text=True, timeout=600)
+
+
+def run(*argv: str, timeout: float = 60) -> subprocess.CompletedProcess:
+    return subprocess.run(list(argv), capture_output=True, text=True, timeout=timeout)
+
+
+@dataclass
+class SlurmKit:
+    """The backend under test plus the bookkeeping that keeps tests from disturbing each other."""
+
+    tmp: Path
+    backend: SlurmBackend = field(default_factory=SlurmBackend)
+    job_ids: list[str] = field(default_factory=list)
+
+    def spec(self, name: str, command: Sequence[str], *, partition: str = "spot", cpus: int = 1,
+             mem_mb: int | None = 300, time_s: int | None = None, env: dict | None = None,
+             attempt: int = 1) -> SubmitSpec:
+        run_dir = self.tmp / "runs" / name
+        run_dir.mkdir(parents=True, exist_ok=True)
+        token = f"{name}-{attempt}-{os.urandom(4).hex()}"
+        return SubmitSpec(job=name, attempt=attempt, token=token, run_dir=run_dir, command=tuple(command),
+                          env={"PYTHONUNBUFFERED": "1", **(env or {})},
+                          resources=Resources(partition=partition, cpus_per_task=cpus, mem_mb=mem_mb,
+                                              time_s=time_s))
+
+    def submit(self, spec: SubmitSpec) -> AttemptRef:
+        job_id = self.backend.submit(spec)
+        self.job_ids.append(job_id)
+        return AttemptRef(job_id, spec.token, spec.run_dir, spec.attempt)
+
+    def sbatch(self, *args: str) -> str:
+        """A plain Slurm job (e.g. the high-priority job that preempts ours)."""
+        p = run("sbatch", "--parsable", "-o", "/dev/null", *args)
+        assert p.returncode == 0, p.stderr
+        job_id = p.stdout.strip().split(";")[0]
+        self.job_ids.append(job_id)
+        return job_id
+
+    def poll_until(self, refs: Sequence[AttemptRef], done: Callable[[dict[str, Outcome]], bool],
+                   timeout: float, history: list | None = None, every: float = 0.5) -> dict[str, Outcome]:
+        """Poll all refs (one backend call each time) until ``done``; keep every answer in ``history``."""
+        t0 = time.time()
+        hist = [] if history is None else history
+        while True:
+            out = self.backend.poll(refs)
+            hist.append((round(time.time() - t0, 1),
+                         {r.token: (o.phase.value, o.backend_state, o.restart_count) for r, o in
+                          ((r, out.get(r.token, Outcome(Phase.UNKNOWN))) for r in refs)}))
+            if done(out):
+                return out
+            if time.time() - t0 > timeout:
+                raise AssertionError(f"not done after {timeout} s; history:\n" +
+                                     "\n".join(map(str, hist[-40:])))
+            time.sleep(every)
+
+    def cleanup(self) -> None:
+        if self.job_ids:
+            run("scancel", *self.job_ids)
+
+
+def phases(out: dict[str, Outcome], *refs: AttemptRef) -> tuple[Phase, ...]:
+    return tuple(out[r.token].phase if r.token in out else Phase.UNKNOWN for r in refs)
+
+
+def node_idle(timeout: float = 60) -> None:
+    """Wait until no job holds the node (a previous test's cancelled jobs are gone)."""
+    t0 = time.time()
+    while time.time() - t0 < timeout:
+        if not run("squeue", "-h", "-o", "%i").stdout.strip():
+            return
+        time.sleep(0.5)
+    raise AssertionError("jobs still on the node: " + run("squeue").stdout)
