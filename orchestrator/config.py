@@ -6,7 +6,6 @@ names the file and the key, found before anything is written.
 
 from __future__ import annotations
 
-import math
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -23,6 +22,10 @@ UNCOUNTED = frozenset({"preempted", "timeout", "node_fail"})
 # Uncounted classes get generous caps too: an endless preemption loop is a bug to surface, not to hide.
 CLASS_CAPS = {"oom": 3, "nan": 3, "enospc": 2, "hang": 3, "crash": 3, "preempted": 100, "timeout": 50,
               "node_fail": 20}
+
+
+MAX_NUMBER = 10**9  # seconds, MB, factors: generous, and far from datetime/SQLite overflow
+MAX_COUNT = 10**6
 
 
 @dataclass
@@ -93,16 +96,18 @@ def load_config(home: Path | None = None) -> Config:
     if "caps" in pol:
         caps = _get(pol, "caps", dict, "policy.")
         for cls, n in caps.items():
-            if cls not in FAILURE_CLASSES or not isinstance(n, int) or isinstance(n, bool) or n < 0:
-                raise UsageError(f"{path}: policy.caps.{cls} must be a known class with an integer >= 0")
+            if cls not in FAILURE_CLASSES or not isinstance(n, int) or isinstance(n, bool) or not 0 <= n <= MAX_COUNT:
+                raise UsageError(f"{path}: policy.caps.{cls} must be a known class with an integer 0..{MAX_COUNT}")
             cfg.caps[cls] = n
     for key, typ in (("max_attempts", int), ("nan_rollback_steps", int), ("nan_lr_factor", (int, float)),
                      ("oom_mem_factor", (int, float)), ("oom_mem_cap_mb", int), ("crash_backoff_s", (int, float)),
                      ("hang_timeout_s", (int, float)), ("slow_factor", (int, float)), ("keep_last_k", int)):
         if key in pol:
             v = _get(pol, key, typ, "policy.")
-            if not 0 <= v < math.inf:  # also refuses nan: hang_timeout_s = nan silently disabled hang detection
-                raise UsageError(f"{path}: policy.{key} must be a finite number >= 0, got {v!r}")
+            # also refuses nan (hang_timeout_s = nan silently disabled hang detection) and numbers so
+            # large that date arithmetic overflows mid-pass (crash_backoff_s = 1e300 crashed reconcile)
+            if not 0 <= v <= MAX_NUMBER:
+                raise UsageError(f"{path}: policy.{key} must be a number 0..{MAX_NUMBER:g}, got {v!r}")
             setattr(cfg, key, v)
     rec = data.get("reconcile", {})
     if not isinstance(rec, dict):
@@ -110,7 +115,7 @@ def load_config(home: Path | None = None) -> Config:
     for key, typ in (("lease_ttl_s", (int, float)), ("busy_timeout_ms", int)):
         if key in rec:
             v = _get(rec, key, typ, "reconcile.")
-            if not 0 <= v < math.inf:  # a negative lease TTL let overlapping passes both run; inf crashed them
-                raise UsageError(f"{path}: reconcile.{key} must be a finite number >= 0, got {v!r}")
+            if not 0 <= v <= MAX_NUMBER:  # a negative lease TTL let overlapping passes both run; huge ones crashed
+                raise UsageError(f"{path}: reconcile.{key} must be a number 0..{MAX_NUMBER:g}, got {v!r}")
             setattr(cfg, key, v)
     return cfg

@@ -30,7 +30,7 @@ from orchestrator.backends.base import AttemptRef, Backend, Outcome, Phase, get_
 from orchestrator.classify import classify
 from orchestrator.config import Config
 from orchestrator.db import Database
-from orchestrator.errors import IllegalTransition, OrchError
+from orchestrator.errors import DatabaseProblem, IllegalTransition, OrchError
 from orchestrator.jobs import transition
 from orchestrator.models import Attempt, Job, Lease, utcnow
 from orchestrator.policy import decide, dumps
@@ -103,7 +103,10 @@ def reconcile_pass(db: Database, cfg: Config,
             if r.outcome == "requeued":
                 rep.requeued.append(r.name)
     finally:
-        release_lease(db, holder)
+        try:
+            release_lease(db, holder)
+        except OrchError as e:  # e.g. still locked: the lease expires after lease_ttl_s instead
+            rep.errors.append(f"lease not released: {e}")
     return rep
 
 
@@ -163,6 +166,10 @@ def _poll_live(db: Database, cfg: Config, backend: Callable[[str], Backend], rep
                 _apply(db, cfg, backend(name), r.id, ref, out, rep)
             except IllegalTransition:
                 pass  # another process moved this job first; its decision stands
+            except DatabaseProblem:
+                raise  # the DB itself (locked, corrupt): every other job would fail the same way
+            except Exception as e:  # noqa: BLE001 - one job's surprise must not stall every other job
+                rep.errors.append(f"{ref.run_dir.name}: {type(e).__name__}: {str(e)[:200]}")
 
 
 def _unchanged(cfg: Config, r: Any, ref: AttemptRef, out: Outcome) -> bool:

@@ -67,6 +67,7 @@ def move_to_trash(cfg: Config, run_dir: Path, rels: list[str], job: str) -> list
             dest.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
             os.rename(src, dest)
         moved.append(rel)
+        protocol.fsync_dir(dest.parent)  # the entry that now holds it survives a crash too
     protocol.fsync_dir(run_dir)
     return moved
 
