@@ -1,0 +1,159 @@
+"""Preemption and exact resume: stop anywhere, resume, and end bit-identical to an uninterrupted run."""
+
+from __future__ import annotations
+
+import json
+import signal
+
+import pytest
+import torch
+from trainerkit import (
+    BASE_ARGS,
+    assert_bit_identical,
+    committed,
+    failure,
+    progress_step,
+    result_state,
+    run_config,
+    run_inproc,
+    run_trainer,
+    spawn_trainer,
+    wait_for,
+)
+
+from orchestrator import protocol
+from trainer.checkpoint import CheckpointManager
+
+ARGS = (*BASE_ARGS, "--max-steps", "12")
+
+
+@pytest.mark.parametrize("stop_at", [
+    (1, 0),   # before the first step completes: nothing to save, resume starts fresh
+    (3, 1),   # mid-accumulation: micro-batch 0 of step 3 is discarded
+    (5, 0),   # first boundary after the periodic save of step 4
+    (6, 1),   # mid-accumulation, between two periodic saves
+    (9, 0),   # right after the background save of step 8 was started (it must commit first)
+    (12, 1),  # mid-accumulation of the very last step
+])
+def test_stop_anywhere_then_resume_is_bit_identical(tmp_path, baseline, stop_at):
+    rd = tmp_path / "run"
+    assert run_inproc(rd, *ARGS, stop_at=stop_at) == protocol.EXIT_PREEMPTED
+    f = failure(rd)
+    step = stop_at[0] - 1  # the last COMPLETED step
+    assert f["class"] == "preempted" and f["step"] == step
+    if step:
+        assert f["checkpoint"] == f"checkpoints/{protocol.checkpoint_name(step)}"
+        assert protocol.verify_checkpoint(rd / f["checkpoint"]) is None
+        assert f["micro_batches_discarded"] == stop_at[1]
+    else:
+        assert f["checkpoint"] is None and committed(rd) == []
+    assert run_inproc(rd, *ARGS, attempt=2) == 0
+    assert run_config(rd)["resumed_from_step"] == (step or None)
+    assert_bit_identical(result_state(rd), baseline(*ARGS))
+
+
+def test_two_interruptions_in_one_run_dir_still_bit_identical(tmp_path, baseline):
+    rd = tmp_path / "run"
+    assert run_inproc(rd, *ARGS, stop_at=(4, 1)) == protocol.EXIT_PREEMPTED
+    assert run_inproc(rd, *ARGS, stop_at=(10, 1), attempt=2) == protocol.EXIT_PREEMPTED
+    assert failure(rd, 2)["step"] == 9
+    assert run_inproc(rd, *ARGS, attempt=3) == 0
+    assert_bit_identical(result_state(rd), baseline(*ARGS))
+
+
+def test_optimizer_and_rng_state_of_a_resumed_checkpoint_match_the_uninterrupted_one(tmp_path):
+    """Not only the weights: the step-12 checkpoint (optimizer moments, LR schedule, RNG) is identical."""
+    ref, rd = tmp_path / "ref", tmp_path / "run"
+    assert run_inproc(ref, *ARGS) == 0
+    assert run_inproc(rd, *ARGS, stop_at=(7, 1)) == protocol.EXIT_PREEMPTED
+    assert run_inproc(rd, *ARGS, attempt=2) == 0
+    a = CheckpointManager.load(ref / "checkpoints" / "step-00000012")
+    b = CheckpointManager.load(rd / "checkpoints" / "step-00000012")
+    assert_bit_identical(a["model.pt"], b["model.pt"])
+    opt_a, opt_b = a["optim.pt"]["optimizer"]["state"], b["optim.pt"]["optimizer"]["state"]
+    assert opt_a.keys() == opt_b.keys()
+    for k in opt_a:
+        assert_bit_identical(opt_a[k], opt_b[k])
+    assert a["optim.pt"]["scheduler"] == b["optim.pt"]["scheduler"]
+    assert torch.equal(a["rng.pt"]["torch_cpu"], b["rng.pt"]["torch_cpu"])
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGUSR2])
+def test_real_signal_saves_last_completed_step_and_loses_at_most_one_step(tmp_path, baseline, sig):
+    """A real signal (os.kill) to `python -m trainer`; then measure the work lost across the two attempts."""
+    args = (*BASE_ARGS, "--max-steps", "60", "--micro-batch-size", "2", "--save-interval", "25")
+    accum = 4
+    rd = tmp_path / "run"
+    proc = spawn_trainer(rd, *args)
+    try:
+        wait_for(lambda: progress_step(rd) >= 12, what="step 12")
+        proc.send_signal(sig)
+        _, err = proc.communicate(timeout=60)
+    finally:
+        proc.kill()
+    assert proc.returncode == protocol.EXIT_PREEMPTED, err
+    f = failure(rd)
+    assert f["class"] == "preempted" and 12 <= f["step"] < 60
+    assert f["detail"].startswith(signal.Signals(sig).name)
+    assert f["checkpoint"] == f"checkpoints/{protocol.checkpoint_name(f['step'])}"
+    assert protocol.verify_checkpoint(rd / f["checkpoint"]) is None
+    p = run_trainer(rd, *args, attempt=2)
+    assert p.returncode == 0, p.stderr
+    assert run_config(rd)["resumed_from_step"] == f["step"]
+    metrics = json.loads((rd / "result" / "metrics.json").read_text())
+    # Work lost = micro-batches computed over both attempts beyond what one clean run computes.
+    lost_micro = f["micro_batches_computed"] + metrics["micro_batches_computed"] - 60 * accum
+    assert 0 <= lost_micro == f["micro_batches_discarded"] < accum
+    assert lost_micro / accum <= 1, f"lost {lost_micro / accum:.2f} steps to one {sig.name}"
+    assert_bit_identical(result_state(rd), baseline(*args))
+
+
+def test_sigterm_during_startup_is_preempted_not_killed(tmp_path):
+    """The handler is installed before torch is imported: an early SIGTERM still ends as 'preempted'."""
+    rd = tmp_path / "run"
+    proc = spawn_trainer(rd, *BASE_ARGS, "--max-steps", "5")
+    try:
+        wait_for(lambda: (protocol.attempt_dir(rd, 1) / protocol.COMMAND_FILE).exists(), what="command.json")
+        proc.send_signal(signal.SIGTERM)
+        _, err = proc.communicate(timeout=60)
+    finally:
+        proc.kill()
+    assert proc.returncode == protocol.EXIT_PREEMPTED, err
+    f = failure(rd)
+    assert (f["class"], f["step"], f["checkpoint"]) == ("preempted", 0, None)
+
+
+def test_injected_sigkill_then_resume_is_bit_identical(tmp_path, baseline):
+    """No save on SIGKILL: the retry resumes from the last periodic checkpoint and still matches."""
+    args = (*BASE_ARGS, "--max-steps", "12", "--save-interval", "3")
+    rd = tmp_path / "run"
+    p = run_trainer(rd, *args, "--inject-fault", "sigkill@step=8")
+    assert p.returncode == -signal.SIGKILL
+    # Step 6's background save commits within ~2 steps; on a loaded machine the kill may beat it.
+    newest = protocol.checkpoint_step(rd / "checkpoints" / committed(rd)[-1])
+    assert newest in (3, 6)
+    assert not (protocol.attempt_dir(rd, 1) / protocol.FAILURE_FILE).exists()
+    p = run_trainer(rd, *args, "--inject-fault", "sigkill@step=8", attempt=2)  # same command; it fired once
+    assert p.returncode == 0, p.stderr
+    assert run_config(rd)["resumed_from_step"] == newest
+    assert_bit_identical(result_state(rd), baseline(*args))
+
+
+def test_injected_sigterm_fault_is_a_real_signal_mid_accumulation(tmp_path):
+    rd = tmp_path / "run"
+    p = run_trainer(rd, *BASE_ARGS, "--max-steps", "12", "--inject-fault", "sigterm@step=6")
+    assert p.returncode == protocol.EXIT_PREEMPTED, p.stderr
+    f = failure(rd)
+    assert (f["class"], f["step"], f["micro_batches_discarded"]) == ("preempted", 5, 1)
+    assert f["detail"].startswith("SIGTERM")
+
+
+def test_skip_batches_is_an_absolute_data_offset(tmp_path, baseline):
+    """--skip-batches N: step s trains on batch s+N, so resuming with the same N repeats nothing."""
+    args = (*ARGS, "--skip-batches", "5")
+    rd = tmp_path / "run"
+    assert run_inproc(rd, *args, stop_at=(6, 1)) == protocol.EXIT_PREEMPTED
+    assert run_inproc(rd, *args, attempt=2) == 0
+    assert_bit_identical(result_state(rd), baseline(*args))
+    skipped, plain = baseline(*args), baseline(*ARGS)
+    assert any(not torch.equal(skipped[k], plain[k]) for k in plain), "--skip-batches changed nothing"

@@ -1,0 +1,78 @@
+"""The run-dir files an attempt writes besides checkpoints: command.json, run_config.json, failure.json.
+
+Everything goes through ``orchestrator.protocol`` (atomic, fsynced writes; the contract's names).
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from orchestrator import protocol
+
+# What command.json keeps of the environment: enough to see where and how an attempt ran, never
+# the whole environment (it may hold tokens).
+_ENV_KEYS = ("ORCH_RUN_DIR", "ORCH_JOB_NAME", "ORCH_ATTEMPT", "ORCH_OVERRIDES", "SLURM_JOB_ID",
+             "SLURM_RESTART_COUNT", "SLURM_ARRAY_TASK_ID", "SLURM_NODELIST", "CUDA_VISIBLE_DEVICES",
+             "WANDB_RUN_ID", "WANDB_RESUME", "PYTHONPATH")
+
+
+def log(msg: str) -> None:
+    print(f"[trainer] {msg}", file=sys.stderr, flush=True)
+
+
+def write_command(run_dir: Path, attempt: int, argv: Sequence[str], environ: dict[str, str]) -> None:
+    """attempts/<n>/command.json: what this attempt ran. A record only, never a guard (seed 000)."""
+    protocol.atomic_write_json(protocol.attempt_dir(run_dir, attempt) / protocol.COMMAND_FILE, {
+        "argv": [sys.executable, "-m", "trainer", *argv],
+        "env": {k: environ[k] for k in _ENV_KEYS if k in environ},
+        "time": protocol.now_iso(), "pid": os.getpid(), "host": socket.gethostname(), "cwd": os.getcwd(),
+    })
+
+
+def set_aside_stale_failure(run_dir: Path, attempt: int) -> Path | None:
+    """Rename a failure.json left by an earlier run of the SAME attempt (Slurm in-place requeue).
+
+    Slurm's ``--requeue`` restarts the script with the same job id, so ORCH_ATTEMPT is unchanged and
+    the previous run's report would otherwise be read as this run's outcome.
+    """
+    d = protocol.attempt_dir(run_dir, attempt)
+    path = d / protocol.FAILURE_FILE
+    if not path.exists():
+        return None
+    k = 1
+    while (d / f"failure.prev-{k}.json").exists():
+        k += 1
+    dest = d / f"failure.prev-{k}.json"
+    os.rename(path, dest)
+    protocol.fsync_dir(d)
+    return dest
+
+
+def report_failure(run_dir: Path, attempt: int, cls: str, step: int | None, detail: str,
+                   **extra: Any) -> bool:
+    """Write failure.json; if even that fails (a full disk), say the class on stderr. True if written."""
+    log(f"failure class={cls} step={step}: {detail}")
+    try:
+        protocol.write_failure(run_dir, attempt, cls, step, detail, **extra)
+        return True
+    except OSError as e:
+        print(f"[trainer] FAILURE CLASS {cls} (failure.json not written: {e!r})", file=sys.stderr, flush=True)
+        return False
+
+
+def write_run_config(run_dir: Path, cfg: dict[str, Any]) -> None:
+    protocol.atomic_write_json(run_dir / protocol.RUN_CONFIG, cfg)
+
+
+def read_run_config(run_dir: Path) -> dict[str, Any]:
+    """The previous attempt's run_config.json, or {} (it is informative, never a guard)."""
+    try:
+        r = protocol.read_json_bounded(run_dir / protocol.RUN_CONFIG, limit=1 << 20)
+    except (OSError, ValueError):
+        return {}
+    return r if isinstance(r, dict) else {}
