@@ -52,7 +52,7 @@ def _progress_flags(cfg: Config, run_dir: Path, n: int, row: dict[str, Any]) -> 
     t = p.get("time")
     if isinstance(t, (int, float)) and time.time() - t > cfg.hang_timeout_s:
         row["flags"].append("hang")
-    tps, med = p.get("tokens_per_s"), p.get("tokens_per_s_median")
+    tps, med = p.get("tokens_per_s_recent"), p.get("tokens_per_s_median")
     if (isinstance(tps, (int, float)) and isinstance(med, (int, float)) and med > 0
             and (p.get("samples") or SLOW_MIN_SAMPLES) >= SLOW_MIN_SAMPLES and tps < cfg.slow_factor * med):
         row["flags"].append("slow")

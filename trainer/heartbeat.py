@@ -8,8 +8,11 @@ detector needs to see. ``beat_now`` asks for an immediate write (at each checkpo
 
 from __future__ import annotations
 
+import collections
+import statistics
 import sys
 import threading
+import time
 from pathlib import Path
 from typing import Any
 
@@ -27,6 +30,10 @@ class Heartbeat:
         self._wake = threading.Event()
         self._stop = False
         self._warned = False
+        # Recent rates (one per write) and the job's own median of them: `orch status` flags a job
+        # whose recent tokens/s falls far below its own median (a slow node, a throttled disk).
+        self._rates: collections.deque[float] = collections.deque(maxlen=200)
+        self._last: tuple[int, float] | None = None
         self._thread = threading.Thread(target=self._run, name="heartbeat", daemon=True)
 
     def start(self) -> Heartbeat:
@@ -56,9 +63,16 @@ class Heartbeat:
             self._write()
 
     def _write(self) -> None:
-        posted, fields = self._posted, self._fields
+        posted, fields = self._posted, dict(self._fields)
         if posted == self._written:
             return
+        step, per_step, now = fields.get("step"), fields.get("tokens_per_step"), time.monotonic()
+        if isinstance(step, int) and per_step and self._last is not None and step > self._last[0]:
+            self._rates.append((step - self._last[0]) * per_step / (now - self._last[1]))
+            fields.update(tokens_per_s_recent=self._rates[-1], tokens_per_s_median=statistics.median(self._rates),
+                          samples=len(self._rates))
+        if isinstance(step, int):
+            self._last = (step, now)
         try:
             protocol.write_progress(self.run_dir, self.attempt, **fields)
             self._written = posted

@@ -509,7 +509,8 @@ class Trainer:
         if tok_s is not None:
             self._tok_s = tok_s
         fields = {"step": self.step, "loss": self._last_loss if math.isfinite(self._last_loss) else None,
-                  "tokens_per_s": self._tok_s, "max_steps": self.args.max_steps}
+                  "tokens_per_s": self._tok_s, "max_steps": self.args.max_steps,
+                  "tokens_per_step": self.args.batch_size * PRESETS[self.args.preset].block_size}
         if saving is not None:
             fields["saved_step"] = saving
         self.heartbeat.post(**fields)

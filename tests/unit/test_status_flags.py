@@ -1,0 +1,59 @@
+"""`orch status` flags a running job as slow (recent tokens/s far below its own median) or hung."""
+
+from __future__ import annotations
+
+import json
+import time
+
+from orchestrator import protocol
+from orchestrator.models import Attempt, Job
+from orchestrator.views import status_rows
+from trainer.heartbeat import Heartbeat
+
+
+def _running_job(db, cfg, name: str) -> None:  # noqa: ANN001
+    with db.write() as s:
+        job = Job(name=name, state="running", backend="local", run_dir=str(cfg.runs_root / name),
+                  command_json='["true"]')
+        s.add(job)
+        s.flush()
+        s.add(Attempt(job_id=job.id, n=1, token=name, state="running", backend="local", external_id="1:1"))
+
+
+def _progress(cfg, name: str, **fields) -> None:  # noqa: ANN001
+    protocol.write_progress(cfg.runs_root / name, 1, step=100, **fields)
+
+
+def test_slow_job_is_flagged_against_its_own_median(db, cfg):
+    _running_job(db, cfg, "slow")
+    _running_job(db, cfg, "steady")
+    _progress(cfg, "slow", tokens_per_s_recent=100.0, tokens_per_s_median=1000.0, samples=20)
+    _progress(cfg, "steady", tokens_per_s_recent=900.0, tokens_per_s_median=1000.0, samples=20)
+    rows = {r["name"]: r for r in status_rows(db, cfg)}
+    assert rows["slow"]["flags"] == ["slow"] and rows["slow"]["step"] == 100
+    assert rows["steady"]["flags"] == []
+
+
+def test_few_samples_are_not_judged_slow(db, cfg):
+    _running_job(db, cfg, "young")
+    _progress(cfg, "young", tokens_per_s_recent=1.0, tokens_per_s_median=1000.0, samples=2)
+    assert status_rows(db, cfg)[0]["flags"] == []
+
+
+def test_stale_heartbeat_is_flagged_hang(db, cfg):
+    _running_job(db, cfg, "stuck")
+    d = protocol.attempt_dir(cfg.runs_root / "stuck", 1)
+    d.mkdir(parents=True)
+    (d / protocol.PROGRESS_FILE).write_text(json.dumps({"time": time.time() - cfg.hang_timeout_s - 5, "step": 7}))
+    assert status_rows(db, cfg)[0]["flags"] == ["hang"]
+
+
+def test_heartbeat_writes_recent_rate_and_its_own_median(tmp_path):
+    hb = Heartbeat(tmp_path, 1, interval_s=3600)  # no thread: writes are driven by hand below
+    for step in range(1, 8):
+        hb.post(step=step * 10, tokens_per_step=50)
+        hb._write()
+        time.sleep(0.01)
+    p = protocol.read_progress(tmp_path, 1)
+    assert p["samples"] == 6 and p["step"] == 70
+    assert p["tokens_per_s_recent"] > 0 and p["tokens_per_s_median"] > 0
