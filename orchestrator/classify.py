@@ -40,15 +40,19 @@ def classify(outcome: Outcome, report: dict | None, verification: Verification,
     because its heartbeat stalled).
     """
     state = (outcome.backend_state or "").split()[0].upper() if outcome.backend_state else ""
+    if preset and (report is None or report["class"] == "preempted"):
+        # orch itself stopped it (hang): the SIGTERM the job then reports as "preempted" was ours,
+        # and a free uncounted resume would hide a job that hangs every time.
+        return Classification(preset, (report or {}).get("step"), "stopped by the reconciler: no heartbeat")
     if report is not None:
         cls = report["class"]
+        if cls == "preempted" and state == "CANCELLED":
+            cls = "cancelled"  # someone ran scancel: not a free, automatic resume
         if cls == "preempted" and state in ("TIMEOUT", "DEADLINE"):
             # The job checkpointed on the warning signal and called it preemption; the scheduler
             # knows the signal came from the time limit.
             cls = "timeout"
         return Classification(cls, report.get("step"), str(report.get("detail", ""))[:500])
-    if preset:
-        return Classification(preset, None, "set by the reconciler")
     if state in SLURM_STATE_CLASS:
         detail = f"scheduler state {outcome.backend_state}" + (f"; {outcome.reason}" if outcome.reason else "")
         return Classification(SLURM_STATE_CLASS[state], None, detail)

@@ -65,10 +65,11 @@ def _emit(obj: Any) -> None:
 # ------------------------------------------------------------------------------------------
 # argument-only validation (before any row or directory exists)
 # ------------------------------------------------------------------------------------------
-_MEM_RE = re.compile(r"^(\d+)([KMGT]?)B?$", re.I)
+# Bounded digit runs: int() of a 5000-digit string raises ValueError (exit 1 instead of 2).
+_MEM_RE = re.compile(r"^(\d{1,20})([KMGT]?)B?$", re.I)
 MAX_MEM_MB = 2**43  # its size in bytes still fits a signed 64-bit integer (Slurm, the DB)
 MAX_TIME_S = (2**32 - 2) * 60  # Slurm keeps a time limit in minutes in a uint32 (all ones = INFINITE)
-_TIME_RE = re.compile(r"^(?:(\d+)-)?(\d+)(?::(\d+))?(?::(\d+))?$")
+_TIME_RE = re.compile(r"^(?:(\d{1,12})-)?(\d{1,12})(?::(\d{1,12}))?(?::(\d{1,12}))?$")
 
 
 def parse_mem_mb(value: str) -> int:
@@ -175,8 +176,9 @@ def main() -> None:
 @click.option("--cpus-per-task", type=click.IntRange(1, 4096), help="CPUs per task.")
 @click.option("--mem", help="Memory, Slurm style: 500M, 16G.")
 @click.option("--time", "time_", help="Time limit, Slurm style: 30, 4:00:00, 2-00:00:00.")
-@click.option("--max-attempts", type=click.IntRange(1, 1000), default=3, show_default=True,
-              help="Attempts that count (preemptions, time limits and node failures do not).")
+@click.option("--max-attempts", type=click.IntRange(1, 1000), default=None,
+              help="Attempts that count (preemptions, time limits and node failures do not); "
+                   "default: policy.max_attempts in orch.toml, else 3.")
 @click.option("--outputs", multiple=True, callback=_outputs_cb,
               help="Glob (relative to the run dir) of result files; orch writes done.json after exit 0. "
                    "For programs that do not write their own marker.")
@@ -185,7 +187,7 @@ def main() -> None:
 @click.option("--json", "as_json", is_flag=True, help="Print the job as JSON.")
 @click.argument("command", nargs=-1, type=click.UNPROCESSED, required=True)
 def submit(name: str | None, backend: str, partition: str | None, account: str | None, gpus: int | None,
-           cpus_per_task: int | None, mem: str | None, time_: str | None, max_attempts: int,
+           cpus_per_task: int | None, mem: str | None, time_: str | None, max_attempts: int | None,
            outputs: tuple[str, ...], sbatch_args: tuple[str, ...], wait: bool, as_json: bool,
            command: tuple[str, ...]) -> None:
     """Submit COMMAND (after --) as a new job. The job gets ORCH_RUN_DIR, ORCH_JOB_NAME, ORCH_ATTEMPT.
@@ -202,10 +204,16 @@ def submit(name: str | None, backend: str, partition: str | None, account: str |
     for k, v in (("partition", partition), ("account", account), ("gpus", gpus), ("cpus_per_task", cpus_per_task)):
         if v is not None:
             resources[k] = v
-    for a in sbatch_args:
-        if not re.fullmatch(r"--[A-Za-z-]+(=[A-Za-z0-9._,:=@/+-]+)?", a):  # fullmatch: no trailing newline
-            raise click.BadParameter(f"{a!r} is not a plain --option[=value]", param_hint="--sbatch-arg")
     if sbatch_args:
+        # The backend's own check, run at parse time: an option orch owns (--output=, even as a
+        # getopt prefix) used to be refused only at sbatch time, after the job row existed.
+        from orchestrator.backends.base import BackendError
+        from orchestrator.backends.slurm import validate_extra_sbatch
+
+        try:
+            validate_extra_sbatch(sbatch_args)
+        except BackendError as e:
+            raise click.BadParameter(str(e), param_hint="--sbatch-arg") from None
         resources["extra_sbatch"] = list(sbatch_args)
     if backend == "local" and (partition or account or sbatch_args):
         raise click.BadParameter("--partition/--account/--sbatch-arg need --backend slurm")
@@ -214,8 +222,10 @@ def submit(name: str | None, backend: str, partition: str | None, account: str |
 
     command = _absolute_program(command)
     req = SubmitRequest(name=name or _default_name(command), command=list(command), backend=backend,
-                        resources=resources, max_attempts=max_attempts, outputs=list(outputs))
+                        resources=resources, max_attempts=max_attempts or 3, outputs=list(outputs))
     cfg, db = _ctx()
+    if max_attempts is None:
+        req.max_attempts = cfg.max_attempts
     job = do_submit(db, cfg, req)
     if not as_json:
         click.echo(f"submitted {job.name} ({job.backend} {job.attempts[-1].external_id}); run dir {job.run_dir}")
@@ -439,8 +449,13 @@ def cancel(names: tuple[str, ...]) -> None:
     from orchestrator.service import cancel as do_cancel
 
     cfg, db = _ctx()
-    for name, what in do_cancel(db, cfg, list(names)):
+    results = do_cancel(db, cfg, list(names))
+    for name, what in results:
         click.echo(f"{name}: {what}")
+    if any(what.startswith("cancelled in orch, but") for _n, what in results):
+        sys.exit(1)
+    if any(what.startswith("not cancelled") for _n, what in results):
+        sys.exit(3)  # refused: it had already ended (verified, failed or cancelled)
 
 
 @main.command()

@@ -65,7 +65,8 @@ def decide(cfg: Config, job: Job, attempt: Attempt, cls: str, step: int | None,
     if cls == "invalid":
         return Decision(JobState.FAILED, {"action": "give_up", "why": "invalid: retrying cannot help"}, counted)
     prior = [a for a in job.attempts if a.id != attempt.id]
-    if not counted and prior and prior[-1].failure_class == cls and prior[-1].failure_step == step:
+    if (not counted and step is not None and prior and prior[-1].failure_class == cls
+            and prior[-1].failure_step == step):
         # Uncounted classes resume for free, but a time limit shorter than start-up never gets past
         # the same step: an attempt that made no progress counts (found by a 3 s --time test that
         # looped through 30 free attempts at step 0).
@@ -100,7 +101,9 @@ def _nan(cfg: Config, job: Job, run_dir: Path, step: int | None, report: dict | 
     """Roll back to the newest verified checkpoint at least K steps before the bad step, LR x0.5."""
     rc = _run_config(run_dir)
     bad = step if step is not None else None
-    ckpts = protocol.verified_checkpoints(run_dir)
+    # Sizes only: this runs inside the reconciler's write transaction, and hashing every checkpoint
+    # there held the SQLite writer lock for as long as it took. The trainer re-verifies on load.
+    ckpts = protocol.verified_checkpoints(run_dir, hashes=False)
     limit = (bad - cfg.nan_rollback_steps) if bad is not None else None
     good = [(s, p) for s, p in ckpts if limit is None or s <= limit]
     resume_step = good[0][0] if good else 0

@@ -315,7 +315,10 @@ def verify_done_marker(run_dir: Path | str) -> Verification:
         return Verification(MarkerStatus.CORRUPT, f"unknown schema {m.get('schema')!r}")
     if not isinstance(m.get("job"), str) or not isinstance(m.get("attempt"), int):
         return Verification(MarkerStatus.CORRUPT, "job/attempt missing or of the wrong type")
-    problem = _verify_listing(run_dir, m.get("artifacts"))
+    try:
+        problem = _verify_listing(run_dir, m.get("artifacts"))
+    except OSError as e:  # an unreadable artifact is not a finished result
+        problem = f"cannot read an artifact: {e.strerror or e}"
     if problem:
         return Verification(MarkerStatus.CORRUPT, "artifacts " + problem if problem == "lists no files" else problem)
     return Verification(MarkerStatus.VERIFIED, "", m)

@@ -26,7 +26,7 @@ from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import selectinload
 
 from orchestrator import protocol
-from orchestrator.backends.base import AttemptRef, Backend, Outcome, Phase, get_backend
+from orchestrator.backends.base import AttemptRef, Backend, BackendError, Outcome, Phase, get_backend
 from orchestrator.classify import classify
 from orchestrator.config import Config
 from orchestrator.db import Database
@@ -34,7 +34,7 @@ from orchestrator.errors import DatabaseProblem, IllegalTransition, OrchError
 from orchestrator.jobs import transition
 from orchestrator.models import Attempt, Job, Lease, utcnow
 from orchestrator.policy import decide, dumps
-from orchestrator.service import launch, record_submitted, requeue
+from orchestrator.service import launch, launch_grace_s, record_submitted, requeue
 from orchestrator.states import AttemptState, JobState
 from orchestrator.wrapper import WRAPPER_FILE, read_exit
 
@@ -112,19 +112,25 @@ def reconcile_pass(db: Database, cfg: Config,
 
 def _resolve_pending(db: Database, cfg: Config, backend: Callable[[str], Backend], rep: PassReport) -> None:
     """Attempts left ``pending`` by a crash around the backend call: find by token, else submit."""
-    grace = timedelta(seconds=float(os.environ.get("ORCH_LAUNCH_GRACE_S", 60)))
-    cutoff = utcnow() - grace
+    cutoff = utcnow() - timedelta(seconds=launch_grace_s())
     with db.read() as s:
+        # submitted_at on a pending attempt is a launcher's claim (service.launch): leave those to it
+        # until the claim is older than the grace.
         rows = s.execute(select(Attempt, Job).join(Job).where(
             Attempt.state == AttemptState.PENDING.value, Attempt.created_at < cutoff,
+            (Attempt.submitted_at.is_(None)) | (Attempt.submitted_at < cutoff),
             Job.state == JobState.PENDING.value)).all()
         todo = [(a.id, j.id, j.name, j.backend, AttemptRef(None, a.token, Path(j.run_dir), a.n)) for a, j in rows]
     by_backend: dict[str, list] = {}
     for t in todo:
         by_backend.setdefault(t[3], []).append(t)
     for name, items in by_backend.items():
-        found = backend(name).find_by_token([t[4] for t in items])
         rep.backend_calls += 1
+        try:
+            found = backend(name).find_by_token([t[4] for t in items])
+        except BackendError as e:  # unknown is not "absent": resubmitting now could run it twice
+            rep.errors.append(f"{name}: {e}")
+            continue
         for attempt_id, job_id, job_name, _b, ref in items:
             if ref.token in found:
                 record_submitted(db, job_id, attempt_id, found[ref.token])

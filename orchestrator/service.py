@@ -13,16 +13,25 @@ from __future__ import annotations
 import os
 import secrets
 from dataclasses import dataclass, field
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
-from sqlalchemy import select
+from sqlalchemy import select, update
 
 from orchestrator import protocol
-from orchestrator.backends.base import AttemptRef, Backend, BackendError, Resources, SubmitSpec, get_backend
+from orchestrator.backends.base import (
+    AttemptRef,
+    Backend,
+    BackendError,
+    Phase,
+    Resources,
+    SubmitSpec,
+    get_backend,
+)
 from orchestrator.config import Config
 from orchestrator.db import Database
-from orchestrator.errors import AlreadyVerified, IllegalTransition, OrchError, Refused
+from orchestrator.errors import AlreadyVerified, DatabaseProblem, IllegalTransition, OrchError, Refused
 from orchestrator.jobs import get_job, transition
 from orchestrator.models import Attempt, Job, utcnow
 from orchestrator.policy import command_for, dumps
@@ -83,10 +92,31 @@ def submit(db: Database, cfg: Config, req: SubmitRequest) -> Job:
         return job
 
 
+def launch_grace_s() -> float:
+    """How long a launcher's claim on a pending attempt holds (longer than sbatch's own timeout)."""
+    try:
+        return max(0.0, float(os.environ.get("ORCH_LAUNCH_GRACE_S", "120")))
+    except ValueError:
+        return 120.0
+
+
+def _claim(db: Database, attempt_id: int) -> bool:
+    """Compare-and-set claim of a pending attempt, so two launchers (a user's requeue and a cron
+    pass) never both call the backend for it. ``submitted_at`` holds the claim while pending."""
+    now = utcnow()
+    with db.write() as s:
+        res = s.execute(update(Attempt).where(
+            Attempt.id == attempt_id, Attempt.state == AttemptState.PENDING.value,
+            (Attempt.submitted_at.is_(None)) | (Attempt.submitted_at < now - timedelta(seconds=launch_grace_s())))
+            .values(submitted_at=now))
+        return res.rowcount == 1
+
+
 def launch(db: Database, cfg: Config, name: str, backend: Backend | None = None) -> None:
     """Clear what the next attempt must not see, then submit the job's pending attempt.
 
-    Safe to call again for the same attempt only after ``find_by_token`` found nothing.
+    Claims the attempt first; callers that lose the claim return without doing anything. The
+    reconciler re-launches an attempt only after ``find_by_token`` found nothing.
     """
     with db.read() as s:
         job = get_job(s, name)
@@ -101,6 +131,8 @@ def launch(db: Database, cfg: Config, name: str, backend: Backend | None = None)
                           env={protocol.ENV_OVERRIDES: dumps(overrides)},
                           resources=_resources(job.resources))
         job_id, attempt_id = job.id, attempt.id
+    if not _claim(db, attempt_id):
+        return  # another process is launching this attempt right now
     backend = backend or get_backend(job.backend)
     check_run_dir(cfg, run_dir)
     if protocol.verify_done_marker(run_dir).verified:
@@ -112,15 +144,20 @@ def launch(db: Database, cfg: Config, name: str, backend: Backend | None = None)
             transition(s, job, JobState.DONE, "marker verified before launch")
         return
     run_dir.mkdir(parents=True, exist_ok=True)
-    move_to_trash(cfg, run_dir, unverified_leftovers(run_dir, job.outputs, plan.get("quarantine", [])), name)
-    if plan.get("prune"):
-        move_to_trash(cfg, run_dir, [p for p in plan["prune"] if (run_dir / p).exists()], name)
-    if plan.get("empty_trash"):
-        empty_trash(cfg, name)
-    if spec.attempt_dir.is_dir() and _command_token(spec.attempt_dir) != spec.token:
-        # attempts/<n>/ left by an earlier run of this name (fresh DB, same runs root): its
-        # failure.json would classify this new attempt (an old "invalid" failed it for good). Trash it.
-        move_to_trash(cfg, run_dir, [f"{protocol.ATTEMPTS_DIR}/{spec.attempt}"], name)
+    try:
+        # A symlinked attempts/ or a glob through a symlinked dir would make orch write or move
+        # things outside its runs root: refused, for this job only.
+        protocol.resolve_inside(run_dir, f"{protocol.ATTEMPTS_DIR}/{spec.attempt}")
+        move_to_trash(cfg, run_dir, unverified_leftovers(run_dir, job.outputs, plan.get("quarantine", [])), name)
+        move_to_trash(cfg, run_dir, plan.get("prune", []), name)
+        if plan.get("empty_trash"):
+            empty_trash(cfg, name)
+        if spec.attempt_dir.is_dir() and spec.token not in _attempt_tokens(spec.attempt_dir):
+            # attempts/<n>/ left by an earlier run of this name (fresh DB, same runs root): its
+            # failure.json would classify this new attempt (an old "invalid" failed it for good).
+            move_to_trash(cfg, run_dir, [f"{protocol.ATTEMPTS_DIR}/{spec.attempt}"], name)
+    except protocol.UnsafePath as e:
+        raise Refused(f"refused: {name}: {e}") from None
     spec.attempt_dir.mkdir(parents=True, exist_ok=True)
     protocol.atomic_write_json(spec.attempt_dir / protocol.COMMAND_FILE, {
         "argv": argv, "overrides": overrides, "backend": backend.name, "token": spec.token,
@@ -144,12 +181,19 @@ def launch(db: Database, cfg: Config, name: str, backend: Backend | None = None)
     record_submitted(db, job_id, attempt_id, external_id, overrides)
 
 
-def _command_token(adir: Path) -> str | None:
-    try:
-        rec = protocol.read_json_bounded(adir / protocol.COMMAND_FILE, limit=1 << 20)
-    except (OSError, ValueError):
-        return None
-    return rec.get("token") if isinstance(rec, dict) else None
+def _attempt_tokens(adir: Path) -> set[str]:
+    """Tokens recorded in an attempt dir by orch (command.json, before the backend call) and by its
+    wrapper (wrapper.json, exit.json). A job may rewrite command.json (the trainer does), so no
+    single file decides whose dir this is."""
+    tokens = set()
+    for fname in (protocol.COMMAND_FILE, "wrapper.json", protocol.EXIT_FILE):
+        try:
+            rec = protocol.read_json_bounded(adir / fname, limit=1 << 20)
+        except (OSError, ValueError):
+            continue
+        if isinstance(rec, dict) and isinstance(rec.get("token"), str):
+            tokens.add(rec["token"])
+    return tokens
 
 
 def record_submitted(db: Database, job_id: int, attempt_id: int, external_id: str,
@@ -223,6 +267,10 @@ def requeue(db: Database, cfg: Config, names: list[str] | None, dry_run: bool = 
             # One bad run dir (a symlink) is that job's refusal, not the whole pass's: raised, it
             # stopped `requeue --failed` and every reconcile pass's auto-requeue for all other jobs.
             results.append(RequeueResult(name, "refused", str(e)))
+        except DatabaseProblem:
+            raise  # the DB itself: every other job would fail the same way
+        except Exception as e:  # noqa: BLE001 - e.g. a transient sbatch failure: this job only
+            results.append(RequeueResult(name, "error", f"{type(e).__name__}: {str(e)[:300]}"))
     return results
 
 
@@ -255,6 +303,14 @@ def _requeue_one(db: Database, cfg: Config, name: str, dry_run: bool, explicit: 
                 if JobState(job.state) is not JobState.DONE:
                     transition(s, job, JobState.DONE, "marker verified at requeue")
         return RequeueResult(name, "refused", "verified: its done marker verifies; never cleared or rerun")
+    if state is JobState.CANCELLED and last is not None and last.external_id:
+        # A cancelled attempt may still be checkpointing after its SIGTERM: a new attempt now would
+        # run beside it in the same run dir, and launch would trash its in-flight files.
+        ref = AttemptRef(last.external_id, last.token, run_dir, last.n)
+        phase = get_backend(last.backend).poll([ref]).get(last.token)
+        if phase is not None and phase.phase in (Phase.PENDING, Phase.RUNNING):
+            return RequeueResult(name, "refused", f"attempt {last.n} ({last.external_id}) is still stopping; "
+                                                  "try again when it has exited")
     if state not in REQUEUEABLE or (not explicit and state is not JobState.RETRYABLE_FAILED):
         return RequeueResult(name, "refused", f"job is {state.value}; only failed, retryable_failed or "
                                               "cancelled jobs can be requeued (cancel a live one first)")
@@ -303,7 +359,12 @@ def cancel(db: Database, cfg: Config, names: list[str]) -> list[tuple[str, str]]
             transition(s, job, JobState.CANCELLED, "orch cancel")
             backend_name = job.backend
         if ref is not None and ref.external_id:
-            get_backend(backend_name).cancel([ref])
+            try:
+                get_backend(backend_name).cancel([ref])
+            except BackendError as e:
+                out.append((name, f"cancelled in orch, but the backend was not told ({e}); "
+                                  f"stop {ref.external_id} by hand"))
+                continue
         out.append((name, "cancelled"))
     return out
 

@@ -128,7 +128,7 @@ class Backend(ABC):
 
         Exactly-once submission rests on this: an attempt row written before a crash that hid
         whether the backend call happened is resolved by looking its token up, never by resubmitting
-        blindly.
+        blindly. Raises BackendError when the scheduler could not be asked (never "not found").
         """
 
 

@@ -398,6 +398,9 @@ class SlurmBackend(Backend):
                 found[tok] = (int(job_id), job_id)
 
         names = ",".join(tokens)
+        # "Not found" must mean the scheduler answered and has no such job: a failed query that
+        # looked like "not found" made the reconciler submit the attempt a second time.
+        failed: list[str] = []
         try:
             p = _run(["sacct", "-X", "-n", "--parsable2", "-S", FIND_HISTORY, "-o", "JobIDRaw,JobName",
                       f"--name={names}"], self.query_timeout_s)
@@ -405,8 +408,10 @@ class SlurmBackend(Backend):
                 for line in p.stdout.splitlines():
                     job_id, _, name = line.partition("|")
                     add(name.strip(), job_id.strip())
-        except (OSError, subprocess.TimeoutExpired):
-            pass
+            else:
+                failed.append(f"sacct: {_first_line(p.stderr)}")
+        except (OSError, subprocess.TimeoutExpired) as e:
+            failed.append(f"sacct: {e}")
         missing = [n for n, t in tokens.items() if t not in found]
         if missing:
             try:
@@ -416,8 +421,12 @@ class SlurmBackend(Backend):
                     for line in p.stdout.splitlines():
                         job_id, _, name = line.partition("|")
                         add(name.strip(), job_id.strip())
-            except (OSError, subprocess.TimeoutExpired):
-                pass
+                else:
+                    failed.append(f"squeue: {_first_line(p.stderr)}")
+            except (OSError, subprocess.TimeoutExpired) as e:
+                failed.append(f"squeue: {e}")
+            if failed and any(t not in found for t in tokens.values()):
+                raise BackendError("cannot look submissions up by token: " + "; ".join(failed))
         return {tok: jid for tok, (_, jid) in found.items()}
 
 

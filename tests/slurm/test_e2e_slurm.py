@@ -160,32 +160,33 @@ def test_e2e_preemption_spot_requeues_in_place_spot_cancel_requeues_by_orch(orch
 
 
 def test_e2e_time_limit_checkpoints_on_the_warning_and_resumes(orch, slurm_cleanup) -> None:
-    # --time 1: the USR2 warning comes 20-50 s after the start (lead 10 s); 1800 steps take 55-85 s
-    # (21-33 steps/s on this machine): at least one warning is certain.
-    submit(orch, "tl", "--time", "1", "--mem", "1G", steps=1800, save=100)
-    log: list = []
-    rows = drive(orch, ["tl"], lambda r: r["tl"]["state"] in {DONE} | BAD, timeout=300, log=log)
-    assert rows["tl"]["state"] == DONE, log
-    show = orch.show("tl")
-    attempts = show["attempts"]
-    assert len(attempts) >= 2 and attempts[-1]["state"] == "succeeded", show
+    # --time 1: the USR2 warning comes 20-50 s after the start (lead 10 s). The run is far too long
+    # to finish inside the limit on any machine (the trainer's speed varies ~8x with load), so the
+    # claim is checked on attempt 1 and the start of attempt 2, then the job is cancelled.
+    submit(orch, "tl", "--time", "1", "--mem", "1G", steps=10**6, save=100)
     run_dir = orch.runs / "tl"
-    for a in attempts[:-1]:
-        # The trainer checkpointed on USR2 and exited before the limit (Slurm says FAILED, the report
-        # says preempted); either class is resumed, neither counts against --max-attempts.
-        assert a["failure_class"] in {"preempted", "timeout"} and a["action"]["auto"] is True, a
-        report = protocol.read_failure(run_dir, a["n"])
-        assert "USR2" in report["detail"], report
-        # the next attempt resumed from exactly the checkpoint this one wrote on the warning
-        logs = "".join((run_dir / "attempts" / str(a["n"] + 1) / f).read_text()
-                       for f in ("stdout.log", "stderr.log"))
-        resumed_line = f"resumed from {protocol.checkpoint_name(report['step'])} (step {report['step']})"
-        assert resumed_line in logs, logs[-2000:]
-    last_report = protocol.read_failure(run_dir, attempts[-2]["n"])
-    assert_lost_at_most_one_step(last_report, resumed_from(run_dir))
-    print("\n[measured] time limit: " + "; ".join(
-        f"attempt {a['n']} {a['backend_state']} exit {a['exit_code']} class {a['failure_class']} "
-        f"step {a['failure_step']}" for a in attempts))
+
+    def attempt2_logs() -> str:
+        d = run_dir / "attempts" / "2"
+        return "".join((d / f).read_text() for f in ("stdout.log", "stderr.log") if (d / f).exists())
+
+    log: list = []
+    rows = drive(orch, ["tl"], lambda r: r["tl"]["state"] in BAD
+                 or (r["tl"]["attempts"] >= 2 and "resumed from" in attempt2_logs()), timeout=240, log=log)
+    assert rows["tl"]["state"] not in BAD, log
+    a1 = orch.show("tl")["attempts"][0]
+    # The trainer checkpointed on USR2 and exited before the limit (Slurm says FAILED, the report
+    # says preempted); either class is resumed, neither counts against --max-attempts.
+    assert a1["failure_class"] in {"preempted", "timeout"} and a1["action"]["auto"] is True, a1
+    assert a1["counted"] is False, a1
+    report = protocol.read_failure(run_dir, 1)
+    assert "USR2" in report["detail"] and report["step"] > 0, report
+    # the next attempt resumed from exactly the checkpoint this one wrote on the warning
+    resumed_line = f"resumed from {protocol.checkpoint_name(report['step'])} (step {report['step']})"
+    assert resumed_line in attempt2_logs(), attempt2_logs()[-2000:]
+    assert_lost_at_most_one_step(report, resumed_from(run_dir))
+    print(f"\n[measured] time limit: attempt 1 {a1['backend_state']} exit {a1['exit_code']} "
+          f"class {a1['failure_class']} step {a1['failure_step']}")
 
 
 def test_e2e_memory_limit_is_oom_and_the_retry_gets_more_memory(orch, slurm_cleanup) -> None:

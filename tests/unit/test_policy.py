@@ -226,3 +226,23 @@ def test_command_for_leaves_other_programs_argv_untouched(tmp_path, argv):
     out, overrides = command_for(job, {"resume": "none"})
     assert out == argv
     assert overrides == {"lr": 0.5, "resume": "none"}  # other programs get these via ORCH_OVERRIDES
+
+
+def test_repeated_preemptions_without_a_step_are_never_counted(db, cfg):
+    # Programs without failure.json (and Slurm PREEMPTED read from sacct) have no step: "no progress
+    # since the last attempt" cannot be judged, so a preemption stays free however often it comes.
+    from orchestrator.models import Attempt, Job
+    from orchestrator.policy import decide
+
+    with db.write() as s:
+        job = Job(name="p", state="running", backend="slurm", run_dir=str(cfg.runs_root / "p"),
+                  command_json='["true"]', max_attempts=1)
+        s.add(job)
+        s.flush()
+        for n in (1, 2, 3):
+            s.add(Attempt(job_id=job.id, n=n, token=f"t{n}", state="failed", backend="slurm",
+                          failure_class="preempted", counted=False))
+        s.add(Attempt(job_id=job.id, n=4, token="t4", state="failed", backend="slurm"))
+        s.flush()
+        d = decide(cfg, job, job.attempts[-1], "preempted", None, None)
+    assert d.counted is False and d.state.value == "retryable_failed" and d.auto

@@ -1,0 +1,74 @@
+"""Exactly-once submission guards: a launcher's claim, and "unknown" never read as "not submitted"."""
+
+from __future__ import annotations
+
+from orchestrator.backends.base import Backend, BackendError, Outcome, Phase
+from orchestrator.models import Attempt, Job
+from orchestrator.reconcile import reconcile_pass
+from orchestrator.service import launch
+
+
+class CountingBackend(Backend):
+    name = "local"
+
+    def __init__(self, find_fails: bool = False) -> None:
+        self.submits: list[str] = []
+        self.find_fails = find_fails
+
+    def submit(self, spec):  # noqa: ANN001, ANN201
+        self.submits.append(spec.token)
+        return f"ext-{len(self.submits)}"
+
+    def poll(self, refs):  # noqa: ANN001, ANN201
+        return {r.token: Outcome(Phase.RUNNING) for r in refs}
+
+    def cancel(self, refs):  # noqa: ANN001, ANN201
+        pass
+
+    def find_by_token(self, refs):  # noqa: ANN001, ANN201
+        if self.find_fails:
+            raise BackendError("sacct: Problem talking to the database")
+        return {}
+
+
+def _pending_job(db, cfg, name: str = "j") -> None:  # noqa: ANN001
+    with db.write() as s:
+        job = Job(name=name, state="pending", backend="local", run_dir=str(cfg.runs_root / name),
+                  command_json='["true"]')
+        s.add(job)
+        s.flush()
+        s.add(Attempt(job_id=job.id, n=1, token="tok-" + name, state="pending", backend="local"))
+
+
+def test_a_failed_token_lookup_never_resubmits(db, cfg, monkeypatch):
+    monkeypatch.setenv("ORCH_LAUNCH_GRACE_S", "0")
+    _pending_job(db, cfg)
+    backend = CountingBackend(find_fails=True)
+    rep = reconcile_pass(db, cfg, backend_for=lambda _n: backend)
+    assert backend.submits == [], "an unanswered lookup was taken for 'never submitted'"
+    assert any("Problem talking to the database" in e for e in rep.errors)
+    with db.read() as s:
+        assert s.query(Attempt).one().state == "pending"
+
+
+def test_an_answered_empty_lookup_submits_exactly_once(db, cfg, monkeypatch):
+    monkeypatch.setenv("ORCH_LAUNCH_GRACE_S", "0")
+    _pending_job(db, cfg)
+    backend = CountingBackend()
+    reconcile_pass(db, cfg, backend_for=lambda _n: backend)
+    reconcile_pass(db, cfg, backend_for=lambda _n: backend)
+    assert backend.submits == ["tok-j"]
+
+
+def test_a_second_launcher_loses_the_claim(db, cfg, monkeypatch):
+    monkeypatch.setenv("ORCH_LAUNCH_GRACE_S", "600")
+    _pending_job(db, cfg)
+    with db.write() as s:  # a first launcher claimed it and is still inside its backend call
+        from orchestrator.models import utcnow
+
+        s.query(Attempt).one().submitted_at = utcnow()
+    backend = CountingBackend()
+    launch(db, cfg, "j", backend)
+    assert backend.submits == []
+    with db.read() as s:
+        assert s.query(Attempt).one().state == "pending"
