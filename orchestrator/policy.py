@@ -26,7 +26,6 @@ from orchestrator.states import JobState
 # Override keys and the trainer flag each becomes.
 FLAGS = {"resume": "--resume", "lr": "--lr", "skip_batches": "--skip-batches",
          "micro_batch_size": "--micro-batch-size"}
-ONE_SHOT = frozenset({"resume"})
 
 
 @dataclass
@@ -41,14 +40,6 @@ class Decision:
     quarantine: list[str] = field(default_factory=list)  # run-dir paths moved to trash on requeue
     prune: list[str] = field(default_factory=list)
     retry_not_before: datetime | None = None
-
-
-def _run_config(run_dir: Path) -> dict:
-    try:
-        r = protocol.read_json_bounded(run_dir / protocol.RUN_CONFIG, limit=1 << 20)
-        return r if isinstance(r, dict) else {}
-    except (OSError, ValueError):
-        return {}
 
 
 def _num(v: Any) -> float | None:
@@ -99,7 +90,7 @@ def decide(cfg: Config, job: Job, attempt: Attempt, cls: str, step: int | None,
 
 def _nan(cfg: Config, job: Job, run_dir: Path, step: int | None, report: dict | None, d: Decision) -> None:
     """Roll back to the newest verified checkpoint at least K steps before the bad step, LR x0.5."""
-    rc = _run_config(run_dir)
+    rc = protocol.read_run_config(run_dir)
     bad = step if step is not None else None
     # Sizes only: this runs inside the reconciler's write transaction, and hashing every checkpoint
     # there held the SQLite writer lock for as long as it took. The trainer re-verifies on load.

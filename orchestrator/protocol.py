@@ -444,6 +444,31 @@ def read_failure(run_dir: Path | str, attempt: int) -> dict | None:
     return r
 
 
+def set_aside(path: Path) -> Path | None:
+    """Rename ``path`` (e.g. ``failure.json``) to the first free ``<stem>.prev-<k><suffix>``.
+
+    A Slurm in-place requeue reruns the same attempt: what its earlier run wrote must not be read
+    as this run's record, and must not be lost either.
+    """
+    if not path.exists():
+        return None
+    k = 1
+    while (aside := path.with_name(f"{path.stem}.prev-{k}{path.suffix}")).exists():
+        k += 1
+    os.replace(path, aside)
+    fsync_dir(path.parent)
+    return aside
+
+
+def read_run_config(run_dir: Path | str) -> dict[str, Any]:
+    """``run_config.json`` as a dict, or {} when absent or unreadable (informative, never a guard)."""
+    try:
+        r = read_json_bounded(Path(run_dir) / RUN_CONFIG, limit=1 << 20)
+    except (OSError, ValueError):
+        return {}
+    return r if isinstance(r, dict) else {}
+
+
 def write_progress(run_dir: Path | str, attempt: int, **fields: Any) -> None:
     """Heartbeat: ``attempts/<n>/progress.json`` rewritten atomically (step, loss, tokens/s...)."""
     d = attempt_dir(run_dir, attempt)

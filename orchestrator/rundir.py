@@ -35,7 +35,7 @@ def check_run_dir(cfg: Config, run_dir: Path) -> None:
         raise Refused(f"run dir {run_dir} exists and is not a directory")
 
 
-def _trash_dir(cfg: Config, job: str, src: Path) -> Path:
+def _trash_dir(cfg: Config, job: str) -> Path:
     stamp = time.strftime("%Y%m%dT%H%M%S", time.gmtime()) + f"-{time.time_ns() % 10**9:09d}"
     return cfg.trash / job / stamp
 
@@ -49,7 +49,7 @@ def move_to_trash(cfg: Config, run_dir: Path, rels: list[str], job: str) -> list
     if not rels:
         return []
     moved = []
-    dest_root = _trash_dir(cfg, job, run_dir)
+    dest_root = _trash_dir(cfg, job)
     for rel in rels:
         head, _, last = protocol.safe_relpath(rel).rpartition("/")
         # Intermediate components must be real dirs; the last may be a symlink (rename moves the link).
@@ -116,14 +116,3 @@ def empty_trash(cfg: Config, job: str | None = None) -> int:
                 entry.unlink()
             n += 1
     return n
-
-
-def du_bytes(path: Path) -> int:
-    total = 0
-    for dirpath, _dirs, files in os.walk(path):
-        for f in files:
-            try:
-                total += os.lstat(os.path.join(dirpath, f)).st_size
-            except OSError:
-                pass
-    return total

@@ -36,7 +36,7 @@ from orchestrator.jobs import get_job, transition
 from orchestrator.models import Attempt, Job, utcnow
 from orchestrator.policy import command_for, dumps
 from orchestrator.rundir import check_run_dir, empty_trash, move_to_trash, run_dir_for, unverified_leftovers
-from orchestrator.states import LIVE, AttemptState, JobState
+from orchestrator.states import AttemptState, JobState
 
 
 def _fault(site: str) -> None:
@@ -373,9 +373,4 @@ def gc(cfg: Config) -> int:
     return empty_trash(cfg)
 
 
-def live_refs(job: Job) -> list[AttemptRef]:
-    return [AttemptRef(a.external_id, a.token, Path(job.run_dir), a.n) for a in job.attempts
-            if a.state in (AttemptState.SUBMITTED.value, AttemptState.RUNNING.value)]
-
-
-__all__ = ["submit", "launch", "requeue", "cancel", "gc", "SubmitRequest", "RequeueResult", "LIVE"]
+__all__ = ["submit", "launch", "requeue", "cancel", "gc", "SubmitRequest", "RequeueResult"]

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -96,7 +95,3 @@ def log_paths(db: Database, name: str, n: int | None) -> tuple[list[Path], Calla
         return True
 
     return [d / "stdout.log", d / "stderr.log"], live
-
-
-def dumps(obj: Any) -> str:
-    return json.dumps(obj, sort_keys=True, default=str)

@@ -15,7 +15,6 @@ from __future__ import annotations
 import argparse
 import glob
 import hashlib
-import json
 import os
 import signal
 import subprocess
@@ -48,15 +47,6 @@ def _parse(argv: list[str]) -> argparse.Namespace:
     return a
 
 
-def _set_aside(path: Path) -> None:
-    """Keep an earlier run's record of this same attempt (Slurm in-place requeue) under another name."""
-    if path.exists():
-        k = 1
-        while (aside := path.with_name(f"{path.stem}.prev-{k}{path.suffix}")).exists():
-            k += 1
-        os.replace(path, aside)
-
-
 def stable_run_id(run_dir: str, job: str) -> str:
     """One id per run dir for experiment trackers, so attempts continue one curve."""
     return f"{job}-{hashlib.sha256(run_dir.encode()).hexdigest()[:8]}"
@@ -85,7 +75,7 @@ def main(argv: list[str] | None = None) -> int:
     adir = protocol.attempt_dir(run_dir, a.attempt)
     adir.mkdir(parents=True, exist_ok=True)
     restart = int(os.environ.get("SLURM_RESTART_COUNT", "0") or 0)
-    _set_aside(adir / protocol.EXIT_FILE)
+    protocol.set_aside(adir / protocol.EXIT_FILE)
 
     env = dict(os.environ)
     env.update(protocol.job_env(run_dir, a.job, a.attempt, token=a.token))
@@ -157,7 +147,7 @@ def main(argv: list[str] | None = None) -> int:
 def read_exit(attempt_dir: Path) -> dict | None:
     """The wrapper's exit record, or None if absent or unreadable."""
     try:
-        r = json.loads((attempt_dir / protocol.EXIT_FILE).read_text())
+        r = protocol.read_json_bounded(attempt_dir / protocol.EXIT_FILE, limit=64 * 1024)
     except (OSError, ValueError):
         return None
     return r if isinstance(r, dict) else None

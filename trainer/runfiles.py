@@ -40,17 +40,7 @@ def set_aside_stale_failure(run_dir: Path, attempt: int) -> Path | None:
     Slurm's ``--requeue`` restarts the script with the same job id, so ORCH_ATTEMPT is unchanged and
     the previous run's report would otherwise be read as this run's outcome.
     """
-    d = protocol.attempt_dir(run_dir, attempt)
-    path = d / protocol.FAILURE_FILE
-    if not path.exists():
-        return None
-    k = 1
-    while (d / f"failure.prev-{k}.json").exists():
-        k += 1
-    dest = d / f"failure.prev-{k}.json"
-    os.rename(path, dest)
-    protocol.fsync_dir(d)
-    return dest
+    return protocol.set_aside(protocol.attempt_dir(run_dir, attempt) / protocol.FAILURE_FILE)
 
 
 def report_failure(run_dir: Path, attempt: int, cls: str, step: int | None, detail: str,
@@ -71,8 +61,4 @@ def write_run_config(run_dir: Path, cfg: dict[str, Any]) -> None:
 
 def read_run_config(run_dir: Path) -> dict[str, Any]:
     """The previous attempt's run_config.json, or {} (it is informative, never a guard)."""
-    try:
-        r = protocol.read_json_bounded(run_dir / protocol.RUN_CONFIG, limit=1 << 20)
-    except (OSError, ValueError):
-        return {}
-    return r if isinstance(r, dict) else {}
+    return protocol.read_run_config(run_dir)
