@@ -84,14 +84,17 @@ def log_paths(db: Database, name: str, n: int | None) -> tuple[list[Path], Calla
         d = protocol.attempt_dir(job.run_dir, n)
 
     def live() -> bool:
+        """Read-only: asks the backend, never runs a reconcile pass (a read command changes nothing)."""
+        from orchestrator.backends.base import AttemptRef, Phase, get_backend
+
         with db.read() as s:
             a = s.scalar(select(Attempt).join(Job).where(Job.name == name, Attempt.n == n))
             if a is None or a.state not in ("pending", "submitted", "running"):
                 return False
-        from orchestrator.config import load_config
-        from orchestrator.reconcile import reconcile_pass
-
-        reconcile_pass(db, load_config())
-        return True
+            if a.state == "pending" or not a.external_id:
+                return True
+            ref, backend = AttemptRef(a.external_id, a.token, d.parent.parent, a.n), a.backend
+        out = get_backend(backend).poll([ref]).get(ref.token)
+        return out is None or out.phase in (Phase.PENDING, Phase.RUNNING, Phase.UNKNOWN)
 
     return [d / "stdout.log", d / "stderr.log"], live
