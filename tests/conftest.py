@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import subprocess
@@ -12,6 +11,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+from orchkit import tree_hash  # noqa: F401 - re-exported for tests that use it
 
 ROOT = Path(__file__).resolve().parents[1]
 PY = sys.executable
@@ -71,17 +71,3 @@ def orch(tmp_path: Path) -> Orch:
     env.update(ORCH_HOME=str(home), PYTHONPATH=str(ROOT) + os.pathsep + env.get("PYTHONPATH", ""),
                PYTHONUNBUFFERED="1")
     return Orch(home=home, env=env)
-
-
-def tree_hash(root: Path) -> str:
-    """Hash of every path, file content and symlink target below root (order-independent)."""
-    h = hashlib.sha256()
-    for p in sorted(root.rglob("*")):
-        rel = str(p.relative_to(root))
-        if p.is_symlink():
-            h.update(f"L {rel} {os.readlink(p)}\n".encode())
-        elif p.is_file():
-            h.update(f"F {rel} {hashlib.sha256(p.read_bytes()).hexdigest()}\n".encode())
-        else:
-            h.update(f"D {rel}\n".encode())
-    return h.hexdigest()

@@ -6,12 +6,12 @@ pytest swaps the module named ``conftest`` between them, so ``from conftest impo
 
 from __future__ import annotations
 
-import hashlib
 import json
-import os
 import sqlite3
 import time
 from pathlib import Path
+
+import orchkit
 
 from orchestrator import protocol
 
@@ -34,18 +34,7 @@ DONE = {"done_marker_verified"}
 RETRYABLE = {"retryable_failed"}
 
 
-def tree_hash(root: Path) -> str:
-    """Hash of every path, file content, mode and symlink target below root (order-independent)."""
-    h = hashlib.sha256()
-    for p in sorted(root.rglob("*")):
-        rel = str(p.relative_to(root))
-        if p.is_symlink():
-            h.update(f"L {rel} {os.readlink(p)}\n".encode())
-        elif p.is_file():
-            h.update(f"F {rel} {oct(p.stat().st_mode)} {hashlib.sha256(p.read_bytes()).hexdigest()}\n".encode())
-        else:
-            h.update(f"D {rel}\n".encode())
-    return h.hexdigest()
+tree_hash = orchkit.tree_hash
 
 
 def db_rows(home: Path, sql: str, *params) -> list[tuple]:  # noqa: ANN002
@@ -61,18 +50,8 @@ def db_snapshot(home: Path) -> list[tuple]:
 
 def make_checkpoint(run_dir: Path, step: int, files: dict[str, bytes] | None = None,
                     final_name: str | None = None, manifest: bool = True) -> Path:
-    """Commit a checkpoint the documented way: files + manifest in a tmp dir, renamed into place."""
     files = files if files is not None else {"model.pt": b"w" * 64 + bytes([step % 256])}
-    root = run_dir / protocol.CHECKPOINTS_DIR
-    root.mkdir(parents=True, exist_ok=True)
-    name = final_name or protocol.checkpoint_name(step)
-    tmp = root / protocol.tmp_name(name)
-    tmp.mkdir()
-    listing = {rel: protocol.write_file_synced(tmp / rel, [data]) for rel, data in files.items()}
-    if manifest:
-        protocol.atomic_write_json(tmp / protocol.MANIFEST, {"step": step, "files": listing})
-    os.rename(tmp, root / name)
-    return root / name
+    return orchkit.make_checkpoint(run_dir, step, files, final_name, manifest)
 
 
 def write_corrupt_marker(run_dir: Path, artifact: str = "result/out.txt") -> None:

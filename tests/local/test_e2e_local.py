@@ -8,10 +8,8 @@ import signal
 import subprocess
 import sys
 import time
-from pathlib import Path
 
 import psutil
-import pytest
 from localkit import DONE, GATED, PREEMPTIBLE, RETRYABLE, wrapper_record
 
 from orchestrator import protocol
@@ -199,24 +197,7 @@ def test_cancel_terminates_a_running_job_and_marks_it_cancelled(orch):
     assert orch.state("c1") == "cancelled"
 
 
-TRAINER_OK = None
-
-
-def _trainer_works() -> bool:
-    global TRAINER_OK
-    if TRAINER_OK is None:
-        try:
-            p = subprocess.run([sys.executable, "-m", "trainer", "--help"], capture_output=True, text=True,
-                               timeout=60, cwd=str(Path(__file__).resolve().parents[2]))
-            TRAINER_OK = p.returncode == 0 and "--preset" in p.stdout
-        except (OSError, subprocess.TimeoutExpired):
-            TRAINER_OK = False
-    return TRAINER_OK
-
-
 def test_bundled_trainer_tiny_preset_ends_verified(orch):
-    if not _trainer_works():
-        pytest.skip("python -m trainer is not runnable yet")
     p = orch("submit", "--name", "tiny", "--wait", "--", sys.executable, "-m", "trainer", "--preset", "tiny",
              "--max-steps", "20", timeout=150)
     assert p.returncode == 0, p.stderr
