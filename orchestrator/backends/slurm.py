@@ -397,34 +397,29 @@ class SlurmBackend(Backend):
             if tok and job_id.isdigit() and (tok not in found or int(job_id) < found[tok][0]):
                 found[tok] = (int(job_id), job_id)
 
-        names = ",".join(tokens)
         # "Not found" must mean the scheduler answered and has no such job: a failed query that
         # looked like "not found" made the reconciler submit the attempt a second time.
         failed: list[str] = []
-        try:
-            p = _run(["sacct", "-X", "-n", "--parsable2", "-S", FIND_HISTORY, "-o", "JobIDRaw,JobName",
-                      f"--name={names}"], self.query_timeout_s)
-            if p.returncode == 0:
-                for line in p.stdout.splitlines():
-                    job_id, _, name = line.partition("|")
-                    add(name.strip(), job_id.strip())
-            else:
-                failed.append(f"sacct: {_first_line(p.stderr)}")
-        except (OSError, subprocess.TimeoutExpired) as e:
-            failed.append(f"sacct: {e}")
+
+        def ask(argv: list[str]) -> None:
+            """Run one lookup whose lines are ``<job id>|<job name>``; record it if it failed."""
+            try:
+                p = _run(argv, self.query_timeout_s)
+            except (OSError, subprocess.TimeoutExpired) as e:
+                failed.append(f"{argv[0]}: {e}")
+                return
+            if p.returncode != 0:
+                failed.append(f"{argv[0]}: {_first_line(p.stderr)}")
+                return
+            for line in p.stdout.splitlines():
+                job_id, _, name = line.partition("|")
+                add(name.strip(), job_id.strip())
+
+        ask(["sacct", "-X", "-n", "--parsable2", "-S", FIND_HISTORY, "-o", "JobIDRaw,JobName",
+             f"--name={','.join(tokens)}"])
         missing = [n for n, t in tokens.items() if t not in found]
         if missing:
-            try:
-                p = _run(["squeue", "-h", "-t", "all", f"--name={','.join(missing)}", "-o", "%i|%j"],
-                         self.query_timeout_s)
-                if p.returncode == 0:
-                    for line in p.stdout.splitlines():
-                        job_id, _, name = line.partition("|")
-                        add(name.strip(), job_id.strip())
-                else:
-                    failed.append(f"squeue: {_first_line(p.stderr)}")
-            except (OSError, subprocess.TimeoutExpired) as e:
-                failed.append(f"squeue: {e}")
+            ask(["squeue", "-h", "-t", "all", f"--name={','.join(missing)}", "-o", "%i|%j"])
             if failed and any(t not in found for t in tokens.values()):
                 raise BackendError("cannot look submissions up by token: " + "; ".join(failed))
         return {tok: jid for tok, (_, jid) in found.items()}
