@@ -36,7 +36,7 @@ def populate(home: Path, n: int) -> None:
     from orchestrator.config import load_config
     from orchestrator.db import Database
     from orchestrator.reconcile import reconcile_pass
-    from orchestrator.service import SubmitRequest, submit
+    from orchestrator.submit import SubmitRequest, submit
 
     cfg = load_config()
     db = Database(cfg)

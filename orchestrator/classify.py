@@ -1,8 +1,15 @@
-"""Why did an attempt end without a verified marker?  (backend outcome, report, exit) -> class.
+"""Why did an attempt end without a verified marker?  (evidence) -> ``FailureClass``.
 
-The job's own report (``attempts/<n>/failure.json``) wins: the trainer knows it hit NaN at step
-412. Without one, the scheduler's word (Slurm's OUT_OF_MEMORY, PREEMPTED, ...) decides; without
-that, the exit code. Pure function: no I/O, no DB, unit-tested on every row.
+Evidence, strongest first:
+1. a stop orch itself began (a hang stop, ``orch cancel``): orch knows why it sent the SIGTERM;
+2. the job's own report (``attempts/<n>/failure.json``): the trainer knows it hit NaN at step 412;
+3. the scheduler's cause (``Outcome.cause``: Slurm's PREEMPTED, OUT_OF_MEMORY, ... mapped to a class
+   inside the Slurm backend; this module knows no scheduler's vocabulary);
+4. the wrapper's record of a stop it delivered (``exit.json``): an attempt that was sent SIGTERM or
+   the time-limit warning was stopped, whatever its exit code — exit 0 after SIGTERM is a preempted
+   run, never a finished one (issue 10);
+5. the exit status.
+Pure function: no I/O, no DB, unit-tested on every row.
 """
 
 from __future__ import annotations
@@ -11,69 +18,68 @@ import signal as _signal
 from dataclasses import dataclass
 
 from orchestrator.backends.base import Outcome, Phase
-from orchestrator.protocol import EXIT_PREEMPTED, MarkerStatus, Verification
+from orchestrator.protocol import EXIT_PREEMPTED, EXIT_USAGE, ExitRecord, FailureClass, MarkerStatus, Verification
 
-# Slurm job states (sacct) that say why a job ended, whatever its exit code.
-SLURM_STATE_CLASS = {
-    "PREEMPTED": "preempted",
-    "TIMEOUT": "timeout",
-    "DEADLINE": "timeout",
-    "OUT_OF_MEMORY": "oom",
-    "NODE_FAIL": "node_fail",
-    "BOOT_FAIL": "node_fail",
-    "CANCELLED": "cancelled",
-}
+C = FailureClass
 
 
 @dataclass(frozen=True)
 class Classification:
-    cls: str
+    cls: FailureClass
     step: int | None
     detail: str
 
 
-def classify(outcome: Outcome, report: dict | None, verification: Verification,
-             preset: str | None = None) -> Classification:
+def classify(outcome: Outcome, report: dict | None, verification: Verification, *,
+             stop_reason: str | None = None, exit_record: ExitRecord | None = None,
+             exit2_invalid: bool = False) -> Classification:
     """Class of an attempt that ended (EXITED or VANISHED) and whose marker does not verify.
 
-    ``preset`` is a class the reconciler decided while the job ran (``hang``: it stopped the job
-    because its heartbeat stalled).
+    ``stop_reason``: why orch itself was stopping the attempt (``hang``, ``cancel``).
+    ``exit2_invalid``: the program documents exit 2 as a usage error (the bundled trainer, the
+    integrations); for any other program exit 2 is just a failure (a grep missing its input).
     """
-    state = (outcome.backend_state or "").split()[0].upper() if outcome.backend_state else ""
-    if preset and (report is None or report["class"] == "preempted"):
-        # orch itself stopped it (hang): the SIGTERM the job then reports as "preempted" was ours,
-        # and a free uncounted resume would hide a job that hangs every time.
-        return Classification(preset, (report or {}).get("step"), "stopped by the reconciler: no heartbeat")
+    step = (report or {}).get("step")
+    if stop_reason == "cancel":
+        return Classification(C.CANCELLED, step, "stopped by orch cancel")
+    if stop_reason == "hang" and (report is None or report["class"] == C.PREEMPTED):
+        # orch itself stopped it: the SIGTERM the job then reports as "preempted" was ours, and a
+        # free uncounted resume would hide a job that hangs every time.
+        return Classification(C.HANG, step, "stopped by the reconciler: no heartbeat")
     if report is not None:
-        cls = report["class"]
-        if cls == "preempted" and state == "CANCELLED":
-            cls = "cancelled"  # someone ran scancel: not a free, automatic resume
-        if cls == "preempted" and state in ("TIMEOUT", "DEADLINE"):
+        cls = C(report["class"])
+        if cls is C.PREEMPTED and outcome.cause is C.CANCELLED:
+            cls = C.CANCELLED  # someone ran scancel: not a free, automatic resume
+        if cls is C.PREEMPTED and (outcome.cause is C.TIMEOUT or _warned(exit_record)):
             # The job checkpointed on the warning signal and called it preemption; the scheduler
-            # knows the signal came from the time limit.
-            cls = "timeout"
-        return Classification(cls, report.get("step"), str(report.get("detail", ""))[:500])
-    if state in SLURM_STATE_CLASS:
-        detail = f"scheduler state {outcome.backend_state}" + (f"; {outcome.reason}" if outcome.reason else "")
-        return Classification(SLURM_STATE_CLASS[state], None, detail)
-    if "exceeded" in outcome.reason.lower() and "memory" in outcome.reason.lower():
-        # Slurm without cgroups (OverMemoryKill): FAILED 0:9 plus this line in the job's output.
-        return Classification("oom", None, outcome.reason[:500])
+            # (or the wrapper that passed the warning on) knows it came from the time limit.
+            cls = C.TIMEOUT
+        return Classification(cls, step, str(report.get("detail", ""))[:500])
+    if outcome.cause is not None:
+        detail = f"scheduler state {outcome.backend_state or outcome.cause.value}"
+        return Classification(outcome.cause, None, detail + (f"; {outcome.reason}" if outcome.reason else ""))
+    if exit_record is not None and exit_record.stop_signal:
+        cls = C.TIMEOUT if exit_record.stop_source in ("time_limit", "warning") else C.PREEMPTED
+        return Classification(cls, None, f"stopped by SIG{exit_record.stop_signal} ({exit_record.stop_source}); "
+                                         f"exit {outcome.exit_code if outcome.exit_code is not None else '?'}")
     if outcome.phase is Phase.VANISHED:
-        return Classification("unknown", None, outcome.reason or "process vanished without an exit record")
+        return Classification(C.UNKNOWN, None, outcome.reason or "process vanished without an exit record")
     rc, sig = outcome.exit_code, outcome.signal
     if rc == 0 and not sig:
         if verification.status is MarkerStatus.CORRUPT:
-            return Classification("marker_corrupt", None, f"exit 0 but marker {verification.reason}")
-        why = outcome.reason or "exit 0 without a done marker"
-        return Classification("marker_missing", None, why)
+            return Classification(C.MARKER_CORRUPT, None, f"exit 0 but marker {verification.reason}")
+        return Classification(C.MARKER_MISSING, None, outcome.reason or "exit 0 without a done marker")
     if sig == _signal.SIGTERM or rc == EXIT_PREEMPTED:
-        return Classification("preempted", None, "terminated by SIGTERM without a report")
+        return Classification(C.PREEMPTED, None, "terminated by SIGTERM without a report")
     if sig == _signal.SIGKILL or rc == 128 + _signal.SIGKILL:
-        return Classification("crash", None, "killed by SIGKILL (kill -9 or the kernel OOM killer)")
-    if rc == 2:
-        # argparse and most CLIs exit 2 on a usage error: retrying the same argv cannot help.
-        return Classification("invalid", None, "exit 2 (usage error)")
+        return Classification(C.CRASH, None, "killed by SIGKILL (kill -9 or the kernel OOM killer)")
+    if rc == EXIT_USAGE and exit2_invalid:
+        # The program's documented usage error (argparse): retrying the same argv cannot help.
+        return Classification(C.INVALID, None, f"exit {EXIT_USAGE} (usage error)")
     if sig:
-        return Classification("crash", None, f"killed by signal {sig}")
-    return Classification("crash", None, f"exit {rc}")
+        return Classification(C.CRASH, None, f"killed by signal {sig}")
+    return Classification(C.CRASH, None, f"exit {rc}")
+
+
+def _warned(rec: ExitRecord | None) -> bool:
+    return rec is not None and rec.stop_source in ("time_limit", "warning")

@@ -7,11 +7,10 @@ names the file and the key, found before anything is written.
 from __future__ import annotations
 
 import os
+import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
-
-import tomllib
 
 from orchestrator.errors import UsageError
 
@@ -48,10 +47,22 @@ class Config:
     lease_ttl_s: float = 120.0
     busy_timeout_ms: int = 30000
     keep_last_k: int = 2  # what an enospc prune keeps
+    group_shared: bool = False  # run dirs 0750 / files 0640 instead of 0700 / 0600
+
+    @property
+    def umask(self) -> int:
+        """For orch's own files and every job it starts (a shared login node: issue 9)."""
+        return 0o027 if self.group_shared else 0o077
 
 
 def orch_home() -> Path:
-    return Path(os.environ.get("ORCH_HOME") or Path.home() / ".orch").expanduser()
+    raw = os.environ.get("ORCH_HOME") or str(Path.home() / ".orch")
+    if "\x00" in raw:
+        raise UsageError("ORCH_HOME contains a NUL byte")
+    try:
+        return Path(raw).expanduser()
+    except RuntimeError as e:
+        raise UsageError(f"ORCH_HOME {raw!r}: {e}") from None
 
 
 def _get(tbl: dict, key: str, typ: type | tuple[type, ...], path: str) -> Any:
@@ -71,16 +82,24 @@ def load_config(home: Path | None = None) -> Config:
         return cfg
     try:
         data = tomllib.loads(path.read_text())
-    except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError) as e:
+    except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError, ValueError) as e:
         raise UsageError(f"cannot read {path}: {e}") from None
     runs = data.get("runs", {})
     if not isinstance(runs, dict):
         raise UsageError(f"{path}: [runs] must be a table")
     if "root" in runs:
-        root = Path(_get(runs, "root", str, "runs.")).expanduser()
+        raw = _get(runs, "root", str, "runs.")
+        if "\x00" in raw or not raw.isprintable():
+            raise UsageError(f"{path}: runs.root {raw!r} contains control characters")
+        try:
+            root = Path(raw).expanduser()
+        except RuntimeError as e:  # "~nosuchuser/runs": no such user's home
+            raise UsageError(f"{path}: runs.root {raw!r}: {e}") from None
         if not root.is_absolute():
             raise UsageError(f"{path}: runs.root must be an absolute path, got {str(root)!r}")
         cfg.runs_root = root
+    if "group_shared" in runs:
+        cfg.group_shared = _get(runs, "group_shared", bool, "runs.")
     pol = data.get("policy", {})
     if not isinstance(pol, dict):
         raise UsageError(f"{path}: [policy] must be a table")

@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import os
+import stat
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -20,9 +21,9 @@ from sqlalchemy.exc import DatabaseError, OperationalError
 from sqlalchemy.orm import Session, sessionmaker
 
 from orchestrator.config import Config
-from orchestrator.errors import DatabaseProblem
+from orchestrator.errors import DatabaseProblem, Refused, UsageError
 
-SCHEMA_HEAD = "0001"  # a test checks this equals Alembic's head revision
+SCHEMA_HEAD = "0002"  # a test checks this equals Alembic's head revision
 MIGRATIONS = Path(__file__).resolve().parent / "migrations"
 
 
@@ -33,12 +34,38 @@ def _sqlite_path(url: str) -> Path | None:
 
 
 def prepare_home(cfg: Config) -> None:
-    """Create ORCH_HOME (0700) and the SQLite file (0600): a shared login node must not expose them."""
-    cfg.home.mkdir(mode=0o700, parents=True, exist_ok=True)
+    """Create ORCH_HOME (0700) and the SQLite file (0600): a shared login node must not expose them.
+
+    An existing ORCH_HOME of ours that others can read is tightened to 0700 (issue 9: a home made
+    0755 by hand left every run dir and log readable); one owned by someone else is refused.
+    """
+    try:
+        cfg.home.mkdir(mode=0o700, parents=True, exist_ok=True)
+        st = os.lstat(cfg.home)
+    except OSError as e:
+        raise UsageError(f"ORCH_HOME {cfg.home} is unusable: {e.strerror or e}") from None
+    if stat.S_ISLNK(st.st_mode) or not stat.S_ISDIR(st.st_mode):
+        raise UsageError(f"ORCH_HOME {cfg.home} is a symlink or not a directory")
+    if st.st_uid != os.geteuid():
+        raise Refused(f"refused: ORCH_HOME {cfg.home} belongs to uid {st.st_uid}, not to you")
+    if stat.S_IMODE(st.st_mode) & 0o077:
+        os.chmod(cfg.home, 0o700)
     p = _sqlite_path(cfg.db_url)
     if p is not None and not p.exists():
         p.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
         os.close(os.open(p, os.O_CREAT | os.O_WRONLY, 0o600))
+
+
+def db_identity(cfg: Config) -> tuple[int, int] | None:
+    """(device, inode) of the SQLite file, or None (not SQLite, or the file is gone)."""
+    p = _sqlite_path(cfg.db_url)
+    if p is None:
+        return None
+    try:
+        st = os.stat(p)
+    except OSError:
+        return None
+    return st.st_dev, st.st_ino
 
 
 def make_engine(cfg: Config) -> Engine:
@@ -88,9 +115,19 @@ def upgrade(engine: Engine) -> None:
     from alembic import command
 
     acfg = alembic_config(engine)
-    with engine.begin() as conn:
-        acfg.attributes["connection"] = conn
-        command.upgrade(acfg, "head")
+    with engine.connect() as conn:
+        if engine.dialect.name == "sqlite":
+            # A migration that rebuilds a table (SQLite's batch mode drops the old one) must not
+            # cascade the drop to its children: foreign keys off for the upgrade (outside any
+            # transaction, where SQLite honours the pragma), on again for everything else.
+            conn.connection.driver_connection.execute("PRAGMA foreign_keys=OFF")
+        try:
+            with conn.begin():
+                acfg.attributes["connection"] = conn
+                command.upgrade(acfg, "head")
+        finally:
+            if engine.dialect.name == "sqlite":
+                conn.connection.driver_connection.execute("PRAGMA foreign_keys=ON")
 
 
 def ensure_schema(cfg: Config, engine: Engine) -> None:
@@ -143,9 +180,22 @@ class Database:
         prepare_home(cfg)
         self.engine = make_engine(cfg)
         ensure_schema(cfg, self.engine)
+        self.identity = db_identity(cfg)
         self._sessions = sessionmaker(self.engine, expire_on_commit=False)
         self._write_sessions = sessionmaker(self.engine.execution_options(orch_write=True),
                                             expire_on_commit=False)
+
+    def check_identity(self) -> None:
+        """Raise DatabaseProblem if the SQLite file was deleted or replaced since this process opened
+        it: a long-running ``reconcile --watch`` must not carry on against a DB that is no longer the
+        one users see (issue 9), nor quietly create a new empty one."""
+        if self.identity is None:
+            return
+        now = db_identity(self.cfg)
+        if now != self.identity:
+            what = "deleted" if now is None else "replaced"
+            raise DatabaseProblem(f"database {describe(self.cfg)} was {what} while this process used it; "
+                                  "stopping (restart to use the new one)")
 
     @contextlib.contextmanager
     def read(self) -> Iterator[Session]:

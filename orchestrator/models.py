@@ -1,17 +1,23 @@
 """The job table: jobs, their attempts, an event log, and the reconciler's lease.
 
 The schema changes only through Alembic migrations (``alembic/versions``); a test fails when these
-models and the migrations differ. JSON payloads are stored as TEXT so any SQL database works.
+models and the migrations differ. States and failure classes are typed enums stored as plain
+strings (non-native enums: any SQL database, and the contract's exact strings in the file); JSON
+payloads are TEXT, decoded by type decorators, so every reader gets a value, not a string to parse.
+Who may change ``state``: only ``orchestrator.lifecycle`` (``move_job``, ``move_attempt``).
 """
 
 from __future__ import annotations
 
-import json
-from datetime import datetime, timezone
+from datetime import datetime
 from typing import Any
 
-from sqlalchemy import ForeignKey, Index, MetaData, String, Text, UniqueConstraint
+from sqlalchemy import Enum, ForeignKey, Index, MetaData, String, Text, UniqueConstraint, false
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column, relationship
+
+from orchestrator.lifecycle import AttemptState, JobState, utcnow
+from orchestrator.plan import JSONType, PlanType, RetryPlan
+from orchestrator.protocol import FailureClass
 
 NAMING = {
     "ix": "ix_%(table_name)s_%(column_0_N_name)s",
@@ -21,9 +27,13 @@ NAMING = {
     "pk": "pk_%(table_name)s",
 }
 
+__all__ = ["Base", "Job", "Attempt", "Event", "Lease", "utcnow"]
 
-def utcnow() -> datetime:
-    return datetime.now(timezone.utc).replace(tzinfo=None)
+
+def _enum(cls: type, length: int) -> Enum:
+    """A str enum stored as its value in a VARCHAR: no native type, no CHECK (migrations stay plain)."""
+    return Enum(cls, native_enum=False, create_constraint=False, length=length,
+                values_callable=lambda e: [m.value for m in e], validate_strings=True)
 
 
 class Base(DeclarativeBase):
@@ -35,15 +45,18 @@ class Job(Base):
 
     id: Mapped[int] = mapped_column(primary_key=True)
     name: Mapped[str] = mapped_column(String(128), unique=True)
-    state: Mapped[str] = mapped_column(String(32), index=True)
+    state: Mapped[JobState] = mapped_column(_enum(JobState, 32), index=True)
     backend: Mapped[str] = mapped_column(String(16))
     run_dir: Mapped[str] = mapped_column(Text)
-    command_json: Mapped[str] = mapped_column(Text)  # argv list as the user gave it
-    resources_json: Mapped[str] = mapped_column(Text, default="{}")
-    outputs_json: Mapped[str] = mapped_column(Text, default="[]")
+    command: Mapped[list[str]] = mapped_column("command_json", JSONType)  # argv as the user gave it
+    resources: Mapped[dict[str, Any]] = mapped_column("resources_json", JSONType, default=dict)
+    outputs: Mapped[list[str]] = mapped_column("outputs_json", JSONType, default=list)
     max_attempts: Mapped[int] = mapped_column(default=3)
-    # Parameters the policy carries to the next attempt (flags for the trainer, ORCH_OVERRIDES).
-    overrides_json: Mapped[str] = mapped_column(Text, default="{}")
+    # Parameters the policy carries to every later attempt (flags for the trainer, ORCH_OVERRIDES).
+    overrides: Mapped[dict[str, Any]] = mapped_column("overrides_json", JSONType, default=dict)
+    # Set when the job enters retryable_failed: whether the reconciler requeues it by itself, and not
+    # before when (a crash backoff). The auto-requeue query filters on both in SQL.
+    auto_requeue: Mapped[bool] = mapped_column(default=False, server_default=false())
     retry_not_before: Mapped[datetime | None] = mapped_column(default=None)
     created_at: Mapped[datetime] = mapped_column(default=utcnow)
     updated_at: Mapped[datetime] = mapped_column(default=utcnow)
@@ -51,28 +64,12 @@ class Job(Base):
     attempts: Mapped[list[Attempt]] = relationship(
         back_populates="job", order_by="Attempt.n", cascade="all, delete-orphan")
 
-    @property
-    def command(self) -> list[str]:
-        return json.loads(self.command_json)
-
-    @property
-    def resources(self) -> dict[str, Any]:
-        return json.loads(self.resources_json or "{}")
-
-    @property
-    def outputs(self) -> list[str]:
-        return json.loads(self.outputs_json or "[]")
-
-    @property
-    def overrides(self) -> dict[str, Any]:
-        return json.loads(self.overrides_json or "{}")
-
 
 class Attempt(Base):
     __tablename__ = "attempts"
     __table_args__ = (
         UniqueConstraint("job_id", "n"),
-        # The reconciler's pass reads only live attempts; this index keeps it independent of history.
+        # The reconciler's pass reads only open attempts; this index keeps it independent of history.
         Index("ix_attempts_state_job", "state", "job_id"),
     )
 
@@ -80,36 +77,30 @@ class Attempt(Base):
     job_id: Mapped[int] = mapped_column(ForeignKey("jobs.id", ondelete="CASCADE"))
     n: Mapped[int]
     token: Mapped[str] = mapped_column(String(64), unique=True)
-    state: Mapped[str] = mapped_column(String(16))
+    state: Mapped[AttemptState] = mapped_column(_enum(AttemptState, 16))
     backend: Mapped[str] = mapped_column(String(16))
     external_id: Mapped[str | None] = mapped_column(String(64), default=None)
-    backend_state: Mapped[str | None] = mapped_column(String(64), default=None)
+    backend_state: Mapped[str | None] = mapped_column(String(64), default=None)  # the scheduler's word
     exit_code: Mapped[int | None] = mapped_column(default=None)
-    failure_class: Mapped[str | None] = mapped_column(String(32), default=None)
+    failure_class: Mapped[FailureClass | None] = mapped_column(_enum(FailureClass, 32), default=None)
     failure_step: Mapped[int | None] = mapped_column(default=None)
     detail: Mapped[str | None] = mapped_column(Text, default=None)
-    # What the policy decided after this attempt ended, with the changed parameters (orch show).
-    action_json: Mapped[str | None] = mapped_column(Text, default=None)
-    overrides_json: Mapped[str] = mapped_column(Text, default="{}")  # what this attempt ran with
-    # What the policy asked of this attempt before it starts: one-shot flags, checkpoints to
-    # quarantine or prune, whether to empty the trash (see policy.Decision).
-    plan_json: Mapped[str | None] = mapped_column(Text, default=None)
+    # What the policy decided after this attempt ended (orch show: "action").
+    action: Mapped[RetryPlan | None] = mapped_column("action_json", PlanType, default=None)
+    overrides: Mapped[dict[str, Any]] = mapped_column("overrides_json", JSONType, default=dict)  # ran with
+    # What its launch must do first: the previous attempt's decision (resume point, quarantine, prune).
+    plan: Mapped[RetryPlan | None] = mapped_column("plan_json", PlanType, default=None)
     counted: Mapped[bool] = mapped_column(default=True)  # counts against --max-attempts
     restarts: Mapped[int] = mapped_column(default=0)  # Slurm in-place requeues
+    claimed_at: Mapped[datetime | None] = mapped_column(default=None)  # a launcher's claim (launching)
+    stop_requested_at: Mapped[datetime | None] = mapped_column(default=None)  # stopping since
+    stop_reason: Mapped[str | None] = mapped_column(String(16), default=None)  # cancel | hang
     submitted_at: Mapped[datetime | None] = mapped_column(default=None)
     started_at: Mapped[datetime | None] = mapped_column(default=None)
     ended_at: Mapped[datetime | None] = mapped_column(default=None)
     created_at: Mapped[datetime] = mapped_column(default=utcnow)
 
     job: Mapped[Job] = relationship(back_populates="attempts")
-
-    @property
-    def action(self) -> dict[str, Any] | None:
-        return json.loads(self.action_json) if self.action_json else None
-
-    @property
-    def plan(self) -> dict[str, Any]:
-        return json.loads(self.plan_json) if self.plan_json else {}
 
 
 class Event(Base):

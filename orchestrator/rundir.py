@@ -1,9 +1,15 @@
 """Run directories under the runs root, and the trash that requeue and policy move things into.
 
 orch never writes or deletes outside its runs root, its trash and its DB: every path here is
-checked to be inside one of them, and a run dir that is a symlink is refused (it could point
-anywhere). Things are moved to the trash (a rename) rather than deleted, so a wrong decision can
-be undone until ``orch gc``.
+checked to be inside one of them, directories are created and entered without following symlinks
+(issue 9: a symlinked ``trash/`` made requeue write outside ORCH_HOME), and a run dir that is a
+symlink is refused (it could point anywhere). Things are moved to the trash (a rename) rather than
+deleted, so a wrong decision can be undone until ``orch gc``.
+
+What orch may move is only what it can prove is its own or unverified in its own format: an
+unverified ``done.json``, ``result/``, files matching ``--outputs``, and under ``checkpoints/`` the
+``step-<8 digits>`` dirs that do not verify (sha256, not sizes) and their ``.tmp-`` leftovers. A
+user's own files there (``checkpoints/ckpt.pt``) stay, and ``orch show`` names them (issue 10).
 """
 
 from __future__ import annotations
@@ -12,12 +18,14 @@ import errno
 import glob
 import os
 import shutil
+import stat
 import time
+from collections.abc import Iterable
 from pathlib import Path
 
 from orchestrator import protocol
 from orchestrator.config import Config
-from orchestrator.errors import Refused
+from orchestrator.errors import Refused, UsageError
 
 
 def run_dir_for(cfg: Config, name: str) -> Path:
@@ -25,89 +33,139 @@ def run_dir_for(cfg: Config, name: str) -> Path:
     return cfg.runs_root / name
 
 
+def ensure_runs_root(cfg: Config) -> None:
+    """Create the runs root (0700) or refuse, naming it: a root under a regular file, or one that
+    cannot be created, used to leave the job row ``pending`` for ever (issue 9)."""
+    root = cfg.runs_root
+    try:
+        root.mkdir(mode=0o700, parents=True, exist_ok=True)
+        st = os.stat(root)
+    except OSError as e:
+        raise UsageError(f"runs root {root} is unusable: {e.strerror or e}") from None
+    if not stat.S_ISDIR(st.st_mode):
+        raise UsageError(f"runs root {root} is not a directory")
+    if not os.access(root, os.W_OK | os.X_OK):
+        raise UsageError(f"runs root {root} is not writable")
+
+
 def check_run_dir(cfg: Config, run_dir: Path) -> None:
-    """Refuse a run dir that is a symlink or not directly under the runs root."""
+    """Refuse a run dir that is a symlink, not a directory, or not directly under the runs root,
+    and one whose ``attempts/`` or ``checkpoints/`` is a symlink (orch would write through it)."""
     if run_dir.parent.resolve() != cfg.runs_root.resolve():
         raise Refused(f"run dir {run_dir} is not inside the runs root {cfg.runs_root}")
     if run_dir.is_symlink():
         raise Refused(f"run dir {run_dir} is a symlink; orch does not follow it")
     if run_dir.exists() and not run_dir.is_dir():
         raise Refused(f"run dir {run_dir} exists and is not a directory")
+    for sub in (protocol.ATTEMPTS_DIR,):
+        p = run_dir / sub
+        if p.is_symlink():
+            raise Refused(f"{p} is a symlink; orch does not write through it")
+        if p.exists() and not p.is_dir():
+            raise Refused(f"{p} exists and is not a directory")
 
 
-def _trash_dir(cfg: Config, job: str) -> Path:
-    stamp = time.strftime("%Y%m%dT%H%M%S", time.gmtime()) + f"-{time.time_ns() % 10**9:09d}"
-    return cfg.trash / job / stamp
+def make_dir_nofollow(base: Path, rel: Path | str, mode: int = 0o700) -> Path:
+    """``base/rel``, each missing component created with ``mode``; every component (``base``
+    included) must be a real directory, never a symlink. Raises Refused otherwise."""
+    base.parent.mkdir(mode=0o700, parents=True, exist_ok=True)  # ORCH_HOME itself: checked by db.prepare_home
+    chain = [base]
+    for part in Path(rel).parts:
+        chain.append(chain[-1] / part)
+    for p in chain:
+        try:
+            os.mkdir(p, mode)
+        except FileExistsError:
+            pass
+        except OSError as e:
+            raise Refused(f"cannot create {p}: {e.strerror or e}") from None
+        st = os.lstat(p)
+        if stat.S_ISLNK(st.st_mode):
+            raise Refused(f"{p} is a symlink; orch does not write through it")
+        if not stat.S_ISDIR(st.st_mode):
+            raise Refused(f"{p} is not a directory")
+    return chain[-1]
 
 
-def move_to_trash(cfg: Config, run_dir: Path, rels: list[str], job: str) -> list[str]:
+def _trash_stamp() -> str:
+    return time.strftime("%Y%m%dT%H%M%S", time.gmtime()) + f"-{time.time_ns() % 10**9:09d}"
+
+
+def move_to_trash(cfg: Config, run_dir: Path, rels: Iterable[str], job: str) -> list[str]:
     """Rename ``run_dir/rel`` for each rel into ``$ORCH_HOME/trash/<job>/<stamp>/rel``.
 
     Falls back to ``<runs_root>/.orch-trash`` when the trash is on another filesystem (a rename
     cannot cross filesystems, and a copy+delete is not atomic). Returns what was moved.
     """
+    rels = list(rels)
     if not rels:
         return []
     moved = []
-    dest_root = _trash_dir(cfg, job)
+    stamp = _trash_stamp()
     for rel in rels:
         head, _, last = protocol.safe_relpath(rel).rpartition("/")
         # Intermediate components must be real dirs; the last may be a symlink (rename moves the link).
         src = (protocol.resolve_inside(run_dir, head) if head else run_dir) / last
         if not (src.exists() or src.is_symlink()):
             continue
-        dest = dest_root / rel
+        dest_rel = Path(job) / stamp / rel
+        dest_dir = make_dir_nofollow(cfg.trash, dest_rel.parent)
         try:
-            dest.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
-            os.rename(src, dest)
+            os.rename(src, dest_dir / last)
         except OSError as e:
             if e.errno != errno.EXDEV:
                 raise
-            dest = cfg.runs_root / ".orch-trash" / dest_root.relative_to(cfg.trash) / rel
-            dest.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
-            os.rename(src, dest)
+            dest_dir = make_dir_nofollow(cfg.runs_root, Path(".orch-trash") / dest_rel.parent)
+            os.rename(src, dest_dir / last)
         moved.append(rel)
-        protocol.fsync_dir(dest.parent)  # the entry that now holds it survives a crash too
+        protocol.fsync_dir(dest_dir)  # the entry that now holds it survives a crash too
     protocol.fsync_dir(run_dir)
     return moved
 
 
-def unverified_leftovers(run_dir: Path, outputs: list[str], quarantine: list[str] = ()) -> list[str]:
-    """What the next attempt must not see; verified checkpoints and attempt records stay.
+def unverified_leftovers(run_dir: Path, outputs: list[str], quarantine: Iterable[str] = ()) -> list[str]:
+    """What the next attempt must not see and orch can prove is its own; verified checkpoints,
+    attempt records and a user's other files stay.
 
-    A done.json that does not verify, partial results, uncommitted or corrupt checkpoint dirs and
-    checkpoints the policy quarantined (e.g. those written after a NaN). Never called on a run dir
-    whose marker verifies (callers check first: seed 000's lesson is that only the marker decides).
+    Never called on a run dir whose marker verifies (callers check first: seed 000's lesson is that
+    only the marker decides). Hashes every committed checkpoint (a same-size bit flip is corrupt).
     """
-    if not run_dir.is_dir():
+    if not run_dir.is_dir() or run_dir.is_symlink():
         return []
     out: list[str] = []
     if (run_dir / protocol.DONE_MARKER).exists() or (run_dir / protocol.DONE_MARKER).is_symlink():
         out.append(protocol.DONE_MARKER)
-    if (run_dir / protocol.RESULT_DIR).exists():
+    if (run_dir / protocol.RESULT_DIR).exists() or (run_dir / protocol.RESULT_DIR).is_symlink():
         out.append(protocol.RESULT_DIR)
     for pat in outputs:
         for hit in glob.glob(pat, root_dir=run_dir, recursive=True):
             rel = os.path.normpath(hit)
             if rel.split("/")[0] not in (protocol.ATTEMPTS_DIR, protocol.CHECKPOINTS_DIR) and rel not in out:
                 out.append(rel)
+    quarantine = set(quarantine)
     ck = run_dir / protocol.CHECKPOINTS_DIR
     if ck.is_dir() and not ck.is_symlink():
         for p in sorted(ck.iterdir()):
             rel = f"{protocol.CHECKPOINTS_DIR}/{p.name}"
-            if rel in quarantine or protocol.verify_checkpoint(p, hashes=False) is not None:
+            if rel in quarantine:
                 out.append(rel)
-    elif ck.is_symlink():
-        out.append(protocol.CHECKPOINTS_DIR)
+            elif protocol.checkpoint_step(p) is not None:
+                if protocol.verify_checkpoint(p) is not None:
+                    out.append(rel)
+            elif protocol.TMP_INFIX in p.name and protocol.OWN_CHECKPOINT_RE.match(p.name):
+                out.append(rel)  # a writer's tmp dir (step-<8 digits>.tmp-...): never committed
     return out
 
 
 def empty_trash(cfg: Config, job: str | None = None) -> int:
-    """Delete trashed items (all, or one job's). Returns the number of entries removed."""
+    """Delete trashed items (all, or one job's). Returns the number of entries removed.
+
+    Never follows a symlink: a symlinked trash (or trash/<job>) is skipped, not emptied through.
+    """
     n = 0
     for root in (cfg.trash, cfg.runs_root / ".orch-trash"):
         base = root / job if job else root
-        if not base.is_dir() or base.is_symlink():
+        if root.is_symlink() or base.is_symlink() or not base.is_dir():
             continue
         for entry in list(base.iterdir()):
             if entry.is_dir() and not entry.is_symlink():

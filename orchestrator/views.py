@@ -12,6 +12,7 @@ from orchestrator import protocol
 from orchestrator.config import Config
 from orchestrator.db import Database
 from orchestrator.jobs import attempt_view, get_job
+from orchestrator.lifecycle import ATTEMPT_LIVE, AttemptState, JobState
 from orchestrator.models import Attempt, Job
 
 SLOW_MIN_SAMPLES = 5
@@ -31,10 +32,11 @@ def status_rows(db: Database, cfg: Config, state: str | None = None) -> list[dic
     rows = []
     with db.read() as s:
         for r in s.execute(q):
-            row = {"name": r.name, "state": r.state, "attempts": r.count or 0, "run_dir": r.run_dir,
-                   "backend": r.backend, "external_id": r.external_id, "failure_class": r.failure_class,
+            row = {"name": r.name, "state": r.state.value, "attempts": r.count or 0, "run_dir": r.run_dir,
+                   "backend": r.backend, "external_id": r.external_id,
+                   "failure_class": r.failure_class.value if r.failure_class else None,
                    "restarts": r.restarts or 0, "step": None, "flags": []}
-            if r.state == "running" and r.n:
+            if r.state is JobState.RUNNING and r.n:
                 _progress_flags(cfg, Path(r.run_dir), r.n, row)
             rows.append(row)
     return rows
@@ -48,25 +50,37 @@ def _progress_flags(cfg: Config, run_dir: Path, n: int, row: dict[str, Any]) -> 
         return
     row["step"] = p.get("step")
     row["tokens_per_s"] = p.get("tokens_per_s")
-    t = p.get("time")
-    if isinstance(t, (int, float)) and time.time() - t > cfg.hang_timeout_s:
+    t = p.get("time")  # read_progress type- and range-checks every field it returns
+    if t is not None and time.time() - t > cfg.hang_timeout_s:
         row["flags"].append("hang")
     tps, med = p.get("tokens_per_s_recent"), p.get("tokens_per_s_median")
-    if (isinstance(tps, (int, float)) and isinstance(med, (int, float)) and med > 0
-            and (p.get("samples") or SLOW_MIN_SAMPLES) >= SLOW_MIN_SAMPLES and tps < cfg.slow_factor * med):
+    if (tps is not None and med is not None and med > 0
+            and p.get("samples", SLOW_MIN_SAMPLES) >= SLOW_MIN_SAMPLES and tps < cfg.slow_factor * med):
         row["flags"].append("slow")
 
 
 def show_job(db: Database, name: str) -> dict[str, Any]:
     with db.read() as s:
         job = get_job(s, name)
-        return {
-            "name": job.name, "state": job.state, "backend": job.backend, "run_dir": job.run_dir,
+        d = {
+            "name": job.name, "state": job.state.value, "backend": job.backend, "run_dir": job.run_dir,
             "command": job.command, "resources": job.resources, "outputs": job.outputs,
             "max_attempts": job.max_attempts, "overrides": job.overrides,
+            "auto_requeue": job.auto_requeue if job.state is JobState.RETRYABLE_FAILED else None,
+            "retry_not_before": job.retry_not_before.isoformat(timespec="seconds") + "Z"
+            if job.retry_not_before and job.state is JobState.RETRYABLE_FAILED else None,
             "created_at": job.created_at.isoformat(timespec="seconds") + "Z",
             "attempts": [attempt_view(a) for a in job.attempts],
         }
+        last = job.attempts[-1].n if job.attempts else None
+    # Beyond the DB: what orch leaves alone in the run dir, and job-written records it refused.
+    report = protocol.inspect_run_dir(d["run_dir"], last)
+    d["foreign_checkpoint_files"] = report.foreign_checkpoint_files
+    d["problems"] = report.problems
+    if last is not None:
+        prog = protocol.read_progress(d["run_dir"], last) or {}
+        d["last_step"] = prog.get("step")
+    return d
 
 
 def log_paths(db: Database, name: str, n: int | None) -> tuple[list[Path], Callable[[], bool]]:
@@ -85,16 +99,17 @@ def log_paths(db: Database, name: str, n: int | None) -> tuple[list[Path], Calla
 
     def live() -> bool:
         """Read-only: asks the backend, never runs a reconcile pass (a read command changes nothing)."""
-        from orchestrator.backends.base import AttemptRef, Phase, get_backend
+        from orchestrator.backends import get_backend
+        from orchestrator.backends.base import AttemptRef, Phase
 
         with db.read() as s:
             a = s.scalar(select(Attempt).join(Job).where(Job.name == name, Attempt.n == n))
-            if a is None or a.state not in ("pending", "submitted", "running"):
+            if a is None or a.state not in ATTEMPT_LIVE | {AttemptState.PENDING}:
                 return False
-            if a.state == "pending" or not a.external_id:
+            if not a.external_id:
                 return True
             ref, backend = AttemptRef(a.external_id, a.token, d.parent.parent, a.n), a.backend
         out = get_backend(backend).poll([ref]).get(ref.token)
         return out is None or out.phase in (Phase.PENDING, Phase.RUNNING, Phase.UNKNOWN)
 
-    return [d / "stdout.log", d / "stderr.log"], live
+    return [d / protocol.STDOUT_LOG, d / protocol.STDERR_LOG], live

@@ -1,20 +1,28 @@
 """orch's job wrapper: runs one attempt of a user's command and records how it ended.
 
 Run as ``python -m orchestrator.wrapper --run-dir D --job J --attempt N --token T [--outputs G]... -- CMD``
-on the compute node (Slurm) or detached on this machine (local backend). Stdlib + protocol only,
-so it starts fast and works in any environment that can import the package.
+on the compute node (Slurm: it IS the batch process) or detached in its own session on this
+machine (local backend). Stdlib + protocol only, so it starts fast in any environment.
 
-Why a wrapper: the scheduler knows an exit code; orch also needs the command's stdout/stderr in the
-attempt dir, SIGTERM/SIGUSR2 forwarded (submitit's job process ignores SIGTERM, so a trainer that
-must checkpoint on preemption needs the signal delivered), a record of the exit that survives the
-submitter (``exit.json``), and for ``--outputs`` jobs a done marker written only after exit 0.
+What it guarantees:
+- the command's stdout/stderr land in the attempt dir; the command gets ORCH_* and tracker ids;
+- a stop reaches the program once: under Slurm, Slurm signals every process itself and the wrapper
+  only notes it; locally, the wrapper passes a SIGTERM it receives (orch cancel, a hang stop) to the
+  program and, at a time limit, sends SIGTERM then SIGKILL after a grace, as Slurm would;
+- the scheduler's early warning (``--signal=B:USR2``, sent to the batch process only) reaches the
+  program as the signal it handles: SIGTERM unless the program opted into SIGUSR2 (issue 10: a
+  program without a USR2 handler died of orch's own warning);
+- when the program ends, what it left running in the job's session is stopped (as Slurm ends a job
+  with its batch script), so "the job is alive" and "the program is alive" mean the same;
+- ``exit.json`` records the exit status and any stop delivered; an ``--outputs`` marker is written
+  only after exit 0 of a program that was never asked to stop (issue 10: a program that exits 0
+  after SIGTERM had its half-trained model verified).
 """
 
 from __future__ import annotations
 
 import argparse
 import glob
-import hashlib
 import os
 import signal
 import subprocess
@@ -25,7 +33,8 @@ from pathlib import Path
 from orchestrator import protocol
 
 FORWARDED = (signal.SIGTERM, signal.SIGUSR2, signal.SIGINT, signal.SIGUSR1)
-WRAPPER_FILE = "wrapper.json"
+WRAPPER_FILE = protocol.WRAPPER_FILE  # back-compat name
+LEFTOVER_GRACE_S = 5.0  # what a program's leftover processes get between SIGTERM and SIGKILL
 
 
 def _parse(argv: list[str]) -> argparse.Namespace:
@@ -35,6 +44,9 @@ def _parse(argv: list[str]) -> argparse.Namespace:
     ap.add_argument("--attempt", type=int, required=True)
     ap.add_argument("--token", required=True)
     ap.add_argument("--outputs", action="append", default=[])
+    ap.add_argument("--warning-signal", choices=("TERM", "USR2", "INT"), default="TERM",
+                    help="what the program gets when the scheduler warns of the time limit (SIGUSR2 to us)")
+    ap.add_argument("--umask", default="0077", help="octal umask for the program and every file written")
     ap.add_argument("--time-limit", type=float, default=None,
                     help="seconds; SIGTERM then, SIGKILL after --kill-grace (the local backend's time limit)")
     ap.add_argument("--kill-grace", type=float, default=30.0)
@@ -45,11 +57,6 @@ def _parse(argv: list[str]) -> argparse.Namespace:
     if not a.command:
         ap.error("no command given after --")
     return a
-
-
-def stable_run_id(run_dir: str, job: str) -> str:
-    """One id per run dir for experiment trackers, so attempts continue one curve."""
-    return f"{job}-{hashlib.sha256(run_dir.encode()).hexdigest()[:8]}"
 
 
 def write_outputs_marker(run_dir: Path, job: str, attempt: int, patterns: list[str]) -> str | None:
@@ -69,8 +76,92 @@ def write_outputs_marker(run_dir: Path, job: str, attempt: int, patterns: list[s
     return None
 
 
+class Supervisor:
+    """The program's process and the stops delivered to it."""
+
+    def __init__(self, child: subprocess.Popen, warning_signal: str, under_slurm: bool) -> None:
+        self.child = child
+        self.warning = getattr(signal, "SIG" + warning_signal)
+        self.under_slurm = under_slurm
+        self.stop_signal: str | None = None  # the first stop the program got (never an --outputs marker)
+        self.stop_source: str | None = None
+
+    def _note(self, sig: int, source: str) -> None:
+        if self.stop_signal is None:
+            self.stop_signal, self.stop_source = signal.Signals(sig).name.removeprefix("SIG"), source
+
+    def _send(self, sig: int) -> None:
+        try:
+            self.child.send_signal(sig)
+        except ProcessLookupError:
+            pass
+
+    def on_signal(self, signum: int, _frame: object) -> None:
+        if signum == signal.SIGUSR2:
+            # The scheduler's early warning (--signal=B:USR2@lead reaches the batch process only).
+            self._note(self.warning, "warning")
+            self._send(self.warning)
+        elif signum in (signal.SIGTERM, signal.SIGINT):
+            self._note(signum, "signal")
+            if not self.under_slurm:
+                # Slurm signals every process of the job itself (preemption, scancel, time limit):
+                # a second copy from us hit a program that exits in its handler (measured).
+                self._send(signum)
+        else:
+            self._send(signum)
+
+    def wait(self, time_limit: float | None, kill_grace: float) -> tuple[int, bool]:
+        """Wait for the program; at the time limit SIGTERM it, SIGKILL the session after the grace."""
+        timed_out = False
+        deadline = time.monotonic() + time_limit if time_limit else None
+        while True:
+            try:
+                timeout = None if deadline is None else max(0.0, deadline - time.monotonic())
+                return self.child.wait(timeout=timeout), timed_out
+            except subprocess.TimeoutExpired:
+                if not timed_out:
+                    timed_out = True
+                    self._note(signal.SIGTERM, "time_limit")
+                    self._send(signal.SIGTERM)
+                    deadline = time.monotonic() + kill_grace
+                else:
+                    kill_session(signal.SIGKILL)
+                    deadline = None
+
+
+def _session_members() -> list[int]:
+    """Other live processes of this wrapper's session (the local backend's job)."""
+    me, sid = os.getpid(), os.getsid(0)
+    if sid != me:  # not a session leader (run by hand, or under Slurm's slurmstepd): nothing to tidy
+        return []
+    from orchestrator.backends import proctable
+
+    return [p.pid for p in proctable.all_procs() if p.session == sid and p.pid != me and not p.zombie]
+
+
+def kill_session(sig: int) -> list[int]:
+    pids = _session_members()
+    for pid in pids:
+        try:
+            os.kill(pid, sig)
+        except (ProcessLookupError, PermissionError):
+            pass
+    return pids
+
+
+def stop_leftovers(grace_s: float = LEFTOVER_GRACE_S) -> None:
+    """What the program left running ends with it: SIGTERM, then SIGKILL after ``grace_s``."""
+    if not kill_session(signal.SIGTERM):
+        return
+    deadline = time.monotonic() + grace_s
+    while _session_members() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    kill_session(signal.SIGKILL)
+
+
 def main(argv: list[str] | None = None) -> int:
     a = _parse(sys.argv[1:] if argv is None else argv)
+    os.umask(int(a.umask, 8) & 0o777)
     run_dir = Path(a.run_dir)
     adir = protocol.attempt_dir(run_dir, a.attempt)
     adir.mkdir(parents=True, exist_ok=True)
@@ -81,76 +172,47 @@ def main(argv: list[str] | None = None) -> int:
     env.update(protocol.job_env(run_dir, a.job, a.attempt, token=a.token))
     if protocol.ENV_OVERRIDES in os.environ:  # the backend passed the policy's overrides
         env[protocol.ENV_OVERRIDES] = os.environ[protocol.ENV_OVERRIDES]
-    env.setdefault("WANDB_RUN_ID", stable_run_id(str(run_dir), a.job))
-    env.setdefault("WANDB_RESUME", "allow")
+    env.update(protocol.tracker_env(os.environ, run_dir, a.job))
 
-    with open(adir / "stdout.log", "ab") as out, open(adir / "stderr.log", "ab") as err:
+    def record(rc: int | None, **kw: object) -> None:
+        protocol.write_exit(adir, protocol.ExitRecord(token=a.token, returncode=rc, ended_at=protocol.now_iso(),
+                                                      restart_count=restart, **kw))  # type: ignore[arg-type]
+
+    flags = os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_NOFOLLOW
+    with open(os.open(adir / protocol.STDOUT_LOG, flags, 0o666), "ab") as out, \
+            open(os.open(adir / protocol.STDERR_LOG, flags, 0o666), "ab") as err:
         try:
             child = subprocess.Popen(a.command, stdin=subprocess.DEVNULL, stdout=out, stderr=err,
                                      env=env, cwd=str(run_dir))
         except OSError as e:  # command not found / not executable: the job's own fault, recorded
             err.write(f"orch wrapper: cannot start {a.command[0]!r}: {e}\n".encode())
-            protocol.atomic_write_json(adir / protocol.EXIT_FILE, {
-                "returncode": 127, "signal": None, "error": str(e), "ended_at": protocol.now_iso(),
-                "restart_count": restart, "token": a.token})
+            record(127, error=str(e))
             return 127
-        protocol.atomic_write_json(adir / WRAPPER_FILE, {
+        sup = Supervisor(child, a.warning_signal, under_slurm="SLURM_JOB_ID" in os.environ)
+        for s in FORWARDED:
+            signal.signal(s, sup.on_signal)
+        protocol.atomic_write_json(adir / protocol.WRAPPER_FILE, {
             "token": a.token, "pid": os.getpid(), "child_pid": child.pid, "host": os.uname().nodename,
             "slurm_job_id": os.environ.get("SLURM_JOB_ID"), "restart_count": restart,
             "command": a.command, "started_at": protocol.now_iso()})
-
-        def forward(signum: int, _frame: object) -> None:
-            try:
-                child.send_signal(signum)
-            except ProcessLookupError:
-                pass
-
-        under_slurm = "SLURM_JOB_ID" in os.environ
-        for s in FORWARDED:
-            if under_slurm and s in (signal.SIGTERM, signal.SIGINT):
-                # Slurm signals every process of the job itself (preemption, scancel, time limit);
-                # forwarding again would hit a program twice (measured: one that exits in its
-                # handler died of the second TERM). Only the batch-shell signals (--signal=B:USR2)
-                # need forwarding; the wrapper just survives to write exit.json.
-                signal.signal(s, lambda *_: None)
-            else:
-                signal.signal(s, forward)
-        timed_out = False
-        deadline = time.monotonic() + a.time_limit if a.time_limit else None
-        while True:
-            try:
-                timeout = None if deadline is None else max(0.0, deadline - time.monotonic())
-                rc = child.wait(timeout=timeout)
-                break
-            except subprocess.TimeoutExpired:
-                # Same lifecycle as a Slurm time limit: SIGTERM (the job checkpoints), SIGKILL after a grace.
-                if not timed_out:
-                    timed_out = True
-                    child.send_signal(signal.SIGTERM)
-                    deadline = time.monotonic() + a.kill_grace
-                else:
-                    child.kill()
-                    deadline = None
+        rc, timed_out = sup.wait(a.time_limit, a.kill_grace)
+    stop_leftovers()
 
     sig = -rc if rc < 0 else None
-    record: dict[str, object] = {"returncode": rc, "signal": sig, "ended_at": protocol.now_iso(),
-                                 "restart_count": restart, "token": a.token, "time": time.time(),
-                                 "time_limit_reached": timed_out}
+    marker_error = None
     if rc == 0 and a.outputs:
-        problem = write_outputs_marker(run_dir, a.job, a.attempt, a.outputs)
-        if problem:
-            record["marker_error"] = problem
-    protocol.atomic_write_json(adir / protocol.EXIT_FILE, record)
+        if sup.stop_signal is not None:
+            marker_error = f"not written: the program was sent SIG{sup.stop_signal} ({sup.stop_source})"
+        else:
+            marker_error = write_outputs_marker(run_dir, a.job, a.attempt, a.outputs)
+    record(rc, signal=sig, time_limit_reached=timed_out, stop_signal=sup.stop_signal,
+           stop_source=sup.stop_source, marker_error=marker_error)
     return 128 + sig if sig else rc
 
 
-def read_exit(attempt_dir: Path) -> dict | None:
-    """The wrapper's exit record, or None if absent or unreadable."""
-    try:
-        r = protocol.read_json_bounded(attempt_dir / protocol.EXIT_FILE, limit=64 * 1024)
-    except (OSError, ValueError):
-        return None
-    return r if isinstance(r, dict) else None
+def read_exit(attempt_dir: Path) -> protocol.ExitRecord | None:
+    """The wrapper's exit record (any token), or None if absent or malformed."""
+    return protocol.read_exit(attempt_dir)
 
 
 if __name__ == "__main__":

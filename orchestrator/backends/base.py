@@ -1,9 +1,10 @@
-"""What every backend provides: submit, poll many attempts in one call, cancel, find by token.
+"""What every backend provides: submit, poll many attempts in one call, cancel, kill, find by token.
 
-A backend never decides completion (that is ``protocol.verify_done_marker``) nor classifies a
-failure (``classify.py``); it only says what the scheduler knows about a process it started.
-Backends are constructed on the login node / controller host and must be cheap to import:
-heavy modules (submitit) are imported inside methods.
+A backend never decides completion (that is ``protocol.verify_done_marker``). It says what the
+scheduler knows about a process it started — its phase, exit status, and, when the scheduler knows
+why it ended (Slurm's PREEMPTED, OUT_OF_MEMORY, ...), that cause as a ``FailureClass``: the
+scheduler's vocabulary stays inside its backend, and ``classify`` never sees a Slurm state name.
+Backends are constructed on the login node / controller host and must be cheap to import.
 """
 
 from __future__ import annotations
@@ -15,8 +16,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from orchestrator.protocol import ATTEMPTS_DIR, FailureClass
 
-class Phase(str, enum.Enum):
+
+class Phase(enum.StrEnum):
     """What the scheduler says about one attempt."""
 
     PENDING = "pending"  # accepted, not started (or requeued in place and waiting to restart)
@@ -49,10 +52,15 @@ class SubmitSpec:
     env: dict[str, str] = field(default_factory=dict)  # ORCH_* etc., added to the job's environment
     outputs: tuple[str, ...] = ()  # --outputs globs: the wrapper writes done.json after exit 0
     resources: Resources = Resources()
+    # The signal the program gets as the scheduler's early warning (time limit): TERM unless the
+    # program opted into USR2 (the bundled trainer does). A program without a USR2 handler died of
+    # orch's own warning (signal 12, classified crash, never requeued: issue 10).
+    warning_signal: str = "TERM"
+    umask: int = 0o077  # run dirs 0700, files 0600 unless orch.toml shares them with the group
 
     @property
     def attempt_dir(self) -> Path:
-        return self.run_dir / "attempts" / str(self.attempt)
+        return self.run_dir / ATTEMPTS_DIR / str(self.attempt)
 
     def wrapper_argv(self, python: str | None = None, time_limit_s: float | None = None) -> list[str]:
         """argv that runs the user's command under orch's job wrapper (see ``orchestrator/wrapper.py``).
@@ -60,7 +68,8 @@ class SubmitSpec:
         ``time_limit_s``: let the wrapper enforce the time limit (local backend; Slurm enforces its own).
         """
         argv = [python or sys.executable, "-m", "orchestrator.wrapper", "--run-dir", str(self.run_dir),
-                "--job", self.job, "--attempt", str(self.attempt), "--token", self.token]
+                "--job", self.job, "--attempt", str(self.attempt), "--token", self.token,
+                "--warning-signal", self.warning_signal, "--umask", f"{self.umask:04o}"]
         for g in self.outputs:
             argv += ["--outputs", g]
         if time_limit_s:
@@ -79,7 +88,7 @@ class AttemptRef:
 
     @property
     def attempt_dir(self) -> Path:
-        return self.run_dir / "attempts" / str(self.attempt)
+        return self.run_dir / ATTEMPTS_DIR / str(self.attempt)
 
 
 @dataclass(frozen=True)
@@ -87,9 +96,10 @@ class Outcome:
     phase: Phase
     exit_code: int | None = None
     signal: int | None = None
-    backend_state: str | None = None  # raw scheduler state, e.g. sacct's OUT_OF_MEMORY
+    backend_state: str | None = None  # raw scheduler state, e.g. sacct's OUT_OF_MEMORY (for people)
     reason: str = ""
     restart_count: int = 0  # Slurm in-place requeues of this same attempt
+    cause: FailureClass | None = None  # why it ended, when the scheduler knows (preempted, oom, ...)
 
 
 class BackendError(RuntimeError):
@@ -122,6 +132,18 @@ class Backend(ABC):
     def cancel(self, refs: Sequence[AttemptRef]) -> None:
         """Ask the scheduler to stop these attempts (SIGTERM first, so the job can checkpoint)."""
 
+    def kill(self, refs: Sequence[AttemptRef]) -> None:
+        """Stop these attempts now (SIGKILL): the end of a stop whose SIGTERM was ignored."""
+        self.cancel(refs)
+
+    def live_in_run_dir(self, run_dir: Path) -> list[str]:
+        """Live processes this backend can see running in ``run_dir``, whatever the DB says.
+
+        ``orch submit`` refuses a name whose run dir shows one (issue 9: after the DB file was
+        deleted, the same name was submitted again beside the running first attempt).
+        """
+        return []
+
     @abstractmethod
     def find_by_token(self, refs: Sequence[AttemptRef]) -> dict[str, str]:
         """token -> external id for attempts the scheduler knows although the DB lost the id.
@@ -130,16 +152,3 @@ class Backend(ABC):
         whether the backend call happened is resolved by looking its token up, never by resubmitting
         blindly. Raises BackendError when the scheduler could not be asked (never "not found").
         """
-
-
-def get_backend(name: str) -> Backend:
-    """Backend by name; imports only the one asked for."""
-    if name == "local":
-        from orchestrator.backends.local import LocalBackend
-
-        return LocalBackend()
-    if name == "slurm":
-        from orchestrator.backends.slurm import SlurmBackend
-
-        return SlurmBackend()
-    raise ValueError(f"unknown backend {name!r} (choose local or slurm)")

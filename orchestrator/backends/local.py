@@ -1,13 +1,20 @@
-"""Local backend: runs an attempt as a detached process on this machine.
+"""Local backend: runs an attempt as a detached session on this machine.
 
 Why not submitit's LocalExecutor: its jobs are killed after ``timeout_min`` (2 min by default), and
 a ``LocalJob`` re-attached from another process reports done() while the job still runs (see
-``shared/notes/submitit.md``) — a cron reconciler is exactly such another process. This launcher
-double-forks the job wrapper into its own session (it survives the submitter), and any process can
-tell running / exited (with exit code, from the wrapper's ``exit.json``) / vanished, using psutil's
-pid + create_time so that a reused pid is never mistaken for the job.
+``shared/notes/submitit.md``) — a cron reconciler is exactly such another process.
 
-External id: ``"<pid>:<create_time in ms>"`` of the wrapper process.
+This launcher double-forks orch's job wrapper into a new session (it survives the submitter). The
+external id is ``"<session id>@<start ticks>"``: the wrapper's pid, which is also its session id,
+and its start time in clock ticks since boot (``proctable``: a clock step cannot move it). The job
+is alive while ANY process of that session lives — the wrapper, or what it started after the
+wrapper itself was killed — and only when none is left does ``poll`` read the wrapper's exit record.
+When liveness cannot be decided (members of the session whose environment cannot be read) the
+answer is UNKNOWN, and nothing is requeued while it may run.
+
+Signals go only to processes orch can prove are the job's: the session leader whose start ticks
+match, or session members whose environment carries the attempt's token. Never a pid read from a
+file the job can write (issue 9: a forged wrapper.json made ``orch cancel`` kill another process).
 """
 
 from __future__ import annotations
@@ -16,31 +23,89 @@ import os
 import signal
 import sys
 from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
 
-import psutil
-
+from orchestrator import protocol
+from orchestrator.backends import proctable
 from orchestrator.backends.base import AttemptRef, Backend, BackendError, Outcome, Phase, SubmitSpec
-from orchestrator.wrapper import WRAPPER_FILE, read_exit
-
-_CTIME_SLACK_MS = 20  # create_time is rounded by /proc's clock ticks
+from orchestrator.protocol import FailureClass
 
 
-def _parse_id(external_id: str | None) -> tuple[int, int] | None:
-    try:
-        pid, ctime = (external_id or "").split(":")
-        return int(pid), int(ctime)
-    except ValueError:
+def format_id(sid: int, start_ticks: int | None) -> str:
+    return f"{sid}@{start_ticks if start_ticks is not None else '?'}"
+
+
+def parse_id(external_id: str | None) -> tuple[int, int | None] | None:
+    """(session id, start ticks or None) from ``sid@ticks``; also 0.1's ``pid:create_ms`` (ticks
+    unknown: identity then rests on the token alone). None for anything else."""
+    s = external_id or ""
+    sep = "@" if "@" in s else ":" if ":" in s else None
+    if sep is None:
         return None
+    sid, _, rest = s.partition(sep)
+    if not sid.isdigit() or int(sid) <= 1:  # 0 is the kernel's session, 1 init's: never a job
+        return None
+    ticks = int(rest) if sep == "@" and rest.isdigit() else None
+    return int(sid), ticks
 
 
-def _alive(pid: int, ctime_ms: int) -> bool:
-    try:
-        p = psutil.Process(pid)
-        if abs(int(p.create_time() * 1000) - ctime_ms) > _CTIME_SLACK_MS:
-            return False  # the pid was reused by another process
-        return p.status() != psutil.STATUS_ZOMBIE
-    except (psutil.NoSuchProcess, psutil.AccessDenied):
-        return False
+@dataclass(frozen=True)
+class Liveness:
+    state: str  # "alive" | "gone" | "unknown"
+    leader: proctable.Proc | None  # the wrapper, when it still runs
+    members: tuple[proctable.Proc, ...]  # processes proven to be the job's
+    why: str = ""
+
+
+def liveness(ref_id: str | None, token: str, table: dict[int, list[proctable.Proc]]) -> Liveness:
+    """Is the attempt's session alive? Decided from the kernel's process table, never from files."""
+    ident = parse_id(ref_id)
+    if ident is None:
+        return Liveness("gone", None, (), "no process identity recorded")
+    sid, ticks = ident
+    holder = proctable.read_proc(sid)  # zombies included: a zombie still holds the number
+    if holder is not None and ticks is not None and holder.start_ticks != ticks:
+        # The number was handed to a new process, which the kernel does only after every process of
+        # our session (which held it as their session id) was gone.
+        return Liveness("gone", None, (), "its session ended (the id now names another process)")
+    if holder is None or holder.zombie:
+        leader = None
+    elif ticks is not None:
+        leader = holder  # pid + start ticks name this very process (also before its setsid ran)
+    elif holder.session == sid and proctable.environ_has(holder.pid, protocol.ENV_TOKEN, token):
+        leader = holder  # a 0.1 id without start ticks: the leader must prove itself by its token
+    else:
+        leader = None
+    members = table.get(sid, [])
+    if leader is not None:
+        return Liveness("alive", leader, tuple({p.pid: p for p in (leader, *members)}.values()))
+    mine, unsure = [], 0
+    for p in members:
+        has = proctable.environ_has(p.pid, protocol.ENV_TOKEN, token)
+        if has:
+            mine.append(p)
+        elif has is None:
+            unsure += 1
+    if mine:
+        return Liveness("alive", None, tuple(mine), "the wrapper is gone but the program runs")
+    if unsure:
+        return Liveness("unknown", None, (), f"{unsure} process(es) of session {sid} cannot be identified")
+    return Liveness("gone", None, ())
+
+
+def _tops(procs: Sequence[proctable.Proc]) -> list[proctable.Proc]:
+    """The roots of the job's process trees (what the wrapper's signal would reach first)."""
+    pids = {p.pid for p in procs}
+    return [p for p in procs if p.ppid not in pids]
+
+
+def _signal_all(procs: Sequence[proctable.Proc], sig: int) -> None:
+    for p in procs:
+        try:
+            os.kill(p.pid, sig)
+        except (ProcessLookupError, PermissionError):
+            pass
 
 
 class LocalBackend(Backend):
@@ -51,6 +116,7 @@ class LocalBackend(Backend):
         argv = spec.wrapper_argv(time_limit_s=spec.resources.time_s)
         env = dict(os.environ)
         env.update(spec.env)
+        env[protocol.ENV_TOKEN] = spec.token  # the wrapper's own environment names its attempt too
         r, w = os.pipe()
         try:
             pid = os.fork()
@@ -58,95 +124,103 @@ class LocalBackend(Backend):
             os.close(r)
             os.close(w)
             raise BackendError(f"cannot fork: {e}") from None
-        if pid == 0:  # first child: fork the wrapper, report its pid, exit (the wrapper is re-parented)
+        if pid == 0:  # first child: fork the wrapper, report its pid + start ticks, exit
             try:
                 os.close(r)
                 gpid = os.fork()
                 if gpid == 0:
-                    os.setsid()  # own session + process group: killpg(pid) reaches the whole job
+                    os.setsid()  # own session: the job is every process of it
                     os.close(w)
                     fd = os.open(os.devnull, os.O_RDWR)
-                    log = os.open(spec.attempt_dir / "wrapper.log", os.O_WRONLY | os.O_CREAT | os.O_APPEND,
-                                  0o644)
+                    log = os.open(spec.attempt_dir / protocol.WRAPPER_LOG,
+                                  os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_NOFOLLOW, 0o600)
                     os.dup2(fd, 0)
                     os.dup2(log, 1)
                     os.dup2(log, 2)
                     os.chdir(spec.run_dir)
                     os.execve(sys.executable, argv, env)
-                os.write(w, str(gpid).encode())
+                # Read the start ticks while the wrapper is our child: even if it already exited it
+                # is a zombie that only we can reap, so its /proc entry is still there.
+                p = proctable.read_proc(gpid)
+                os.write(w, f"{gpid} {p.start_ticks if p else -1}".encode())
             finally:
                 os._exit(0)
         os.close(w)
         with os.fdopen(r) as f:
-            data = f.read()
+            data = f.read().split()
         os.waitpid(pid, 0)
         try:
-            gpid = int(data)
-            ctime = int(psutil.Process(gpid).create_time() * 1000)
-        except (ValueError, psutil.NoSuchProcess):
-            # It started and already exited (or never started): the exit record or its absence tells.
-            if read_exit(spec.attempt_dir) is not None and data:
-                return f"{int(data)}:0"
+            gpid, ticks = int(data[0]), int(data[1])
+        except (ValueError, IndexError):
             raise BackendError(f"local launch of {spec.job} attempt {spec.attempt} failed") from None
-        return f"{gpid}:{ctime}"
+        return format_id(gpid, ticks if ticks >= 0 else None)
 
     def poll(self, refs: Sequence[AttemptRef]) -> dict[str, Outcome]:
+        table = proctable.sessions()
         out: dict[str, Outcome] = {}
         for ref in refs:
-            rec = read_exit(ref.attempt_dir)
-            if rec is not None and rec.get("token") in (None, ref.token):
-                rc = rec.get("returncode")
-                sig = rec.get("signal")
-                out[ref.token] = Outcome(Phase.EXITED, exit_code=rc if isinstance(rc, int) else None,
-                                         signal=sig if isinstance(sig, int) else None,
-                                         backend_state="TIMEOUT" if rec.get("time_limit_reached") is True else None,
-                                         reason=str(rec.get("marker_error") or ""))
-                continue
-            ident = _parse_id(ref.external_id)
-            if ident and _alive(*ident):
-                out[ref.token] = Outcome(Phase.RUNNING)
+            live = liveness(ref.external_id, ref.token, table)
+            if live.state == "alive":
+                out[ref.token] = Outcome(Phase.RUNNING, reason=live.why)
+            elif live.state == "unknown":
+                out[ref.token] = Outcome(Phase.UNKNOWN, reason=live.why)
             else:
-                # Gone without an exit record: killed (SIGKILL, OOM killer, machine reboot).
-                out[ref.token] = Outcome(Phase.VANISHED, reason="process gone without an exit record")
+                out[ref.token] = self._ended(ref)
         return out
 
+    @staticmethod
+    def _ended(ref: AttemptRef) -> Outcome:
+        # Read only once no process of the job is left: a running job can write its own exit.json
+        # (issue 9), but a record read after the job is gone is the last word the job had.
+        rec = protocol.read_exit(ref.attempt_dir, ref.token)
+        if rec is None:
+            # Gone without an exit record: the wrapper was killed (SIGKILL, OOM killer, reboot).
+            return Outcome(Phase.VANISHED, reason="process gone without an exit record")
+        return Outcome(Phase.EXITED, exit_code=rec.returncode, signal=rec.signal,
+                       cause=FailureClass.TIMEOUT if rec.time_limit_reached else None,
+                       reason=rec.marker_error or "")
+
     def cancel(self, refs: Sequence[AttemptRef]) -> None:
+        """SIGTERM: to the wrapper, which passes the stop to the program (and records that it did);
+        if the wrapper is gone, to the roots of the job's remaining process trees."""
+        table = proctable.sessions()
         for ref in refs:
-            ident = _parse_id(ref.external_id)
-            if ident and _alive(*ident):
-                try:
-                    # SIGTERM to the wrapper, which forwards it: the job checkpoints and exits.
-                    os.kill(ident[0], signal.SIGTERM)
-                except ProcessLookupError:
-                    pass
+            live = liveness(ref.external_id, ref.token, table)
+            if live.state != "alive":
+                continue
+            _signal_all([live.leader] if live.leader else _tops(live.members), signal.SIGTERM)
 
     def kill(self, refs: Sequence[AttemptRef]) -> None:
-        """SIGKILL the whole session of each attempt (a hung job that ignored SIGTERM)."""
+        """SIGKILL every process of each attempt's session (a job that ignored SIGTERM)."""
+        table = proctable.sessions()
         for ref in refs:
-            ident = _parse_id(ref.external_id)
-            if ident and _alive(*ident):
-                try:
-                    os.killpg(ident[0], signal.SIGKILL)
-                except (ProcessLookupError, PermissionError):
-                    pass
+            live = liveness(ref.external_id, ref.token, table)
+            if live.state == "alive":
+                _signal_all(live.members or ([live.leader] if live.leader else []), signal.SIGKILL)
 
     def find_by_token(self, refs: Sequence[AttemptRef]) -> dict[str, str]:
-        import json
-
+        """A lost launch is found by its token in a live process's environment (kernel data), or by
+        an exit record carrying it (only a process that was launched can know the token)."""
+        wanted = {r.token for r in refs}
         found: dict[str, str] = {}
+        for p in proctable.all_procs():
+            if p.zombie:
+                continue
+            tok = proctable.environ_value(p.pid, protocol.ENV_TOKEN)
+            if tok in wanted and tok not in found:
+                leader = proctable.read_proc(p.session)
+                ticks = leader.start_ticks if leader is not None and leader.session == p.session else None
+                found[tok] = format_id(p.session, ticks)
         for ref in refs:
-            try:
-                rec = json.loads((ref.attempt_dir / WRAPPER_FILE).read_text())
-            except (OSError, ValueError):
-                rec = None
-            if isinstance(rec, dict) and rec.get("token") == ref.token and isinstance(rec.get("pid"), int):
-                try:
-                    ctime = int(psutil.Process(rec["pid"]).create_time() * 1000)
-                except psutil.NoSuchProcess:
-                    ctime = 0
-                found[ref.token] = f"{rec['pid']}:{ctime}"
-            elif (read_exit(ref.attempt_dir) or {}).get("token") == ref.token:
-                # Only this attempt's own exit record: a run dir reused under a fresh DB still holds
-                # the earlier run's attempts/<n>/exit.json, which would hide a lost submission.
-                found[ref.token] = "0:0"
+            if ref.token not in found and protocol.read_exit(ref.attempt_dir, ref.token) is not None:
+                found[ref.token] = "ended"  # it ran and exited: poll reads its exit record
         return found
+
+    def live_in_run_dir(self, run_dir: Path) -> list[str]:
+        """Live processes (by kernel-held environment) running in ``run_dir`` as some orch attempt."""
+        want = str(run_dir)
+        out = []
+        for p in proctable.all_procs():
+            if not p.zombie and proctable.environ_value(p.pid, protocol.ENV_RUN_DIR) == want:
+                out.append(f"pid {p.pid} (attempt {proctable.environ_value(p.pid, protocol.ENV_ATTEMPT) or '?'})")
+        return out

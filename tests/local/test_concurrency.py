@@ -13,16 +13,16 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
+import orchkit
 import pytest
 from localkit import db_rows
 
 from orchestrator import protocol
-from orchestrator import service as service_mod
 from orchestrator.backends.base import AttemptRef, Backend, Outcome, Phase, SubmitSpec
 from orchestrator.config import load_config
 from orchestrator.db import Database
 from orchestrator.reconcile import reconcile_pass
-from orchestrator.service import SubmitRequest, submit
+from orchestrator.submit import SubmitRequest, submit
 
 N_JOBS = 200
 # Attempt 1 was the fake's; every real run appends a line and succeeds, so a job that is launched
@@ -55,7 +55,7 @@ def _make_failed_jobs(home: Path, n: int, monkeypatch: pytest.MonkeyPatch) -> No
     cfg = load_config()
     db = Database(cfg)
     fake = InstantExit1()
-    monkeypatch.setattr(service_mod, "get_backend", lambda _name: fake)
+    orchkit.use_backend(monkeypatch, fake)
     for i in range(n):
         submit(db, cfg, SubmitRequest(name=f"job{i:03d}", command=CMD, max_attempts=5, outputs=["result/*"]))
     rep = reconcile_pass(db, cfg, backend_for=lambda _name: fake)

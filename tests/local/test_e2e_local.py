@@ -134,7 +134,7 @@ def test_job_survives_its_submitter_and_shows_running_with_its_external_id(orch)
 
     assert orch.wait("live", {"running"}, timeout=30) == "running"
     ext = orch.show("live")["attempts"][0]["external_id"]
-    assert ext.startswith(f"{rec['pid']}:")
+    assert ext.startswith(f"{rec['pid']}@")  # session id @ start ticks since boot
     table = orch("status", check=True).stdout.splitlines()
     assert table[0].split()[:5] == ["NAME", "STATE", "ATT", "BACKEND", "JOB"]
     row = next(line.split() for line in table[1:] if line.startswith("live "))

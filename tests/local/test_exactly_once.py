@@ -1,6 +1,6 @@
 """Exactly-once submission: `orch submit` killed around the backend call; reconcile resolves it.
 
-service._fault(site) makes the process die with exit 99 at the named site, as a kill -9 would:
+testhooks.site(site) with ORCH_FAULT=site makes the process die with exit 99 at the named site, as a kill -9 would:
 ``after_attempt_row`` (the attempt row and command.json exist, the backend was never called) and
 ``after_backend_submit`` (the job is running, the DB does not know its id).
 """
@@ -40,12 +40,13 @@ def test_submit_killed_at_a_fault_site_runs_the_job_exactly_once_after_reconcile
     rows = db_rows(orch.home, "SELECT n, state, token, external_id FROM attempts")
     assert job_state == "pending" and len(rows) == 1
     n, a_state, token, external_id = rows[0]
-    assert (n, a_state, external_id) == (1, "pending", None)  # the crash hid whether the backend ran it
+    # Claimed by the dead launcher: the crash hid whether the backend ran it.
+    assert (n, a_state, external_id) == (1, "launching", None)
     assert (protocol.attempt_dir(run, 1) / "command.json").exists()
 
     # Within the launch grace (default 60 s) a pass leaves the in-doubt attempt alone.
     orch("reconcile", check=True)
-    assert db_rows(orch.home, "SELECT state FROM attempts") == [("pending",)]
+    assert db_rows(orch.home, "SELECT state FROM attempts") == [("launching",)]
 
     fast = {"ORCH_LAUNCH_GRACE_S": "0"}
     r = orch("reconcile", env=fast)
@@ -106,4 +107,4 @@ def test_local_find_by_token_trusts_only_this_attempts_own_exit_record(tmp_path)
     assert LocalBackend().find_by_token([ref]) == {}  # an earlier run's record: not a submission
     # The wrapper could not start the command: exit.json (this token) without wrapper.json.
     protocol.atomic_write_json(adir / "exit.json", {"returncode": 127, "token": ref.token})
-    assert LocalBackend().find_by_token([ref]) == {ref.token: "0:0"}
+    assert LocalBackend().find_by_token([ref]) == {ref.token: "ended"}

@@ -49,9 +49,9 @@ def test_nan_rolls_back_halves_lr_skips_batches_and_quarantines(orch):
     a1, a2 = attempts(orch, "nan")[:2]
     assert (a1["failure_class"], a1["failure_step"]) == ("nan", 25)
     act = a1["action"]
-    assert act["action"] == "rollback" and act["resume_step"] == 15
-    assert act["lr"] == pytest.approx(0.001) and act["lr_before"] == pytest.approx(0.002)
-    assert act["quarantined"] == ["checkpoints/step-00000020"]
+    assert act["action"] == "rollback" and act["details"]["resume_step"] == 15
+    assert act["overrides"]["lr"] == pytest.approx(0.001) and act["details"]["lr_before"] == pytest.approx(0.002)
+    assert act["quarantine"] == ["checkpoints/step-00000020"]
     argv = argv_of(orch, "nan", 2)
     assert float(flag(argv, "--lr")) == pytest.approx(0.001)
     assert flag(argv, "--resume").endswith("checkpoints/step-00000015")
@@ -76,7 +76,8 @@ def test_oom_at_micro_batch_one_asks_for_more_memory(orch):
     assert orch.wait("oom2", DONE, timeout=150) == "done_marker_verified"
     a1 = attempts(orch, "oom2")[0]
     assert a1["failure_class"] == "oom"
-    assert a1["action"] == {**a1["action"], "action": "more_memory", "mem_mb_before": 1024, "mem_mb": 2048}
+    act = a1["action"]
+    assert (act["action"], act["details"]["mem_mb_before"], act["resources"]["mem_mb"]) == ("more_memory", 1024, 2048)
     assert orch.show("oom2")["resources"]["mem_mb"] == 2048
 
 
@@ -88,7 +89,7 @@ def test_enospc_prunes_old_checkpoints_empties_trash_and_resumes(orch):
     a1 = attempts(orch, "disk")[0]
     assert a1["failure_class"] == "enospc"
     assert a1["action"]["action"] == "prune_and_resume"
-    pruned = a1["action"]["pruned"]
+    pruned = a1["action"]["prune"]
     assert pruned and all(not (orch.runs / "disk" / p).exists() for p in pruned)
     assert not any(p.is_file() for p in (orch.home / "trash").rglob("*")), "the trash was emptied"
 

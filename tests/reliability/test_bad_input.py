@@ -33,7 +33,8 @@ from relkit import LONG, ROOT, sentinel, tree_hash
 
 from orchestrator import protocol
 from orchestrator.backends.base import AttemptRef, Backend, Outcome, Phase, SubmitSpec
-from orchestrator.cli import main, parse_mem_mb, parse_time_s
+from orchestrator.cli import main
+from orchestrator.cli.args import parse_mem_mb, parse_time_s
 from orchestrator.config import load_config
 from orchestrator.db import Database
 from orchestrator.errors import UsageError
@@ -508,17 +509,19 @@ HOSTILE_FAILURES = {
 def test_reconcile_survives_a_hostile_failure_json(tmp_path: Path, case: str, clean_env: None,
                                                    monkeypatch: pytest.MonkeyPatch) -> None:
     """One job's report must never crash the pass (and with it every other job's reconciliation)."""
-    from orchestrator import service
+    import orchkit
+
     from orchestrator.reconcile import reconcile_pass
+    from orchestrator.submit import SubmitRequest, submit
 
     outside = sentinel(tmp_path)
     before_out = tree_hash(outside)
     backend = ExitedBackend()
-    monkeypatch.setattr(service, "get_backend", lambda _n: backend)
+    orchkit.use_backend(monkeypatch, backend)
     cfg = load_config(tmp_path / "home")
     db = Database(cfg)
     for name in ("hostile", "bystander"):
-        service.submit(db, cfg, service.SubmitRequest(name=name, command=["python", "-m", "trainer"]))
+        submit(db, cfg, SubmitRequest(name=name, command=["python", "-m", "trainer"]))
     hostile = cfg.runs_root / "hostile"
     (protocol.attempt_dir(hostile, 1) / "failure.json").write_bytes(HOSTILE_FAILURES[case])
     rep = reconcile_pass(db, cfg, backend_for=lambda _n: backend)

@@ -5,7 +5,7 @@ Three writers, each killed (SIGKILL, see ``crashkit``) before every one of its s
 - the end of a run: result files through ``protocol.atomic_write``, then ``protocol.write_done_marker``
   (the trainer's finishing sequence, ``trainer/loop.py``);
 - the checkpoint writer, ``trainer.checkpoint.CheckpointManager.save`` (commit + prune);
-- requeue clearing, ``service.requeue`` → ``launch`` → ``rundir.move_to_trash`` → command.json →
+- requeue clearing, ``requeue.requeue`` → ``launch`` → ``rundir.move_to_trash`` → command.json →
   backend submit, on a real SQLite DB with a fake backend that records submissions in a file.
 
 After every kill: the marker verifies exactly when the commit rename happened and then lists the
@@ -28,6 +28,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 import crashkit
+import orchkit
 import pytest
 import torch
 from relkit import sentinel, tree_hash
@@ -38,7 +39,10 @@ from orchestrator.config import load_config
 from orchestrator.db import Database
 from orchestrator.jobs import get_job
 from orchestrator.protocol import MarkerStatus
+from orchestrator.requeue import RequeueTarget
+from orchestrator.requeue import requeue as requeue_jobs
 from orchestrator.rundir import move_to_trash, unverified_leftovers
+from orchestrator.submit import SubmitRequest, submit
 from trainer.checkpoint import CheckpointManager
 
 ARTIFACTS = ["result/model.pt", "result/metrics.json"]
@@ -203,7 +207,7 @@ def test_checkpoint_writer_killed_at_every_step(tmp_path: Path, clean_env: None)
 
 
 # =================================================================================================
-# 3. requeue clearing, through the service, the DB and a backend
+# 3. requeue clearing, through the requeue service, the DB and a backend
 # =================================================================================================
 class RecordingBackend(Backend):
     """Records each submission (token) in a file, so the parent sees what a killed child submitted."""
@@ -238,12 +242,11 @@ class RecordingBackend(Backend):
 
 def _failed_job(home: Path, backend: RecordingBackend, outside: Path) -> None:
     """A job whose attempt 1 crashed, leaving what a crash leaves (and a verified checkpoint to keep)."""
-    from orchestrator import service
     from orchestrator.reconcile import reconcile_pass
 
     cfg = load_config(home)
     db = Database(cfg)
-    service.submit(db, cfg, service.SubmitRequest(name="j", command=["python", "-m", "trainer"]))
+    submit(db, cfg, SubmitRequest(name="j", command=["python", "-m", "trainer"]))
     rd = cfg.runs_root / "j"
     m = CheckpointManager(rd, keep_last_k=3)
     m.save(10, ckpt_files(10))
@@ -266,14 +269,13 @@ def _failed_job(home: Path, backend: RecordingBackend, outside: Path) -> None:
 
 def test_requeue_clearing_killed_at_every_step(tmp_path: Path, clean_env: None,
                                                monkeypatch: pytest.MonkeyPatch) -> None:
-    from orchestrator import service
     from orchestrator.reconcile import reconcile_pass
 
     outside = sentinel(tmp_path)
     before_outside = tree_hash(outside)
     template = tmp_path / "template"
     backend = RecordingBackend(template / "backend.log")
-    monkeypatch.setattr(service, "get_backend", lambda _name: backend)
+    orchkit.use_backend(monkeypatch, backend)
     monkeypatch.setenv("ORCH_LAUNCH_GRACE_S", "0")  # the reconciler resolves a pending attempt at once
     _failed_job(template, backend, outside)
     keep_hash = tree_hash(template / "runs" / "j" / "checkpoints" / "step-00000010")
@@ -288,7 +290,7 @@ def test_requeue_clearing_killed_at_every_step(tmp_path: Path, clean_env: None,
     def requeue(home: Path) -> None:
         backend.log = home / "backend.log"
         cfg = load_config(home)
-        service.requeue(Database(cfg), cfg, ["j"])
+        requeue_jobs(Database(cfg), cfg, RequeueTarget.named(["j"]))
 
     copy_home(tmp_path / "count")
     count = crashkit.run(lambda: requeue(tmp_path / "count"), tmp_path)

@@ -78,6 +78,16 @@ def _revisions() -> list[str | None]:
     return [None, *reversed(revs)]
 
 
+# What 0001 stored in its JSON columns: a decision with its plan (a NaN rollback with a backoff),
+# so that an upgrade has real rows to rewrite (0002 turns them into typed retry plans).
+LEGACY_ACTION = json.dumps({"action": "rollback", "auto": True, "resume_step": 10, "bad_step": 12, "lr": 0.0005,
+                            "lr_before": 0.001, "skip_batches": 2, "retry_not_before": "2026-01-01T00:00:00",
+                            "plan": {"one_shot": {"resume": "/runs/j/checkpoints/step-00000010"},
+                                     "quarantine": ["checkpoints/step-00000011"], "prune": [],
+                                     "empty_trash": False}})
+ENUMS = {"failure_class": ["nan", "preempted", "crash"], "stop_reason": ["cancel", "hang", None]}
+
+
 def _value(col: sa.Column, i: int) -> object:
     t = col.type
     if isinstance(t, sa.Boolean):
@@ -90,10 +100,16 @@ def _value(col: sa.Column, i: int) -> object:
         return float(i)
     if isinstance(t, (sa.String, sa.Text)):
         name = col.name
+        if name == "action_json":
+            return LEGACY_ACTION
+        if name == "plan_json":
+            return json.dumps({"one_shot": {"resume": "none"}, "quarantine": [], "prune": [], "empty_trash": True})
         if name.endswith("_json"):
             return "[]" if "command" in name or "outputs" in name else "{}"
+        if name in ENUMS:
+            return ENUMS[name][i % 3]
         if name == "state":
-            return {"jobs": ["running", "done_marker_verified", "failed"]}.get(col.table.name, ["running"] * 3)[i % 3]
+            return {"jobs": ["running", "retryable_failed", "failed"]}.get(col.table.name, ["running"] * 3)[i % 3]
         if name == "run_dir":
             return f"/nonexistent/runs/job-{i}"
         return f"{name}-{i}"
@@ -159,6 +175,18 @@ def test_upgrade_from_every_revision_to_head_keeps_the_rows(tmp_path: Path, rev:
     if counts.get("jobs"):
         res = CliRunner().invoke(main, ["show", "name-0", "--json"], prog_name="orch")
         assert res.exit_code == 0 and json.loads(res.stdout)["name"] == "name-0", res.output
+    if rev == "0001":
+        # 0001's decision dicts are now typed plans, with nothing lost on the way.
+        res = CliRunner().invoke(main, ["show", "name-1", "--json"], prog_name="orch")
+        shown = json.loads(res.stdout)
+        act = shown["attempts"][0]["action"]
+        assert (act["action"], act["auto"], act["resume"]) == ("rollback", True, "/runs/j/checkpoints/step-00000010")
+        assert act["overrides"] == {"lr": 0.0005, "skip_batches": 2}
+        assert act["quarantine"] == ["checkpoints/step-00000011"]
+        assert act["details"]["resume_step"] == 10 and act["not_before"] == "2026-01-01T00:00:00"
+        # the job row, retryable_failed, now carries the requeue decision the reconciler filters on
+        assert shown["state"] == "retryable_failed" and shown["auto_requeue"] is True
+        assert shown["retry_not_before"] == "2026-01-01T00:00:00Z"
 
 
 # =================================================================================================

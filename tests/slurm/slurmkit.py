@@ -40,14 +40,14 @@ class SlurmKit:
 
     def spec(self, name: str, command: Sequence[str], *, partition: str = "spot", cpus: int = 1,
              mem_mb: int | None = 300, time_s: int | None = None, env: dict | None = None,
-             attempt: int = 1) -> SubmitSpec:
+             attempt: int = 1, warning_signal: str = "TERM") -> SubmitSpec:
         run_dir = self.tmp / "runs" / name
         run_dir.mkdir(parents=True, exist_ok=True)
         token = f"{name}-{attempt}-{os.urandom(4).hex()}"
         return SubmitSpec(job=name, attempt=attempt, token=token, run_dir=run_dir, command=tuple(command),
                           env={"PYTHONUNBUFFERED": "1", **(env or {})},
                           resources=Resources(partition=partition, cpus_per_task=cpus, mem_mb=mem_mb,
-                                              time_s=time_s))
+                                              time_s=time_s), warning_signal=warning_signal)
 
     def submit(self, spec: SubmitSpec) -> AttemptRef:
         job_id = self.backend.submit(spec)

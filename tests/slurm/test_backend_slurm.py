@@ -17,7 +17,7 @@ from orchestrator import protocol
 from orchestrator.backends.base import Phase
 from orchestrator.backends.slurm import warning_lead_s
 from orchestrator.classify import classify
-from orchestrator.wrapper import read_exit
+from orchestrator.protocol import read_exit
 
 ABSENT = protocol.Verification(protocol.MarkerStatus.ABSENT, "no done.json")
 
@@ -77,7 +77,7 @@ def test_exit_codes_env_and_find_by_token(slurm: SlurmKit, script) -> None:
     # spec.env reached the program untouched, and the directive inside it stayed a value
     assert (a.run_dir / "foo.txt").read_text() == hostile
     assert run("sacct", "-X", "-n", "-P", "-j", a.external_id, "-o", "Partition").stdout.strip() == "spot"
-    assert read_exit(a.attempt_dir)["returncode"] == 3
+    assert read_exit(a.attempt_dir).returncode == 3
     # a ref whose token is not the job's (a reused id) is not answered with that job's record
     stranger = type(a)(a.external_id, "someone-else", a.run_dir, 1)
     assert slurm.backend.poll([stranger])["someone-else"].phase is Phase.UNKNOWN
@@ -110,7 +110,7 @@ def test_preempted_spot_job_is_requeued_in_place_and_spot_cancel_job_ends_preemp
                                                                          (1, req.external_id, "1")]
     term = [e for e in ev if e["event"] == "signal"]
     assert [e["sig"] for e in term] == ["SIGTERM"]
-    assert read_exit(req.attempt_dir)["returncode"] == 0  # the rerun's record; the first one set aside
+    assert read_exit(req.attempt_dir).returncode == 0  # the rerun's record; the first one set aside
     assert json.loads((req.attempt_dir / "exit.prev-1.json").read_text())["returncode"] == 143
 
     # CANCEL partition: SIGTERM, then the job ends PREEMPTED, which the classifier calls preempted.
@@ -125,24 +125,29 @@ def test_preempted_spot_job_is_requeued_in_place_and_spot_cancel_job_ends_preemp
 
 def test_time_limit_sends_the_warning_signal_first_then_timeout(slurm: SlurmKit, script) -> None:
     prog = script("signalled", SIGNALLED)
-    warned = slurm.submit(slurm.spec("warned", prog, time_s=60))  # exits on the warning (USR2)
-    # ignores the warning, exits on the time limit's SIGTERM (one that ignored it too would only
-    # add KillWait before the SIGKILL)
-    stubborn = slurm.submit(slurm.spec("stubborn", prog, time_s=60, env={"IGNORE_SIGNALS": "SIGUSR2"}))
+    # Any program gets the warning as SIGTERM (issue 10: a program without a USR2 handler died of
+    # orch's own warning); it exits on it, and the wrapper records that it delivered the warning.
+    warned = slurm.submit(slurm.spec("warned", prog, time_s=60))
+    # A program that opted into SIGUSR2 (the bundled trainer does) but ignores it: it exits on the
+    # time limit's SIGTERM (one that ignored that too would only add KillWait before the SIGKILL).
+    stubborn = slurm.submit(slurm.spec("stubborn", prog, time_s=60, env={"IGNORE_SIGNALS": "SIGUSR2"},
+                                       warning_signal="USR2"))
     out = slurm.poll_until([warned, stubborn], lambda o: phases(o, warned, stubborn) == (Phase.EXITED,) * 2,
                            timeout=200, every=2)
     w_start = wait_started(warned.run_dir)
     w_sigs = [e for e in events(warned.run_dir) if e["event"] == "signal"]
-    assert [e["sig"] for e in w_sigs] == ["SIGUSR2"] and w_sigs[0]["t"] - w_start["t"] < 60
+    assert [e["sig"] for e in w_sigs] == ["SIGTERM"] and w_sigs[0]["t"] - w_start["t"] < 60
     # 22.05's sacct shows a batch exit status of 143 as ExitCode 15:0 (137 as 9:0): the wrapper's
-    # exit.json keeps the real 143.
+    # exit.json keeps the real 143, and that it was the time-limit warning.
     assert (out[warned.token].backend_state, out[warned.token].exit_code) == ("FAILED", 15)
-    assert read_exit(warned.attempt_dir)["returncode"] == 143
+    rec = read_exit(warned.attempt_dir)
+    assert (rec.returncode, rec.stop_signal, rec.stop_source) == (143, "TERM", "warning")
+    assert classify(out[warned.token], None, ABSENT, exit_record=rec).cls == "timeout"
     s_sigs = [e["sig"] for e in events(stubborn.run_dir) if e["event"] == "signal"]
     assert s_sigs == ["SIGUSR2", "SIGTERM"]  # the warning, then the time limit's TERM
     assert out[stubborn.token].backend_state == "TIMEOUT"
     assert classify(out[stubborn.token], None, ABSENT).cls == "timeout"
-    print(f"\n[measured] USR2 {w_sigs[0]['t'] - w_start['t']:.1f} s after start (limit 60 s, "
+    print(f"\n[measured] warning {w_sigs[0]['t'] - w_start['t']:.1f} s after start (limit 60 s, "
           f"lead {warning_lead_s(60)} s); stubborn job: {out[stubborn.token]}")
 
 

@@ -1,7 +1,10 @@
-"""classify(): (backend outcome, the job's own report, marker verification) -> failure class.
+"""classify(): (backend outcome, the job's own report, marker verification, orch's stop, the wrapper's
+exit record) -> failure class.
 
-Table-driven over every row of the decision: the job's report wins, then the reconciler's preset,
-then the scheduler's state, then the OverMemoryKill line, then vanished, then the exit code.
+Table-driven over every row of the decision: orch's own stop, the job's report, the scheduler's
+cause, a stop the wrapper delivered, vanished, then the exit code. How Slurm's states become causes
+(``PREEMPTED`` -> preempted, the OverMemoryKill line -> oom) is tested with the Slurm backend
+(tests/unit/test_slurm_states.py): classify knows no scheduler's vocabulary.
 """
 
 from __future__ import annotations
@@ -11,15 +14,24 @@ import signal
 import pytest
 
 from orchestrator.backends.base import Outcome, Phase
-from orchestrator.classify import SLURM_STATE_CLASS, classify
-from orchestrator.protocol import FAILURE_CLASSES, MarkerStatus, Verification
+from orchestrator.backends.slurm.states import STATE_CAUSE
+from orchestrator.classify import classify
+from orchestrator.protocol import FAILURE_CLASSES, ExitRecord, FailureClass, MarkerStatus, Verification
 
 ABSENT = Verification(MarkerStatus.ABSENT, "no done.json")
 CORRUPT = Verification(MarkerStatus.CORRUPT, "result/model.pt sha256 mismatch")
 
 
 def exited(rc=None, sig=None, state=None, reason=""):  # noqa: ANN001, ANN201
-    return Outcome(Phase.EXITED, exit_code=rc, signal=sig, backend_state=state, reason=reason)
+    """An outcome as a backend reports it: ``state`` is the scheduler's word, mapped to its cause the
+    way the Slurm backend maps it."""
+    cause = STATE_CAUSE.get(state.split()[0].upper()) if state else None
+    return Outcome(Phase.EXITED, exit_code=rc, signal=sig, backend_state=state, reason=reason, cause=cause)
+
+
+def stopped(rc, source="signal", sig="TERM"):  # noqa: ANN001, ANN201
+    """The wrapper's record of a program it delivered a stop to."""
+    return ExitRecord(token="t", returncode=rc, stop_signal=sig, stop_source=source)
 
 
 # (id, outcome, report, verification, preset, expected class, text the detail must contain)
@@ -54,8 +66,8 @@ ROWS = [
      "CANCELLED"),
     ("slurm lower-case state", exited(1, state="timeout"), None, ABSENT, None, "timeout", ""),
     ("slurm state beats exit 0", exited(0, state="NODE_FAIL"), None, CORRUPT, None, "node_fail", ""),
-    # OverMemoryKill (no cgroups): FAILED 0:9 and a line in the output
-    ("OverMemoryKill reason", exited(0, sig=9, state="FAILED",
+    # OverMemoryKill (no cgroups): FAILED 0:9 and a line in the output; the backend reports it as OOM
+    ("OverMemoryKill reason", exited(0, sig=9, state="OUT_OF_MEMORY",
                                      reason="slurmstepd: error: Job 12 exceeded memory limit (9 > 8), being killed"),
      None, ABSENT, None, "oom", "exceeded memory limit"),
     # vanished
@@ -71,7 +83,7 @@ ROWS = [
     ("exit 143", exited(143), None, ABSENT, None, "preempted", "SIGTERM"),
     ("SIGKILL", exited(None, sig=signal.SIGKILL), None, ABSENT, None, "crash", "SIGKILL"),
     ("exit 137", exited(137), None, ABSENT, None, "crash", "SIGKILL"),
-    ("exit 2 is invalid", exited(2), None, ABSENT, None, "invalid", "usage"),
+    ("exit 2 of any program is a crash", exited(2), None, ABSENT, None, "crash", "exit 2"),
     ("SIGSEGV", exited(None, sig=signal.SIGSEGV), None, ABSENT, None, "crash", f"signal {int(signal.SIGSEGV)}"),
     ("exit 1", exited(1), None, ABSENT, None, "crash", "exit 1"),
     ("exit 3 without a readable report", exited(3), None, ABSENT, None, "crash", "exit 3"),
@@ -82,10 +94,40 @@ ROWS = [
 @pytest.mark.parametrize("outcome,report,verification,preset,cls,detail", [r[1:] for r in ROWS],
                          ids=[r[0] for r in ROWS])
 def test_classify_row(outcome, report, verification, preset, cls, detail):
-    c = classify(outcome, report, verification, preset=preset)
+    c = classify(outcome, report, verification, stop_reason=preset)
     assert c.cls == cls
     assert c.cls in FAILURE_CLASSES
     assert detail in c.detail
+
+
+# Rows that need the wrapper's exit record or the program's conventions.
+RECORD_ROWS = [
+    # issue 10: a program that exits 0 after SIGTERM is a preempted run, never a missing marker
+    ("exit 0 after a delivered SIGTERM", exited(0), stopped(0), False, "preempted", "SIGTERM"),
+    ("exit 1 after a delivered SIGTERM", exited(1), stopped(1), False, "preempted", "signal"),
+    ("exit 0 after the time-limit warning", exited(0), stopped(0, "warning"), False, "timeout", "warning"),
+    ("exit 0 after the local time limit", exited(0), stopped(0, "time_limit"), False, "timeout", "time_limit"),
+    ("exit 2 of the bundled trainer is invalid", exited(2), None, True, "invalid", "usage"),
+    ("the scheduler's cause beats the wrapper's record", exited(0, state="CANCELLED"), stopped(0), False,
+     "cancelled", "CANCELLED"),
+]
+
+
+@pytest.mark.parametrize("outcome,record,exit2_invalid,cls,detail", [r[1:] for r in RECORD_ROWS],
+                         ids=[r[0] for r in RECORD_ROWS])
+def test_classify_with_the_wrappers_record(outcome, record, exit2_invalid, cls, detail):
+    c = classify(outcome, None, ABSENT, exit_record=record, exit2_invalid=exit2_invalid)
+    assert (c.cls, detail in c.detail) == (cls, True), c
+
+
+def test_orch_cancel_is_cancelled_whatever_the_job_reports():
+    c = classify(exited(143), {"class": "preempted", "step": 9}, ABSENT, stop_reason="cancel")
+    assert (c.cls, c.step) == (FailureClass.CANCELLED, 9)
+
+
+def test_a_preempted_report_after_the_wrappers_warning_is_a_timeout():
+    c = classify(exited(143), {"class": "preempted", "step": 9}, ABSENT, exit_record=stopped(143, "warning", "USR2"))
+    assert c.cls is FailureClass.TIMEOUT
 
 
 def test_report_step_is_carried_only_from_the_report():
@@ -94,11 +136,11 @@ def test_report_step_is_carried_only_from_the_report():
 
 
 def test_every_slurm_state_maps_to_a_contract_class():
-    assert set(SLURM_STATE_CLASS.values()) <= set(FAILURE_CLASSES)
+    assert set(STATE_CAUSE.values()) <= set(FailureClass)
 
 
 def test_every_row_class_is_produced_somewhere_by_the_table():
     # The table above covers every class classify can derive without a report.
-    derived = {r[5] for r in ROWS if r[2] is None}
+    derived = {r[5] for r in ROWS if r[2] is None} | {r[4] for r in RECORD_ROWS}
     assert derived == {"hang", "preempted", "timeout", "oom", "node_fail", "cancelled", "unknown",
                        "marker_missing", "marker_corrupt", "crash", "invalid"}

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import sys
 from pathlib import Path
 
@@ -10,9 +9,10 @@ import pytest
 from unitkit import make_checkpoint
 
 from orchestrator import protocol
+from orchestrator.lifecycle import JobState
 from orchestrator.models import Attempt, Job
+from orchestrator.plan import RetryPlan
 from orchestrator.policy import command_for, decide
-from orchestrator.states import JobState
 
 
 def job_with(run_dir: Path, history: list[tuple[str, bool]], *, max_attempts: int = 3,
@@ -25,9 +25,8 @@ def job_with(run_dir: Path, history: list[tuple[str, bool]], *, max_attempts: in
     attempts = [Attempt(id=i + 1, n=i + 1, token=f"t{i}", state="failed", backend="local", failure_class=cls,
                         failure_step=10 * i, counted=counted) for i, (cls, counted) in enumerate(history)]
     job = Job(id=1, name="j", state="running", backend="local", run_dir=str(run_dir),
-              command_json=json.dumps(command or ["bash", "-c", "true"]),
-              resources_json=json.dumps(resources or {}), overrides_json=json.dumps(overrides or {}),
-              outputs_json="[]", max_attempts=max_attempts, attempts=attempts)
+              command=command or ["bash", "-c", "true"], resources=resources or {}, overrides=overrides or {},
+              outputs=[], max_attempts=max_attempts, attempts=attempts)
     return job, attempts[-1]
 
 
@@ -44,7 +43,7 @@ def test_uncounted_classes_that_made_progress_never_consume_max_attempts(cfg, tm
     d = decide(cfg, job, a, cls, 10 * 10, None)
     assert d.state is JobState.RETRYABLE_FAILED
     assert d.counted is False
-    assert d.auto is True  # requeued by reconcile itself
+    assert d.plan.auto is True  # requeued by reconcile itself
 
 
 @pytest.mark.parametrize("cls", ["preempted", "timeout", "node_fail"])
@@ -59,12 +58,12 @@ def test_uncounted_class_ending_at_the_same_step_as_the_last_attempt_counts(cfg,
 def test_counted_classes_consume_attempts_and_end_failed_at_max_attempts(cfg, tmp_path, cls):
     job, a = job_with(tmp_path, [("crash", True), current(cls)], max_attempts=3)
     d = decide(cfg, job, a, cls, None, None)
-    assert (d.state, d.counted, d.auto) == (JobState.RETRYABLE_FAILED, True, False)  # waits for `orch requeue`
+    assert (d.state, d.counted, d.plan.auto) == (JobState.RETRYABLE_FAILED, True, False)  # waits for `orch requeue`
 
     job, a = job_with(tmp_path, [("crash", True), ("unknown", True), current(cls)], max_attempts=3)
     d = decide(cfg, job, a, cls, None, None)
     assert d.state is JobState.FAILED
-    assert d.action["action"] == "give_up" and "3 of 3 attempts used" in d.action["why"]
+    assert d.plan.action == "give_up" and "3 of 3 attempts used" in d.plan.why
 
 
 def test_uncounted_attempts_in_the_history_do_not_count_towards_the_limit(cfg, tmp_path):
@@ -76,7 +75,7 @@ def test_uncounted_attempts_in_the_history_do_not_count_towards_the_limit(cfg, t
 def test_invalid_is_permanent_on_the_first_attempt(cfg, tmp_path):
     job, a = job_with(tmp_path, [current("invalid")], max_attempts=100)
     d = decide(cfg, job, a, "invalid", None, None)
-    assert d.state is JobState.FAILED and d.action["action"] == "give_up" and "invalid" in d.action["why"]
+    assert d.state is JobState.FAILED and d.plan.action == "give_up" and "invalid" in d.plan.why
 
 
 def test_cancelled_is_cancelled_and_uncounted(cfg, tmp_path):
@@ -95,7 +94,7 @@ def test_per_class_cap_gives_up_after_that_many_of_the_same_class(cfg, tmp_path,
     job, a = job_with(tmp_path, [(cls, True)] * cap + [current(cls)], max_attempts=1000, resources=resources)
     d = decide(cfg, job, a, cls, 10, None)
     assert d.state is JobState.FAILED
-    assert f"(cap {cap})" in d.action["why"]
+    assert f"(cap {cap})" in d.plan.why
 
 
 def test_default_auto_requeue_classes_match_the_contract(cfg, tmp_path):
@@ -103,11 +102,11 @@ def test_default_auto_requeue_classes_match_the_contract(cfg, tmp_path):
     # crash, unknown, marker_missing, marker_corrupt wait for `orch requeue`.
     for cls in ("preempted", "timeout", "node_fail", "oom", "hang", "nan"):
         job, a = job_with(tmp_path, [current(cls)], resources={"mem_mb": 1024})
-        assert decide(cfg, job, a, cls, 5, None).auto is True, cls
+        assert decide(cfg, job, a, cls, 5, None).plan.auto is True, cls
     for cls in ("crash", "unknown", "marker_missing", "marker_corrupt"):
         job, a = job_with(tmp_path, [current(cls)])
         d = decide(cfg, job, a, cls, None, None)
-        assert (d.state, d.auto) == (JobState.RETRYABLE_FAILED, False), cls
+        assert (d.state, d.plan.auto) == (JobState.RETRYABLE_FAILED, False), cls
 
 
 # ------------------------------------------------------------------------------------------
@@ -127,12 +126,15 @@ def test_nan_rolls_back_to_newest_verified_checkpoint_at_least_k_before_the_bad_
     job, a = job_with(tmp_path, [current("nan")], command=[sys.executable, "-m", "trainer"])
     d = decide(cfg, job, a, "nan", 34, {"class": "nan", "step": 34})
     # 34 - 5 = 29: step 30 is too close, 25 is corrupt, so 20; later verified ones are quarantined.
-    assert d.state is JobState.RETRYABLE_FAILED and d.auto
-    assert d.action["action"] == "rollback" and d.action["resume_step"] == 20 and d.action["bad_step"] == 34
-    assert d.one_shot["resume"] == str(tmp_path / "checkpoints" / "step-00000020")
-    assert sorted(d.quarantine) == ["checkpoints/step-00000030", "checkpoints/step-00000040"]
-    assert d.sticky["lr"] == pytest.approx(0.0005) and d.action["lr_before"] == pytest.approx(0.001)
-    assert d.sticky["skip_batches"] == 34 - 20
+    assert d.state is JobState.RETRYABLE_FAILED and d.plan.auto
+    details = d.plan.details_dict
+    assert d.plan.action == "rollback" and details["resume_step"] == 20 and details["bad_step"] == 34
+    assert d.plan.resume == "checkpoints/step-00000020"  # relative to the run dir; the trainer resolves it
+    # The corrupt step 25 is quarantined too: it never stays under its committed name.
+    assert sorted(d.plan.quarantine) == ["checkpoints/step-00000025", "checkpoints/step-00000030",
+                                         "checkpoints/step-00000040"]
+    assert d.plan.overrides_dict["lr"] == pytest.approx(0.0005) and details["lr_before"] == pytest.approx(0.001)
+    assert d.plan.overrides_dict["skip_batches"] == 34 - 20
 
 
 def test_nan_exactly_k_before_is_allowed(cfg, tmp_path):
@@ -140,7 +142,7 @@ def test_nan_exactly_k_before_is_allowed(cfg, tmp_path):
     _ckpts(tmp_path, [10, 30])
     job, a = job_with(tmp_path, [current("nan")])
     d = decide(cfg, job, a, "nan", 35, None)
-    assert d.action["resume_step"] == 30 and d.quarantine == []
+    assert d.plan.details_dict["resume_step"] == 30 and d.plan.quarantine == ()
 
 
 def test_nan_lr_halves_again_from_the_previous_override(cfg, tmp_path):
@@ -148,8 +150,8 @@ def test_nan_lr_halves_again_from_the_previous_override(cfg, tmp_path):
     protocol.atomic_write_json(tmp_path / protocol.RUN_CONFIG, {"lr": 0.001})
     job, a = job_with(tmp_path, [("nan", True), current("nan")], overrides={"lr": 0.0005, "skip_batches": 5})
     d = decide(cfg, job, a, "nan", 20, None)
-    assert d.sticky["lr"] == pytest.approx(0.00025)
-    assert d.sticky["skip_batches"] == 5 + (20 - 10)
+    assert d.plan.overrides_dict["lr"] == pytest.approx(0.00025)
+    assert d.plan.overrides_dict["skip_batches"] == 5 + (20 - 10)
 
 
 def test_nan_without_a_good_checkpoint_starts_over_and_quarantines_all(cfg, tmp_path):
@@ -157,8 +159,8 @@ def test_nan_without_a_good_checkpoint_starts_over_and_quarantines_all(cfg, tmp_
     _ckpts(tmp_path, [10, 20])
     job, a = job_with(tmp_path, [current("nan")])
     d = decide(cfg, job, a, "nan", 15, None)
-    assert d.one_shot["resume"] == "none" and d.action["resume_step"] == 0
-    assert sorted(d.quarantine) == ["checkpoints/step-00000010", "checkpoints/step-00000020"]
+    assert d.plan.resume == "none" and d.plan.details_dict["resume_step"] == 0
+    assert sorted(d.plan.quarantine) == ["checkpoints/step-00000010", "checkpoints/step-00000020"]
 
 
 # ------------------------------------------------------------------------------------------
@@ -167,24 +169,24 @@ def test_nan_without_a_good_checkpoint_starts_over_and_quarantines_all(cfg, tmp_
 def test_oom_doubles_memory(cfg, tmp_path):
     job, a = job_with(tmp_path, [current("oom")], resources={"mem_mb": 4096})
     d = decide(cfg, job, a, "oom", None, None)
-    assert d.state is JobState.RETRYABLE_FAILED and d.auto
-    assert d.resources == {"mem_mb": 8192}
-    assert d.action == {"action": "more_memory", "mem_mb_before": 4096, "mem_mb": 8192}
+    assert d.state is JobState.RETRYABLE_FAILED and d.plan.auto
+    assert d.plan.resources_dict == {"mem_mb": 8192}
+    assert (d.plan.action, d.plan.details_dict) == ("more_memory", {"mem_mb_before": 4096})
 
 
 def test_oom_memory_is_capped_then_gives_up_at_the_cap(cfg, tmp_path):
     cfg.oom_mem_cap_mb = 6000
     job, a = job_with(tmp_path, [current("oom")], resources={"mem_mb": 4096})
-    assert decide(cfg, job, a, "oom", None, None).resources == {"mem_mb": 6000}
+    assert decide(cfg, job, a, "oom", None, None).plan.resources_dict == {"mem_mb": 6000}
     job, a = job_with(tmp_path, [current("oom")], resources={"mem_mb": 6000})
     d = decide(cfg, job, a, "oom", None, None)
-    assert d.state is JobState.FAILED and d.auto is False and "memory cap" in d.action["why"]
+    assert d.state is JobState.FAILED and d.plan.auto is False and "memory cap" in d.plan.why
 
 
 def test_oom_without_mem_gives_up(cfg, tmp_path):
     job, a = job_with(tmp_path, [current("oom")])
     d = decide(cfg, job, a, "oom", None, None)
-    assert d.state is JobState.FAILED and d.auto is False and "no --mem" in d.action["why"]
+    assert d.state is JobState.FAILED and d.plan.auto is False and "no --mem" in d.plan.why
 
 
 def test_enospc_prunes_verified_checkpoints_beyond_keep_last_k_and_empties_the_trash(cfg, tmp_path):
@@ -193,15 +195,15 @@ def test_enospc_prunes_verified_checkpoints_beyond_keep_last_k_and_empties_the_t
     job, a = job_with(tmp_path, [current("enospc")])
     d = decide(cfg, job, a, "enospc", None, None)
     assert d.state is JobState.RETRYABLE_FAILED
-    assert sorted(d.prune) == ["checkpoints/step-00000010", "checkpoints/step-00000020",
-                               "checkpoints/step-00000030"]
-    assert d.action["action"] == "prune_and_resume" and d.action["empty_trash"] is True
+    assert sorted(d.plan.prune) == ["checkpoints/step-00000010", "checkpoints/step-00000020",
+                                    "checkpoints/step-00000030"]
+    assert d.plan.action == "prune_and_resume" and d.plan.empty_trash is True
 
 
 def test_enospc_with_few_checkpoints_prunes_nothing(cfg, tmp_path):
     _ckpts(tmp_path, [10, 20])
     job, a = job_with(tmp_path, [current("enospc")])
-    assert decide(cfg, job, a, "enospc", None, None).prune == []
+    assert decide(cfg, job, a, "enospc", None, None).plan.prune == ()
 
 
 # ------------------------------------------------------------------------------------------
@@ -211,7 +213,7 @@ def test_command_for_appends_flags_only_for_the_bundled_trainer(tmp_path):
     argv = [sys.executable, "-m", "trainer", "--preset", "tiny", "--lr", "0.01"]
     job, _ = job_with(tmp_path, [current("nan")], command=argv, overrides={"lr": 0.005, "skip_batches": 7,
                                                                             "mem_mb": 99})
-    out, overrides = command_for(job, {"resume": "/r/checkpoints/step-00000010"})
+    out, overrides = command_for(job, RetryPlan.make("rollback", resume="/r/checkpoints/step-00000010"))
     assert out[: len(argv)] == argv
     tail = out[len(argv):]
     assert dict(zip(tail[::2], tail[1::2], strict=True)) == {
@@ -223,7 +225,7 @@ def test_command_for_appends_flags_only_for_the_bundled_trainer(tmp_path):
                                   ["python", "-m", "trainer_v2"], ["trainer", "-m"], ["./trainer"]])
 def test_command_for_leaves_other_programs_argv_untouched(tmp_path, argv):
     job, _ = job_with(tmp_path, [current("nan")], command=argv, overrides={"lr": 0.5})
-    out, overrides = command_for(job, {"resume": "none"})
+    out, overrides = command_for(job, RetryPlan.make("rollback", resume="none"))
     assert out == argv
     assert overrides == {"lr": 0.5, "resume": "none"}  # other programs get these via ORCH_OVERRIDES
 
@@ -236,7 +238,7 @@ def test_repeated_preemptions_without_a_step_are_never_counted(db, cfg):
 
     with db.write() as s:
         job = Job(name="p", state="running", backend="slurm", run_dir=str(cfg.runs_root / "p"),
-                  command_json='["true"]', max_attempts=1)
+                  command=["true"], max_attempts=1)
         s.add(job)
         s.flush()
         for n in (1, 2, 3):
@@ -245,4 +247,4 @@ def test_repeated_preemptions_without_a_step_are_never_counted(db, cfg):
         s.add(Attempt(job_id=job.id, n=4, token="t4", state="failed", backend="slurm"))
         s.flush()
         d = decide(cfg, job, job.attempts[-1], "preempted", None, None)
-    assert d.counted is False and d.state.value == "retryable_failed" and d.auto
+    assert d.counted is False and d.state.value == "retryable_failed" and d.plan.auto

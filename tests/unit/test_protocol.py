@@ -269,8 +269,11 @@ CRASH_CHILD = textwrap.dedent("""
     # Every durability step of the write: opening a file, fsync, rename, directory fsync.
     os.fsync = step("fsync", os.fsync)
     os.replace = step("replace", os.replace)
-    protocol.open = step("open", builtins.open)  # module global shadows the builtin in protocol
-    protocol.fsync_dir = step("fsync_dir", protocol.fsync_dir)
+    # Module globals shadow the builtin / the import in each protocol module that writes.
+    opener, fsync_dir = step("open", builtins.open), step("fsync_dir", protocol.fsync_dir)
+    for mod in (protocol.durable, protocol.marker, protocol.records):
+        mod.open = opener
+        mod.fsync_dir = fsync_dir
 
     # What a finishing job does: write its results atomically, then the marker as the last step.
     (run_dir / "result").mkdir(parents=True, exist_ok=True)

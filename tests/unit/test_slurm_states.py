@@ -15,9 +15,9 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator import slurm_states as st
-from orchestrator.backends import slurm
 from orchestrator.backends.base import AttemptRef, Outcome, Phase, Resources, SubmitSpec
+from orchestrator.backends.slurm import backend as slurm
+from orchestrator.backends.slurm import states as st
 
 
 def rec(state: str, dbi: int = 1, code: str = "0:0", name: str = "orch-t1", job: str = "7") -> str:

@@ -14,7 +14,7 @@ from trainer.heartbeat import Heartbeat
 def _running_job(db, cfg, name: str) -> None:  # noqa: ANN001
     with db.write() as s:
         job = Job(name=name, state="running", backend="local", run_dir=str(cfg.runs_root / name),
-                  command_json='["true"]')
+                  command=["true"])
         s.add(job)
         s.flush()
         s.add(Attempt(job_id=job.id, n=1, token=name, state="running", backend="local", external_id="1:1"))

@@ -1,6 +1,6 @@
 """Slurm job states -> orch backend phases: pure functions, no I/O, unit-tested without a cluster.
 
-Who calls: ``orchestrator.backends.slurm`` (the only place that runs sacct/squeue). What it
+Who calls: ``orchestrator.backends.slurm.backend`` (the only place that runs sacct/squeue). What it
 guarantees: a Slurm state orch does not know maps to UNKNOWN, never to EXITED, so a new state in
 a future Slurm release can delay a decision but never fail a job.
 
@@ -24,6 +24,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 
 from orchestrator.backends.base import Outcome, Phase
+from orchestrator.protocol import FailureClass
 
 # sacct/squeue state names (Slurm 22.05, src/common/slurm_protocol_defs.c job_state_string).
 PENDING_STATES = frozenset({
@@ -45,6 +46,18 @@ MAYBE_REQUEUED_STATES = frozenset({"PREEMPTED", "NODE_FAIL"})
 # job (no cgroups): sacct then says FAILED 0:9, not OUT_OF_MEMORY. Matched case-insensitively.
 OVER_MEMORY_MARKERS = ("exceeded memory limit", "exceeded job memory limit")
 OOM_STATE = "OUT_OF_MEMORY"
+
+# Terminal states that say WHY a job ended, whatever its exit code: Slurm's vocabulary ends here,
+# as the ``cause`` of an Outcome (orchestrator.classify never sees a Slurm state name).
+STATE_CAUSE = {
+    "PREEMPTED": FailureClass.PREEMPTED,
+    "TIMEOUT": FailureClass.TIMEOUT,
+    "DEADLINE": FailureClass.TIMEOUT,
+    "OUT_OF_MEMORY": FailureClass.OOM,
+    "NODE_FAIL": FailureClass.NODE_FAIL,
+    "BOOT_FAIL": FailureClass.NODE_FAIL,
+    "CANCELLED": FailureClass.CANCELLED,
+}
 
 
 def normalize_state(raw: str) -> str:
@@ -152,7 +165,7 @@ def outcome_from_records(records: Iterable[SacctRecord], *, over_memory_line: st
         state = OOM_STATE
         reason = over_memory_line.strip()[:300]
     return Outcome(Phase.EXITED, exit_code=newest.exit_code, signal=newest.signal, backend_state=state,
-                   reason=reason, restart_count=restarts)
+                   reason=reason, restart_count=restarts, cause=STATE_CAUSE.get(state))
 
 
 def _reason(rec: SacctRecord) -> str:

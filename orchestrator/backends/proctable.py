@@ -1,0 +1,100 @@
+"""This machine's process table, read from /proc: who belongs to which session, since when.
+
+Why not psutil's ``create_time``: it is ``btime + start ticks / HZ``, and ``btime`` (from
+/proc/stat) moves when the clock is stepped (a VM restore shifted it by 1 s and a pid + create_time
+check with 20 ms slack declared a live job dead, so a second attempt started beside the first).
+The start time in *clock ticks since boot* (field 22 of /proc/<pid>/stat) is fixed for the life
+of a process and no clock step moves it; (pid, start ticks) names one process for the life of the
+machine.
+
+A local job runs in its own session (the wrapper calls ``setsid``), so "the job" is every process
+whose session id is the wrapper's pid — also after the wrapper itself was killed (issue 9: kill -9
+of the wrapper alone left the trainer running while orch requeued the job). A session id stays
+reserved while any process of the session lives (the kernel cannot hand the number to a new
+process meanwhile), so session members found while the leader lives, or carrying the attempt's
+token in their environment, are the job's.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+PROC = "/proc"
+
+
+@dataclass(frozen=True)
+class Proc:
+    pid: int
+    ppid: int
+    session: int
+    start_ticks: int
+    state: str  # R, S, D, Z, T, ...
+
+    @property
+    def zombie(self) -> bool:
+        return self.state in ("Z", "X")
+
+
+def read_proc(pid: int) -> Proc | None:
+    """One process's stat line, or None if it is gone (or unreadable)."""
+    try:
+        with open(f"{PROC}/{pid}/stat", "rb") as f:
+            data = f.read()
+    except OSError:
+        return None
+    # comm (field 2) may hold spaces and parentheses: the fields after it start after the LAST ')'.
+    try:
+        rest = data[data.rindex(b")") + 2:].split()
+        return Proc(pid=pid, ppid=int(rest[1]), session=int(rest[3]), start_ticks=int(rest[19]),
+                    state=rest[0].decode())
+    except (ValueError, IndexError):
+        return None
+
+
+def all_procs() -> Iterator[Proc]:
+    try:
+        names = os.listdir(PROC)
+    except OSError:
+        return
+    for name in names:
+        if name.isdigit():
+            p = read_proc(int(name))
+            if p is not None:
+                yield p
+
+
+def sessions() -> dict[int, list[Proc]]:
+    """session id -> its live (non-zombie) processes: one scan of /proc for a whole poll."""
+    out: dict[int, list[Proc]] = {}
+    for p in all_procs():
+        if not p.zombie:
+            out.setdefault(p.session, []).append(p)
+    return out
+
+
+def environ_has(pid: int, key: str, value: str) -> bool | None:
+    """Whether process ``pid`` started with ``key=value`` in its environment; None if unreadable.
+
+    The kernel's copy of what the process was exec'ed with: not a file the job can rewrite.
+    """
+    try:
+        with open(f"{PROC}/{pid}/environ", "rb") as f:
+            data = f.read(1 << 20)
+    except OSError:
+        return None
+    return f"{key}={value}".encode() in data.split(b"\0")
+
+
+def environ_value(pid: int, key: str) -> str | None:
+    try:
+        with open(f"{PROC}/{pid}/environ", "rb") as f:
+            data = f.read(1 << 20)
+    except OSError:
+        return None
+    prefix = key.encode() + b"="
+    for item in data.split(b"\0"):
+        if item.startswith(prefix):
+            return item[len(prefix):].decode(errors="replace")
+    return None

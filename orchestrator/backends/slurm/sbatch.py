@@ -1,0 +1,157 @@
+"""Building an sbatch submission: validated values only, a batch script no shell ever reads.
+
+Every value that reaches the sbatch command line or the batch script passes through here: names and
+tokens by pattern, paths absolute and free of control characters and ``%``, numbers positive, extra
+arguments as ``--option[=value]`` that never override an option orch sets itself. A newline or an
+``#SBATCH`` smuggled in a job name or a comment can therefore never become a directive.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+from collections.abc import Sequence
+from pathlib import Path
+
+from orchestrator import protocol
+from orchestrator.backends.base import SubmissionRefused
+
+SLURM_DIR = protocol.SLURM_DIR  # attempts/<n>/slurm/: batch script, sbatch's record, the job's Slurm output
+SCRIPT_NAME = protocol.SLURM_SCRIPT
+OUTPUT_PATTERN = protocol.SLURM_OUTPUT_PATTERN
+JOB_NAME_PREFIX = "orch-"
+WARNING_SIGNAL = "USR2"  # the trainer (and orch's wrapper) treat SIGUSR2 like SIGTERM: checkpoint, exit
+
+# What sacct/squeue/sbatch may take before we give up and answer UNKNOWN (a busy slurmctld or
+# slurmdbd must delay a decision, never fail a job: SkyPilot #10155 restarted a healthy job 24
+# times because status queries timed out).
+QUERY_TIMEOUT_S = float(os.environ.get("ORCH_SLURM_QUERY_TIMEOUT_S", "30"))
+SUBMIT_TIMEOUT_S = float(os.environ.get("ORCH_SLURM_SUBMIT_TIMEOUT_S", "60"))
+FIND_HISTORY = os.environ.get("ORCH_SLURM_FIND_HISTORY", "now-30days")  # sacct -S for find_by_token
+OUTPUT_TAIL_BYTES = 64 * 1024
+
+# Inherited variables that must not reach a job submitted from inside another job: sbatch reads
+# SBATCH_*/SLURM_* as option defaults, and torch.distributed reads the rank variables
+# (the same list as submitit.helpers.clean_env).
+_CLEAN_PREFIXES = ("SLURM_", "SLURMD_", "SRUN_", "SBATCH_", "SUBMITIT_")
+_CLEAN_NAMES = frozenset({
+    "MASTER_ADDR", "MASTER_PORT", "RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE",
+})
+
+# --- validation: every sbatch value comes from here (no newline, no #SBATCH smuggling) -------------
+_TOKEN_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,99}$")
+_WORD_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")  # partition, account
+_ENV_NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,255}$")
+_EXTRA_RE = re.compile(r"^--[A-Za-z][A-Za-z0-9-]*(=[^\x00-\x1f\x7f]*)?$")
+_CONTROL_RE = re.compile(r"[\x00-\x1f\x7f]")
+# Options orch sets itself and that an extra argument must not change: they decide where the
+# job's output goes, what the job is called (find_by_token), whether it is requeued in place,
+# what runs, and how sbatch answers.
+_OWNED_OPTIONS = frozenset({
+    "job-name", "comment", "output", "error", "open-mode", "requeue", "no-requeue", "export",
+    "export-file", "chdir", "wrap", "parsable", "array", "hold", "wait", "test-only", "input",
+})
+
+
+_PERMANENT_SBATCH = re.compile(r"invalid|unrecognized option|not available|no partition|requested node config"
+                               r"|not permitted|does not exist|exceeds", re.I)
+
+
+class SlurmSubmitRefused(SubmissionRefused):
+    """A value that may not go into an sbatch command line (the attempt cannot be submitted as is)."""
+
+
+def _check_value(what: str, value: str, pattern: re.Pattern[str] | None = None) -> str:
+    if not isinstance(value, str) or _CONTROL_RE.search(value) or (pattern and not pattern.match(value)):
+        raise SlurmSubmitRefused(f"refusing {what} {value!r} for sbatch: not a plain value")
+    return value
+
+
+def _check_path(what: str, path: Path) -> str:
+    s = str(path)
+    # '%' would be expanded by sbatch as a filename pattern; control characters could end a line.
+    if not path.is_absolute() or _CONTROL_RE.search(s) or "%" in s:
+        raise SlurmSubmitRefused(
+            f"refusing {what} {s!r}: need an absolute path without '%' or control characters")
+    return s
+
+
+def _positive(what: str, value: object) -> int:
+    if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
+        raise SlurmSubmitRefused(f"refusing {what} {value!r}: need a positive integer")
+    return value
+
+
+def validate_extra_sbatch(extra: Sequence[str]) -> list[str]:
+    """Extra sbatch arguments: each ``--option`` or ``--option=value``; never one orch owns."""
+    out = []
+    for arg in extra:
+        _check_value("extra sbatch argument", arg, _EXTRA_RE)
+        opt = arg[2:].split("=", 1)[0].lower()
+        # sbatch (getopt_long) also takes unambiguous prefixes: --outp=... is --output=...
+        if any(owned.startswith(opt) for owned in _OWNED_OPTIONS):
+            raise SlurmSubmitRefused(f"refusing extra sbatch argument {arg!r}: orch sets --{opt} itself")
+        out.append(arg)
+    return out
+
+
+def warning_lead_s(time_s: int | None) -> int:
+    """Seconds before the time limit at which the job gets SIGUSR2 to checkpoint.
+
+    Measured on 22.05: slurmctld checks every ~30 s and sends the signal at the first check where
+    the time left is <= lead + 30 s, so the job gets it between lead and lead + 30 s before its
+    limit (with --time=1 and a 30 s lead it came 6-9 s after the start). Hence a tenth of the limit,
+    between 10 s and 5 min, and never so long that the warning could arrive in the first ~15 s,
+    before the program has installed its handler (SIGUSR2's default action kills). 3 min when the
+    limit is the partition's. ``ORCH_SLURM_SIGNAL_LEAD_S`` overrides.
+    """
+    env = os.environ.get("ORCH_SLURM_SIGNAL_LEAD_S")
+    if env and env.isdigit() and int(env) > 0:
+        return int(env)
+    if not time_s:
+        return 180
+    return min(max(10, min(300, time_s // 10)), max(5, time_s - 45))
+
+
+def clean_submit_env(base: dict[str, str] | None = None) -> dict[str, str]:
+    """The submitter's environment without what a surrounding Slurm job or torchrun put there."""
+    env = dict(os.environ if base is None else base)
+    return {k: v for k, v in env.items() if not k.startswith(_CLEAN_PREFIXES) and k not in _CLEAN_NAMES}
+
+
+def job_name_for(token: str) -> str:
+    return JOB_NAME_PREFIX + token
+
+
+def batch_script(python: str, argv: Sequence[str], env: dict[str, str], header: str) -> str:
+    """A batch script that sets ``env`` and replaces itself with ``argv`` (no shell involved).
+
+    The values are embedded as JSON (ASCII only, so one line each, and valid Python literals): a
+    newline or '#SBATCH' inside a value stays inside a string and can never become a directive.
+    """
+    return (
+        f"#!{python}\n"
+        f"# {header}\n"
+        "# Generated by orch (orchestrator/backends/slurm.py). Runs orch's job wrapper as the batch\n"
+        "# process itself, so Slurm's --signal=B:... and preemption signals reach it; no srun.\n"
+        "import json, os, sys\n"
+        f"ARGV = json.loads({json.dumps(json.dumps(list(argv)))})\n"
+        f"ENV = json.loads({json.dumps(json.dumps(env, sort_keys=True))})\n"
+        "os.environ.update(ENV)\n"
+        "sys.stdout.flush()\n"
+        "os.execv(ARGV[0], ARGV)\n"
+    )
+
+
+def _run(argv: list[str], timeout_s: float, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
+    return subprocess.run(argv, stdin=subprocess.DEVNULL, capture_output=True, text=True,
+                          timeout=timeout_s, env=env, check=False)
+
+
+def _first_line(text: str) -> str:
+    lines = [ln.strip() for ln in (text or "").splitlines() if ln.strip()]
+    return lines[-1][:300] if lines else ""
+
+

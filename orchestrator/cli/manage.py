@@ -1,0 +1,110 @@
+"""Commands that change things: reconcile, requeue, cancel, gc."""
+
+from __future__ import annotations
+
+import sys
+import time
+
+import click
+
+from orchestrator.cli import _ctx, _emit, main
+
+
+@main.command()
+@click.option("--watch", type=click.FloatRange(0.5, None), metavar="SECONDS",
+              help="Loop: one pass every SECONDS (backs off while the scheduler is unreachable).")
+@click.option("--json", "as_json", is_flag=True, help="Print each pass's report as JSON.")
+def reconcile(watch: float | None, as_json: bool) -> None:
+    """One reconciler pass (run from cron every minute), or a loop with --watch.
+
+    Polls every live attempt in one backend call, verifies markers, classifies failures, applies
+    the policy and requeues what it requeues by itself. An overlapping pass exits quietly.
+    """
+    from orchestrator.reconcile import reconcile_pass
+
+    cfg, db = _ctx()
+    delay = watch
+    while True:
+        rep = reconcile_pass(db, cfg)
+        if as_json:
+            _emit(rep.as_dict())
+        else:
+            if not rep.ran:
+                click.echo("another reconciler holds the lease; nothing done", err=True)
+            for c in rep.changed:
+                click.echo(f"{c['name']}: -> {c['to']}" + "".join(f" {k}={c[k]}" for k in ("class", "action", "why")
+                                                                 if c.get(k)))
+            for n in rep.requeued:
+                click.echo(f"{n}: requeued")
+            for e in rep.errors:
+                click.echo(f"warning: {e}", err=True)
+        if watch is None:
+            return
+        # Scheduler unreachable: back off (up to 10x) instead of hammering it (SkyPilot #10155).
+        delay = min(delay * 2, watch * 10) if rep.unknown and not rep.changed else watch
+        time.sleep(delay)
+
+
+@main.command()
+@click.argument("names", nargs=-1)
+@click.option("--failed", is_flag=True, help="Every retryable_failed job.")
+@click.option("--dry-run", is_flag=True, help="Say what would be cleared and requeued; change nothing.")
+@click.option("--json", "as_json", is_flag=True)
+def requeue(names: tuple[str, ...], failed: bool, dry_run: bool, as_json: bool) -> None:
+    """Clear what a failed job left that is not verified, and submit its next attempt.
+
+    A job whose done marker verifies is never cleared or resubmitted (`orch requeue NAME` on it
+    exits 3). Unverified leftovers go to $ORCH_HOME/trash/<job>/<time>/; verified checkpoints stay
+    so the next attempt resumes.
+    """
+    if bool(names) == failed:
+        raise click.UsageError("give job NAMEs or --failed (not both)")
+    from orchestrator.errors import OrchError, Refused
+    from orchestrator.requeue import RequeueTarget
+    from orchestrator.requeue import requeue as do_requeue
+
+    cfg, db = _ctx()
+    target = RequeueTarget.named(names) if names else RequeueTarget.failed()
+    results = do_requeue(db, cfg, target, dry_run=dry_run)
+    if as_json:
+        _emit([r.as_dict() for r in results])
+    else:
+        if not results:
+            click.echo("no retryable_failed jobs")
+        for r in results:
+            extra = f" as attempt {r.attempt}" if r.attempt else ""
+            clears = f"; clears {', '.join(r.clears)}" if r.clears and r.outcome != "refused" else ""
+            click.echo(f"{r.name}: {r.outcome.replace('_', ' ')}{extra} ({r.reason}){clears}")
+    errors = [r for r in results if r.outcome == "error"]
+    if errors:  # issue 9: a launch error printed "error" and exited 0
+        raise OrchError("; ".join(f"{r.name}: {r.reason}" for r in errors))
+    refused = [r for r in results if r.outcome == "refused"]
+    if names and refused:
+        raise Refused("refused: " + "; ".join(f"{r.name}: {r.reason}" for r in refused))
+
+
+@main.command()
+@click.argument("names", nargs=-1, required=True)
+def cancel(names: tuple[str, ...]) -> None:
+    """Cancel jobs: SIGTERM first (the job checkpoints), state cancelled."""
+    from orchestrator.stop import cancel as do_cancel
+
+    cfg, db = _ctx()
+    results = do_cancel(db, cfg, list(names))
+    for name, what in results:
+        click.echo(f"{name}: {what}")
+    if any(what.startswith("cancelled in orch, but") for _n, what in results):
+        sys.exit(1)
+    if any(what.startswith("not cancelled") for _n, what in results):
+        sys.exit(3)  # refused: it had already ended (verified, failed or cancelled)
+
+
+@main.command()
+def gc() -> None:
+    """Empty the trash (what requeue and policy moved aside). Verified runs are never touched."""
+    from orchestrator.rundir import empty_trash
+
+    cfg, _db = _ctx()
+    click.echo(f"removed {empty_trash(cfg)} trashed entries")
+
+

@@ -1,0 +1,171 @@
+"""Read commands: status, show, verify, logs. They import no torch, no submitit, no Alembic."""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import click
+
+from orchestrator.cli import EXIT_NOT_VERIFIED, STATES, _ctx, _emit, _show, main
+
+
+@main.command()
+@click.option("--state", type=click.Choice(STATES), help="Only jobs in this state.")
+@click.option("--json", "as_json", is_flag=True)
+def status(state: str | None, as_json: bool) -> None:
+    """One row per job: state, attempts, backend id of the latest attempt, progress."""
+    from orchestrator.views import status_rows
+
+    cfg, db = _ctx()
+    rows = status_rows(db, cfg, state)
+    if as_json:
+        _emit(rows)
+        return
+    if not rows:
+        click.echo("no jobs" + (f" in state {state}" if state else ""))
+        return
+    cols = [("NAME", "name"), ("STATE", "state"), ("ATT", "attempts"), ("BACKEND", "backend"),
+            ("JOB ID", "external_id"), ("STEP", "step"), ("CLASS", "failure_class"), ("FLAGS", "flags")]
+    table = [[h for h, _ in cols]] + [[_cell(r.get(k)) for _, k in cols] for r in rows]
+    widths = [max(len(row[i]) for row in table) for i in range(len(cols))]
+    for row in table:
+        click.echo("  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)).rstrip())
+
+
+def _cell(v: Any) -> str:
+    if v is None or v == []:
+        return "-"
+    if isinstance(v, list):
+        return ",".join(map(str, v))
+    return str(v)
+
+
+@main.command()
+@click.argument("name")
+@click.option("--json", "as_json", is_flag=True)
+def show(name: str, as_json: bool) -> None:
+    """A job and every attempt: backend id, state, failure class, action taken, times."""
+    _cfg, db = _ctx()
+    d = _show(db, name)
+    if as_json:
+        _emit(d)
+        return
+    click.echo(f"{d['name']}: {d['state']}  backend={d['backend']}  run_dir={d['run_dir']}")
+    click.echo(f"  command: {' '.join(d['command'])}")
+    if d.get("overrides"):
+        click.echo(f"  overrides for the next attempt: {json.dumps(d['overrides'], sort_keys=True)}")
+    for a in d["attempts"]:
+        fields = [f"id={_cell(a['external_id'])}", f"class={_cell(a['failure_class'])}",
+                  f"step={_cell(a['failure_step'])}", f"exit={_cell(a['exit_code'])}", f"restarts={a['restarts']}"]
+        click.echo(f"  attempt {a['n']}: {a['state']}  " + "  ".join(fields))
+        if a.get("detail"):
+            click.echo(f"    detail: {a['detail']}")
+        if a.get("stop_reason") and a["state"] == "stopping":
+            click.echo(f"    stopping since {a['stop_requested_at']} ({a['stop_reason']})")
+        for r in a.get("restart_history") or []:
+            click.echo(f"    restart {r['restart']}: {r['class']} at step {_cell(r['step'])}")
+        if a.get("action"):
+            act = {k: v for k, v in a["action"].items() if v not in (None, "", [], {}, False)}
+            click.echo(f"    action: {json.dumps(act, sort_keys=True)}")
+    if d.get("foreign_checkpoint_files"):
+        click.echo(f"  left in place (not orch's): checkpoints/{', checkpoints/'.join(d['foreign_checkpoint_files'])}")
+    for problem in d.get("problems") or []:
+        click.echo(f"  problem: {problem}")
+
+
+@main.command()
+@click.argument("target")
+def verify(target: str) -> None:
+    """Exit 0 iff TARGET's done marker verifies. TARGET is a job name or a run dir path.
+
+    Prints VERIFIED, ABSENT: reason, or CORRUPT: reason (exit 4 for the last two).
+    """
+    from orchestrator.protocol import verify_done_marker
+
+    if "/" in target or target in (".", ".."):
+        run_dir = Path(target)
+        try:
+            is_dir = run_dir.is_dir()
+        except OSError:  # ENAMETOOLONG and friends: still a bad argument (exit 2), not a crash (exit 1)
+            is_dir = False
+        if not is_dir:
+            raise click.BadParameter(f"{target[:200]} is not a directory", param_hint="TARGET")
+    else:
+        run_dir = _run_dir_of(target)
+    v = verify_done_marker(run_dir)
+    click.echo(str(v))
+    sys.exit(0 if v.verified else EXIT_NOT_VERIFIED)
+
+
+def _run_dir_of(name: str) -> Path:
+    from orchestrator.errors import JobNotFound
+    from orchestrator.jobs import get_job
+
+    cfg, db = _ctx()
+    try:
+        with db.read() as s:
+            return Path(get_job(s, name).run_dir)
+    except JobNotFound as e:
+        from orchestrator.protocol import UnsafePath
+        from orchestrator.rundir import run_dir_for
+
+        try:
+            p = run_dir_for(cfg, name)
+        except UnsafePath:  # `orch verify -` was an "unexpected error" (exit 1); it is no job: exit 2
+            raise e from None
+        if not p.exists():
+            raise
+        return p
+
+
+@main.command()
+@click.argument("name")
+@click.option("--attempt", type=click.IntRange(1, None), help="Attempt number (default: the latest).")
+@click.option("-f", "--follow", is_flag=True, help="Keep printing new output until the attempt ends.")
+def logs(name: str, attempt: int | None, follow: bool) -> None:
+    """The stdout and stderr of one attempt of NAME."""
+    from orchestrator.views import log_paths
+
+    cfg, db = _ctx()
+    paths, live = log_paths(db, name, attempt)
+    if not follow:
+        for p in paths:
+            chunk, _pos = _read_from(p, 0)
+            if chunk is not None:
+                click.echo(f"==> {p} <==")
+                sys.stdout.write(chunk)
+        return
+    out = paths[0]
+    pos = 0
+    while True:
+        chunk, pos = _read_from(out, pos)
+        if chunk:
+            sys.stdout.write(chunk)
+            sys.stdout.flush()
+        if not live():
+            return
+        time.sleep(1.0)
+
+
+def _read_from(path: Path, pos: int) -> tuple[str | None, int]:
+    """Text of a log from ``pos`` on; None when it is absent or not a regular file (a job can put a
+    FIFO there, and a blocking open would hang `orch logs`)."""
+    import os
+    import stat
+
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except OSError:
+        return None, pos
+    with os.fdopen(fd, "rb") as f:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            return None, pos
+        f.seek(pos)
+        data = f.read()
+        return data.decode(errors="replace"), pos + len(data)
+
+

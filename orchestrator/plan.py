@@ -1,0 +1,131 @@
+"""The policy's decision after an attempt ended, as one frozen, typed value: ``RetryPlan``.
+
+It is stored on the ended attempt (``attempts.action_json``: what ``orch show`` calls the action) and
+copied onto the next attempt (``attempts.plan_json``: what its launch must do first). Before this
+type the decision travelled as a dict whose keys were spelled in three modules and whose backoff was
+an ISO string compared as text.
+
+Who reads what:
+- ``launch``: ``resume`` (a one-shot resume point), ``quarantine`` and ``prune`` (run-dir paths to
+  move to the trash), ``empty_trash``;
+- ``reconcile``/``policy``: ``overrides`` and ``resources`` are merged into the job for every later
+  attempt (``jobs.overrides_json``, ``jobs.resources_json``); ``auto`` and ``not_before`` are
+  copied to ``jobs.auto_requeue`` and ``jobs.retry_not_before``, which the auto-requeue query
+  filters on in SQL;
+- ``orch show``: all of it, through ``as_dict``.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass, field, fields, replace
+from datetime import datetime
+from typing import Any
+
+from sqlalchemy import Text
+from sqlalchemy.types import TypeDecorator
+
+ACTIONS = ("resume", "rollback", "more_memory", "prune_and_resume", "give_up", "none")
+
+
+def _frozen(m: Mapping[str, Any] | None) -> tuple[tuple[str, Any], ...]:
+    return tuple(sorted((m or {}).items()))
+
+
+@dataclass(frozen=True)
+class RetryPlan:
+    action: str  # one of ACTIONS
+    why: str = ""
+    auto: bool = False  # the reconciler requeues by itself (else it waits for `orch requeue`)
+    not_before: datetime | None = None  # backoff: no auto-requeue before this (naive UTC)
+    resume: str | None = None  # one-shot resume point for the next attempt: a run-dir path, or "none"
+    overrides: tuple[tuple[str, Any], ...] = ()  # sticky: lr, skip_batches, micro_batch_size
+    resources: tuple[tuple[str, Any], ...] = ()  # sticky: mem_mb
+    quarantine: tuple[str, ...] = ()  # run-dir paths the next launch moves to the trash
+    prune: tuple[str, ...] = ()
+    empty_trash: bool = False
+    details: tuple[tuple[str, Any], ...] = field(default=())  # for people: resume_step, lr_before, ...
+
+    def __post_init__(self) -> None:
+        if self.action not in ACTIONS:
+            raise ValueError(f"unknown action {self.action!r}")
+
+    @classmethod
+    def make(cls, action: str, *, overrides: Mapping[str, Any] | None = None,
+             resources: Mapping[str, Any] | None = None, details: Mapping[str, Any] | None = None,
+             quarantine: tuple[str, ...] | list[str] = (), prune: tuple[str, ...] | list[str] = (),
+             **kw: Any) -> RetryPlan:
+        return cls(action, overrides=_frozen(overrides), resources=_frozen(resources), details=_frozen(details),
+                   quarantine=tuple(quarantine), prune=tuple(prune), **kw)
+
+    def with_(self, **kw: Any) -> RetryPlan:
+        for k in ("overrides", "resources", "details"):
+            if k in kw and isinstance(kw[k], Mapping):
+                kw[k] = _frozen(kw[k])
+        return replace(self, **kw)
+
+    @property
+    def overrides_dict(self) -> dict[str, Any]:
+        return dict(self.overrides)
+
+    @property
+    def resources_dict(self) -> dict[str, Any]:
+        return dict(self.resources)
+
+    @property
+    def details_dict(self) -> dict[str, Any]:
+        return dict(self.details)
+
+    def as_dict(self) -> dict[str, Any]:
+        """The JSON form (stored, and shown by ``orch show --json`` as the attempt's ``action``)."""
+        out: dict[str, Any] = {}
+        for f in fields(self):
+            v = getattr(self, f.name)
+            if f.name in ("overrides", "resources", "details"):
+                v = dict(v)
+            elif f.name in ("quarantine", "prune"):
+                v = list(v)
+            elif f.name == "not_before":
+                v = v.isoformat() if v else None
+            out[f.name] = v
+        return out
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> RetryPlan:
+        nb = d.get("not_before")
+        return cls.make(
+            str(d.get("action") or "resume"), why=str(d.get("why") or ""), auto=bool(d.get("auto")),
+            not_before=datetime.fromisoformat(nb) if isinstance(nb, str) and nb else None,
+            resume=d.get("resume") if isinstance(d.get("resume"), str) else None,
+            overrides=d.get("overrides") or {}, resources=d.get("resources") or {},
+            details=d.get("details") or {}, quarantine=tuple(d.get("quarantine") or ()),
+            prune=tuple(d.get("prune") or ()), empty_trash=bool(d.get("empty_trash")))
+
+
+class PlanType(TypeDecorator):
+    """A ``RetryPlan`` stored as JSON text (any SQL database)."""
+
+    impl = Text
+    cache_ok = True
+
+    def process_bind_param(self, value: RetryPlan | None, dialect: Any) -> str | None:
+        if value is None:
+            return None
+        return json.dumps(value.as_dict(), sort_keys=True, default=str)
+
+    def process_result_value(self, value: str | None, dialect: Any) -> RetryPlan | None:
+        return RetryPlan.from_dict(json.loads(value)) if value else None
+
+
+class JSONType(TypeDecorator):
+    """A JSON value (dict or list) stored as text."""
+
+    impl = Text
+    cache_ok = True
+
+    def process_bind_param(self, value: Any, dialect: Any) -> str | None:
+        return None if value is None else json.dumps(value, sort_keys=True, default=str)
+
+    def process_result_value(self, value: str | None, dialect: Any) -> Any:
+        return None if value is None else json.loads(value)

@@ -1,0 +1,192 @@
+"""Durable writes and distrustful reads of small files (stdlib only; part of the shared protocol).
+
+Writes: a file exists under its final name only after its bytes were fsynced, it was renamed into
+place with ``os.replace`` and the directory was fsynced, so a reader sees the old content or the
+new, never a prefix. After a write or fsync error the tmp file is removed and the error raised; a
+failed fsync is never retried (the kernel may already have marked the pages clean).
+
+Reads: every file a job can write (exit, failure and progress records, run_config.json, done.json)
+is opened with ``O_NONBLOCK | O_NOFOLLOW``, accepted only if it is a regular file, and read up to a
+size cap. A job that left a FIFO named ``progress.json`` once blocked every reconcile pass forever;
+a symlink to ``/dev/zero`` or a 50 MB file must cost a refusal, not memory or time.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import math
+import os
+import secrets
+import stat
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any, BinaryIO
+
+TMP_INFIX = ".tmp-"  # anything being written carries this in its name: never a committed object
+MAX_JSON_BYTES = 4 * 1024 * 1024  # hostile or runaway records are refused, not parsed
+MAX_INT = 2**63 - 1  # what an SQL INTEGER column holds; larger numbers are refused, not stored
+
+
+class BadRecord(ValueError):
+    """A file that is not what its reader expects: not a regular file, too large, not valid JSON,
+    or a value of the wrong type or range. The message names the file and the problem."""
+
+
+def tmp_name(final_name: str) -> str:
+    """A same-directory name for something being written; never matches a committed name."""
+    return f"{final_name}{TMP_INFIX}{secrets.token_hex(4)}"
+
+
+def fsync_dir(path: Path | str) -> None:
+    """Persist a directory entry (a rename or create inside ``path``)."""
+    fd = os.open(str(path), os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+class HashingWriter:
+    """File-like wrapper that hashes bytes as they are written (one pass, no re-read)."""
+
+    def __init__(self, f: BinaryIO) -> None:
+        self._f = f
+        self._h = hashlib.sha256()
+        self.size = 0
+
+    def write(self, data: bytes | bytearray | memoryview) -> int:
+        n = self._f.write(data)
+        self._h.update(data)
+        self.size += len(data)
+        return n if n is not None else len(data)
+
+    def flush(self) -> None:
+        self._f.flush()
+
+    @property
+    def sha256(self) -> str:
+        return self._h.hexdigest()
+
+
+def write_file_synced(path: Path, chunks: Iterable[bytes]) -> dict[str, Any]:
+    """Write ``chunks`` to ``path`` (a new file), fsync it, and return ``{"size", "sha256"}``.
+
+    The caller owns naming: write under a tmp name (or inside a tmp dir) and rename afterwards.
+    On any error the partial file is removed and the error re-raised.
+    """
+    try:
+        with open(path, "xb") as f:
+            w = HashingWriter(f)
+            for chunk in chunks:
+                w.write(chunk)
+            f.flush()
+            os.fsync(f.fileno())
+        return {"size": w.size, "sha256": w.sha256}
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(path)
+        raise
+
+
+def atomic_write(path: Path | str, data: bytes | str) -> None:
+    """Replace ``path`` with ``data`` atomically and durably (tmp, fsync, ``os.replace``, dir fsync)."""
+    path = Path(path)
+    if isinstance(data, str):
+        data = data.encode()
+    tmp = path.with_name(tmp_name(path.name))
+    write_file_synced(tmp, [data])
+    try:
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
+    fsync_dir(path.parent)
+
+
+def atomic_write_json(path: Path | str, obj: Any) -> None:
+    atomic_write(path, json.dumps(obj, indent=1, sort_keys=True) + "\n")
+
+
+def sha256_file(path: Path, bufsize: int = 1 << 20) -> tuple[int, str]:
+    """(size, sha256) of a regular file; a FIFO or device is refused (BadRecord), never read."""
+    h = hashlib.sha256()
+    size = 0
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    with os.fdopen(fd, "rb") as f:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise BadRecord(f"{Path(path).name} is not a regular file")
+        while chunk := f.read(bufsize):
+            h.update(chunk)
+            size += len(chunk)
+    return size, h.hexdigest()
+
+
+def read_bounded(path: Path | str, limit: int) -> bytes:
+    """The bytes of ``path`` if it is a regular file (not a symlink) of at most ``limit`` bytes.
+
+    Raises FileNotFoundError when absent, BadRecord for anything else that is not a small regular
+    file. Never blocks: a FIFO is opened non-blocking and refused after ``fstat``.
+    """
+    path = Path(path)
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except FileNotFoundError:
+        raise
+    except OSError as e:
+        if e.errno == getattr(os, "ELOOP", 40):
+            raise BadRecord(f"{path.name} is a symlink") from None
+        raise
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise BadRecord(f"{path.name} is not a regular file")
+        if st.st_size > limit:
+            raise BadRecord(f"{path.name} is larger than {limit} bytes")
+        chunks, total = [], 0
+        while total <= limit:
+            chunk = os.read(fd, min(1 << 20, limit + 1 - total))
+            if not chunk:
+                break
+            chunks.append(chunk)
+            total += len(chunk)
+    finally:
+        os.close(fd)
+    if total > limit:  # it grew while we read
+        raise BadRecord(f"{path.name} is larger than {limit} bytes")
+    return b"".join(chunks)
+
+
+def _refuse_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not a JSON number")
+
+
+def read_json_bounded(path: Path | str, limit: int = MAX_JSON_BYTES) -> Any:
+    """Parse a JSON file a job may have written; BadRecord for anything not small, regular, strict JSON.
+
+    NaN and Infinity are refused: a NaN step or exit code compared false with everything and left a
+    job ``submitted`` forever.
+    """
+    raw = read_bounded(path, limit)
+    try:
+        return json.loads(raw, parse_constant=_refuse_constant)
+    except (ValueError, RecursionError) as e:
+        raise BadRecord(f"{Path(path).name} is not valid JSON: {str(e)[:80]}") from None
+
+
+def is_int(v: Any, lo: int = -MAX_INT, hi: int = MAX_INT) -> bool:
+    """An int (not a bool) within [lo, hi]: what may be stored in an INTEGER column or compared."""
+    return isinstance(v, int) and not isinstance(v, bool) and lo <= v <= hi
+
+
+def finite_number(v: Any) -> float | None:
+    """``v`` as a float if it is a finite int/float (not a bool), else None."""
+    if isinstance(v, bool) or not isinstance(v, (int, float)):
+        return None
+    try:
+        f = float(v)
+    except OverflowError:  # an int too large for a float
+        return None
+    return f if math.isfinite(f) else None

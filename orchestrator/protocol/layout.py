@@ -1,0 +1,172 @@
+"""Run-dir names, the environment a job gets, failure classes, exit codes, safe names and paths.
+
+Every run-dir file name is spelled here and nowhere else in the code base (stdlib only).
+"""
+
+from __future__ import annotations
+
+import enum
+import hashlib
+import json
+import re
+from collections.abc import Mapping
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+SCHEMA = 1
+
+# --- run-dir layout (contract) -------------------------------------------------------------
+DONE_MARKER = "done.json"
+RUN_CONFIG = "run_config.json"
+ATTEMPTS_DIR = "attempts"
+CHECKPOINTS_DIR = "checkpoints"
+RESULT_DIR = "result"
+COMMAND_FILE = "command.json"
+FAILURE_FILE = "failure.json"
+PROGRESS_FILE = "progress.json"
+PROGRESS_HISTORY = "progress.jsonl"  # every heartbeat, appended: the loss curve across a whole attempt
+EXIT_FILE = "exit.json"  # written by orch's job wrapper when the command exits
+WRAPPER_FILE = "wrapper.json"  # written by orch's job wrapper when the command starts (informative only)
+WRAPPER_LOG = "wrapper.log"  # the wrapper's own stdout/stderr (local backend)
+STDOUT_LOG = "stdout.log"
+STDERR_LOG = "stderr.log"
+SLURM_DIR = "slurm"  # attempts/<n>/slurm/: batch script, sbatch's record, Slurm's output file
+SLURM_SCRIPT = "job.sbatch"
+SLURM_SUBMITTED = "submitted.json"
+SLURM_OUTPUT_PATTERN = "slurm-%j.out"
+MANIFEST = "manifest.json"
+FAULTS_FIRED = ".faults_fired.json"  # injected faults that already fired (fire at most once per run dir)
+TENSORBOARD_DIR = "tensorboard"  # one stable TensorBoard log dir for every attempt
+CHECKPOINT_RE = re.compile(r"^step-(\d{8})$")
+# Names under checkpoints/ that orch's own writers create (committed, being written, set aside):
+# the only ones requeue may move. Anything else there is the user's (issue 10: a script's own
+# checkpoints/ckpt.pt was trashed and the run restarted from step 0).
+OWN_CHECKPOINT_RE = re.compile(r"^step-\d{8}(?:$|\.tmp-|\.(?:corrupt|abandoned)-)")
+
+# --- environment a job command receives (contract) -----------------------------------------
+ENV_RUN_DIR = "ORCH_RUN_DIR"
+ENV_JOB_NAME = "ORCH_JOB_NAME"
+ENV_ATTEMPT = "ORCH_ATTEMPT"
+ENV_OVERRIDES = "ORCH_OVERRIDES"
+ENV_TOKEN = "ORCH_SUBMIT_TOKEN"
+ENV_RUN_ID = "ORCH_RUN_ID"  # stable across attempts: one tracker curve per run dir
+ENV_TENSORBOARD_DIR = "ORCH_TENSORBOARD_DIR"
+
+
+# --- failure classes (contract, exact strings) ---------------------------------------------
+class FailureClass(enum.StrEnum):
+    """Why an attempt ended without a verified marker. The job writes it (failure.json), or
+    ``orchestrator.classify`` infers it; ``policy`` decides what happens next from it."""
+
+    PREEMPTED = "preempted"
+    TIMEOUT = "timeout"
+    OOM = "oom"
+    NAN = "nan"
+    ENOSPC = "enospc"
+    HANG = "hang"
+    NODE_FAIL = "node_fail"
+    CRASH = "crash"
+    INVALID = "invalid"
+    MARKER_MISSING = "marker_missing"
+    MARKER_CORRUPT = "marker_corrupt"
+    CANCELLED = "cancelled"
+    UNKNOWN = "unknown"
+
+
+FAILURE_CLASSES = tuple(c.value for c in FailureClass)
+
+# Exit codes of the bundled trainer (documented in the README). A job that wrote failure.json is
+# classified from it; the code is only a fallback for readers that cannot see the run dir.
+EXIT_OK = 0
+EXIT_USAGE = 2  # argparse: argument-only checks failed, nothing written
+EXIT_FAILURE_REPORTED = 3  # see attempts/<n>/failure.json
+EXIT_PREEMPTED = 143  # 128 + SIGTERM: checkpoint saved, failure.json says preempted
+
+_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
+
+
+# =========================================================================================
+# names and paths
+# =========================================================================================
+class UnsafePath(ValueError):
+    """A name or path that would leave the run dir or the runs root."""
+
+
+def validate_job_name(name: str) -> str:
+    """Return ``name`` if it is safe as a directory name and an sbatch value, else raise.
+
+    Letters, digits, ``.``, ``_``, ``-``; starts with a letter or digit; at most 128 chars; not
+    ``.``/``..``. A name with ``/`` or ``..`` would put a run dir outside the runs root; a newline
+    would smuggle an ``#SBATCH`` line into a batch script.
+    """
+    # fullmatch, not match: "$" also matches before a trailing newline, so "abc\n" used to pass
+    # and became a run dir (and an sbatch value) with a newline in it.
+    if not isinstance(name, str) or not _NAME_RE.fullmatch(name) or ".." in name:
+        raise UnsafePath(
+            f"invalid job name {name!r}: use 1-128 letters, digits, '.', '_' or '-', "
+            "starting with a letter or digit, and no '..'"
+        )
+    return name
+
+
+def safe_relpath(rel: str) -> str:
+    """Normalise an artifact path relative to a run dir, refusing anything that could escape it."""
+    if not isinstance(rel, str) or not rel or "\x00" in rel or "\\" in rel:
+        raise UnsafePath(f"invalid artifact path {rel!r}")
+    if rel.startswith("/") or any(part in ("", ".", "..") for part in rel.split("/")):
+        raise UnsafePath(f"artifact path {rel!r} leaves the run dir or is not normalised")
+    return rel
+
+
+def resolve_inside(root: Path, rel: str) -> Path:
+    """``root/rel`` if every component below ``root`` is a real (non-symlink) entry inside it."""
+    rel = safe_relpath(rel)
+    p = root
+    for part in rel.split("/"):
+        p = p / part
+        if p.is_symlink():
+            raise UnsafePath(f"{rel!r} goes through a symlink ({p.name})")
+    return p
+
+
+def attempt_dir(run_dir: Path | str, attempt: int) -> Path:
+    return Path(run_dir) / ATTEMPTS_DIR / str(int(attempt))
+
+
+def checkpoint_name(step: int) -> str:
+    return f"step-{int(step):08d}"
+
+
+def now_iso() -> str:
+    return datetime.now(UTC).isoformat(timespec="milliseconds")
+
+
+
+
+def stable_run_id(run_dir: str, job: str) -> str:
+    """One id per run dir for experiment trackers, so every attempt continues one curve."""
+    return f"{job}-{hashlib.sha256(run_dir.encode()).hexdigest()[:8]}"
+
+
+def job_env(run_dir: Path | str, job: str, attempt: int, overrides: Mapping[str, Any] | None = None,
+            token: str | None = None) -> dict[str, str]:
+    """Environment variables a job command receives (contract)."""
+    run_dir = str(run_dir)
+    env = {ENV_RUN_DIR: run_dir, ENV_JOB_NAME: job, ENV_ATTEMPT: str(int(attempt)),
+           ENV_OVERRIDES: json.dumps(dict(overrides or {}), sort_keys=True),
+           ENV_RUN_ID: stable_run_id(run_dir, job),
+           ENV_TENSORBOARD_DIR: str(Path(run_dir) / TENSORBOARD_DIR)}
+    if token:
+        env[ENV_TOKEN] = token
+    return env
+
+
+def tracker_env(environ: Mapping[str, str], run_dir: Path | str, job: str) -> dict[str, str]:
+    """Tracker variables to add unless the user set their own: W&B resumes the run dir's one run."""
+    out = {}
+    if "WANDB_RUN_ID" not in environ:
+        out["WANDB_RUN_ID"] = stable_run_id(str(run_dir), job)
+    if "WANDB_RESUME" not in environ:
+        out["WANDB_RESUME"] = "allow"
+    return out

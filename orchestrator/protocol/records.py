@@ -1,0 +1,290 @@
+"""Records an attempt leaves: failure report and heartbeat (the job), exit record (orch's wrapper).
+
+The job can write every one of these files, so each reader type- and range-checks every field and
+returns None (or drops the field) rather than trusting it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import stat
+import time
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from orchestrator.protocol.durable import atomic_write_json, finite_number, fsync_dir, is_int, read_json_bounded
+from orchestrator.protocol.layout import (
+    ATTEMPTS_DIR,
+    CHECKPOINTS_DIR,
+    EXIT_FILE,
+    FAILURE_CLASSES,
+    FAILURE_FILE,
+    OWN_CHECKPOINT_RE,
+    PROGRESS_FILE,
+    PROGRESS_HISTORY,
+    RUN_CONFIG,
+    attempt_dir,
+    now_iso,
+)
+
+# =========================================================================================
+# records an attempt leaves: failure report (the job), heartbeat (the job), exit record (the wrapper)
+# =========================================================================================
+FAILURE_LIMIT = 256 * 1024
+PROGRESS_LIMIT = 64 * 1024
+EXIT_LIMIT = 64 * 1024
+RUN_CONFIG_LIMIT = 1 << 20
+HISTORY_TAIL_BYTES = 8 << 20  # the newest 8 MiB of a progress history (~100k heartbeats)
+
+
+def write_failure(run_dir: Path | str, attempt: int, cls: str, step: int | None, detail: str,
+                  **extra: Any) -> Path:
+    """Record why this attempt stopped: ``attempts/<n>/failure.json`` (atomic)."""
+    if cls not in FAILURE_CLASSES:
+        raise ValueError(f"unknown failure class {cls!r}")
+    d = attempt_dir(run_dir, attempt)
+    d.mkdir(parents=True, exist_ok=True)
+    report = {"class": str(cls), "step": step, "detail": str(detail)[:2000], "at": now_iso(), **extra}
+    path = d / FAILURE_FILE
+    atomic_write_json(path, report)
+    return path
+
+
+def read_failure(run_dir: Path | str, attempt: int) -> dict | None:
+    """The attempt's failure report if present and well formed; None otherwise (never raises).
+
+    A report of an unknown class, or of the wrong shape, is treated as absent: the orchestrator then
+    classifies from the backend, which is what it would do for a job that wrote nothing.
+    """
+    try:
+        r = read_json_bounded(attempt_dir(run_dir, attempt) / FAILURE_FILE, limit=FAILURE_LIMIT)
+    except (OSError, ValueError):
+        return None
+    if not isinstance(r, dict) or r.get("class") not in FAILURE_CLASSES:
+        return None
+    # A step outside [0, 2**63) would overflow attempts.failure_step (SQLite INTEGER) and crash every
+    # reconciler pass (tests/reliability, R4: {"step": 10**30}); a negative one made the NaN rollback
+    # quarantine every checkpoint.
+    if r.get("step") is not None and not is_int(r.get("step"), 0):
+        r["step"] = None
+    r["detail"] = str(r.get("detail", ""))[:2000]
+    return r
+
+
+def set_aside(path: Path) -> Path | None:
+    """Rename ``path`` (e.g. ``failure.json``) to the first free ``<stem>.prev-<k><suffix>``.
+
+    A Slurm in-place requeue reruns the same attempt: what its earlier run wrote must not be read
+    as this run's record, and must not be lost either.
+    """
+    if not (path.exists() or path.is_symlink()):
+        return None
+    k = 1
+    while (aside := path.with_name(f"{path.stem}.prev-{k}{path.suffix}")).exists():
+        k += 1
+    os.replace(path, aside)
+    fsync_dir(path.parent)
+    return aside
+
+
+def read_run_config(run_dir: Path | str) -> dict[str, Any]:
+    """``run_config.json`` as a dict, or {} when absent or unreadable (informative, never a guard).
+
+    Values are the job's: readers take numbers through ``finite_number``/``is_int``.
+    """
+    try:
+        r = read_json_bounded(Path(run_dir) / RUN_CONFIG, limit=RUN_CONFIG_LIMIT)
+    except (OSError, ValueError):
+        return {}
+    return r if isinstance(r, dict) else {}
+
+
+def write_progress(run_dir: Path | str, attempt: int, **fields: Any) -> None:
+    """Heartbeat: ``attempts/<n>/progress.json`` rewritten atomically, and one line appended to
+    ``progress.jsonl`` (the curve ``orch plot`` draws). Called from a heartbeat thread, never in the
+    training step."""
+    d = attempt_dir(run_dir, attempt)
+    d.mkdir(parents=True, exist_ok=True)
+    record = {"time": time.time(), **fields}
+    atomic_write_json(d / PROGRESS_FILE, record)
+    append_history(d / PROGRESS_HISTORY, record)
+
+
+def append_history(path: Path, record: Mapping[str, Any]) -> None:
+    """Append one JSON line with a single ``write`` on an O_APPEND fd, then fsync.
+
+    Crash-safe by construction: a crash leaves at worst a torn LAST line, which the reader skips;
+    earlier lines are never rewritten. Each line is far below PIPE_BUF-scale sizes, so concurrent
+    appenders (a Slurm rerun's heartbeat beside a late writer) do not interleave within a line.
+    """
+    line = (json.dumps(record, sort_keys=True, default=str, allow_nan=False) + "\n").encode()
+    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+    try:
+        os.write(fd, line)
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+_PROGRESS_NUMBERS = ("loss", "tokens_per_s", "tokens_per_s_recent", "tokens_per_s_median", "time", "lr",
+                     "eval_loss", "grad_norm")
+_PROGRESS_INTS = ("step", "max_steps", "saved_step", "samples", "tokens_per_step", "epoch")
+
+
+def clean_progress(r: Any) -> dict | None:
+    """A heartbeat record with every known field type- and range-checked; bad fields are dropped.
+
+    One progress.json holding ``{"step": "x"}`` or ``1e999`` made ``orch status`` fail for every job.
+    """
+    if not isinstance(r, dict):
+        return None
+    out: dict[str, Any] = {}
+    for k in _PROGRESS_NUMBERS:
+        v = finite_number(r.get(k))
+        if v is not None:
+            out[k] = v
+    for k in _PROGRESS_INTS:
+        if is_int(r.get(k), 0):
+            out[k] = r[k]
+    for k, v in r.items():  # extra fields a script posts: kept when plain and small
+        if k not in out and isinstance(k, str) and len(k) <= 64 and (
+                (isinstance(v, str) and len(v) <= 200) or isinstance(v, bool) or finite_number(v) is not None):
+            out[k] = v
+    return out
+
+
+def read_progress(run_dir: Path | str, attempt: int) -> dict | None:
+    """The latest heartbeat, cleaned (see ``clean_progress``); None when absent or unreadable."""
+    try:
+        r = read_json_bounded(attempt_dir(run_dir, attempt) / PROGRESS_FILE, limit=PROGRESS_LIMIT)
+    except (OSError, ValueError):
+        return None
+    return clean_progress(r)
+
+
+def read_progress_history(run_dir: Path | str, attempt: int) -> list[dict]:
+    """Every heartbeat of an attempt, oldest first (the newest HISTORY_TAIL_BYTES of them).
+
+    Torn or malformed lines (a crash mid-append, a job's garbage) are skipped, never fatal.
+    """
+    path = attempt_dir(run_dir, attempt) / PROGRESS_HISTORY
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except OSError:
+        return []
+    with os.fdopen(fd, "rb") as f:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            return []
+        f.seek(max(0, st.st_size - HISTORY_TAIL_BYTES))
+        raw = f.read(HISTORY_TAIL_BYTES)
+    lines = raw.split(b"\n")
+    if st.st_size > HISTORY_TAIL_BYTES:
+        lines = lines[1:]  # the first line of the tail is probably cut
+    out = []
+    for line in lines:
+        try:
+            rec = clean_progress(json.loads(line, parse_constant=float))
+        except (ValueError, RecursionError):
+            continue
+        if rec:
+            out.append(rec)
+    return out
+
+
+@dataclass(frozen=True)
+class ExitRecord:
+    """How the command of one attempt ended, as orch's job wrapper recorded it (``exit.json``).
+
+    ``stop_signal``: the termination or warning signal the wrapper delivered to the program (or saw
+    delivered to the whole job), None when the program ended on its own. An attempt that was asked
+    to stop never gets an ``--outputs`` marker, whatever its exit code (issue 10: a program that
+    exits 0 after SIGTERM is a preempted run, not a finished one).
+    """
+
+    token: str
+    returncode: int | None
+    signal: int | None = None
+    ended_at: str = ""
+    restart_count: int = 0
+    time_limit_reached: bool = False
+    stop_signal: str | None = None
+    stop_source: str | None = None  # "time_limit", "warning" (scheduler's early warning), "signal"
+    marker_error: str | None = None
+    error: str | None = None
+
+    def as_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def write_exit(attempt_path: Path, record: ExitRecord) -> None:
+    atomic_write_json(attempt_path / EXIT_FILE, {**record.as_dict(), "time": time.time()})
+
+
+def read_exit(attempt_path: Path, token: str | None = None) -> ExitRecord | None:
+    """The wrapper's exit record if present, well formed and (when ``token`` is given) this attempt's.
+
+    A record of another attempt (a run dir reused under a fresh DB) or of the wrong shape is None:
+    every field is type- and range-checked, since the job itself can write this file.
+    """
+    try:
+        r = read_json_bounded(attempt_path / EXIT_FILE, limit=EXIT_LIMIT)
+    except (OSError, ValueError):
+        return None
+    if not isinstance(r, dict) or not isinstance(r.get("token"), str):
+        return None
+    if token is not None and r["token"] != token:
+        return None
+    rc, sig = r.get("returncode"), r.get("signal")
+
+    def text(k: str) -> str | None:
+        v = r.get(k)
+        return v[:500] if isinstance(v, str) else None
+
+    return ExitRecord(
+        token=r["token"],
+        returncode=rc if is_int(rc, -255, 255) else None,
+        signal=sig if is_int(sig, 1, 128) else None,
+        ended_at=text("ended_at") or "",
+        restart_count=r["restart_count"] if is_int(r.get("restart_count"), 0, 10**6) else 0,
+        time_limit_reached=r.get("time_limit_reached") is True,
+        stop_signal=text("stop_signal"),
+        stop_source=text("stop_source"),
+        marker_error=text("marker_error"),
+        error=text("error"),
+    )
+
+
+@dataclass
+class RunDirReport:
+    """What ``orch show`` says about a run dir beyond the DB: files orch will not touch, bad records."""
+
+    foreign_checkpoint_files: list[str] = field(default_factory=list)
+    problems: list[str] = field(default_factory=list)
+
+
+def inspect_run_dir(run_dir: Path | str, attempt: int | None) -> RunDirReport:
+    """Name the user's own files under checkpoints/ (left in place by requeue) and job-written
+    records of ``attempt`` that orch refused to read. Reads only directory entries and small files."""
+    rep = RunDirReport()
+    root = Path(run_dir) / CHECKPOINTS_DIR
+    try:
+        if root.is_dir() and not root.is_symlink():
+            rep.foreign_checkpoint_files = sorted(p.name for p in root.iterdir()
+                                                  if not OWN_CHECKPOINT_RE.match(p.name))[:50]
+    except OSError as e:
+        rep.problems.append(f"{CHECKPOINTS_DIR}/ unreadable: {e.strerror or e}")
+    if attempt is None:
+        return rep
+    adir = attempt_dir(run_dir, attempt)
+    for name, limit in ((EXIT_FILE, EXIT_LIMIT), (FAILURE_FILE, FAILURE_LIMIT), (PROGRESS_FILE, PROGRESS_LIMIT)):
+        try:
+            read_json_bounded(adir / name, limit=limit)
+        except FileNotFoundError:
+            continue
+        except (OSError, ValueError) as e:
+            rep.problems.append(f"{ATTEMPTS_DIR}/{attempt}/{name}: {e}")
+    return rep

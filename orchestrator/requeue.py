@@ -1,0 +1,170 @@
+"""``orch requeue``: verify first, clear what is not verified, create and launch the next attempt.
+
+For each job the marker is verified FIRST: a verified job is never cleared or resubmitted. The move
+to ``pending`` is a compare-and-set, so of several concurrent requeuers (cron reconcilers, a user)
+exactly one creates the next attempt; and no next attempt is created while the previous one may
+still run (a cancelled attempt still checkpointing after its SIGTERM).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from sqlalchemy import select
+
+from orchestrator import protocol
+from orchestrator.backends import get_backend
+from orchestrator.config import Config
+from orchestrator.db import Database
+from orchestrator.errors import DatabaseProblem, IllegalTransition, OrchError, Refused
+from orchestrator.jobs import get_job
+from orchestrator.launch import launch
+from orchestrator.lifecycle import ATTEMPT_LIVE, AttemptState, JobState, move_attempt, move_job, open_attempt, utcnow
+from orchestrator.models import Attempt, Job
+from orchestrator.observe import PassReport, observe, polled_rows
+from orchestrator.rundir import check_run_dir, unverified_leftovers
+from orchestrator.submit import new_token
+
+A, J = AttemptState, JobState
+REQUEUEABLE = frozenset({J.RETRYABLE_FAILED, J.FAILED, J.CANCELLED})
+
+
+@dataclass(frozen=True)
+class RequeueTarget:
+    """Which jobs: the named ones (any requeueable state), every retryable_failed one, or — the
+    reconciler's own pass — those whose policy requeues them by itself and whose backoff is over."""
+
+    names: tuple[str, ...] | None = None
+    auto_only: bool = False
+
+    @classmethod
+    def named(cls, names: list[str] | tuple[str, ...]) -> RequeueTarget:
+        return cls(names=tuple(names))
+
+    @classmethod
+    def failed(cls) -> RequeueTarget:
+        return cls()
+
+    @classmethod
+    def auto(cls) -> RequeueTarget:
+        return cls(auto_only=True)
+
+    @property
+    def explicit(self) -> bool:
+        return self.names is not None
+
+
+@dataclass
+class RequeueResult:
+    name: str
+    outcome: str  # requeued | would_requeue | refused | skipped | error
+    reason: str = ""
+    attempt: int | None = None
+    clears: list[str] = field(default_factory=list)
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"name": self.name, "outcome": self.outcome, "reason": self.reason, "attempt": self.attempt,
+                "clears": self.clears}
+
+
+def _targets(db: Database, target: RequeueTarget) -> list[str]:
+    with db.read() as s:
+        if target.names is not None:
+            for n in target.names:
+                get_job(s, n)  # unknown names fail before anything happens
+            return list(target.names)
+        q = select(Job.name).where(Job.state == J.RETRYABLE_FAILED)
+        if target.auto_only:
+            # In SQL: every reconcile pass runs this, and verifying a marker hashes every artifact.
+            q = q.where(Job.auto_requeue.is_(True),
+                        Job.retry_not_before.is_(None) | (Job.retry_not_before <= utcnow()))
+        return list(s.scalars(q.order_by(Job.id)))
+
+
+def requeue(db: Database, cfg: Config, target: RequeueTarget, dry_run: bool = False) -> list[RequeueResult]:
+    results = []
+    for name in _targets(db, target):
+        try:
+            results.append(_requeue_one(db, cfg, name, target, dry_run))
+        except IllegalTransition:
+            results.append(RequeueResult(name, "skipped", "another process requeued or changed it first"))
+        except Refused as e:
+            # One bad run dir (a symlink) is that job's refusal, not the whole pass's: raised, it
+            # stopped `requeue --failed` and every reconcile pass's auto-requeue for all other jobs.
+            results.append(RequeueResult(name, "refused", str(e)))
+        except DatabaseProblem:
+            raise  # the DB itself: every other job would fail the same way
+        except OrchError as e:
+            results.append(RequeueResult(name, "error", str(e)[:300]))
+        except Exception as e:  # noqa: BLE001 - e.g. a transient sbatch failure: this job only
+            results.append(RequeueResult(name, "error", f"{type(e).__name__}: {str(e)[:300]}"))
+    return results
+
+
+def _settle_open_attempt(db: Database, cfg: Config, name: str) -> Attempt | None:
+    """Ask the backend about the job's open attempt once (it may have ended since the last pass);
+    return it if it is still open afterwards."""
+    with db.read() as s:
+        a = open_attempt(get_job(s, name))
+    if a is None:
+        return None
+    if a.state in (A.SUBMITTED, A.RUNNING, A.STOPPING) and a.external_id:
+        observe(db, cfg, get_backend, polled_rows(db, [a.id]), PassReport())
+        with db.read() as s:
+            a = open_attempt(get_job(s, name))
+    return a
+
+
+def _requeue_one(db: Database, cfg: Config, name: str, target: RequeueTarget, dry_run: bool) -> RequeueResult:
+    with db.read() as s:
+        job = get_job(s, name)
+        state, run_dir, outputs = job.state, Path(job.run_dir), list(job.outputs)
+    if state is J.DONE:
+        return RequeueResult(name, "refused", "verified: done_marker_verified jobs are never rerun")
+    if state in REQUEUEABLE:
+        a = _settle_open_attempt(db, cfg, name)
+        if a is not None and a.state in ATTEMPT_LIVE:
+            return RequeueResult(name, "refused", f"attempt {a.n} ({a.external_id or a.state.value}) is still "
+                                                  f"{'stopping' if a.state is A.STOPPING else a.state.value}; "
+                                                  "try again when it has exited")
+    check_run_dir(cfg, run_dir)
+    if protocol.verify_done_marker(run_dir).verified:
+        if not dry_run:
+            _mark_verified(db, name)
+        return RequeueResult(name, "refused", "verified: its done marker verifies; never cleared or rerun")
+    with db.read() as s:
+        job = get_job(s, name)
+        state = job.state
+        last = job.attempts[-1] if job.attempts else None
+        plan = last.action if last else None
+    if state not in REQUEUEABLE or (not target.explicit and state is not J.RETRYABLE_FAILED):
+        return RequeueResult(name, "refused", f"job is {state.value}; only failed, retryable_failed or "
+                                              "cancelled jobs can be requeued (cancel a live one first)")
+    action = plan.action if plan and plan.action not in ("give_up", "none") else "resume"
+    if dry_run:
+        clears = unverified_leftovers(run_dir, outputs, plan.quarantine if plan else ())
+        clears += [p for p in (plan.prune if plan else ()) if p not in clears]
+        return RequeueResult(name, "would_requeue", action, (last.n + 1) if last else 1, clears)
+    with db.write() as s:
+        job = get_job(s, name)
+        if job.state is not state:
+            raise IllegalTransition("changed")
+        move_job(s, job, J.PENDING, f"requeue ({action})")
+        n = (max(a.n for a in job.attempts) + 1) if job.attempts else 1
+        s.add(Attempt(job_id=job.id, n=n, token=new_token(), state=A.PENDING, backend=job.backend,
+                      plan=plan if plan and plan.action not in ("give_up", "none") else None))
+    done = launch(db, cfg, name)
+    return RequeueResult(name, "requeued", action, n, done.moved)
+
+
+def _mark_verified(db: Database, name: str) -> None:
+    """The marker verifies: the job is done, and any attempt it still has open and unlaunched closes."""
+    with db.write() as s:
+        job = get_job(s, name)
+        a = open_attempt(job)
+        if a is not None and a.state in (A.PENDING, A.LAUNCHING):
+            move_attempt(s, a, A.CANCELLED, detail="not launched: the run dir's marker verifies")
+        if job.state is not J.DONE:
+            move_job(s, job, J.DONE, "marker verified at requeue")

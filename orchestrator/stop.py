@@ -1,0 +1,66 @@
+"""``orch cancel``: the job becomes ``cancelled`` at once; its attempt enters the stop sequence.
+
+The attempt goes to ``stopping`` (with ``stop_reason="cancel"`` and its time) and gets SIGTERM
+first, so it can checkpoint; the reconciler sends SIGKILL if it is still alive after the grace, and
+ends the attempt once the backend says it is gone. While it stops, ``orch requeue`` refuses: a new
+attempt would run beside it in the same run dir. A cancel that lands while a launcher is inside its
+backend call is honoured by that launcher (``launch.record_submitted``) or, if it died, by the
+reconciler, which finds the submission by its token and stops it (issue 9).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from orchestrator.backends import get_backend
+from orchestrator.backends.base import AttemptRef, BackendError
+from orchestrator.config import Config
+from orchestrator.db import Database
+from orchestrator.jobs import get_job
+from orchestrator.lifecycle import (
+    AttemptState,
+    JobState,
+    move_attempt,
+    move_job,
+    open_attempt,
+    set_attempt_fields,
+    utcnow,
+)
+
+A, J = AttemptState, JobState
+
+
+def cancel(db: Database, cfg: Config, names: list[str]) -> list[tuple[str, str]]:
+    """(name, what happened) per job; unknown names fail before anything changes."""
+    out = []
+    with db.read() as s:
+        for n in names:
+            get_job(s, n)
+    for name in names:
+        ref = None
+        with db.write() as s:
+            job = get_job(s, name)
+            if job.state in (J.DONE, J.CANCELLED, J.FAILED):
+                out.append((name, f"not cancelled: job is {job.state.value}"))
+                continue
+            a = open_attempt(job)
+            if a is not None:
+                if a.state is A.PENDING:
+                    move_attempt(s, a, A.CANCELLED, failure_class="cancelled", detail="cancelled before launch")
+                elif a.state is A.STOPPING:
+                    set_attempt_fields(s, a, A.STOPPING, stop_reason="cancel")
+                else:
+                    move_attempt(s, a, A.STOPPING, stop_reason="cancel", stop_requested_at=utcnow())
+                if a.external_id:
+                    ref = AttemptRef(a.external_id, a.token, Path(job.run_dir), a.n)
+            move_job(s, job, J.CANCELLED, "orch cancel")
+            backend_name = job.backend
+        if ref is not None:
+            try:
+                get_backend(backend_name).cancel([ref])
+            except BackendError as e:
+                out.append((name, f"cancelled in orch, but the backend was not told ({e}); "
+                                  f"stop {ref.external_id} by hand"))
+                continue
+        out.append((name, "cancelled"))
+    return out

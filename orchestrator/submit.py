@@ -1,0 +1,88 @@
+"""``orch submit``: checks in order of cost, then the job row and its first attempt, then the launch.
+
+Argument checks happened in the CLI. Here, before any row exists: the runs root is usable, the run
+dir is no symlink and holds no verified marker (the guard reads the one completion predicate, never
+"the directory is non-empty": seed 000), and no live process of some earlier attempt runs in it.
+A refusal at this point leaves nothing behind; one after the row exists ends the attempt with the
+reason (``launch``), so the job is never left ``pending``.
+"""
+
+from __future__ import annotations
+
+import secrets
+from dataclasses import dataclass, field
+from typing import Any
+
+from sqlalchemy import select
+
+from orchestrator import protocol
+from orchestrator.backends import BACKENDS, get_backend
+from orchestrator.config import Config
+from orchestrator.db import Database
+from orchestrator.errors import AlreadyVerified, Refused
+from orchestrator.jobs import get_job
+from orchestrator.launch import launch
+from orchestrator.lifecycle import AttemptState, JobState
+from orchestrator.models import Attempt, Job
+from orchestrator.rundir import check_run_dir, ensure_runs_root, run_dir_for
+
+
+@dataclass
+class SubmitRequest:
+    name: str
+    command: list[str]
+    backend: str = "local"
+    resources: dict[str, Any] = field(default_factory=dict)
+    max_attempts: int = 3
+    outputs: list[str] = field(default_factory=list)
+
+
+def new_token() -> str:
+    return secrets.token_hex(8)
+
+
+def submit(db: Database, cfg: Config, req: SubmitRequest) -> Job:
+    """Create the job and its first attempt, then launch it. Returns the job with its attempts."""
+    run_dir = run_dir_for(cfg, req.name)
+    ensure_runs_root(cfg)
+    check_run_dir(cfg, run_dir)
+    if protocol.verify_done_marker(run_dir).verified:
+        raise AlreadyVerified(f"refused: {run_dir} holds a verified done marker; job {req.name!r} is finished")
+    with db.read() as s:
+        existing = s.scalar(select(Job.state).where(Job.name == req.name))
+    if existing is not None:
+        raise Refused(f"refused: job {req.name!r} already exists ({existing.value}); "
+                      f"use `orch requeue {req.name}` to run it again")
+    live = live_processes(run_dir)
+    if live:
+        # The DB lost this job (deleted, or another ORCH_HOME on the same runs root) but its attempt
+        # still runs there: a second one beside it would share the run dir (issue 9).
+        raise Refused(f"refused: a live attempt runs in {run_dir} ({'; '.join(live[:3])}) that this DB "
+                      "does not know (was the DB deleted?); stop it first")
+    with db.write() as s:
+        if s.scalar(select(Job.id).where(Job.name == req.name)) is not None:
+            raise Refused(f"refused: job {req.name!r} already exists; use `orch requeue {req.name}`")
+        job = Job(name=req.name, state=JobState.PENDING, backend=req.backend, run_dir=str(run_dir),
+                  command=list(req.command), resources=dict(req.resources), outputs=list(req.outputs),
+                  max_attempts=req.max_attempts)
+        s.add(job)
+        s.flush()
+        s.add(Attempt(job_id=job.id, n=1, token=new_token(), state=AttemptState.PENDING, backend=req.backend))
+    launch(db, cfg, job.name, get_backend(req.backend))
+    with db.read() as s:
+        job = get_job(s, req.name)
+        job.attempts  # noqa: B018 - load while the session is open; callers render it afterwards
+        return job
+
+
+def live_processes(run_dir: Any) -> list[str]:
+    """Processes any backend can see running in ``run_dir`` (kernel or scheduler data)."""
+    out: list[str] = []
+    for name in BACKENDS:
+        if name == "slurm" and not (run_dir / protocol.ATTEMPTS_DIR).is_dir():
+            continue  # no attempt was ever submitted from here: skip the scheduler round trip
+        try:
+            out += get_backend(name).live_in_run_dir(run_dir)
+        except Exception as e:  # noqa: BLE001 - unknown is not "none": refuse rather than guess
+            out.append(f"{name}: cannot tell ({str(e)[:100]})")
+    return out
