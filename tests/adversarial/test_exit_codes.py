@@ -1,0 +1,99 @@
+"""Issue 9, "fix the exit codes": user errors exit 2 with one line (no traceback), a closed stdout
+pipe exits quietly, and `requeue` of several jobs exits non-zero when any of them errored."""
+
+from __future__ import annotations
+
+import os
+import re
+import sqlite3
+import subprocess
+
+import pytest
+from advkit import PY, ROOT, assert_no_stuck, assert_user_error, db_job_names, job_argv, settle, show
+from orchkit import tree_hash
+
+LONG = "a-job-with-a-long-name-" + "x" * 97  # 120 characters: 600 rows overflow a 64 KiB pipe buffer
+
+
+def _clone_jobs(orch, name: str, count: int) -> None:  # noqa: ANN001
+    """``count`` copies of job ``name``'s row (schema-agnostic: every column but id is copied).
+
+    Submitting 600 jobs through the CLI would take minutes on 2 cores; the rows are what `status`
+    reads, so the copies are as real to it as submitted jobs."""
+    with sqlite3.connect(orch.home / "orch.db") as c:
+        cols = [r[1] for r in c.execute("PRAGMA table_info(jobs)") if r[1] != "id"]
+        row = dict(zip(cols, c.execute(f"SELECT {', '.join(cols)} FROM jobs WHERE name = ?", (name,)).fetchone(),
+                       strict=True))
+        marks = ", ".join("?" for _ in cols)
+        for i in range(count):
+            n = f"{name}-{i:04d}"
+            vals = {**row, "name": n, "run_dir": str(orch.runs / n)}
+            c.execute(f"INSERT INTO jobs ({', '.join(cols)}) VALUES ({marks})", [vals[k] for k in cols])
+
+
+@pytest.mark.parametrize("args", [["status"], ["status", "--json"]], ids=["table", "json"])
+def test_status_into_a_closed_pipe_exits_quietly(orch, tmp_path, args):
+    """Issue 9: 'Some user errors end in exit 1 with a traceback (`| head` BrokenPipe ...)'."""
+    p = orch("submit", "--name", LONG, "--outputs", "o", "--", "sh", "-c", "echo x > o")
+    assert p.returncode == 0, p.stderr
+    rows = settle(orch, [LONG])
+    assert rows[LONG]["state"] == "done_marker_verified", rows[LONG]
+    _clone_jobs(orch, LONG, 600)
+    errf = tmp_path / "orch-stderr"
+    script = '"$0" -m orchestrator.cli "$@" 2>"$ERRF" | head -1; echo "orch-exit=${PIPESTATUS[0]}"'
+    r = subprocess.run(["bash", "-c", script, PY, *args], env={**orch.env, "ERRF": str(errf)}, cwd=str(ROOT),
+                       capture_output=True, text=True, timeout=60)
+    first, *rest = r.stdout.splitlines()
+    assert first.startswith(("NAME", "[")), r.stdout
+    err = errf.read_text()
+    assert "Traceback" not in err and "BrokenPipe" not in err and "unexpected error" not in err, err
+    assert rest and rest[-1] in ("orch-exit=0", "orch-exit=141"), (rest[-1:], err)
+
+
+@pytest.mark.parametrize("mem", ["4\uff27", "4\u212a"], ids=["fullwidth-G", "kelvin-sign-K"])
+def test_a_non_ascii_mem_unit_is_a_one_line_usage_error(orch, mem):
+    """Issue 9: 'a --mem unit that is not ASCII' ends in exit 1 (the Kelvin sign matched [K] under re.I)."""
+    p = orch("submit", "--name", "m", "--mem", mem, "--", "true")
+    assert_user_error(p, (2,), r"mem")
+    assert db_job_names(orch.home) == []
+
+
+@pytest.mark.parametrize("root", ["~nosuchuser/runs", "/tmp/a\\u0000b"], ids=["unknown-user", "nul-byte"])
+def test_a_runs_root_that_cannot_be_a_path_is_a_one_line_usage_error(orch, root):
+    """Issue 9: 'a runs root with ~nosuchuser or a NUL byte' ends in exit 1."""
+    orch.write_config(f'[runs]\nroot = "{root}"\n')
+    p = orch("submit", "--name", "r", "--", "true")
+    assert_user_error(p, (2,), r"runs|root|orch\.toml")
+    assert db_job_names(orch.home) == []
+    s = orch("status")
+    assert s.returncode in (0, 2), (s.returncode, s.stderr)
+    if s.returncode:
+        assert_user_error(s, (2,))
+
+
+@pytest.mark.parametrize("breakage", ["run-dir-symlink", "next-attempt-dir-is-a-file"])
+def test_requeue_of_several_jobs_exits_non_zero_when_one_of_them_errors(orch, tmp_path, breakage):
+    """Issue 9: 'a launch error ... makes requeue print "error" yet exit 0'."""
+    for name in ("broken", "fine"):
+        p = orch("submit", "--name", name, "--", *job_argv("--no-gate", "--exit-code", "1"))
+        assert p.returncode == 0, p.stderr
+    rows = settle(orch, ["broken", "fine"])
+    assert {rows[n]["state"] for n in ("broken", "fine")} == {"retryable_failed"}, rows
+    run = orch.runs / "broken"
+    moved = tmp_path / "moved-broken"
+    if breakage == "run-dir-symlink":
+        os.rename(run, moved)
+        run.symlink_to(moved)
+        before = tree_hash(moved)
+    else:
+        (run / "attempts" / "2").write_text("a regular file where orch wants a directory\n")
+
+    r = orch("requeue", "broken", "fine")
+    assert r.returncode in (1, 3), f"requeue exited {r.returncode} although `broken` failed:\n{r.stdout}{r.stderr}"
+    assert re.search(r"broken", r.stdout + r.stderr), r.stdout + r.stderr
+    assert "Traceback" not in r.stderr
+    assert len(show(orch, "fine")["attempts"]) == 2, "the healthy job was not requeued"
+    settle(orch)
+    assert_no_stuck(orch)
+    if breakage == "run-dir-symlink":
+        assert tree_hash(moved) == before, "orch wrote through a symlinked run dir"

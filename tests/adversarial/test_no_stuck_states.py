@@ -1,0 +1,165 @@
+"""Issue 9, "no stuck states": every state a job can enter has a way out the reconciler takes by
+itself. A refusal or a launch error after the job row exists rolls the row back or fails the
+attempt with the reason; `requeue` exits non-zero when a job errored; an attempt found verified is
+closed. After settling, no job is `pending`/`submitted`/`running` without a live process."""
+
+from __future__ import annotations
+
+import json
+import re
+
+import pytest
+from advkit import (
+    SETTLED_STATES,
+    assert_no_stuck,
+    assert_user_error,
+    db_job_names,
+    fill_fs,
+    job_argv,
+    make_home,
+    outside_sentinel,
+    reconcile_ok,
+    settle,
+    show,
+    tmpfs,
+    wait_for,
+    wait_no_procs,
+)
+
+from orchestrator import protocol
+
+QUICK = ("--outputs", "result/out.txt", "--", *job_argv("--result", "--no-gate"))
+FAST = {"ORCH_LAUNCH_GRACE_S": "0"}  # the reconciler may relaunch a pending attempt at once
+
+
+def _runs_empty(orch) -> bool:  # noqa: ANN001
+    return not orch.runs.exists() or not any(orch.runs.iterdir())
+
+
+def _not_left_pending(orch, name: str, reason: str | None = None) -> dict | None:  # noqa: ANN001
+    """Either no row at all, or a settled job whose `orch show` says why (no open attempt)."""
+    if name not in db_job_names(orch.home):
+        return None
+    d = show(orch, name)
+    assert d["state"] in SETTLED_STATES, f"{name} left {d['state']}: {d['attempts']}"
+    open_ = [(a["n"], a["state"]) for a in d["attempts"] if a["state"] in ("pending", "submitted", "running")]
+    assert not open_, f"{name} is {d['state']} with open attempts {open_}"
+    if reason:
+        assert re.search(reason, json.dumps(d), re.I), f"`orch show {name}` does not say why ({reason}): {d}"
+    return d
+
+
+@pytest.mark.parametrize("glob", [".", "./"])
+def test_outputs_naming_the_run_dir_itself_is_a_usage_error_before_any_row(orch, glob):
+    """Issue 9: 'a refusal after the DB row exists (`--outputs .` ...) leaves the job pending forever'."""
+    p = orch("submit", "--name", "dot", "--outputs", glob, "--", "true")
+    assert_user_error(p, (2,), r"outputs")
+    assert db_job_names(orch.home) == []
+    assert _runs_empty(orch), sorted(p.name for p in orch.runs.iterdir())
+
+
+def test_a_symlinked_attempts_dir_is_refused_and_leaves_no_pending_job(orch, tmp_path):
+    """Issue 9: 'a refusal after the DB row exists (... a symlinked attempts/ ...)'."""
+    elsewhere = outside_sentinel(tmp_path, "elsewhere")
+    make_home(orch)
+    run = orch.runs / "j"
+    run.mkdir(parents=True, mode=0o700)
+    (run / "attempts").symlink_to(elsewhere.path)
+    p = orch("submit", "--name", "j", *QUICK)
+    assert_user_error(p, (3,), r"symlink")
+    _not_left_pending(orch, "j", r"symlink")
+    settle(orch)
+    assert_no_stuck(orch)
+    elsewhere.assert_untouched()
+
+
+def test_an_unusable_runs_root_is_refused_before_any_row(orch, tmp_path):
+    """Issue 9: 'a refusal after the DB row exists (... an unusable runs root)'."""
+    blocker = tmp_path / "a-regular-file"
+    blocker.write_text("not a directory\n")
+    orch.write_config(f'[runs]\nroot = "{blocker}/runs"\n')
+    p = orch("submit", "--name", "r", *QUICK)
+    assert_user_error(p, (2, 3), r"runs|root|director")
+    assert db_job_names(orch.home) == []
+    assert blocker.read_text() == "not a directory\n"
+
+
+def test_a_launch_error_that_is_not_orchs_own_fails_the_attempt_instead_of_sticking(orch):
+    """Issue 9: 'a launch error that is not orch's own (FileExistsError ...) leaves it pending,
+    makes requeue print "error" yet exit 0, and makes reconcile exit 1 and skip other jobs'."""
+    make_home(orch)
+    run = orch.runs / "j"
+    (run / "attempts").mkdir(parents=True)
+    for n in (1, 2, 3):  # the cause persists for every attempt orch may try
+        (run / "attempts" / str(n)).write_text("a regular file where orch wants a directory\n")
+    p = orch("submit", "--name", "j", *QUICK)
+    assert_user_error(p, (1, 3))
+    _not_left_pending(orch, "j")
+
+    ok = orch("submit", "--name", "ok", "--outputs", "o.txt", "--", "sh", "-c", "echo x > o.txt")
+    assert ok.returncode == 0, ok.stderr
+    reconcile_ok(orch, env=FAST)
+    rows = settle(orch, env=FAST)
+    assert rows["ok"]["state"] == "done_marker_verified", rows["ok"]
+    if "j" in rows:
+        assert rows["j"]["state"] in ("retryable_failed", "failed"), rows["j"]
+        r = orch("requeue", "j", env=FAST)
+        assert r.returncode in (1, 3), f"requeue (launch fails) exited {r.returncode}: {r.stdout}{r.stderr}"
+        assert re.search(r"exist|director|attempts", r.stdout + r.stderr, re.I), r.stdout + r.stderr
+        assert "Traceback" not in r.stderr
+        settle(orch, env=FAST)
+        _not_left_pending(orch, "j")
+    assert_no_stuck(orch, env=FAST)
+
+
+def test_enospc_at_launch_fails_cleanly_and_requeue_finishes_after_space_is_freed(orch, tmp_path):
+    """Issue 9: 'a launch error that is not orch's own (... ENOSPC) leaves it pending'."""
+    with tmpfs(tmp_path / "mnt", "1m") as mnt:
+        (mnt / "runs").mkdir()
+        orch.write_config(f'[runs]\nroot = "{mnt / "runs"}"\n')
+        fill_fs(mnt / "filler")
+        p = orch("submit", "--name", "full", *QUICK)
+        assert_user_error(p, (1, 3), r"space|ENOSPC|full")
+        had_row = _not_left_pending(orch, "full") is not None
+
+        (mnt / "filler").unlink()
+        if had_row:
+            r = orch("requeue", "full")
+        else:
+            r = orch("submit", "--name", "full", *QUICK)
+        assert r.returncode == 0, (r.returncode, r.stdout, r.stderr)
+        rows = settle(orch, ["full"])
+        assert rows["full"]["state"] == "done_marker_verified", show(orch, "full")["attempts"]
+        assert_no_stuck(orch)
+
+
+@pytest.mark.parametrize("when", ["after_failure", "while_running"])
+def test_requeue_of_a_verified_job_is_refused_and_leaves_no_open_attempt(orch, when):
+    """Issue 9: 'an attempt stays `submitted` after requeue finds the job verified'."""
+    run = orch.runs / "v"
+    if when == "after_failure":
+        p = orch("submit", "--name", "v", "--", *job_argv("--no-gate", "--exit-code", "1"))
+        assert p.returncode == 0, p.stderr
+        rows = settle(orch, ["v"])
+        assert rows["v"]["state"] == "retryable_failed", rows["v"]
+    else:
+        p = orch("submit", "--name", "v", "--outputs", "result/out.txt", "--", *job_argv("--result"))
+        assert p.returncode == 0, p.stderr
+        wait_for((run / "started").exists, 30, "the job to start")
+        reconcile_ok(orch)
+    # The result, verified, by hand (the same bytes the job itself writes at the end).
+    (run / "result").mkdir(exist_ok=True)
+    protocol.atomic_write(run / "result" / "out.txt", "ok v\n")
+    protocol.write_done_marker(run, "v", 1, ["result/out.txt"])
+
+    r = orch("requeue", "v")
+    assert r.returncode == 3, (r.returncode, r.stdout, r.stderr)
+    assert re.search(r"verif|live|running", r.stdout + r.stderr, re.I), r.stdout + r.stderr
+    (run / "go").touch()
+    wait_no_procs(run, 40, "after go")
+    rows = settle(orch, ["v"])
+    assert rows["v"]["state"] == "done_marker_verified", rows["v"]
+    assert rows["v"]["attempts"] == 1, show(orch, "v")["attempts"]
+    _not_left_pending(orch, "v")
+    assert_no_stuck(orch)
+    assert protocol.verify_done_marker(run).verified
