@@ -121,6 +121,8 @@ def launch(db: Database, cfg: Config, name: str, backend: Backend | None = None,
         raise OrchError(f"{name}: launch failed: {e.strerror or e}"
                         + (f": {e.filename}" if getattr(e, "filename", None) else "")) from None
     testhooks.site("before_backend_submit")
+    if _cancelled_meanwhile(db, attempt_id):
+        return Launched(moved=moved, outcome="stopped")  # orch cancel came first: start nothing
     try:
         external_id = backend.submit(spec)
     except BackendError as e:
@@ -140,6 +142,18 @@ def launch(db: Database, cfg: Config, name: str, backend: Backend | None = None,
     testhooks.site("after_backend_submit")
     stopped = record_submitted(db, attempt_id, external_id, overrides, backend=backend)
     return Launched(external_id, moved, "stopped" if stopped else "submitted")
+
+
+def _cancelled_meanwhile(db: Database, attempt_id: int) -> bool:
+    """A cancel that landed while this launcher prepared the run dir: close the attempt unlaunched.
+    (One that lands during the backend call itself is handled by ``record_submitted``.)"""
+    with db.write() as s:
+        a = s.get(Attempt, attempt_id)
+        if a.state is not A.STOPPING:
+            return False
+        move_attempt(s, a, A.CANCELLED, failure_class=FailureClass.CANCELLED,
+                     detail="cancelled during its launch, before the backend call")
+    return True
 
 
 def _close_verified(db: Database, attempt_id: int, job_id: int) -> None:

@@ -17,10 +17,12 @@ import click
 # argument-only validation (before any row or directory exists)
 # ------------------------------------------------------------------------------------------
 # Bounded digit runs: int() of a 5000-digit string raises ValueError (exit 1 instead of 2).
-_MEM_RE = re.compile(r"^(\d{1,20})([KMGT]?)B?$", re.I)
+# ASCII only: under re.I the Kelvin sign (U+212A) matched [K] and then missed the unit table (a
+# KeyError, exit 1); \d also matched other scripts' digits.
+_MEM_RE = re.compile(r"^(\d{1,20})([KMGT]?)B?$", re.I | re.ASCII)
 MAX_MEM_MB = 2**43  # its size in bytes still fits a signed 64-bit integer (Slurm, the DB)
 MAX_TIME_S = (2**32 - 2) * 60  # Slurm keeps a time limit in minutes in a uint32 (all ones = INFINITE)
-_TIME_RE = re.compile(r"^(?:(\d{1,12})-)?(\d{1,12})(?::(\d{1,12}))?(?::(\d{1,12}))?$")
+_TIME_RE = re.compile(r"^(?:(\d{1,12})-)?(\d{1,12})(?::(\d{1,12}))?(?::(\d{1,12}))?$", re.ASCII)
 
 
 def parse_mem_mb(value: str) -> int:
@@ -76,6 +78,12 @@ def _outputs_cb(_ctx: click.Context, _param: click.Parameter, value: tuple[str, 
         # An output glob that leaves the run dir would let the marker vouch for files orch doesn't own.
         if not g or g.startswith("/") or ".." in parts or "\x00" in g or "\n" in g:
             raise click.BadParameter(f"{g!r} must be a relative glob inside the run dir (no '/...' or '..')")
+        # The run dir itself, or orch's own records, can never be a result: `--outputs .` used to be
+        # refused only at launch, after the job row existed (issue 9).
+        first = os.path.normpath(g).split("/")[0]
+        if first in (".", "attempts", "checkpoints") or os.path.normpath(g) == "done.json":
+            raise click.BadParameter(f"{g!r} names the run dir itself or orch's own files; name result files",
+                                     param_hint="--outputs")
     return value
 
 

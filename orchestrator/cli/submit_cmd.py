@@ -86,7 +86,12 @@ def submit(name: str | None, backend: str, partition: str | None, account: str |
         req.max_attempts = cfg.max_attempts
     job = do_submit(db, cfg, req)
     if not as_json:
-        click.echo(f"submitted {job.name} ({job.backend} {job.attempts[-1].external_id}); run dir {job.run_dir}")
+        a = job.attempts[-1]
+        if a.external_id:
+            click.echo(f"submitted {job.name} ({job.backend} {a.external_id}); run dir {job.run_dir}")
+        else:  # e.g. cancelled while it launched
+            click.echo(f"{job.name}: {job.state.value}, not started ({a.detail or a.state.value}); "
+                       f"run dir {job.run_dir}")
     if wait:
         state = _wait(cfg, db, job.name, quiet=as_json)
         if as_json:

@@ -149,8 +149,9 @@ def clean_progress(r: Any) -> dict | None:
     for k in _PROGRESS_INTS:
         if is_int(r.get(k), 0):
             out[k] = r[k]
+    known = (*_PROGRESS_NUMBERS, *_PROGRESS_INTS)
     for k, v in r.items():  # extra fields a script posts: kept when plain and small
-        if k not in out and isinstance(k, str) and len(k) <= 64 and (
+        if k not in known and isinstance(k, str) and len(k) <= 64 and (
                 (isinstance(v, str) and len(v) <= 200) or isinstance(v, bool) or finite_number(v) is not None):
             out[k] = v
     return out

@@ -56,11 +56,12 @@ def test_nan_rollback_never_resumes_from_a_bit_flipped_checkpoint(orch):
     settle(orch, ["nanjob"], timeout=120)
     d = show(orch, "nanjob")
     summary = [(a["n"], a["state"], a["failure_class"], (a["action"] or {}).get("action"),
-                (a["action"] or {}).get("resume_step"), (a["detail"] or "")[:120]) for a in d["attempts"]]
+                ((a["action"] or {}).get("details") or {}).get("resume_step"), (a["detail"] or "")[:120])
+               for a in d["attempts"]]
     assert d["state"] == "done_marker_verified", (d["state"], summary)
     a1 = d["attempts"][0]
     assert a1["failure_class"] == "nan", a1
-    resume = (a1["action"] or {}).get("resume_step")
+    resume = ((a1["action"] or {}).get("details") or {}).get("resume_step")
     assert isinstance(resume, int) and resume <= 15, f"rollback resumed from {resume!r}: {a1['action']}"
     assert any(_sha(p) == flipped for p in _trashed(orch.home, "nanjob", "checkpoints/step-00000020/model.pt")), \
         "the corrupt step-00000020 is not in the trash"

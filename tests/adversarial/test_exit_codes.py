@@ -71,7 +71,7 @@ def test_a_runs_root_that_cannot_be_a_path_is_a_one_line_usage_error(orch, root)
         assert_user_error(s, (2,))
 
 
-@pytest.mark.parametrize("breakage", ["run-dir-symlink", "next-attempt-dir-is-a-file"])
+@pytest.mark.parametrize("breakage", ["run-dir-symlink", "trash-is-a-file"])
 def test_requeue_of_several_jobs_exits_non_zero_when_one_of_them_errors(orch, tmp_path, breakage):
     """Issue 9: 'a launch error ... makes requeue print "error" yet exit 0'."""
     for name in ("broken", "fine"):
@@ -85,8 +85,10 @@ def test_requeue_of_several_jobs_exits_non_zero_when_one_of_them_errors(orch, tm
         os.rename(run, moved)
         run.symlink_to(moved)
         before = tree_hash(moved)
-    else:
-        (run / "attempts" / "2").write_text("a regular file where orch wants a directory\n")
+    else:  # a leftover to trash, and a trash orch cannot create (a regular file in its place)
+        (run / "result").mkdir(exist_ok=True)
+        (orch.home / "trash").mkdir(exist_ok=True)
+        (orch.home / "trash" / "broken").write_text("a regular file where orch wants a directory\n")
 
     r = orch("requeue", "broken", "fine")
     assert r.returncode in (1, 3), f"requeue exited {r.returncode} although `broken` failed:\n{r.stdout}{r.stderr}"
