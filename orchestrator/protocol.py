@@ -53,6 +53,9 @@ ENV_JOB_NAME = "ORCH_JOB_NAME"
 ENV_ATTEMPT = "ORCH_ATTEMPT"
 ENV_OVERRIDES = "ORCH_OVERRIDES"
 ENV_TOKEN = "ORCH_SUBMIT_TOKEN"
+ENV_RUN_ID = "ORCH_RUN_ID"  # one id per run dir: trackers (W&B, MLflow) continue one run across attempts
+ENV_TENSORBOARD_DIR = "ORCH_TENSORBOARD_DIR"  # <run_dir>/tensorboard: one log dir across attempts
+TENSORBOARD_DIR = "tensorboard"
 
 # --- failure classes (contract, exact strings) ---------------------------------------------
 FAILURE_CLASSES = (
@@ -484,11 +487,18 @@ def read_progress(run_dir: Path | str, attempt: int) -> dict | None:
     return r if isinstance(r, dict) else None
 
 
+def stable_run_id(run_dir: Path | str, job: str) -> str:
+    """One id per run dir for experiment trackers, so that every attempt continues one curve."""
+    return f"{job}-{hashlib.sha256(str(run_dir).encode()).hexdigest()[:8]}"
+
+
 def job_env(run_dir: Path | str, job: str, attempt: int, overrides: Mapping[str, Any] | None = None,
             token: str | None = None) -> dict[str, str]:
     """Environment variables a job command receives (contract)."""
     env = {ENV_RUN_DIR: str(run_dir), ENV_JOB_NAME: job, ENV_ATTEMPT: str(int(attempt)),
-           ENV_OVERRIDES: json.dumps(dict(overrides or {}), sort_keys=True)}
+           ENV_OVERRIDES: json.dumps(dict(overrides or {}), sort_keys=True),
+           ENV_RUN_ID: stable_run_id(run_dir, job),
+           ENV_TENSORBOARD_DIR: str(Path(run_dir) / TENSORBOARD_DIR)}
     if token:
         env[ENV_TOKEN] = token
     return env

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import argparse
 import glob
-import hashlib
 import os
 import signal
 import subprocess
@@ -49,7 +48,7 @@ def _parse(argv: list[str]) -> argparse.Namespace:
 
 def stable_run_id(run_dir: str, job: str) -> str:
     """One id per run dir for experiment trackers, so attempts continue one curve."""
-    return f"{job}-{hashlib.sha256(run_dir.encode()).hexdigest()[:8]}"
+    return protocol.stable_run_id(run_dir, job)
 
 
 def write_outputs_marker(run_dir: Path, job: str, attempt: int, patterns: list[str]) -> str | None:
@@ -81,7 +80,7 @@ def main(argv: list[str] | None = None) -> int:
     env.update(protocol.job_env(run_dir, a.job, a.attempt, token=a.token))
     if protocol.ENV_OVERRIDES in os.environ:  # the backend passed the policy's overrides
         env[protocol.ENV_OVERRIDES] = os.environ[protocol.ENV_OVERRIDES]
-    env.setdefault("WANDB_RUN_ID", stable_run_id(str(run_dir), a.job))
+    env.setdefault("WANDB_RUN_ID", env[protocol.ENV_RUN_ID])
     env.setdefault("WANDB_RESUME", "allow")
 
     with open(adir / "stdout.log", "ab") as out, open(adir / "stderr.log", "ab") as err:
