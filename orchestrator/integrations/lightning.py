@@ -23,7 +23,8 @@ What it does, with public Lightning API only (``Callback`` hooks, ``Trainer.save
   ``StatefulDataLoader``): with a plain ``DataLoader`` Lightning restarts the interrupted epoch's iterator
   (its own warning says so) — 0 optimizer steps redone, but other batches.
 * When ``fit`` ends normally (max_steps/max_epochs, early stopping): ``result/model.ckpt`` (weights) and
-  ``result/metrics.json``, then ``done.json``.
+  ``result/metrics.json``, then ``done.json`` (also when a signal came after the last step: it stopped
+  nothing).
 * ``tensorboard_logger()`` logs to the run's one TensorBoard dir for every attempt (Lightning's default
   logger starts a new ``version_N`` dir each time); ``WandbLogger`` needs nothing: orch's
   ``WANDB_RUN_ID``/``WANDB_RESUME=allow`` make every attempt continue one W&B run.
@@ -183,11 +184,8 @@ class OrchCallback(Callback):
     # --- the end -----------------------------------------------------------------------------------
     def on_train_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         self._raise_if_stopping()
-        if self.flag.requested:
-            # A signal after the last step: save it; the next attempt resumes at the end and finishes.
-            self._stop = self.run.preempted(trainer.global_step, signal_name(self.flag.signum),
-                                            self._save(trainer, trainer.global_step))
-            raise self._stop
+        # A signal after the last step's on_train_batch_end stopped nothing (Lightning's handler is no
+        # longer installed): fit is complete, so it is marked complete.
         if self.run.is_writer:
             self.run.result_dir.mkdir(parents=True, exist_ok=True)
         trainer.save_checkpoint(self.run.result_dir / CKPT_FILE, weights_only=True)

@@ -17,7 +17,8 @@ What it guarantees (measured in tests/integrations/test_loop.py):
 * every ``save_every`` steps a checkpoint is written in a background thread (the loop waits only for a
   copy of the state to CPU memory);
 * on SIGTERM or SIGUSR2 the step in flight completes, the last completed step is checkpointed at the
-  step boundary, ``failure.json`` says ``preempted`` and the process exits 143: 0 steps are redone;
+  step boundary, ``failure.json`` says ``preempted`` and the process exits 143: 0 steps are redone
+  (a signal during the last step stops nothing: the run finishes);
 * when the ``with`` body ends normally, ``result/model.pt`` (the model's state dict),
   ``result/metrics.json`` and whatever you wrote to ``run.result_dir`` are listed in ``done.json``.
 
@@ -114,7 +115,6 @@ class OrchRun:
                 self.heartbeat.post(step=step, max_steps=max_steps, **self._fields)
             if self.save_every and step % self.save_every == 0 and step < max_steps:
                 self._save(background=True)
-        self._boundary()
 
     def log(self, **fields: Any) -> None:
         """Numbers to show in ``attempts/<n>/progress.json`` with the next step (e.g. ``loss=``)."""
@@ -149,11 +149,10 @@ class OrchRun:
                  tb: TracebackType | None) -> bool:
         try:
             if exc_type is None:
-                if any_rank(self.flag.requested):
-                    # A signal during the last step or while results were written: still a preemption;
-                    # the next attempt resumes at the end and writes the marker.
-                    path = self._save(background=False)
-                    raise self.run.preempted(self.step, signal_name(self.flag.signum), path)
+                if self.flag.requested:
+                    # A signal during the last step or while results were written stopped nothing: the
+                    # run is complete, and its marker costs milliseconds of the grace period.
+                    log(f"{signal_name(self.flag.signum)} after the last step: finishing")
                 self.ckpts.wait()
                 if self.run.is_writer:
                     self.run.result_dir.mkdir(parents=True, exist_ok=True)
