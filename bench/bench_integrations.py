@@ -42,6 +42,7 @@ from orchestrator import protocol  # noqa: E402
 
 EXAMPLES = C.ROOT / "examples"
 TRAINER_STEP_RE = re.compile(r"\[trainer\] step (\d+)/")
+ORCH_MARK = re.compile(r"\s# orch\b")
 
 
 @dataclass
@@ -178,7 +179,9 @@ def run_case(case: Case, work: Path, preemptions: int, rng: random.Random) -> di
 def orch_lines(case: Case) -> str:
     if case.script is None:
         return "0 (it is orch's)"
-    lines = [ln for ln in (EXAMPLES / case.script).read_text().splitlines() if "# orch" in ln]
+    # Code lines ending in a "# orch" comment (not the docstring that explains the marker).
+    lines = [ln for ln in (EXAMPLES / case.script).read_text().splitlines()
+             if ORCH_MARK.search(ln) and not ln.lstrip().startswith("#")]
     optional = [ln for ln in lines if "# orch (optional" in ln]
     return f"{len(lines) - len(optional)}" + (f" (+{len(optional)} optional)" if optional else "")
 
