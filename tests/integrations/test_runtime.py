@@ -99,3 +99,14 @@ def test_loop_crash_is_reported_with_its_traceback_and_no_marker(tmp_path):
     report = protocol.read_failure(tmp_path, 1)
     assert report["class"] == "crash" and report["step"] == 2 and "ZeroDivisionError" in report["detail"]
     assert not (tmp_path / "done.json").exists()
+
+
+def test_the_cli_imports_no_integration_and_no_framework():
+    import subprocess
+    import sys
+
+    code = ("import sys, orchestrator.cli; bad = [m for m in sys.modules if m.split('.')[0] in "
+            "('lightning', 'transformers', 'torch', 'wandb') or m.startswith('orchestrator.integrations')]; "
+            "print(bad); sys.exit(1 if bad else 0)")
+    p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert p.returncode == 0, p.stdout + p.stderr
