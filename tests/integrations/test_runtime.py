@@ -110,3 +110,20 @@ def test_the_cli_imports_no_integration_and_no_framework():
             "print(bad); sys.exit(1 if bad else 0)")
     p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert p.returncode == 0, p.stdout + p.stderr
+
+
+ENV_DUMP = ("import json, os, pathlib; pathlib.Path('result').mkdir(); pathlib.Path('result/env.json').write_text("
+            "json.dumps({k: os.environ.get(k) for k in ('ORCH_RUN_ID', 'WANDB_RUN_ID', 'WANDB_RESUME', "
+            "'ORCH_TENSORBOARD_DIR', 'ORCH_RUN_DIR')}))")
+
+
+def test_every_attempt_gets_one_tracker_id_and_one_tensorboard_dir(orch):
+    import sys
+
+    orch("submit", "--name", "envjob", "--outputs", "result/*", "--wait", "--", sys.executable, "-c", ENV_DUMP,
+         check=True)
+    run_dir = orch.runs / "envjob"
+    env = json.loads((run_dir / "result" / "env.json").read_text())
+    assert env == {"ORCH_RUN_ID": protocol.stable_run_id(run_dir, "envjob"), "WANDB_RUN_ID": env["ORCH_RUN_ID"],
+                   "WANDB_RESUME": "allow", "ORCH_TENSORBOARD_DIR": str(run_dir / "tensorboard"),
+                   "ORCH_RUN_DIR": str(run_dir)}
