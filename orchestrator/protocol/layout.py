@@ -144,9 +144,9 @@ def now_iso() -> str:
 
 
 
-def stable_run_id(run_dir: str, job: str) -> str:
+def stable_run_id(run_dir: Path | str, job: str) -> str:
     """One id per run dir for experiment trackers, so every attempt continues one curve."""
-    return f"{job}-{hashlib.sha256(run_dir.encode()).hexdigest()[:8]}"
+    return f"{job}-{hashlib.sha256(str(run_dir).encode()).hexdigest()[:8]}"
 
 
 def job_env(run_dir: Path | str, job: str, attempt: int, overrides: Mapping[str, Any] | None = None,

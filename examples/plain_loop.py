@@ -1,0 +1,79 @@
+#!/usr/bin/env python3
+"""A plain PyTorch training loop under orch: the lines marked ``# orch`` are all it takes.
+
+    orch submit --name loop1 -- .venv/bin/python examples/plain_loop.py --max-steps 300
+    python examples/plain_loop.py --run-dir /tmp/loop1          # without orch
+
+A tiny character-level MLP language model with dropout, AdamW and a cosine LR schedule; batches are
+drawn nanoGPT-style from the global torch RNG, so an exact resume needs the RNG restored too (orch
+restores it). ``--step-log`` appends each completed optimizer step (the tests count repeats);
+``--sleep-per-step`` stands in for a slower model (the tests and the benchmark use it to have time to
+send a signal mid-run).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import time
+
+import torch
+from torch import nn
+
+from orchestrator.integrations.loop import orch_run  # orch
+
+TEXT = (b"the quick brown fox jumps over the lazy dog; pack my box with five dozen liquor jugs. " * 64)
+VOCAB, CONTEXT = 64, 16
+
+
+class TinyLM(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.emb = nn.Embedding(VOCAB, 32)
+        self.mlp = nn.Sequential(nn.Flatten(), nn.Linear(32 * CONTEXT, 64), nn.GELU(), nn.Dropout(0.1),
+                                 nn.Linear(64, VOCAB))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.mlp(self.emb(x))
+
+
+def get_batch(data: torch.Tensor, batch_size: int) -> tuple[torch.Tensor, torch.Tensor]:
+    ix = torch.randint(len(data) - CONTEXT - 1, (batch_size,))
+    x = torch.stack([data[i:i + CONTEXT] for i in ix])
+    return x, data[ix + CONTEXT]
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--max-steps", type=int, default=300)
+    ap.add_argument("--batch-size", type=int, default=16)
+    ap.add_argument("--save-every", type=int, default=50)
+    ap.add_argument("--run-dir", default=None, help="without orch (orch sets ORCH_RUN_DIR)")
+    ap.add_argument("--step-log", default=None)
+    ap.add_argument("--sleep-per-step", type=float, default=0.0)
+    a = ap.parse_args()
+    torch.set_num_threads(1)
+    torch.manual_seed(0)
+    data = torch.tensor(list(TEXT)) % VOCAB
+    model = TinyLM()
+    opt = torch.optim.AdamW(model.parameters(), lr=3e-3)
+    sched = torch.optim.lr_scheduler.CosineAnnealingLR(opt, T_max=a.max_steps)
+    step_log = open(a.step_log, "a") if a.step_log else None
+
+    with orch_run(model, opt, sched, save_every=a.save_every, run_dir=a.run_dir) as run:  # orch
+        for step in run.steps(a.max_steps):  # orch (was: for step in range(1, a.max_steps + 1))
+            x, y = get_batch(data, a.batch_size)
+            loss = nn.functional.cross_entropy(model(x), y)
+            opt.zero_grad(set_to_none=True)
+            loss.backward()
+            opt.step()
+            sched.step()
+            run.log(loss=loss.item())  # orch (optional: shows the loss in orch status)
+            time.sleep(a.sleep_per_step)
+            if step_log:
+                step_log.write(f"{os.environ.get('ORCH_ATTEMPT', '1')} {step}\n")
+                step_log.flush()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,165 @@
+"""Hugging Face ``Trainer``: orch's guarantees through one ``TrainerCallback`` and ``resume_from_checkpoint``.
+
+::
+
+    from orchestrator.integrations import hf as orch                          # 1
+    trainer = Trainer(..., callbacks=[orch.OrchCallback()])                    # 2
+    trainer.train(resume_from_checkpoint=orch.resume_path())                  # 3
+
+What it does, with the public ``TrainerCallback`` API only:
+
+* SIGTERM / SIGUSR2 set a flag; at the next ``on_step_end`` (an optimizer step just completed) the callback
+  sets ``control.should_save`` and ``control.should_training_stop``: HF saves ``checkpoint-N`` of that step
+  and leaves its loop; ``train()`` then raises ``SystemExit(143)`` from ``on_train_end`` with
+  ``failure.json`` = ``preempted`` (HF's own ``enable_jit_checkpoint`` path exits 0 instead).
+* every ``checkpoint-N`` HF writes (on a signal or by ``save_steps``) is committed in ``on_save`` as
+  ``checkpoints/step-<N>``: moved out of ``output_dir``, each file fsynced and hashed, ``manifest.json``
+  last, renamed into place. HF writes in place without fsync, so a kill -9 mid-save leaves a
+  ``checkpoint-N`` that ``resume_from_checkpoint=True`` would pick and crash on, at every requeue.
+  ``resume_path()`` only returns a verified ``step-N`` (HF loads it like any checkpoint dir); a
+  ``checkpoint-N`` found in ``output_dir`` at the start of training is unfinished and renamed aside.
+* when training ends normally: ``result/`` (``save_pretrained`` of the model, ``metrics.json``), then
+  ``done.json``. A signal that arrives after the last step stops nothing, so the run still finishes.
+* trackers: ``report_to="tensorboard"`` logs to the run's one TensorBoard dir for every attempt (the
+  callback sets ``TENSORBOARD_LOGGING_DIR`` when constructed, unless set); ``report_to="wandb"`` continues
+  one W&B run through orch's ``WANDB_RUN_ID``/``WANDB_RESUME=allow``.
+
+Limits: ``load_best_model_at_end`` (HF remembers the best checkpoint by its ``output_dir`` path, which
+this callback moves) and ``save_only_model=True`` (no optimizer state to resume) are not supported.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from pathlib import Path
+from typing import Any
+
+import torch
+from transformers import TrainerCallback, TrainerControl, TrainerState, TrainingArguments
+
+from orchestrator import protocol
+from orchestrator.integrations.runtime import Run, any_rank, clean_stale, commit_checkpoint, log, signal_name
+from trainer.heartbeat import Heartbeat
+from trainer.preemption import PreemptionFlag
+
+_HF_CHECKPOINT_RE = re.compile(r"^checkpoint-(\d+)$")
+
+
+def resume_path(run_dir: str | os.PathLike[str] | None = None) -> str | None:
+    """The ``resume_from_checkpoint`` value: the newest verified ``checkpoints/step-N`` dir, or None."""
+    found = Run.from_env(run_dir).resume_checkpoint()
+    return str(found[1]) if found is not None else None
+
+
+class OrchCallback(TrainerCallback):
+    """Save and stop at the next step on SIGTERM/SIGUSR2, commit every HF checkpoint, mark a normal end.
+
+    ``keep_last_k``: committed checkpoints kept (HF's ``save_total_limit`` no longer sees them).
+    """
+
+    def __init__(self, keep_last_k: int = 2, run_dir: str | os.PathLike[str] | None = None) -> None:
+        self.run = Run.from_env(run_dir)
+        self.keep_last_k = keep_last_k
+        self.flag = PreemptionFlag()
+        self._installed = False
+        self._heartbeat: Heartbeat | None = None
+        self._stopping = False
+        self._committed: Path | None = None
+        # HF's TensorBoardCallback reads this when the Trainer is built (after this constructor); without
+        # it every attempt logs to a new output_dir/runs/<date>_<host> dir: one curve per attempt.
+        os.environ.setdefault("TENSORBOARD_LOGGING_DIR", str(self.run.tensorboard_dir))
+
+    # --- start -------------------------------------------------------------------------------------
+    def on_init_end(self, args: TrainingArguments, state: TrainerState, control: TrainerControl,
+                    **kwargs: Any) -> None:
+        if not self._installed:  # from now on a signal ends as a clean preemption, not a bare kill
+            self.flag.install()
+            self._installed = True
+
+    def on_train_begin(self, args: TrainingArguments, state: TrainerState, control: TrainerControl,
+                       **kwargs: Any) -> None:
+        self.run.is_writer = state.is_world_process_zero
+        if self.run.already_complete():
+            raise SystemExit(protocol.EXIT_OK)
+        if getattr(args, "enable_jit_checkpoint", False):
+            log("enable_jit_checkpoint is on: its SIGTERM handler exits 0 after saving; orch's handler takes over")
+        if args.save_only_model:
+            log("save_only_model=True: checkpoints hold no optimizer state, a resume is not exact")
+        self.on_init_end(args, state, control)
+        self.run.begin()
+        if self.run.is_writer:
+            clean_stale(self.run.run_dir)
+            self._set_aside_unfinished(Path(args.output_dir))
+            self._heartbeat = Heartbeat(self.run.run_dir, self.run.attempt, self.run.heartbeat_s).start()
+
+    def _set_aside_unfinished(self, output_dir: Path) -> None:
+        """Rename ``checkpoint-N`` dirs left in ``output_dir``: a save that never reached ``on_save``.
+
+        Every save that completed was moved out by ``on_save``; what is left was cut by a kill (seed 002's
+        torn newest checkpoint). Renamed, not deleted: it may be someone's own; HF ignores the new name.
+        """
+        if not output_dir.is_dir():
+            return
+        for p in output_dir.iterdir():
+            if _HF_CHECKPOINT_RE.match(p.name) and p.is_dir() and not p.is_symlink():
+                dest = p.with_name(f"{p.name}.incomplete-{os.urandom(4).hex()}")
+                os.rename(p, dest)
+                log(f"{p} was never committed (a save cut short): renamed to {dest.name}, not used")
+
+    # --- each optimizer step -----------------------------------------------------------------------
+    def on_step_end(self, args: TrainingArguments, state: TrainerState, control: TrainerControl,
+                    **kwargs: Any) -> TrainerControl:
+        if self._heartbeat is not None:
+            self._heartbeat.post(step=state.global_step, max_steps=state.max_steps, **self._last_loss(state))
+        if any_rank(self.flag.requested):
+            control.should_save = True
+            control.should_training_stop = True
+            self._stopping = True
+        return control
+
+    @staticmethod
+    def _last_loss(state: TrainerState) -> dict[str, float]:
+        for entry in reversed(state.log_history[-3:]):
+            if "loss" in entry:
+                return {"loss": float(entry["loss"])}
+        return {}
+
+    def on_save(self, args: TrainingArguments, state: TrainerState, control: TrainerControl,
+                **kwargs: Any) -> None:
+        if not self.run.is_writer:
+            return
+        src = Path(args.output_dir) / f"checkpoint-{state.global_step}"
+        if not src.is_dir():
+            log(f"on_save: {src} not found; nothing to commit")
+            return
+        self._committed = commit_checkpoint(self.run.run_dir, state.global_step, move_from=src,
+                                            keep_last_k=self.keep_last_k)
+
+    # --- the end -----------------------------------------------------------------------------------
+    def on_train_end(self, args: TrainingArguments, state: TrainerState, control: TrainerControl,
+                     model: torch.nn.Module | None = None, **kwargs: Any) -> None:
+        self._close()
+        if self._stopping and state.global_step < state.max_steps:
+            raise self.run.preempted(state.global_step, signal_name(self.flag.signum), self._committed)
+        if self.run.is_writer:
+            self._save_result(model)
+            last = next((e for e in reversed(state.log_history) if "train_loss" in e or "loss" in e), {})
+            self.run.finish({"global_step": state.global_step, "epoch": state.epoch, **last})
+
+    def _save_result(self, model: torch.nn.Module | None) -> None:
+        out = self.run.result_dir
+        out.mkdir(parents=True, exist_ok=True)
+        if model is None:
+            return
+        if hasattr(model, "save_pretrained"):
+            model.save_pretrained(out)
+        else:
+            torch.save(model.state_dict(), out / "model.pt")
+
+    def _close(self) -> None:
+        if self._heartbeat is not None:
+            self._heartbeat.stop()
+            self._heartbeat = None
+        self.flag.uninstall()
+        self._installed = False

@@ -1,0 +1,213 @@
+"""Lightning: orch's guarantees through one callback and Lightning's own ``ckpt_path``.
+
+::
+
+    from orchestrator.integrations import lightning as orch                                    # 1
+    trainer = L.Trainer(..., callbacks=[orch.OrchCallback()], logger=orch.tensorboard_logger())  # 2
+    trainer.fit(model, train_loader, ckpt_path=orch.resume_path())                              # 3
+
+What it does, with public Lightning API only (``Callback`` hooks, ``Trainer.save_checkpoint``,
+``fit(ckpt_path=...)``, ``Strategy.reduce_boolean_decision``):
+
+* SIGTERM / SIGUSR2 set a flag. At the next ``on_train_batch_end`` that closes an optimizer step, the
+  callback saves with ``trainer.save_checkpoint`` into ``checkpoints/step-<N>.tmp-*/model.ckpt`` and
+  commits it in orch's format (fsynced, hashed, manifest last, renamed into place); the step's metrics
+  are still logged, then the next hook raises ``SystemExit(143)`` with ``failure.json`` = ``preempted``.
+  Lightning's own SIGTERM handling stops the loop and exits **0** (``SIGTERMException``); the callback
+  takes over SIGTERM once training starts, and turns a ``SIGTERMException`` that still happens (a signal
+  during the sanity check) into exit 143: a signalled attempt never ends with a done marker.
+* ``resume_path()`` is the newest *verified* checkpoint's ``model.ckpt`` (or None): Lightning's own restore
+  path (loops, optimizers, schedulers, callbacks). The callback adds the global RNG states to the
+  checkpoint and restores them, so dropout continues exactly. Data order continues exactly only if the
+  train dataloader is resumable (``state_dict``/``load_state_dict``, e.g. torchdata's
+  ``StatefulDataLoader``): with a plain ``DataLoader`` Lightning restarts the interrupted epoch's iterator
+  (its own warning says so) — 0 optimizer steps redone, but other batches.
+* When ``fit`` ends normally (max_steps/max_epochs, early stopping): ``result/model.ckpt`` (weights) and
+  ``result/metrics.json``, then ``done.json`` (also when a signal came after the last step: it stopped
+  nothing).
+* ``tensorboard_logger()`` logs to the run's one TensorBoard dir for every attempt (Lightning's default
+  logger starts a new ``version_N`` dir each time); ``WandbLogger`` needs nothing: orch's
+  ``WANDB_RUN_ID``/``WANDB_RESUME=allow`` make every attempt continue one W&B run.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+from pathlib import Path
+from typing import Any
+
+import lightning.pytorch as pl
+from lightning.pytorch.callbacks import Callback
+
+from orchestrator import protocol
+from orchestrator.integrations.runtime import (
+    Run,
+    capture_rng,
+    clean_stale,
+    commit_checkpoint,
+    restore_rng,
+    signal_name,
+)
+from trainer.heartbeat import Heartbeat
+from trainer.preemption import DEFAULT_SIGNALS, PreemptionFlag
+
+CKPT_FILE = "model.ckpt"
+
+
+def resume_path(run_dir: str | os.PathLike[str] | None = None) -> str | None:
+    """The ``ckpt_path`` to pass to ``Trainer.fit``: the newest verified checkpoint's ``model.ckpt``, or None."""
+    found = Run.from_env(run_dir).resume_checkpoint()
+    if found is None:
+        return None
+    path = found[1] / CKPT_FILE
+    return str(path) if path.is_file() else None
+
+
+def tensorboard_logger(run_dir: str | os.PathLike[str] | None = None, **kwargs: Any) -> Any:
+    """A ``TensorBoardLogger`` writing straight into the run's TensorBoard dir, the same for every attempt."""
+    from lightning.pytorch.loggers import TensorBoardLogger
+
+    return TensorBoardLogger(save_dir=str(Run.from_env(run_dir).tensorboard_dir), name="", version="", **kwargs)
+
+
+class OrchCallback(Callback):
+    """Checkpoint on SIGTERM/SIGUSR2 at a step boundary, exit 143; done marker after a normal ``fit``.
+
+    ``every_n_steps``: also commit a checkpoint every N optimizer steps (protection from kill -9 and node
+    failures; a signal needs none). ``keep_last_k``: committed checkpoints kept.
+    """
+
+    def __init__(self, every_n_steps: int | None = None, keep_last_k: int = 2,
+                 run_dir: str | os.PathLike[str] | None = None) -> None:
+        self.every_n_steps = every_n_steps
+        self.keep_last_k = keep_last_k
+        self._run_dir_arg = run_dir
+        self.flag = PreemptionFlag()
+        self._heartbeat: Heartbeat | None = None
+        self._last_step: int | None = None  # global_step at the previous batch end
+        self._saved: tuple[int, Path] | None = None
+        self._stop: SystemExit | None = None
+        self._pending_rng: dict[str, Any] | None = None
+
+    @property
+    def state_key(self) -> str:
+        return "OrchCallback"
+
+    # --- start -------------------------------------------------------------------------------------
+    def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
+        if stage != "fit":
+            return
+        self.run = Run.from_env(self._run_dir_arg)
+        self.run.is_writer = trainer.is_global_zero
+        if self.run.already_complete():
+            raise SystemExit(protocol.EXIT_OK)
+        # Now rather than at on_train_start: a signal during the checkpoint restore or the sanity check
+        # must count too (Lightning composes this handler into its own until training starts).
+        self.flag.install()
+        self.run.begin()
+        if self.run.is_writer:
+            clean_stale(self.run.run_dir)
+            self._heartbeat = Heartbeat(self.run.run_dir, self.run.attempt, self.run.heartbeat_s).start()
+
+    def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        # Lightning installed its SIGTERM handler just before training (it stops the loop and exits 0);
+        # from here on only ours runs. Lightning's teardown restores the handlers it found before fit.
+        for s in DEFAULT_SIGNALS:
+            signal.signal(s, self._on_signal)
+        self._last_step = trainer.global_step
+
+    def _on_signal(self, signum: int, _frame: object) -> None:
+        # Attribute assignments only: safe wherever the main thread was interrupted.
+        if not self.flag.requested:
+            self.flag.signum = signum
+            self.flag.set(signal.Signals(signum).name)
+
+    # --- resume ------------------------------------------------------------------------------------
+    def state_dict(self) -> dict[str, Any]:
+        # Called inside every trainer.save_checkpoint: the RNG at the step boundary being saved.
+        return {"rng": capture_rng()}
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        self._pending_rng = state_dict.get("rng")
+
+    def on_train_batch_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule, batch: Any,
+                             batch_idx: int) -> None:
+        self._raise_if_stopping()
+        if self._pending_rng is not None:
+            # Restored here, right before the first training_step, not at load time: the sanity check
+            # and the dataloader's iter() run in between and would consume it.
+            restore_rng(self._pending_rng)
+            self._pending_rng = None
+
+    # --- each optimizer step -----------------------------------------------------------------------
+    def on_train_batch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs: Any, batch: Any,
+                           batch_idx: int) -> None:
+        step = trainer.global_step
+        if step == self._last_step:
+            return  # mid gradient accumulation: the accumulated gradients are in no checkpoint
+        self._last_step = step
+        if self._heartbeat is not None:
+            loss = outputs.get("loss") if isinstance(outputs, dict) else outputs
+            self._heartbeat.post(step=step, **({"loss": float(loss)} if loss is not None else {}))
+        stop = trainer.strategy.reduce_boolean_decision(self.flag.requested, all=False)
+        if stop:
+            path = self._save(trainer, step)
+            self._stop = self.run.preempted(step, signal_name(self.flag.signum), path)
+        elif self.every_n_steps and step % self.every_n_steps == 0:
+            self._save(trainer, step)
+
+    def _save(self, trainer: pl.Trainer, step: int) -> Path:
+        if self._saved is not None and self._saved[0] == step:
+            return self._saved[1]
+        if self.run.is_writer:
+            path = commit_checkpoint(self.run.run_dir, step, keep_last_k=self.keep_last_k,
+                                     write=lambda tmp: trainer.save_checkpoint(tmp / CKPT_FILE))
+        else:  # save_checkpoint is collective: every rank calls it; rank 0 writes
+            trainer.save_checkpoint(os.devnull)
+            path = self.run.run_dir / protocol.CHECKPOINTS_DIR / protocol.checkpoint_name(step)
+        trainer.strategy.barrier("orch.commit_checkpoint")
+        self._saved = (step, path)
+        return path
+
+    def _raise_if_stopping(self) -> None:
+        """Leave fit with exit 143 once the step's checkpoint is committed and its metrics were logged."""
+        if self._stop is not None:
+            raise self._stop
+
+    def on_validation_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        self._raise_if_stopping()
+
+    def on_train_epoch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        self._raise_if_stopping()
+
+    # --- the end -----------------------------------------------------------------------------------
+    def on_train_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        self._raise_if_stopping()
+        # A signal after the last step's on_train_batch_end stopped nothing (Lightning's handler is no
+        # longer installed): fit is complete, so it is marked complete.
+        if self.run.is_writer:
+            self.run.result_dir.mkdir(parents=True, exist_ok=True)
+        trainer.save_checkpoint(self.run.result_dir / CKPT_FILE, weights_only=True)
+        metrics = {k: float(v) for k, v in trainer.callback_metrics.items() if getattr(v, "numel", lambda: 0)() == 1}
+        self.run.finish({"global_step": trainer.global_step, "epoch": trainer.current_epoch, **metrics})
+
+    def on_exception(self, trainer: pl.Trainer, pl_module: pl.LightningModule, exception: BaseException) -> None:
+        if isinstance(exception, SystemExit) and self.flag.requested and exception is not self._stop:
+            # Lightning's SIGTERMException (exit code 0) for a signal that came before on_train_start:
+            # no step ran since the checkpoint this attempt resumed from, so that one is the resume point.
+            exception.code = protocol.EXIT_PREEMPTED
+            if self._stop is None:
+                found = self.run.resume_checkpoint()
+                self.run.preempted(trainer.global_step, signal_name(self.flag.signum), found and found[1])
+        self._close()
+
+    def teardown(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
+        if stage == "fit":
+            self._close()
+
+    def _close(self) -> None:
+        if self._heartbeat is not None:
+            self._heartbeat.stop()
+            self._heartbeat = None
+        self.flag.uninstall()

@@ -1,0 +1,182 @@
+"""Plain PyTorch loops: orch's guarantees in three lines around an existing loop.
+
+::
+
+    from orchestrator.integrations.loop import orch_run           # 1
+    with orch_run(model, optimizer, scheduler) as run:             # 2
+        for step in run.steps(max_steps):                          # 3 (was: for step in range(...))
+            loss = train_one_step(step)
+            run.log(loss=loss.item())                               # optional: progress.json shows it
+
+What it guarantees (measured in tests/integrations/test_loop.py):
+
+* on entry, a run dir whose ``done.json`` verifies exits 0 at once ("already complete"), writing nothing;
+  otherwise model, optimizer, scheduler, the global RNGs (python, torch, CUDA, numpy) and the ``state``
+  dict you pass (e.g. a data position) are restored from the newest *verified* checkpoint, so a loop whose
+  batches depend on the step or on the global RNG continues bit for bit;
+* every ``save_every`` steps a checkpoint is written in a background thread (the loop waits only for a
+  copy of the state to CPU memory);
+* on SIGTERM or SIGUSR2 the step in flight completes, the last completed step is checkpointed at the
+  step boundary, ``failure.json`` says ``preempted`` and the process exits 143: 0 steps are redone
+  (a signal during the last step stops nothing: the run finishes);
+* when the ``with`` body ends normally, ``result/model.pt`` (the model's state dict),
+  ``result/metrics.json`` and whatever you wrote to ``run.result_dir`` are listed in ``done.json``.
+
+Step numbering: ``steps(n)`` yields 1..n; when the body for step ``s`` returns, step ``s`` is complete and
+``checkpoints/step-<s>`` holds the state after it. Without orch pass ``run_dir=``.
+"""
+
+from __future__ import annotations
+
+import os
+import traceback
+from collections.abc import Iterator
+from pathlib import Path
+from types import TracebackType
+from typing import Any
+
+import torch
+
+from orchestrator import protocol
+from orchestrator.integrations.runtime import Run, any_rank, capture_rng, clean_stale, log, restore_rng, signal_name
+from trainer.checkpoint import CheckpointManager
+from trainer.heartbeat import Heartbeat
+from trainer.preemption import PreemptionFlag
+
+
+class OrchRun:
+    """The handle ``orch_run`` yields: ``steps()``, ``log()``, ``step``, ``resumed_from``, ``result_dir``.
+
+    Create it in the main thread (it installs the SIGTERM/SIGUSR2 handler). Under torch.distributed every
+    rank enters it; ranks agree on a stop at each step boundary and only rank 0 writes.
+    """
+
+    def __init__(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer | None = None,
+                 scheduler: Any = None, *, state: dict[str, Any] | None = None, save_every: int | None = 100,
+                 keep_last_k: int = 2, run_dir: str | os.PathLike[str] | None = None) -> None:
+        self.model, self.optimizer, self.scheduler = model, optimizer, scheduler
+        self.state = state if state is not None else {}
+        self.save_every = save_every
+        self.keep_last_k = keep_last_k
+        self._run_dir_arg = run_dir
+        self.step = 0
+        self.resumed_from: int | None = None
+        self._fields: dict[str, Any] = {}
+        self._saved_step: int | None = None
+        self._saved_path: Path | None = None
+        self._stopped = False
+
+    # --- entering: resume ------------------------------------------------------------------------
+    def __enter__(self) -> OrchRun:
+        self.run = Run.from_env(self._run_dir_arg)
+        if self.run.already_complete():
+            raise SystemExit(protocol.EXIT_OK)
+        # First, before the (possibly long) restore: a SIGTERM from here on ends as a clean preemption.
+        self.flag = PreemptionFlag().install()
+        self.run.begin()
+        if self.run.is_writer:
+            clean_stale(self.run.run_dir)
+        self.ckpts = CheckpointManager(self.run.run_dir, self.keep_last_k)
+        found = self.run.resume_checkpoint()
+        if found is not None:
+            self._restore(*found)
+        self.heartbeat = Heartbeat(self.run.run_dir, self.run.attempt, self.run.heartbeat_s)
+        if self.run.is_writer:
+            self.heartbeat.start()
+        return self
+
+    def _restore(self, step: int, path: Path) -> None:
+        loaded = CheckpointManager.load(path)  # verifies every sha256 again, then torch.load(weights_only)
+        self.model.load_state_dict(loaded["model.pt"])
+        if self.optimizer is not None and "optim.pt" in loaded:
+            self.optimizer.load_state_dict(loaded["optim.pt"])
+        if self.scheduler is not None and "sched.pt" in loaded:
+            self.scheduler.load_state_dict(loaded["sched.pt"])
+        if "state.pt" in loaded:
+            self.state.clear()
+            self.state.update(loaded["state.pt"])
+        restore_rng(loaded["rng.pt"])
+        self.step = self.resumed_from = self._saved_step = step
+        self._saved_path = path
+        log(f"resumed from {path.name} (step {step})")
+
+    # --- the loop ----------------------------------------------------------------------------------
+    @property
+    def result_dir(self) -> Path:
+        return self.run.result_dir
+
+    def steps(self, max_steps: int) -> Iterator[int]:
+        """Yield the steps still to do, ``resumed_from + 1 .. max_steps``; stop cleanly on a signal."""
+        for step in range(self.step + 1, max_steps + 1):
+            self._boundary()
+            yield step
+            self.step = step
+            if self.run.is_writer:
+                self.heartbeat.post(step=step, max_steps=max_steps, **self._fields)
+            if self.save_every and step % self.save_every == 0 and step < max_steps:
+                self._save(background=True)
+
+    def log(self, **fields: Any) -> None:
+        """Numbers to show in ``attempts/<n>/progress.json`` with the next step (e.g. ``loss=``)."""
+        self._fields = {k: (v.item() if isinstance(v, torch.Tensor) else v) for k, v in fields.items()}
+
+    def _boundary(self) -> None:
+        """Between two steps: the only place a signal is acted on (the state is one completed step)."""
+        self.ckpts.poll()  # a failed background save surfaces here, not silently at the end
+        if any_rank(self.flag.requested):
+            path = self._save(background=False)
+            self._stopped = True
+            raise self.run.preempted(self.step, signal_name(self.flag.signum), path)
+
+    def _save(self, background: bool) -> Path | None:
+        if self.step == 0 or self.step == self._saved_step:
+            committed = self.ckpts.wait()  # e.g. the periodic save of this very step is in flight
+            return committed[1] if committed and committed[0] == self.step else self._saved_path
+        files: dict[str, Any] = {"model.pt": self.model.state_dict(), "rng.pt": capture_rng(),
+                                 "state.pt": dict(self.state), "meta.json": {"step": self.step}}
+        if self.optimizer is not None:
+            files["optim.pt"] = self.optimizer.state_dict()
+        if self.scheduler is not None:
+            files["sched.pt"] = self.scheduler.state_dict()
+        self._saved_step = self.step
+        if not self.run.is_writer:
+            return None
+        self._saved_path = self.ckpts.save(self.step, files, background=background)  # prunes after commit
+        return self._saved_path
+
+    # --- leaving: the marker, or nothing -----------------------------------------------------------
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+                 tb: TracebackType | None) -> bool:
+        try:
+            if exc_type is None:
+                if self.flag.requested:
+                    # A signal during the last step or while results were written stopped nothing: the
+                    # run is complete, and its marker costs milliseconds of the grace period.
+                    log(f"{signal_name(self.flag.signum)} after the last step: finishing")
+                self.ckpts.wait()
+                if self.run.is_writer:
+                    self.run.result_dir.mkdir(parents=True, exist_ok=True)
+                    torch.save(self.model.state_dict(), self.run.result_dir / "model.pt")
+                    self.run.finish({"step": self.step, "resumed_from": self.resumed_from, **self._fields})
+            elif not self._stopped and not issubclass(exc_type, SystemExit | KeyboardInterrupt):
+                try:
+                    self.ckpts.wait()  # an in-flight save still commits: the next attempt loses less
+                except Exception as e:  # noqa: BLE001 - the original error is the one to report
+                    log(f"background save failed too: {e!r}")
+                if self.run.is_writer:
+                    detail = "".join(traceback.format_exception(exc_type, exc, tb))[-1800:]
+                    protocol.write_failure(self.run.run_dir, self.run.attempt, "crash", self.step, detail)
+        finally:
+            if self.run.is_writer:
+                self.heartbeat.stop()
+            self.flag.uninstall()
+        return False
+
+
+def orch_run(model: torch.nn.Module, optimizer: torch.optim.Optimizer | None = None, scheduler: Any = None,
+             **kwargs: Any) -> OrchRun:
+    """``with orch_run(model, optimizer, scheduler, save_every=100, keep_last_k=2, state=None) as run:``.
+
+    See the module docstring; ``run_dir=`` when not run by orch.
+    """
+    return OrchRun(model, optimizer, scheduler, **kwargs)

@@ -1,0 +1,176 @@
+"""Helpers of the integration tests: run an example through orch, find its process, preempt it, measure.
+
+Measurements, as the tests and bench/bench_integrations.py use them:
+
+* steps redone: each example appends ``<attempt> <step>`` to a step log once the optimizer step is
+  complete; a step that appears twice was computed twice (``repeats``).
+* exactness: final weights compared with a run of the same script that was never interrupted.
+"""
+
+from __future__ import annotations
+
+import collections
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+from orchestrator import protocol
+
+ROOT = Path(__file__).resolve().parents[2]
+EXAMPLES = ROOT / "examples"
+PY = sys.executable
+DONE = "done_marker_verified"
+
+
+def example(name: str, *args: str) -> list[str]:
+    return [PY, str(EXAMPLES / name), *args]
+
+
+def quiet_env(extra: dict[str, str] | None = None) -> dict[str, str]:
+    """What every example run gets: fast heartbeats, W&B offline, no hub access, this checkout first."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("ORCH_", "SLURM_", "WANDB_"))}
+    env.update(ORCH_HEARTBEAT_S="0.1", WANDB_MODE="offline", WANDB_SILENT="true", HF_HUB_OFFLINE="1",
+               TRANSFORMERS_OFFLINE="1", PYTHONUNBUFFERED="1", TOKENIZERS_PARALLELISM="false",
+               PYTHONPATH=str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    env.update(extra or {})
+    return env
+
+
+def run_direct(argv: list[str], run_dir: Path, timeout: float = 300) -> subprocess.CompletedProcess:
+    """Run an example to the end without orch (the reference: never interrupted)."""
+    run_dir.mkdir(parents=True, exist_ok=True)
+    p = subprocess.run(argv + ["--run-dir", str(run_dir)], cwd=run_dir, env=quiet_env(), capture_output=True,
+                       text=True, timeout=timeout)
+    assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
+    assert protocol.verify_done_marker(run_dir).verified
+    return p
+
+
+def wait_for(cond: Callable[[], object], timeout: float, what: str, every: float = 0.05) -> object:
+    t0 = time.time()
+    while True:
+        got = cond()
+        if got:
+            return got
+        if time.time() - t0 > timeout:
+            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+        time.sleep(every)
+
+
+def program_pids(run_dir: Path, script: str) -> list[int]:
+    """Pids of processes running ``script`` whose environment says ORCH_RUN_DIR=<run_dir>.
+
+    Found by a /proc scan (the wrapper's child is the program; its own children, e.g. W&B's service,
+    share the environment but not the script in their command line).
+    """
+    needle = f"{protocol.ENV_RUN_DIR}={run_dir}".encode()
+    pids = []
+    for d in Path("/proc").iterdir():
+        if not d.name.isdigit():
+            continue
+        try:
+            if needle not in (d / "environ").read_bytes().split(b"\0"):
+                continue
+            if script.encode() in (d / "cmdline").read_bytes():
+                pids.append(int(d.name))
+        except OSError:
+            continue
+    return pids
+
+
+def progress_step(run_dir: Path, attempt: int) -> int:
+    return int((protocol.read_progress(run_dir, attempt) or {}).get("step") or 0)
+
+
+def preempt(orch, name: str, script: str, attempt: int, past_step: int, timeout: float = 180) -> int:
+    """SIGTERM the program of ``attempt`` once it posted progress past ``past_step``; reconcile meanwhile.
+
+    Returns the pid it signalled. Reconciling while waiting is what requeues the previous attempt.
+    """
+    run_dir = orch.runs / name
+
+    def ready() -> list[int] | None:
+        orch("reconcile", check=True)
+        if progress_step(run_dir, attempt) > past_step and (pids := program_pids(run_dir, script)):
+            return pids
+        return None
+
+    (pid,) = wait_for(ready, timeout, f"{name} attempt {attempt} past step {past_step}", every=0.2)
+    os.kill(pid, signal.SIGTERM)
+    return pid
+
+
+def step_log(path: Path) -> list[tuple[int, int]]:
+    return [(int(a), int(s)) for a, s in (line.split() for line in path.read_text().splitlines() if line.strip())]
+
+
+def repeats(log: list[tuple[int, int]]) -> int:
+    """Optimizer steps that were computed more than once."""
+    return sum(n - 1 for n in collections.Counter(s for _, s in log).values() if n > 1)
+
+
+def attempts(orch, name: str) -> list[dict]:
+    return orch.show(name)["attempts"]
+
+
+def failure(run_dir: Path, attempt: int) -> dict:
+    return json.loads((protocol.attempt_dir(run_dir, attempt) / protocol.FAILURE_FILE).read_text())
+
+
+def tensorboard_scalars(log_dir: Path, tag: str) -> tuple[list[str], list[int]]:
+    """(every dir below ``log_dir`` that holds event files, the steps logged for ``tag`` in file order)."""
+    from tensorboard.backend.event_processing.event_file_loader import EventFileLoader
+
+    files = sorted(log_dir.rglob("events.out.tfevents.*"), key=lambda p: int(p.name.split(".")[3]))
+    steps = []
+    for f in files:
+        for event in EventFileLoader(str(f)).Load():
+            if event.HasField("summary"):
+                steps += [event.step for v in event.summary.value if v.tag == tag]
+    return sorted({str(f.parent.relative_to(log_dir)) for f in files}), steps
+
+
+def state_dicts_equal(a: dict, b: dict) -> bool:
+    import torch
+
+    return a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+
+
+def preempted_twice(orch, name: str, script: str, args: list[str], first_k: int = 15, gap: int = 15,
+                    timeout: float = 240) -> tuple[Path, list[tuple[int, int]]]:
+    """Submit ``script`` through orch, SIGTERM attempts 1 and 2 mid-run, drive it to the end.
+
+    Returns (run dir, step log). Checks on the way: each signalled attempt reported ``preempted`` and
+    was requeued by ``orch reconcile`` alone; the job ends ``done_marker_verified`` with 3 attempts.
+    """
+    log = orch.home.parent / f"{name}-steps.log"
+    orch("submit", "--name", name, "--", *example(script, *args, "--step-log", str(log)), check=True)
+    run_dir = orch.runs / name
+    preempt(orch, name, script, 1, first_k, timeout)
+    wait_for(lambda: (protocol.attempt_dir(run_dir, 1) / protocol.FAILURE_FILE).exists(), 60, "attempt 1's report")
+    preempt(orch, name, script, 2, failure(run_dir, 1)["step"] + gap, timeout)
+    assert orch.wait(name, {DONE, "failed", "cancelled"}, timeout=timeout) == DONE, orch.show(name)
+    shown = attempts(orch, name)
+    assert [(a["failure_class"], (a["action"] or {}).get("auto")) for a in shown[:2]] == [("preempted", True)] * 2, \
+        shown
+    assert len(shown) == 3 and shown[2]["state"] == "succeeded", shown
+    v = orch("verify", name)
+    assert (v.returncode, v.stdout) == (0, "VERIFIED\n"), v.stdout + v.stderr
+    return run_dir, step_log(log)
+
+
+def assert_resumed_where_it_stopped(run_dir: Path, log: list[tuple[int, int]], max_steps: int) -> None:
+    """Every step done exactly once; attempt n+1 started right after the step attempt n checkpointed."""
+    assert repeats(log) == 0, log
+    assert sorted(s for _, s in log) == list(range(1, max_steps + 1))
+    for n in (1, 2):
+        report = failure(run_dir, n)
+        assert report["class"] == "preempted" and report["checkpoint"] == \
+            f"checkpoints/{protocol.checkpoint_name(report['step'])}", report
+        assert max(s for a, s in log if a == n) == report["step"], (n, report)
+        assert min(s for a, s in log if a == n + 1) == report["step"] + 1, (n, report)
