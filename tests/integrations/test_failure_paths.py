@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 import signal
 import sys
+from pathlib import Path
 
 from intkit import DONE, ROOT, program_pids, repeats, step_log, wait_for
 from transformers.trainer_utils import get_last_checkpoint
@@ -46,13 +47,17 @@ def test_hf_killed_mid_save_is_requeued_and_resumes_from_the_last_complete_check
 def test_program_that_exits_0_after_sigterm_is_never_verified(orch):
     # Lightning without orch's callback: SIGTERM -> its SIGTERMException -> exit 0, after ModelCheckpoint
     # wrote result/*.ckpt. With --outputs the wrapper must still not write done.json: it delivered a
-    # termination signal to this attempt (contract additions 2026-12). Needs the core change.
+    # termination signal to this attempt (contract additions 2026-12). The SIGTERM goes where a
+    # preemption notice goes: to the job's batch process, orch's wrapper (Slurm also signals every
+    # process of the job; tests/slurm covers that).
     orch("submit", "--name", "exit0", "--outputs", "result/*", "--", sys.executable,
          str(SCRIPTS / "lightning_without_callback.py"), "400", check=True)
     run_dir = orch.runs / "exit0"
     wait_for(lambda: list((run_dir / "result").glob("*.ckpt")), 180, "a ModelCheckpoint file")
     (pid,) = program_pids(run_dir, "lightning_without_callback.py")
-    os.kill(pid, signal.SIGTERM)
+    wrapper = int(Path(f"/proc/{pid}/stat").read_bytes().rsplit(b")", 1)[1].split()[1])
+    assert b"orchestrator.wrapper" in Path(f"/proc/{wrapper}/cmdline").read_bytes()
+    os.kill(wrapper, signal.SIGTERM)
     exit_json = protocol.attempt_dir(run_dir, 1) / protocol.EXIT_FILE
     wait_for(exit_json.exists, 60, "attempt 1 to exit")
     try:
