@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
+from orchestrator.backends.base import AttemptRef
 from orchestrator.errors import JobNotFound
-from orchestrator.models import Attempt, Job
+from orchestrator.lifecycle import JobState
+from orchestrator.models import Attempt, Job, Sweep
 
 
 def get_job(s: Session, name: str) -> Job:
@@ -16,6 +19,12 @@ def get_job(s: Session, name: str) -> Job:
     if job is None:
         raise JobNotFound(f"no job named {name!r}")
     return job
+
+
+def attempt_ref(a: Attempt, job: Job, external_id: str | None = None) -> AttemptRef:
+    """How the backend knows this attempt (an array task also by its batch token and index)."""
+    return AttemptRef(external_id if external_id is not None else a.external_id, a.token, Path(job.run_dir), a.n,
+                      batch=a.batch_token, task=job.task_index)
 
 
 def attempt_view(a: Attempt) -> dict[str, Any]:
@@ -32,3 +41,19 @@ def attempt_view(a: Attempt) -> dict[str, Any]:
 
 def _iso(t: Any) -> str | None:
     return t.isoformat(timespec="seconds") + "Z" if t else None
+
+
+def expand_names(s: Session, names: list[str], skip: tuple[JobState, ...] = ()) -> list[str]:
+    """Job names as given, with a sweep's name replaced by its tasks (those not in ``skip``).
+
+    Raises JobNotFound for a name that is neither a job nor a sweep.
+    """
+    out: list[str] = []
+    for n in names:
+        sweep = s.scalar(select(Sweep).where(Sweep.name == n))
+        if sweep is None:
+            get_job(s, n)
+            out.append(n)
+        else:
+            out += [t.name for t in sweep.tasks if t.state not in skip]
+    return list(dict.fromkeys(out))

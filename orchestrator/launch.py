@@ -18,15 +18,15 @@ from __future__ import annotations
 import errno
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 from orchestrator import protocol, testhooks
 from orchestrator.backends import get_backend
-from orchestrator.backends.base import AttemptRef, Backend, BackendError, Resources, SubmitSpec
+from orchestrator.backends.base import Backend, BackendError, Resources, SubmitSpec
 from orchestrator.config import Config
 from orchestrator.db import Database
 from orchestrator.errors import IllegalTransition, OrchError, Refused
-from orchestrator.jobs import get_job
+from orchestrator.jobs import attempt_ref, get_job
 from orchestrator.lifecycle import (
     AttemptState,
     JobState,
@@ -39,7 +39,7 @@ from orchestrator.lifecycle import (
 from orchestrator.models import Attempt, Job
 from orchestrator.observe import finish
 from orchestrator.policy import command_for, is_bundled_trainer
-from orchestrator.protocol import FailureClass
+from orchestrator.protocol import ENV_SWEEP, ENV_SWEEP_PARAMS, ENV_TASK_INDEX, FailureClass
 from orchestrator.rundir import check_run_dir, empty_trash, move_to_trash, unverified_leftovers
 
 A, J = AttemptState, JobState
@@ -82,13 +82,23 @@ def _claim(db: Database, attempt_id: int, reclaim: bool) -> bool:
     return True
 
 
-def launch(db: Database, cfg: Config, name: str, backend: Backend | None = None, *,
-           reclaim: bool = False) -> Launched:
-    """Launch the job's pending attempt (``reclaim``: or its expired launching one).
+@dataclass
+class _Ready:
+    """An attempt claimed by this launcher, its run dir prepared: what the backend call needs."""
 
-    Raises Refused when the attempt was refused for good (the attempt and job are failed first),
-    OrchError for a launch that failed (the attempt is ended with its class, or, for a transient
-    scheduler error, left to the reconciler).
+    name: str
+    job_id: int
+    attempt_id: int
+    spec: SubmitSpec
+    overrides: dict[str, Any]
+    moved: list[str]
+
+
+def _ready(db: Database, cfg: Config, name: str, backend_name: str | None, reclaim: bool) -> _Ready | Launched:
+    """Read, claim, check and prepare the job's pending attempt (``reclaim``: its expired launching one).
+
+    Returns a Launched when there is nothing to submit (another launcher has it; the marker verifies).
+    Raises Refused / OrchError after ending the attempt with the reason.
     """
     with db.read() as s:
         job = get_job(s, name)
@@ -96,22 +106,25 @@ def launch(db: Database, cfg: Config, name: str, backend: Backend | None = None,
         if a is None or a.state not in (A.PENDING, A.LAUNCHING):
             return Launched(outcome="lost_claim")
         argv, overrides = command_for(job, a.plan)
-        run_dir = Path(job.run_dir)
-        spec = SubmitSpec(job=job.name, attempt=a.n, token=a.token, run_dir=run_dir, command=tuple(argv),
-                          outputs=tuple(job.outputs), env={protocol.ENV_OVERRIDES: _dumps(overrides)},
-                          resources=resources_of(job.resources),
+        env = {protocol.ENV_OVERRIDES: _dumps(overrides)}
+        if job.sweep is not None and job.task_index is not None:
+            env.update(sweep_env(job.sweep.name, job.task_index, job.sweep.params))
+        spec = SubmitSpec(job=job.name, attempt=a.n, token=a.token, run_dir=Path(job.run_dir), command=tuple(argv),
+                          outputs=tuple(job.outputs), env=env, resources=resources_of(job.resources),
                           warning_signal=job.resources.get("warning_signal")
-                          or ("USR2" if is_bundled_trainer(argv) else "TERM"), umask=cfg.umask)
+                          or ("USR2" if is_bundled_trainer(argv) else "TERM"), umask=cfg.umask,
+                          task=job.task_index)
         job_id, attempt_id, plan, outputs = job.id, a.id, a.plan, list(job.outputs)
+        backend_name = backend_name or job.backend
     if not _claim(db, attempt_id, reclaim):
         return Launched(outcome="lost_claim")  # another process is launching this attempt right now
-    backend = backend or get_backend(job.backend)
+    run_dir = spec.run_dir
     try:
         check_run_dir(cfg, run_dir)
         if protocol.verify_done_marker(run_dir).verified:
             _close_verified(db, attempt_id, job_id)
             return Launched(outcome="verified")
-        moved = _prepare(cfg, spec, plan, outputs, backend.name)
+        moved = _prepare(cfg, spec, plan, outputs, backend_name)
     except (Refused, protocol.UnsafePath) as e:
         _fail(db, cfg, attempt_id, FailureClass.INVALID, f"refused: {e}")
         raise Refused(f"refused: {name}: {e}") from None
@@ -120,28 +133,120 @@ def launch(db: Database, cfg: Config, name: str, backend: Backend | None = None,
         _fail(db, cfg, attempt_id, cls, f"launch failed: {e}")
         raise OrchError(f"{name}: launch failed: {e.strerror or e}"
                         + (f": {e.filename}" if getattr(e, "filename", None) else "")) from None
+    return _Ready(name, job_id, attempt_id, spec, overrides, moved)
+
+
+def launch(db: Database, cfg: Config, name: str, backend: Backend | None = None, *,
+           reclaim: bool = False) -> Launched:
+    """Launch the job's pending attempt (``reclaim``: or its expired launching one).
+
+    Raises Refused when the attempt was refused for good (the attempt and job are failed first),
+    OrchError for a launch that failed (the attempt is ended with its class, or, for a transient
+    scheduler error, left to the reconciler).
+    """
+    r = _ready(db, cfg, name, backend.name if backend else None, reclaim)
+    if isinstance(r, Launched):
+        return r
+    if backend is None:
+        with db.read() as s:
+            backend = get_backend(s.get(Job, r.job_id).backend)
     testhooks.site("before_backend_submit")
-    if _cancelled_meanwhile(db, attempt_id):
-        return Launched(moved=moved, outcome="stopped")  # orch cancel came first: start nothing
+    if _cancelled_meanwhile(db, r.attempt_id):
+        return Launched(moved=r.moved, outcome="stopped")  # orch cancel came first: start nothing
     try:
-        external_id = backend.submit(spec)
-    except BackendError as e:
-        if e.permanent:
-            # The scheduler will never take it (bad partition...): failed now, not retried forever.
-            _fail(db, cfg, attempt_id, FailureClass.INVALID, f"the scheduler refused the submission: {e}")
-            raise Refused(f"refused: {name}: {e}") from None
-        with db.write() as s:  # transient: the claim stays; the reconciler looks the token up, then retries
-            a = s.get(Attempt, attempt_id)
-            if a.state is A.LAUNCHING:
-                a.detail = f"submission failed (will be retried): {e}"[:2000]
-        raise OrchError(f"{name}: {e}") from None
-    except OSError as e:  # e.g. the batch script could not be written: nothing was submitted
-        cls = FailureClass.ENOSPC if e.errno in _DISK_FULL else FailureClass.UNKNOWN
-        _fail(db, cfg, attempt_id, cls, f"launch failed: {e}")
-        raise OrchError(f"{name}: launch failed: {e.strerror or e}") from None
+        external_id = backend.submit(r.spec)
+    except (BackendError, OSError) as e:
+        _submission_failed(db, cfg, [r], e)
     testhooks.site("after_backend_submit")
-    stopped = record_submitted(db, attempt_id, external_id, overrides, backend=backend)
-    return Launched(external_id, moved, "stopped" if stopped else "submitted")
+    stopped = record_submitted(db, r.attempt_id, external_id, r.overrides, backend=backend)
+    return Launched(external_id, r.moved, "stopped" if stopped else "submitted")
+
+
+def launch_group(db: Database, cfg: Config, names: list[str], backend: Backend, throttle: int | None, *,
+                 reclaim: bool = False) -> dict[str, Launched | OrchError]:
+    """Launch the pending attempts of several sweep tasks as ONE group submission per set of equal
+    resources (a Slurm array: one sbatch, not one per task). Per name: what happened, or the error.
+
+    Each attempt is claimed and prepared on its own (a task whose run dir is refused fails alone);
+    the group's token is recorded on every member before the backend call, so a crash inside it is
+    resolved by the reconciler for the whole array at once (``find_by_token`` of the batch token).
+    """
+    results: dict[str, Launched | OrchError] = {}
+    ready: list[_Ready] = []
+    for name in names:
+        try:
+            r = _ready(db, cfg, name, backend.name, reclaim)
+        except OrchError as e:
+            results[name] = e
+            continue
+        if isinstance(r, Launched):
+            results[name] = r
+        else:
+            ready.append(r)
+    testhooks.site("before_backend_submit")
+    groups: dict[tuple, list[_Ready]] = {}
+    for r in ready:
+        if _cancelled_meanwhile(db, r.attempt_id):
+            results[r.name] = Launched(moved=r.moved, outcome="stopped")
+        else:
+            groups.setdefault((r.spec.resources, r.spec.warning_signal), []).append(r)
+    for members in groups.values():
+        batch = new_batch_token()
+        members = [r for r in members if _mark_batch(db, r.attempt_id, batch)]
+        try:
+            ids = backend.submit_group([r.spec for r in members], batch, throttle)
+        except (BackendError, OSError) as e:
+            try:
+                _submission_failed(db, cfg, members, e)
+            except OrchError as err:
+                for r in members:
+                    results[r.name] = err
+            continue
+        testhooks.site("after_backend_submit")
+        for r in members:
+            stopped = record_submitted(db, r.attempt_id, ids[r.spec.token], r.overrides, backend=backend)
+            results[r.name] = Launched(ids[r.spec.token], r.moved, "stopped" if stopped else "submitted")
+    return results
+
+
+def _mark_batch(db: Database, attempt_id: int, batch: str) -> bool:
+    with db.write() as s:
+        return set_attempt_fields(s, s.get(Attempt, attempt_id), A.LAUNCHING, batch_token=batch)
+
+
+def _submission_failed(db: Database, cfg: Config, members: list[_Ready], e: Exception) -> NoReturn:
+    """The backend call failed for these attempts: raise, after recording what the failure means."""
+    names = ", ".join(r.name for r in members)
+    if isinstance(e, BackendError) and e.permanent:
+        # The scheduler will never take it (bad partition...): failed now, not retried forever.
+        for r in members:
+            _fail(db, cfg, r.attempt_id, FailureClass.INVALID, f"the scheduler refused the submission: {e}")
+        raise Refused(f"refused: {names}: {e}") from None
+    if isinstance(e, BackendError):
+        with db.write() as s:  # transient: the claim stays; the reconciler looks the token up, then retries
+            for r in members:
+                a = s.get(Attempt, r.attempt_id)
+                if a.state is A.LAUNCHING:
+                    a.detail = f"submission failed (will be retried): {e}"[:2000]
+        raise OrchError(f"{names}: {e}") from None
+    # An OSError before the scheduler was asked (the batch script could not be written): nothing
+    # was submitted.
+    cls = FailureClass.ENOSPC if getattr(e, "errno", None) in _DISK_FULL else FailureClass.UNKNOWN
+    for r in members:
+        _fail(db, cfg, r.attempt_id, cls, f"launch failed: {e}")
+    raise OrchError(f"{names}: launch failed: {getattr(e, 'strerror', None) or e}") from None
+
+
+def new_batch_token() -> str:
+    import secrets
+
+    return "b" + secrets.token_hex(8)
+
+
+def sweep_env(sweep: str, index: int, params: list[dict[str, Any]]) -> dict[str, str]:
+    """What a sweep task gets besides ORCH_*: its sweep, its index and its argument set (JSON)."""
+    return {ENV_SWEEP: sweep, ENV_TASK_INDEX: str(index),
+            ENV_SWEEP_PARAMS: _dumps(params[index] if 0 <= index < len(params) else {})}
 
 
 def _cancelled_meanwhile(db: Database, attempt_id: int) -> bool:
@@ -232,7 +337,7 @@ def record_submitted(db: Database, attempt_id: int, external_id: str, overrides:
         if a.state is not A.STOPPING or a.external_id is not None:
             return False
         set_attempt_fields(s, a, A.STOPPING, external_id=external_id, submitted_at=utcnow())
-        ref = AttemptRef(external_id, a.token, Path(job.run_dir), a.n)
+        ref = attempt_ref(a, job, external_id)
         backend_name = job.backend
     (backend or get_backend(backend_name)).cancel([ref])
     return True

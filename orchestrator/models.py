@@ -27,7 +27,7 @@ NAMING = {
     "pk": "pk_%(table_name)s",
 }
 
-__all__ = ["Base", "Job", "Attempt", "Event", "Lease", "utcnow"]
+__all__ = ["Base", "Sweep", "Job", "Attempt", "Event", "Lease", "utcnow"]
 
 
 def _enum(cls: type, length: int) -> Enum:
@@ -38,6 +38,26 @@ def _enum(cls: type, length: int) -> Enum:
 
 class Base(DeclarativeBase):
     metadata = MetaData(naming_convention=NAMING)
+
+
+class Sweep(Base):
+    """A set of jobs made from one command and a list of argument sets (a grid or a JSON-lines file).
+
+    Each task is an ordinary job (its own run dir, marker, attempts and policy); the sweep row only
+    groups them: one Slurm array per launch, a concurrency limit on the local backend, and one line
+    in ``orch status``. Sweep and job names share one namespace.
+    """
+
+    __tablename__ = "sweeps"
+
+    id: Mapped[int] = mapped_column(primary_key=True)
+    name: Mapped[str] = mapped_column(String(128), unique=True)
+    backend: Mapped[str] = mapped_column(String(16))
+    throttle: Mapped[int | None] = mapped_column(default=None)  # at most this many tasks run at once
+    params: Mapped[list[dict[str, Any]]] = mapped_column("params_json", JSONType, default=list)
+    created_at: Mapped[datetime] = mapped_column(default=utcnow)
+
+    tasks: Mapped[list[Job]] = relationship(back_populates="sweep", order_by="Job.task_index")
 
 
 class Job(Base):
@@ -60,9 +80,12 @@ class Job(Base):
     retry_not_before: Mapped[datetime | None] = mapped_column(default=None)
     created_at: Mapped[datetime] = mapped_column(default=utcnow)
     updated_at: Mapped[datetime] = mapped_column(default=utcnow)
+    sweep_id: Mapped[int | None] = mapped_column(ForeignKey("sweeps.id"), index=True, default=None)
+    task_index: Mapped[int | None] = mapped_column(default=None)  # its index in the sweep (= array index)
 
     attempts: Mapped[list[Attempt]] = relationship(
         back_populates="job", order_by="Attempt.n", cascade="all, delete-orphan")
+    sweep: Mapped[Sweep | None] = relationship(back_populates="tasks")
 
 
 class Attempt(Base):
@@ -93,6 +116,9 @@ class Attempt(Base):
     counted: Mapped[bool] = mapped_column(default=True)  # counts against --max-attempts
     restarts: Mapped[int] = mapped_column(default=0)  # Slurm in-place requeues
     claimed_at: Mapped[datetime | None] = mapped_column(default=None)  # a launcher's claim (launching)
+    # Set when the attempt was launched as one task of a group submission (a Slurm array): the
+    # group's token, which names the array (orch-<batch_token>) and finds it again after a crash.
+    batch_token: Mapped[str | None] = mapped_column(String(64), index=True, default=None)
     stop_requested_at: Mapped[datetime | None] = mapped_column(default=None)  # stopping since
     stop_reason: Mapped[str | None] = mapped_column(String(16), default=None)  # cancel | hang
     submitted_at: Mapped[datetime | None] = mapped_column(default=None)

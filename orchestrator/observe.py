@@ -77,16 +77,19 @@ class Row:
     job_state: JobState
     stop_reason: str | None
     stop_requested_at: Any
+    batch_token: str | None
+    task_index: int | None
 
     @property
     def ref(self) -> AttemptRef:
-        return AttemptRef(self.external_id, self.token, Path(self.run_dir), self.n)
+        return AttemptRef(self.external_id, self.token, Path(self.run_dir), self.n, batch=self.batch_token,
+                          task=self.task_index)
 
 
 def polled_rows(db: Database, attempt_ids: list[int] | None = None) -> list[Row]:
     q = (select(Attempt.id, Attempt.token, Attempt.external_id, Attempt.n, Job.run_dir, Job.backend,
                 Attempt.state, Attempt.restarts, Job.state.label("job_state"), Attempt.stop_reason,
-                Attempt.stop_requested_at)
+                Attempt.stop_requested_at, Attempt.batch_token, Job.task_index)
          .join(Job).where(Attempt.state.in_(ATTEMPT_POLLED), Attempt.external_id.is_not(None)))
     if attempt_ids is not None:
         q = q.where(Attempt.id.in_(attempt_ids))

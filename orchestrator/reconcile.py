@@ -26,11 +26,12 @@ from orchestrator.backends.base import AttemptRef, Backend, BackendError
 from orchestrator.config import Config
 from orchestrator.db import Database
 from orchestrator.errors import DatabaseProblem, IllegalTransition, OrchError
-from orchestrator.launch import launch, launch_grace_s, record_submitted
+from orchestrator.launch import launch, launch_grace_s, launch_group, record_submitted
 from orchestrator.lifecycle import AttemptState, JobState, move_attempt, set_attempt_fields, utcnow
-from orchestrator.models import Attempt, Job, Lease
+from orchestrator.models import Attempt, Job, Lease, Sweep
 from orchestrator.observe import PassReport, observe, polled_rows
 from orchestrator.requeue import RequeueTarget, requeue
+from orchestrator.sweep import launch_queued
 
 __all__ = ["PassReport", "reconcile_pass", "acquire_lease", "release_lease"]
 
@@ -83,6 +84,7 @@ def reconcile_pass(db: Database, cfg: Config,
 
         _settle_launches(db, cfg, backend, rep)
         observe(db, cfg, backend, polled_rows(db), rep)
+        _launch_queued_tasks(db, cfg, backend, rep)  # after observe: slots this pass freed are used now
         for r in requeue(db, cfg, RequeueTarget.auto()):
             if r.outcome == "requeued":
                 rep.requeued.append(r.name)
@@ -97,21 +99,23 @@ def reconcile_pass(db: Database, cfg: Config,
 
 
 def _settle_launches(db: Database, cfg: Config, backend: Callable[[str], Backend], rep: PassReport) -> None:
-    """Attempts a crash (or a transient scheduler error) left before or inside a backend call.
+    """Attempts a crash (or a transient scheduler error) left before or inside a backend call, and
+    sweep tasks waiting for a slot.
 
     - ``pending`` for longer than the grace: the submitter died before claiming it; it never reached
-      the backend, so launch it.
+      the backend, so launch it. A local sweep's pending tasks are its queue: launched as soon as the
+      throttle leaves room.
     - ``launching`` (or ``stopping`` without an id: a cancel overtook the launch) whose claim expired:
-      the launcher died or gave up inside the backend call. Ask the backend for the token; launch again
-      only when it answered that it has no trace (unknown is not "absent": a resubmission then
-      could run the job twice).
+      the launcher died or gave up inside the backend call. Ask the backend for the token (an array's
+      batch token for a sweep task); launch again only when it answered that it has no trace (unknown
+      is not "absent": a resubmission then could run the job twice).
     """
     cutoff = utcnow() - timedelta(seconds=launch_grace_s())
     with db.read() as s:
         fresh = s.execute(select(Job.name, Job.backend).join(Attempt).where(
-            Attempt.state == A.PENDING, Attempt.created_at < cutoff)).all()
-        doubt = s.execute(select(Attempt.id, Attempt.state, Attempt.token, Attempt.n, Job.name, Job.backend,
-                                 Job.run_dir).join(Job).where(
+            Attempt.state == A.PENDING, Attempt.created_at < cutoff, Job.sweep_id.is_(None))).all()
+        doubt = s.execute(select(Attempt.id, Attempt.state, Attempt.token, Attempt.n, Attempt.batch_token,
+                                 Job.name, Job.backend, Job.run_dir, Job.task_index, Job.sweep_id).join(Job).where(
             Attempt.state.in_((A.LAUNCHING, A.STOPPING)), Attempt.external_id.is_(None),
             Attempt.claimed_at.is_not(None), Attempt.claimed_at < cutoff)).all()
     for name, backend_name in fresh:
@@ -122,20 +126,51 @@ def _settle_launches(db: Database, cfg: Config, backend: Callable[[str], Backend
     for backend_name, rows in by_backend.items():
         rep.backend_calls += 1
         b = backend(backend_name)
+        # A group's attempts are looked up once, by the group's token (the array's name).
+        lookup = {r.batch_token or r.token: r for r in rows}
         try:
-            found = b.find_by_token([AttemptRef(None, r.token, Path(r.run_dir), r.n) for r in rows])
+            found = b.find_by_token([AttemptRef(None, key, Path(r.run_dir), r.n) for key, r in lookup.items()])
         except BackendError as e:
             rep.errors.append(f"{backend_name}: {e}")
             continue
+        relaunch: dict[int | None, list[str]] = {}
         for r in rows:
-            ext = found.get(r.token)
+            ext = found.get(r.batch_token or r.token)
+            if ext is not None and r.batch_token:
+                ext = f"{ext}_{r.task_index}"  # the array's id + this task's index
             if r.state is A.STOPPING:
                 _stop_overtaken(db, b, r, ext, rep)
             elif ext is not None:
                 record_submitted(db, r.id, ext, backend=b)
                 rep.changed.append({"name": r.name, "to": "submitted", "why": "found by token"})
+            elif r.batch_token:
+                relaunch.setdefault(r.sweep_id, []).append(r.name)
             else:
                 _launch(db, cfg, r.name, b, rep, reclaim=True)
+        for names in relaunch.values():
+            with db.read() as s:
+                throttle = s.scalar(select(Sweep.throttle).join(Job).where(Job.name == names[0]))
+            _note_launches(launch_group(db, cfg, names, b, throttle, reclaim=True), rep)
+
+
+def _launch_queued_tasks(db: Database, cfg: Config, backend: Callable[[str], Backend], rep: PassReport) -> None:
+    """Sweep tasks whose attempt waits: a local sweep's queue (as the throttle leaves room), and a
+    Slurm sweep's pending tasks older than the launch grace (their launcher died before the array)."""
+    cutoff = utcnow() - timedelta(seconds=launch_grace_s())
+    with db.read() as s:
+        queued = s.execute(select(Sweep.id, Sweep.backend).join(Job).join(Attempt).where(
+            Attempt.state == A.PENDING, (Sweep.backend == "local") | (Attempt.created_at < cutoff))
+            .distinct()).all()
+    for sweep_id, backend_name in queued:
+        _note_launches(launch_queued(db, cfg, backend(backend_name), sweep_id), rep)
+
+
+def _note_launches(results: dict, rep: PassReport) -> None:
+    for name, res in results.items():
+        if isinstance(res, OrchError):
+            rep.errors.append(str(res))
+        elif res.outcome == "submitted":
+            rep.changed.append({"name": name, "to": "submitted", "why": "launched"})
 
 
 def _launch(db: Database, cfg: Config, name: str, b: Backend, rep: PassReport, *, reclaim: bool) -> None:
@@ -164,5 +199,5 @@ def _stop_overtaken(db: Database, b: Backend, r: object, ext: str | None, rep: P
             rep.changed.append({"name": r.name, "to": "cancelled", "why": "launch never reached the backend"})
             return
         set_attempt_fields(s, a, A.STOPPING, external_id=ext)
-    b.cancel([AttemptRef(ext, r.token, Path(r.run_dir), r.n)])
+    b.cancel([AttemptRef(ext, r.token, Path(r.run_dir), r.n, batch=r.batch_token, task=r.task_index)])
     rep.changed.append({"name": r.name, "to": "stopping", "why": "cancelled during its launch"})

@@ -19,7 +19,7 @@ from orchestrator.backends import get_backend
 from orchestrator.config import Config
 from orchestrator.db import Database
 from orchestrator.errors import DatabaseProblem, IllegalTransition, OrchError, Refused
-from orchestrator.jobs import get_job
+from orchestrator.jobs import expand_names, get_job
 from orchestrator.launch import launch
 from orchestrator.lifecycle import ATTEMPT_LIVE, AttemptState, JobState, move_attempt, move_job, open_attempt, utcnow
 from orchestrator.models import Attempt, Job
@@ -72,9 +72,9 @@ class RequeueResult:
 def _targets(db: Database, target: RequeueTarget) -> list[str]:
     with db.read() as s:
         if target.names is not None:
-            for n in target.names:
-                get_job(s, n)  # unknown names fail before anything happens
-            return list(target.names)
+            # Unknown names fail before anything happens; a sweep's name means its tasks that ended
+            # without a verified marker.
+            return expand_names(s, list(target.names), skip=(J.DONE, J.PENDING, J.SUBMITTED, J.RUNNING))
         q = select(Job.name).where(Job.state == J.RETRYABLE_FAILED)
         if target.auto_only:
             # In SQL: every reconcile pass runs this, and verifying a marker hashes every artifact.
@@ -84,6 +84,8 @@ def _targets(db: Database, target: RequeueTarget) -> list[str]:
 
 
 def requeue(db: Database, cfg: Config, target: RequeueTarget, dry_run: bool = False) -> list[RequeueResult]:
+    """Requeue the target's jobs: first every next attempt is created, then they are launched —
+    sweep tasks of one sweep together (one array on Slurm), other jobs one by one."""
     results = []
     for name in _targets(db, target):
         try:
@@ -100,7 +102,44 @@ def requeue(db: Database, cfg: Config, target: RequeueTarget, dry_run: bool = Fa
             results.append(RequeueResult(name, "error", str(e)[:300]))
         except Exception as e:  # noqa: BLE001 - e.g. a transient sbatch failure: this job only
             results.append(RequeueResult(name, "error", f"{type(e).__name__}: {str(e)[:300]}"))
+    _launch_created(db, cfg, [r for r in results if r.outcome == "requeued"])
     return results
+
+
+def _launch_created(db: Database, cfg: Config, created: list[RequeueResult]) -> None:
+    """Launch the attempts requeue created; a launch failure becomes that job's result."""
+    if not created:
+        return
+    from orchestrator.sweep import launch_queued  # sweep builds on requeue's neighbours; imported late
+
+    with db.read() as s:
+        rows = {r.name: (r.sweep_id, r.backend) for r in s.execute(
+            select(Job.name, Job.sweep_id, Job.backend).where(Job.name.in_([c.name for c in created])))}
+    by_sweep: dict[int, list[RequeueResult]] = {}
+    for r in created:
+        sweep_id, backend_name = rows[r.name]
+        if sweep_id is not None:
+            by_sweep.setdefault(sweep_id, []).append(r)
+            continue
+        try:
+            r.clears = launch(db, cfg, r.name).moved
+        except Refused as e:
+            r.outcome, r.reason = "refused", str(e)
+        except DatabaseProblem:
+            raise
+        except OrchError as e:
+            r.outcome, r.reason = "error", str(e)[:300]
+    for sweep_id, members in by_sweep.items():
+        backend_name = rows[members[0].name][1]
+        done = launch_queued(db, cfg, get_backend(backend_name), sweep_id, [m.name for m in members])
+        for r in members:
+            res = done.get(r.name)
+            if isinstance(res, Refused):
+                r.outcome, r.reason = "refused", str(res)
+            elif isinstance(res, OrchError):
+                r.outcome, r.reason = "error", str(res)[:300]
+            elif res is not None:
+                r.clears = res.moved
 
 
 def _settle_open_attempt(db: Database, cfg: Config, name: str) -> Attempt | None:
@@ -155,8 +194,7 @@ def _requeue_one(db: Database, cfg: Config, name: str, target: RequeueTarget, dr
         n = (max(a.n for a in job.attempts) + 1) if job.attempts else 1
         s.add(Attempt(job_id=job.id, n=n, token=new_token(), state=A.PENDING, backend=job.backend,
                       plan=plan if plan and plan.action not in ("give_up", "none") else None))
-    done = launch(db, cfg, name)
-    return RequeueResult(name, "requeued", action, n, done.moved)
+    return RequeueResult(name, "requeued", action, n)  # launched by _launch_created
 
 
 def _mark_verified(db: Database, name: str) -> None:

@@ -10,13 +10,11 @@ reconciler, which finds the submission by its token and stops it (issue 9).
 
 from __future__ import annotations
 
-from pathlib import Path
-
 from orchestrator.backends import get_backend
 from orchestrator.backends.base import AttemptRef, BackendError
 from orchestrator.config import Config
 from orchestrator.db import Database
-from orchestrator.jobs import get_job
+from orchestrator.jobs import attempt_ref, expand_names, get_job
 from orchestrator.lifecycle import (
     AttemptState,
     JobState,
@@ -31,13 +29,16 @@ A, J = AttemptState, JobState
 
 
 def cancel(db: Database, cfg: Config, names: list[str]) -> list[tuple[str, str]]:
-    """(name, what happened) per job; unknown names fail before anything changes."""
-    out = []
+    """(name, what happened) per job; a sweep's name stands for its tasks that have not ended.
+
+    Unknown names fail before anything changes. The backend is told once per backend, for every
+    attempt together (one scancel for a whole array).
+    """
     with db.read() as s:
-        for n in names:
-            get_job(s, n)
-    for name in names:
-        ref = None
+        jobs = expand_names(s, names, skip=(J.DONE, J.CANCELLED, J.FAILED))
+    out: list[tuple[str, str]] = []
+    to_stop: dict[str, list[tuple[str, AttemptRef]]] = {}
+    for name in jobs:
         with db.write() as s:
             job = get_job(s, name)
             if job.state in (J.DONE, J.CANCELLED, J.FAILED):
@@ -52,15 +53,14 @@ def cancel(db: Database, cfg: Config, names: list[str]) -> list[tuple[str, str]]
                 else:
                     move_attempt(s, a, A.STOPPING, stop_reason="cancel", stop_requested_at=utcnow())
                 if a.external_id:
-                    ref = AttemptRef(a.external_id, a.token, Path(job.run_dir), a.n)
+                    to_stop.setdefault(job.backend, []).append((name, attempt_ref(a, job)))
             move_job(s, job, J.CANCELLED, "orch cancel")
-            backend_name = job.backend
-        if ref is not None:
-            try:
-                get_backend(backend_name).cancel([ref])
-            except BackendError as e:
-                out.append((name, f"cancelled in orch, but the backend was not told ({e}); "
-                                  f"stop {ref.external_id} by hand"))
-                continue
         out.append((name, "cancelled"))
+    for backend_name, items in to_stop.items():
+        try:
+            get_backend(backend_name).cancel([ref for _n, ref in items])
+        except BackendError as e:
+            told = {n for n, _r in items}
+            out = [(n, f"cancelled in orch, but the backend was not told ({e}); stop it by hand")
+                   if n in told else (n, w) for n, w in out]
     return out

@@ -11,9 +11,9 @@ from sqlalchemy import func, select
 from orchestrator import protocol
 from orchestrator.config import Config
 from orchestrator.db import Database
-from orchestrator.jobs import attempt_view, get_job
+from orchestrator.jobs import attempt_ref, attempt_view, get_job
 from orchestrator.lifecycle import ATTEMPT_LIVE, AttemptState, JobState
-from orchestrator.models import Attempt, Job
+from orchestrator.models import Attempt, Job, Sweep
 
 SLOW_MIN_SAMPLES = 5
 
@@ -23,9 +23,10 @@ def status_rows(db: Database, cfg: Config, state: str | None = None) -> list[dic
     latest = (select(Attempt.job_id, func.max(Attempt.n).label("n"), func.count().label("count"))
               .group_by(Attempt.job_id).subquery())
     q = (select(Job.name, Job.state, Job.backend, Job.run_dir, latest.c.count, Attempt.external_id,
-                Attempt.failure_class, Attempt.n, Attempt.restarts)
+                Attempt.failure_class, Attempt.n, Attempt.restarts, Sweep.name.label("sweep"), Job.task_index)
          .outerjoin(latest, latest.c.job_id == Job.id)
          .outerjoin(Attempt, (Attempt.job_id == Job.id) & (Attempt.n == latest.c.n))
+         .outerjoin(Sweep, Sweep.id == Job.sweep_id)
          .order_by(Job.id))
     if state:
         q = q.where(Job.state == state)
@@ -35,7 +36,7 @@ def status_rows(db: Database, cfg: Config, state: str | None = None) -> list[dic
             row = {"name": r.name, "state": r.state.value, "attempts": r.count or 0, "run_dir": r.run_dir,
                    "backend": r.backend, "external_id": r.external_id,
                    "failure_class": r.failure_class.value if r.failure_class else None,
-                   "restarts": r.restarts or 0, "step": None, "flags": []}
+                   "restarts": r.restarts or 0, "step": None, "flags": [], "sweep": r.sweep, "task": r.task_index}
             if r.state is JobState.RUNNING and r.n:
                 _progress_flags(cfg, Path(r.run_dir), r.n, row)
             rows.append(row)
@@ -100,7 +101,7 @@ def log_paths(db: Database, name: str, n: int | None) -> tuple[list[Path], Calla
     def live() -> bool:
         """Read-only: asks the backend, never runs a reconcile pass (a read command changes nothing)."""
         from orchestrator.backends import get_backend
-        from orchestrator.backends.base import AttemptRef, Phase
+        from orchestrator.backends.base import Phase
 
         with db.read() as s:
             a = s.scalar(select(Attempt).join(Job).where(Job.name == name, Attempt.n == n))
@@ -108,8 +109,45 @@ def log_paths(db: Database, name: str, n: int | None) -> tuple[list[Path], Calla
                 return False
             if not a.external_id:
                 return True
-            ref, backend = AttemptRef(a.external_id, a.token, d.parent.parent, a.n), a.backend
+            ref, backend = attempt_ref(a, a.job), a.backend
         out = get_backend(backend).poll([ref]).get(ref.token)
         return out is None or out.phase in (Phase.PENDING, Phase.RUNNING, Phase.UNKNOWN)
 
     return [d / protocol.STDOUT_LOG, d / protocol.STDERR_LOG], live
+
+
+def group_by_sweep(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """``orch status``'s table: one row per plain job, one per sweep (its tasks' states counted)."""
+    out: list[dict[str, Any]] = []
+    sweeps: dict[str, dict[str, Any]] = {}
+    for r in rows:
+        if not r.get("sweep"):
+            out.append(r)
+            continue
+        g = sweeps.get(r["sweep"])
+        if g is None:
+            g = sweeps[r["sweep"]] = {"name": r["sweep"], "state": "", "attempts": 0, "backend": r["backend"],
+                                      "external_id": None, "step": None, "failure_class": None, "flags": [],
+                                      "counts": {}, "tasks": 0}
+            out.append(g)
+        g["tasks"] += 1
+        g["attempts"] += r["attempts"]
+        g["counts"][r["state"]] = g["counts"].get(r["state"], 0) + 1
+        g["flags"] = sorted(set(g["flags"]) | set(r["flags"]))
+    for g in sweeps.values():
+        g["state"] = f"sweep of {g['tasks']}: " + ", ".join(f"{n} {st}" for st, n in sorted(g["counts"].items()))
+    return out
+
+
+def show_sweep(db: Database, name: str) -> dict[str, Any] | None:
+    """A sweep, its counts and one line per task; None when ``name`` is no sweep."""
+    from orchestrator.sweep import sweep_of, sweep_summary
+
+    sweep = sweep_of(db, name)
+    if sweep is None:
+        return None
+    d = sweep_summary(sweep)
+    d["params"] = sweep.params
+    d["task_list"] = [{"name": t.name, "task": t.task_index, "state": t.state.value, "run_dir": t.run_dir}
+                      for t in sweep.tasks]
+    return d

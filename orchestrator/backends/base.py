@@ -57,6 +57,7 @@ class SubmitSpec:
     # orch's own warning (signal 12, classified crash, never requeued: issue 10).
     warning_signal: str = "TERM"
     umask: int = 0o077  # run dirs 0700, files 0600 unless orch.toml shares them with the group
+    task: int | None = None  # its index in a group submission (a sweep task's index = its array index)
 
     @property
     def attempt_dir(self) -> Path:
@@ -85,6 +86,8 @@ class AttemptRef:
     token: str
     run_dir: Path
     attempt: int
+    batch: str | None = None  # the group submission's token (a Slurm array's name), if any
+    task: int | None = None
 
     @property
     def attempt_dir(self) -> Path:
@@ -131,6 +134,14 @@ class Backend(ABC):
     @abstractmethod
     def cancel(self, refs: Sequence[AttemptRef]) -> None:
         """Ask the scheduler to stop these attempts (SIGTERM first, so the job can checkpoint)."""
+
+    def submit_group(self, specs: Sequence[SubmitSpec], batch_token: str, throttle: int | None) -> dict[str, str]:
+        """Start several attempts (the tasks of a sweep) as one submission where the scheduler has
+        one (a Slurm array); token -> external id. ``throttle``: at most this many run at once.
+
+        The default submits one by one (the local backend: orch itself keeps to the throttle).
+        """
+        return {spec.token: self.submit(spec) for spec in specs}
 
     def kill(self, refs: Sequence[AttemptRef]) -> None:
         """Stop these attempts now (SIGKILL): the end of a stop whose SIGTERM was ignored."""

@@ -97,7 +97,7 @@ def main() -> None:
 
 
 # The commands register themselves on ``main`` when imported.
-from orchestrator.cli import manage, read, submit_cmd  # noqa: E402,F401
+from orchestrator.cli import manage, read, submit_cmd, sweep_cmd  # noqa: E402,F401
 
 if __name__ == "__main__":
     main()

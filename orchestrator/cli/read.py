@@ -15,16 +15,19 @@ from orchestrator.cli import EXIT_NOT_VERIFIED, STATES, _ctx, _emit, _show, main
 
 @main.command()
 @click.option("--state", type=click.Choice(STATES), help="Only jobs in this state.")
-@click.option("--json", "as_json", is_flag=True)
-def status(state: str | None, as_json: bool) -> None:
-    """One row per job: state, attempts, backend id of the latest attempt, progress."""
-    from orchestrator.views import status_rows
+@click.option("--tasks", is_flag=True, help="One row per sweep task instead of one per sweep.")
+@click.option("--json", "as_json", is_flag=True, help="Every job (sweep tasks too) as a JSON list.")
+def status(state: str | None, tasks: bool, as_json: bool) -> None:
+    """One row per job (and per sweep): state, attempts, backend id of the latest attempt, progress."""
+    from orchestrator.views import group_by_sweep, status_rows
 
     cfg, db = _ctx()
     rows = status_rows(db, cfg, state)
     if as_json:
         _emit(rows)
         return
+    if not tasks:
+        rows = group_by_sweep(rows)
     if not rows:
         click.echo("no jobs" + (f" in state {state}" if state else ""))
         return
@@ -48,8 +51,22 @@ def _cell(v: Any) -> str:
 @click.argument("name")
 @click.option("--json", "as_json", is_flag=True)
 def show(name: str, as_json: bool) -> None:
-    """A job and every attempt: backend id, state, failure class, action taken, times."""
+    """A job and every attempt: backend id, state, failure class, action taken, times (or a sweep:
+    its counts and tasks)."""
+    from orchestrator.views import show_sweep
+
     _cfg, db = _ctx()
+    sw = show_sweep(db, name)
+    if sw is not None:
+        if as_json:
+            _emit(sw)
+            return
+        click.echo(f"{sw['name']}: sweep of {sw['tasks']} tasks on {sw['backend']}"
+                   + (f", at most {sw['throttle']} at once" if sw["throttle"] else ""))
+        click.echo("  " + ", ".join(f"{n} {st}" for st, n in sw["states"].items()))
+        for t in sw["task_list"]:
+            click.echo(f"  {t['name']}: {t['state']}  {json.dumps(sw['params'][t['task']], sort_keys=True)}")
+        return
     d = _show(db, name)
     if as_json:
         _emit(d)

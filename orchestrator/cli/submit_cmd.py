@@ -9,72 +9,23 @@ from typing import Any
 import click
 
 from orchestrator.cli import EXIT_NOT_VERIFIED, _ctx, _emit, _show, main
-from orchestrator.cli.args import (
-    _absolute_program,
-    _default_name,
-    _name_cb,
-    _outputs_cb,
-    _plain_cb,
-    parse_mem_mb,
-    parse_time_s,
-)
+from orchestrator.cli.args import _absolute_program, _default_name, _name_cb, job_options, job_settings
 
 
 @main.command(context_settings={"ignore_unknown_options": True, "allow_interspersed_args": False})
 @click.option("--name", callback=_name_cb, help="Job name (letters, digits, . _ -); default from the command.")
-@click.option("--backend", type=click.Choice(["local", "slurm"]), default="local", show_default=True)
-@click.option("--partition", callback=_plain_cb, help="Slurm partition.")
-@click.option("--account", callback=_plain_cb, help="Slurm account.")
-@click.option("--gpus", type=click.IntRange(0, 1024), help="GPUs per job.")
-@click.option("--cpus-per-task", type=click.IntRange(1, 4096), help="CPUs per task.")
-@click.option("--mem", help="Memory, Slurm style: 500M, 16G.")
-@click.option("--time", "time_", help="Time limit, Slurm style: 30, 4:00:00, 2-00:00:00.")
-@click.option("--max-attempts", type=click.IntRange(1, 1000), default=None,
-              help="Attempts that count (preemptions, time limits and node failures do not); "
-                   "default: policy.max_attempts in orch.toml, else 3.")
-@click.option("--outputs", multiple=True, callback=_outputs_cb,
-              help="Glob (relative to the run dir) of result files; orch writes done.json after exit 0. "
-                   "For programs that do not write their own marker.")
-@click.option("--sbatch-arg", "sbatch_args", multiple=True, help="Extra sbatch argument, e.g. --qos=high.")
-@click.option("--warning-signal", type=click.Choice(["TERM", "USR2", "INT"]), default=None,
-              help="Signal the program gets when the time limit nears (Slurm's early warning). "
-                   "Default TERM; USR2 for the bundled trainer.")
+@job_options
 @click.option("--wait", is_flag=True, help="Wait for the job to end (runs reconcile passes meanwhile).")
 @click.option("--json", "as_json", is_flag=True, help="Print the job as JSON.")
 @click.argument("command", nargs=-1, type=click.UNPROCESSED, required=True)
-def submit(name: str | None, backend: str, partition: str | None, account: str | None, gpus: int | None,
-           cpus_per_task: int | None, mem: str | None, time_: str | None, max_attempts: int | None,
-           outputs: tuple[str, ...], sbatch_args: tuple[str, ...], warning_signal: str | None, wait: bool,
-           as_json: bool, command: tuple[str, ...]) -> None:
+def submit(name: str | None, wait: bool, as_json: bool, command: tuple[str, ...], **opts: Any) -> None:
     """Submit COMMAND (after --) as a new job. The job gets ORCH_RUN_DIR, ORCH_JOB_NAME, ORCH_ATTEMPT.
 
     Refused (exit 3) if the job's run dir holds a verified done marker, or the name exists.
     A run dir that merely is non-empty (a failed earlier run) is not refused: what it holds that
     is unverified is moved to the trash and verified checkpoints are kept for resume.
     """
-    resources: dict[str, Any] = {}
-    if mem is not None:
-        resources["mem_mb"] = parse_mem_mb(mem)
-    if time_ is not None:
-        resources["time_s"] = parse_time_s(time_)
-    for k, v in (("partition", partition), ("account", account), ("gpus", gpus), ("cpus_per_task", cpus_per_task)):
-        if v is not None:
-            resources[k] = v
-    if sbatch_args:
-        # The backend's own check, run at parse time: an option orch owns (--output=, even as a
-        # getopt prefix) used to be refused only at sbatch time, after the job row existed.
-        from orchestrator.backends.base import BackendError
-        from orchestrator.backends.slurm import validate_extra_sbatch
-
-        try:
-            validate_extra_sbatch(sbatch_args)
-        except BackendError as e:
-            raise click.BadParameter(str(e), param_hint="--sbatch-arg") from None
-        resources["extra_sbatch"] = list(sbatch_args)
-    if backend == "local" and (partition or account or sbatch_args):
-        raise click.BadParameter("--partition/--account/--sbatch-arg need --backend slurm")
-    if warning_signal is not None:
-        resources["warning_signal"] = warning_signal
+    backend, resources, max_attempts, outputs = job_settings(opts)
     from orchestrator.submit import SubmitRequest
     from orchestrator.submit import submit as do_submit
 

@@ -35,6 +35,7 @@ SLURM_DIR = "slurm"  # attempts/<n>/slurm/: batch script, sbatch's record, Slurm
 SLURM_SCRIPT = "job.sbatch"
 SLURM_SUBMITTED = "submitted.json"
 SLURM_OUTPUT_PATTERN = "slurm-%j.out"
+BATCHES_DIR = ".orch-batches"  # <runs root>/.orch-batches/<token>/: a group submission's files
 MANIFEST = "manifest.json"
 FAULTS_FIRED = ".faults_fired.json"  # injected faults that already fired (fire at most once per run dir)
 TENSORBOARD_DIR = "tensorboard"  # one stable TensorBoard log dir for every attempt
@@ -52,6 +53,9 @@ ENV_OVERRIDES = "ORCH_OVERRIDES"
 ENV_TOKEN = "ORCH_SUBMIT_TOKEN"
 ENV_RUN_ID = "ORCH_RUN_ID"  # stable across attempts: one tracker curve per run dir
 ENV_TENSORBOARD_DIR = "ORCH_TENSORBOARD_DIR"
+ENV_SWEEP = "ORCH_SWEEP"  # a sweep task's sweep name
+ENV_TASK_INDEX = "ORCH_TASK_INDEX"  # ... its index in the sweep
+ENV_SWEEP_PARAMS = "ORCH_SWEEP_PARAMS"  # ... and its argument set, as a JSON object
 
 
 # --- failure classes (contract, exact strings) ---------------------------------------------

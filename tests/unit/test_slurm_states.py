@@ -187,7 +187,7 @@ def test_just_submitted_unknown_to_sacct_pending_if_squeue_knows_it(fake: FakeSl
 
 def test_over_memory_kill_form_is_reported_as_out_of_memory(fake: FakeSlurm, tmp_path: Path) -> None:
     r = ref(tmp_path)
-    out = slurm.slurm_output_path(r.attempt_dir, "7")
+    out = slurm.slurm_output_path(r, "7")
     out.parent.mkdir(parents=True)
     out.write_text("slurmstepd-vm: error: StepId=7.batch exceeded memory limit (643219456 > 104857600), "
                    "being killed\nslurmstepd-vm: error: Exceeded job memory limit\n"

@@ -57,7 +57,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from orchestrator import protocol
-from orchestrator.backends.base import AttemptRef, Backend, BackendError, Outcome, Phase, SubmitSpec
+from orchestrator.backends.base import AttemptRef, Backend, BackendError, Outcome, Phase, Resources, SubmitSpec
 from orchestrator.backends.slurm import states as slurm_states
 from orchestrator.backends.slurm.sbatch import (
     _CONTROL_RE,
@@ -65,6 +65,9 @@ from orchestrator.backends.slurm.sbatch import (
     _PERMANENT_SBATCH,
     _TOKEN_RE,
     _WORD_RE,
+    ARRAY_OUTPUT_PATTERN,
+    ARRAY_TASKS_FILE,
+    BATCHES_DIR,
     FIND_HISTORY,
     OUTPUT_PATTERN,
     OUTPUT_TAIL_BYTES,
@@ -79,6 +82,7 @@ from orchestrator.backends.slurm.sbatch import (
     _first_line,
     _positive,
     _run,
+    array_script,
     batch_script,
     clean_submit_env,
     job_name_for,
@@ -117,20 +121,7 @@ class SlurmBackend(Backend):
             f"--chdir={_check_path('run dir', spec.run_dir)}",
             f"--signal=B:{WARNING_SIGNAL}@{warning_lead_s(r.time_s)}",
         ]
-        if r.partition is not None:
-            argv.append(f"--partition={_check_value('partition', r.partition, _WORD_RE)}")
-        if r.account is not None:
-            argv.append(f"--account={_check_value('account', r.account, _WORD_RE)}")
-        if r.gpus:  # 0 / None: no GPU requested
-            # gres, not --gpus-per-node: works with count-only and File= gres alike, no cons_tres needed
-            argv.append(f"--gres=gpu:{_positive('gpus', r.gpus)}")
-        if r.cpus_per_task is not None:
-            argv.append(f"--cpus-per-task={_positive('cpus_per_task', r.cpus_per_task)}")
-        if r.mem_mb is not None:
-            argv.append(f"--mem={_positive('mem_mb', r.mem_mb)}M")
-        if r.time_s is not None:
-            argv.append(f"--time={math.ceil(_positive('time_s', r.time_s) / 60)}")  # Slurm counts minutes
-        argv += validate_extra_sbatch(r.extra_sbatch)
+        argv += resource_options(r)
         argv.append(_check_path("batch script", script))
         return argv
 
@@ -140,35 +131,77 @@ class SlurmBackend(Backend):
         out_dir = spec.attempt_dir / SLURM_DIR
         script = out_dir / SCRIPT_NAME
         argv = self.sbatch_argv(spec, script)  # validate before anything is written
-        for k, v in spec.env.items():
-            _check_value("environment variable name", k, _ENV_NAME_RE)
-            if not isinstance(v, str) or "\x00" in v:
-                raise SlurmSubmitRefused(f"refusing environment value for {k}: not a string without NUL")
-        python = self.python or spec.wrapper_argv()[0]
-        if _CONTROL_RE.search(python) or " " in python or not os.path.isabs(python):
-            raise SlurmSubmitRefused(f"refusing interpreter path {python!r} for a #! line")
+        _check_env(spec.env)
+        python = self._interpreter(spec)
         out_dir.mkdir(parents=True, exist_ok=True)
         header = f"orch job {spec.job} attempt {spec.attempt} token {spec.token}"
         protocol.atomic_write(script, batch_script(python, spec.wrapper_argv(python), dict(spec.env), header))
         os.chmod(script, 0o700)
-        try:
-            p = _run(argv, SUBMIT_TIMEOUT_S, env=clean_submit_env())
-        except subprocess.TimeoutExpired:
-            raise BackendError(f"sbatch timed out after {SUBMIT_TIMEOUT_S:.0f} s (the job may exist: "
-                               f"look it up by token {spec.token})") from None
-        except OSError as e:
-            raise BackendError(f"cannot run sbatch: {e}") from None
-        if p.returncode != 0:
-            why = _first_line(p.stderr) or _first_line(p.stdout)
-            if _PERMANENT_SBATCH.search(why):  # e.g. "invalid partition specified": retrying cannot help
-                raise SlurmSubmitRefused(f"sbatch refused the job: {why}")
-            raise BackendError(f"sbatch failed ({p.returncode}): {why}")
-        job_id = p.stdout.strip().split(";", 1)[0]
-        if not job_id.isdigit():
-            raise BackendError(f"sbatch answered {p.stdout.strip()!r}: not a job id")
+        job_id = _sbatch(argv, spec.token)
         protocol.atomic_write_json(out_dir / protocol.SLURM_SUBMITTED, {
             "job_id": job_id, "token": spec.token, "sbatch": argv, "submitted_at": protocol.now_iso()})
         return job_id
+
+    def _interpreter(self, spec: SubmitSpec) -> str:
+        python = self.python or spec.wrapper_argv()[0]
+        if _CONTROL_RE.search(python) or " " in python or not os.path.isabs(python):
+            raise SlurmSubmitRefused(f"refusing interpreter path {python!r} for a #! line")
+        return python
+
+    def submit_group(self, specs: Sequence[SubmitSpec], batch_token: str, throttle: int | None) -> dict[str, str]:
+        """ONE ``sbatch --array=<task indices>[%throttle]`` for all ``specs`` (tasks of one sweep with
+        the same resources); each task's external id is ``<array id>_<task index>``.
+
+        The batch script reads ``tasks.json`` in the batch dir (``<runs root>/.orch-batches/<token>``)
+        and runs the wrapper of the task ``SLURM_ARRAY_TASK_ID`` names; Slurm's output files go there
+        too. A preempted task is requeued in place by Slurm as that task only (``--requeue`` applies
+        per task; never ``scontrol requeue`` of the array: Lightning#15022).
+        """
+        if not specs:
+            return {}
+        token = _check_value("batch token", batch_token, _TOKEN_RE)
+        first = specs[0]
+        tasks: dict[str, dict] = {}
+        for spec in specs:
+            protocol.validate_job_name(spec.job)
+            _check_value("token", spec.token, _TOKEN_RE)
+            if spec.task is None or spec.resources != first.resources:
+                raise SlurmSubmitRefused("an array's tasks need an index each and the same resources")
+            _check_env(spec.env)
+            python = self._interpreter(spec)
+            tasks[str(_positive_or_zero("task index", spec.task))] = {
+                "argv": spec.wrapper_argv(python), "env": dict(spec.env), "run_dir": str(spec.run_dir),
+                "job": spec.job, "attempt": spec.attempt, "token": spec.token}
+        batch_dir = batch_dir_of(first.run_dir, token)
+        script = batch_dir / SCRIPT_NAME
+        indices = sorted(int(i) for i in tasks)
+        argv = [
+            "sbatch", "--parsable",
+            f"--job-name={job_name_for(token)}",
+            f"--comment=orch batch={token} tasks={len(tasks)}",
+            f"--output={_check_path('batch dir', batch_dir)}/{ARRAY_OUTPUT_PATTERN}",
+            "--open-mode=append", "--requeue", "--export=ALL",
+            f"--chdir={_check_path('batch dir', batch_dir)}",
+            f"--signal=B:{WARNING_SIGNAL}@{warning_lead_s(first.resources.time_s)}",
+            f"--array={','.join(map(str, indices))}" + (f"%{_positive('throttle', throttle)}" if throttle else ""),
+            *resource_options(first.resources),
+            _check_path("batch script", script),
+        ]
+        batch_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
+        protocol.atomic_write_json(batch_dir / ARRAY_TASKS_FILE, tasks)
+        protocol.atomic_write(script, array_script(self._interpreter(first), str(batch_dir / ARRAY_TASKS_FILE),
+                                                   f"orch batch {token}: {len(tasks)} tasks"))
+        os.chmod(script, 0o700)
+        array_id = _sbatch(argv, token)
+        out = {}
+        for spec in specs:
+            ext = f"{array_id}_{spec.task}"
+            out_dir = spec.attempt_dir / SLURM_DIR
+            out_dir.mkdir(parents=True, exist_ok=True)
+            protocol.atomic_write_json(out_dir / protocol.SLURM_SUBMITTED, {
+                "job_id": ext, "token": spec.token, "batch_token": token, "submitted_at": protocol.now_iso()})
+            out[spec.token] = ext
+        return out
 
     # ------------------------------------------------------------------------------------------
     def _squeue(self, ids: Sequence[str]) -> dict[str, tuple[str, str, str]] | None:
@@ -176,7 +209,8 @@ class SlurmBackend(Backend):
         if not ids:
             return {}
         try:
-            p = _run(["squeue", "-h", "-t", "all", "-j", ",".join(ids), "-o", slurm_states.SQUEUE_FORMAT],
+            asked = ",".join(sorted({slurm_states.array_of(i) for i in ids}))
+            p = _run(["squeue", "-h", "-r", "-t", "all", "-j", asked, "-o", slurm_states.SQUEUE_FORMAT],
                      self.query_timeout_s)
         except (OSError, subprocess.TimeoutExpired):
             return None
@@ -193,11 +227,12 @@ class SlurmBackend(Backend):
         sacct failing or timing out -> UNKNOWN for all (never EXITED). Records of another job
         that reuses the id (a controller that lost its state) are ignored by name.
         """
-        by_id = {r.external_id: r for r in refs if r.external_id and str(r.external_id).isdigit()}
+        by_id = {r.external_id: r for r in refs if slurm_states.is_job_id(r.external_id)}
         if not by_id:
             return {}
         fields = ",".join(slurm_states.SACCT_FIELDS)
-        argv = ["sacct", "-X", "--duplicates", "-n", "--parsable2", "-o", fields, "-j", ",".join(by_id)]
+        asked_ids = ",".join(sorted({slurm_states.array_of(i) for i in by_id}))  # an array's id lists its tasks
+        argv = ["sacct", "-X", "--duplicates", "-n", "--parsable2", "-o", fields, "-j", asked_ids]
         try:
             p = _run(argv, self.query_timeout_s)
             err = None if p.returncode == 0 else (_first_line(p.stderr) or f"exit {p.returncode}")
@@ -212,14 +247,14 @@ class SlurmBackend(Backend):
         sacct_view: dict[str, Outcome | None] = {}
         need_live: list[str] = []
         for job_id, ref in by_id.items():
-            mine = [rec for rec in records.get(job_id, []) if rec.name == job_name_for(ref.token)]
+            mine = [rec for rec in records.get(job_id, []) if rec.name == _name_of(ref)]
             if not mine:
                 sacct_view[job_id] = None
                 need_live.append(job_id)
                 continue
             oc = slurm_states.outcome_from_records(mine)
             if oc.phase is Phase.EXITED and oc.backend_state in ("FAILED", "CANCELLED"):
-                line = over_memory_line(ref.attempt_dir, job_id)
+                line = over_memory_line(ref, job_id)
                 if line:
                     oc = slurm_states.outcome_from_records(mine, over_memory_line=line)
             sacct_view[job_id] = oc
@@ -233,14 +268,14 @@ class SlurmBackend(Backend):
                 out[ref.token] = sacct_view[job_id] or Outcome(Phase.UNKNOWN)
                 continue
             entry = (live or {}).get(job_id)
-            if entry is not None and entry[0] != job_name_for(ref.token):
+            if entry is not None and entry[0] != _name_of(ref):
                 entry = None  # another job under a reused id
             out[ref.token] = slurm_states.combine(sacct_view[job_id], entry, live_known=live is not None)
         return out
 
     def cancel(self, refs: Sequence[AttemptRef]) -> None:
         """One plain ``scancel``: SIGCONT+SIGTERM to every process of each job, SIGKILL after KillWait."""
-        ids = [r.external_id for r in refs if r.external_id and str(r.external_id).isdigit()]
+        ids = [r.external_id for r in refs if slurm_states.is_job_id(r.external_id)]
         if not ids:
             return
         try:
@@ -253,7 +288,7 @@ class SlurmBackend(Backend):
 
     def kill(self, refs: Sequence[AttemptRef]) -> None:
         """SIGKILL every process of each job now (a hung job that ignored ``cancel``'s SIGTERM)."""
-        ids = [r.external_id for r in refs if r.external_id and str(r.external_id).isdigit()]
+        ids = [r.external_id for r in refs if slurm_states.is_job_id(r.external_id)]
         if not ids:
             return
         try:
@@ -279,9 +314,10 @@ class SlurmBackend(Backend):
                 rec = protocol.read_json_bounded(d / SLURM_DIR / protocol.SLURM_SUBMITTED, limit=1 << 16)
             except (OSError, ValueError):
                 continue
-            if (isinstance(rec, dict) and str(rec.get("job_id", "")).isdigit()
+            if (isinstance(rec, dict) and slurm_states.is_job_id(str(rec.get("job_id", "")))
                     and isinstance(rec.get("token"), str)):
-                ids[str(rec["job_id"])] = rec["token"]
+                ids[str(rec["job_id"])] = rec.get("batch_token") if isinstance(rec.get("batch_token"), str) \
+                    else rec["token"]
         if not ids:
             return []
         live = self._squeue(list(ids))
@@ -304,6 +340,7 @@ class SlurmBackend(Backend):
 
         def add(name: str, job_id: str) -> None:
             tok = tokens.get(name)
+            job_id = slurm_states.array_of(job_id)  # an array's tasks all answer for its batch token
             if tok and job_id.isdigit() and (tok not in found or int(job_id) < found[tok][0]):
                 found[tok] = (int(job_id), job_id)
 
@@ -325,7 +362,7 @@ class SlurmBackend(Backend):
                 job_id, _, name = line.partition("|")
                 add(name.strip(), job_id.strip())
 
-        ask(["sacct", "-X", "-n", "--parsable2", "-S", FIND_HISTORY, "-o", "JobIDRaw,JobName",
+        ask(["sacct", "-X", "-n", "--parsable2", "-S", FIND_HISTORY, "-o", "JobID,JobName",
              f"--name={','.join(tokens)}"])
         missing = [n for n, t in tokens.items() if t not in found]
         if missing:
@@ -335,13 +372,17 @@ class SlurmBackend(Backend):
         return {tok: jid for tok, (_, jid) in found.items()}
 
 
-def slurm_output_path(attempt_dir: Path, job_id: str) -> Path:
-    return attempt_dir / SLURM_DIR / OUTPUT_PATTERN.replace("%j", str(job_id))
+def slurm_output_path(ref: AttemptRef, job_id: str) -> Path:
+    """Where Slurm writes the job's output: the attempt's slurm/ dir, or an array's batch dir."""
+    if ref.batch and "_" in job_id:
+        a, _, t = job_id.partition("_")
+        return batch_dir_of(ref.run_dir, ref.batch) / ARRAY_OUTPUT_PATTERN.replace("%A", a).replace("%a", t)
+    return ref.attempt_dir / SLURM_DIR / OUTPUT_PATTERN.replace("%j", str(job_id))
 
 
-def over_memory_line(attempt_dir: Path, job_id: str) -> str | None:
+def over_memory_line(ref: AttemptRef, job_id: str) -> str | None:
     """slurmstepd's "exceeded memory limit" line from the tail of the job's Slurm output, if any."""
-    path = slurm_output_path(attempt_dir, job_id)
+    path = slurm_output_path(ref, job_id)
     try:
         with open(path, "rb") as f:
             f.seek(0, os.SEEK_END)
@@ -356,3 +397,69 @@ def over_memory_line(attempt_dir: Path, job_id: str) -> str | None:
             if marker in line.lower():
                 return line.strip()
     return None
+
+
+def _name_of(ref: AttemptRef) -> str:
+    """The Slurm job name the attempt was submitted under: its own token's, or its array's."""
+    return job_name_for(ref.batch or ref.token)
+
+
+def batch_dir_of(run_dir: Path, batch_token: str) -> Path:
+    """``<runs root>/.orch-batches/<token>``: an array's script, task table and Slurm output files.
+
+    Inside the runs root (orch writes nowhere else) and never a job's name (those start with a letter
+    or digit).
+    """
+    return run_dir.parent / BATCHES_DIR / batch_token
+
+
+def _check_env(env: dict[str, str]) -> None:
+    for k, v in env.items():
+        _check_value("environment variable name", k, _ENV_NAME_RE)
+        if not isinstance(v, str) or "\x00" in v:
+            raise SlurmSubmitRefused(f"refusing environment value for {k}: not a string without NUL")
+
+
+def _positive_or_zero(what: str, value: object) -> int:
+    if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+        raise SlurmSubmitRefused(f"refusing {what} {value!r}: need an integer >= 0")
+    return value
+
+
+def _sbatch(argv: list[str], token: str) -> str:
+    """Run sbatch; the job (or array) id. SlurmSubmitRefused when sbatch will never take it."""
+    try:
+        p = _run(argv, SUBMIT_TIMEOUT_S, env=clean_submit_env())
+    except subprocess.TimeoutExpired:
+        raise BackendError(f"sbatch timed out after {SUBMIT_TIMEOUT_S:.0f} s (the job may exist: "
+                           f"look it up by token {token})") from None
+    except OSError as e:
+        raise BackendError(f"cannot run sbatch: {e}") from None
+    if p.returncode != 0:
+        why = _first_line(p.stderr) or _first_line(p.stdout)
+        if _PERMANENT_SBATCH.search(why):  # e.g. "invalid partition specified": retrying cannot help
+            raise SlurmSubmitRefused(f"sbatch refused the job: {why}")
+        raise BackendError(f"sbatch failed ({p.returncode}): {why}")
+    job_id = p.stdout.strip().split(";", 1)[0]
+    if not job_id.isdigit():
+        raise BackendError(f"sbatch answered {p.stdout.strip()!r}: not a job id")
+    return job_id
+
+
+def resource_options(r: Resources) -> list[str]:
+    """sbatch options for the resources (every value validated)."""
+    argv = []
+    if r.partition is not None:
+        argv.append(f"--partition={_check_value('partition', r.partition, _WORD_RE)}")
+    if r.account is not None:
+        argv.append(f"--account={_check_value('account', r.account, _WORD_RE)}")
+    if r.gpus:  # 0 / None: no GPU requested
+        # gres, not --gpus-per-node: works with count-only and File= gres alike, no cons_tres needed
+        argv.append(f"--gres=gpu:{_positive('gpus', r.gpus)}")
+    if r.cpus_per_task is not None:
+        argv.append(f"--cpus-per-task={_positive('cpus_per_task', r.cpus_per_task)}")
+    if r.mem_mb is not None:
+        argv.append(f"--mem={_positive('mem_mb', r.mem_mb)}M")
+    if r.time_s is not None:
+        argv.append(f"--time={math.ceil(_positive('time_s', r.time_s) / 60)}")  # Slurm counts minutes
+    return argv + validate_extra_sbatch(r.extra_sbatch)

@@ -20,6 +20,7 @@ Facts this rests on (measured on Slurm 22.05.8, deploy/slurm/cluster.sh; see dep
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterable
 from dataclasses import dataclass
 
@@ -104,27 +105,61 @@ class SacctRecord:
     reason: str = ""
 
 
-SACCT_FIELDS = ("JobIDRaw", "JobName", "State", "ExitCode", "DBIndex", "Reason")
+# JobID comes last: for array tasks it is "<array id>_<task>" (JobIDRaw is a per-task number that
+# orch never learns); for plain jobs it equals JobIDRaw. Lines without it parse as plain jobs.
+SACCT_FIELDS = ("JobIDRaw", "JobName", "State", "ExitCode", "DBIndex", "Reason", "JobID")
+_ARRAY_TASK_RE = re.compile(r"^(\d+)_(\d+)$")
+_ARRAY_PENDING_RE = re.compile(r"^(\d+)_\[([0-9,\-:%]+)\]$")
+MAX_EXPANDED_TASKS = 100_000
+
+
+def expand_array_ranges(spec: str) -> list[int]:
+    """``"2-4%2"`` / ``"1,5,7-9"`` / ``"0-10:2"`` -> the task indices (a pending array's collapsed record)."""
+    spec = spec.split("%", 1)[0]
+    out: list[int] = []
+    for part in spec.split(","):
+        rng, _, step = part.partition(":")
+        a, _, b = rng.partition("-")
+        if not a.isdigit() or (b and not b.isdigit()) or (step and not step.isdigit()):
+            return []
+        lo, hi, st = int(a), int(b or a), int(step or 1)
+        if hi < lo or st < 1 or len(out) + (hi - lo) // st + 1 > MAX_EXPANDED_TASKS:
+            return []
+        out.extend(range(lo, hi + 1, st))
+    return out
+
+
+def record_keys(job_id_raw: str, job_id: str) -> list[str]:
+    """The ids one sacct line answers for: ``"7"``, ``"7_3"``, or every task of a collapsed
+    ``"7_[2-4%2]"`` (array tasks that have not started yet share one record)."""
+    if _ARRAY_TASK_RE.match(job_id):
+        return [job_id]
+    m = _ARRAY_PENDING_RE.match(job_id)
+    if m:
+        return [f"{m.group(1)}_{t}" for t in expand_array_ranges(m.group(2))]
+    return [job_id_raw] if job_id_raw.isdigit() else []
 
 
 def parse_sacct(text: str) -> dict[str, list[SacctRecord]]:
-    """job id -> its records, oldest first (by DBIndex, then output order). Malformed lines are skipped."""
+    """job id (``"7"`` or ``"7_3"``) -> its records, oldest first (by DBIndex, then output order).
+
+    Malformed lines, steps (``7.batch``) and headers are skipped.
+    """
     out: dict[str, list[tuple[int, int, SacctRecord]]] = {}
     for n, line in enumerate(text.splitlines()):
         parts = line.split("|")
-        if len(parts) < len(SACCT_FIELDS):
+        if len(parts) < len(SACCT_FIELDS) - 1:
             continue
-        job_id, name, state, exit_field, dbi, reason = parts[: len(SACCT_FIELDS)]
-        job_id = job_id.strip()
-        if not job_id.isdigit():  # a step (123.batch) or a header: -X should prevent both
-            continue
+        raw, name, state, exit_field, dbi, reason = (x.strip() for x in parts[:6])
+        keys = record_keys(raw, parts[6].strip() if len(parts) > 6 else raw)
         try:
             db_index = int(dbi)
         except ValueError:
             db_index = -1
         code, sig = parse_exit_code(exit_field)
-        rec = SacctRecord(job_id, name.strip(), normalize_state(state), code, sig, db_index, reason.strip())
-        out.setdefault(job_id, []).append((db_index, n, rec))
+        for key in keys:
+            rec = SacctRecord(key, name, normalize_state(state), code, sig, db_index, reason)
+            out.setdefault(key, []).append((db_index, n, rec))
     return {k: [r for _, _, r in sorted(v, key=lambda t: (t[0], t[1]))] for k, v in out.items()}
 
 
@@ -132,14 +167,28 @@ SQUEUE_FORMAT = "%i|%j|%T|%r"
 
 
 def parse_squeue(text: str) -> dict[str, tuple[str, str, str]]:
-    """``squeue -h -t all -o '%i|%j|%T|%r'`` -> job id -> (name, normalized state, reason)."""
+    """``squeue -h -r -t all -o '%i|%j|%T|%r'`` -> job id (``7`` or ``7_3``) -> (name, state, reason).
+
+    ``-r`` lists one line per array task; a collapsed ``7_[2-4]`` line (without ``-r``) is expanded.
+    """
     out: dict[str, tuple[str, str, str]] = {}
     for line in text.splitlines():
         parts = line.split("|")
-        if len(parts) < 4 or not parts[0].strip().isdigit():
+        if len(parts) < 4:
             continue
-        out[parts[0].strip()] = (parts[1].strip(), normalize_state(parts[2]), "|".join(parts[3:]).strip())
+        jid = parts[0].strip()
+        for key in record_keys(jid if jid.isdigit() else "", jid):
+            out[key] = (parts[1].strip(), normalize_state(parts[2]), "|".join(parts[3:]).strip())
     return out
+
+
+def array_of(external_id: str) -> str:
+    """The id to ask sacct/squeue/scancel about: the array's id for an array task."""
+    return external_id.split("_", 1)[0]
+
+
+def is_job_id(external_id: object) -> bool:
+    return isinstance(external_id, str) and (external_id.isdigit() or bool(_ARRAY_TASK_RE.match(external_id)))
 
 
 def outcome_from_records(records: Iterable[SacctRecord], *, over_memory_line: str | None = None) -> Outcome:

@@ -1,0 +1,224 @@
+"""Sweeps: one command over many argument sets, each task an ordinary job, launched as a group.
+
+``orch sweep --grid lr=1e-3,1e-4 --grid seed=1,2 -- python train.py --lr {lr} --seed {seed}`` makes
+a sweep row and one job per argument set (named ``<sweep>.<index>``: its own run dir, marker,
+attempts and policy). ``{key}`` in the command is replaced by the task's value (``{{``/``}}`` are
+literal braces); every task also gets ``ORCH_SWEEP``, ``ORCH_TASK_INDEX`` and ``ORCH_SWEEP_PARAMS``.
+
+On Slurm the pending tasks go out as ONE ``sbatch --array=<indices>%<throttle>`` (a busy slurmctld
+and site limits such as MaxSubmitJobs punish 1,000 single submissions); a failed task's next attempt
+goes out with the other tasks that need one, again as one small array. On the local backend at most
+``throttle`` tasks run at once; the reconciler starts the next ones as slots free up. A verified task
+is never rerun: a task whose run dir already holds a verified marker is recorded done at submission.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass, field
+from itertools import product
+from pathlib import Path
+from typing import Any
+
+from sqlalchemy import func, select
+
+from orchestrator import protocol
+from orchestrator.backends import get_backend
+from orchestrator.backends.base import Backend
+from orchestrator.config import Config
+from orchestrator.db import Database
+from orchestrator.errors import AlreadyVerified, OrchError, Refused, UsageError
+from orchestrator.launch import Launched, launch, launch_group
+from orchestrator.lifecycle import ATTEMPT_LIVE, AttemptState, JobState
+from orchestrator.models import Attempt, Event, Job, Sweep
+from orchestrator.rundir import check_run_dir, ensure_runs_root, run_dir_for
+from orchestrator.submit import live_processes, new_token
+
+MAX_TASKS = 100_000
+_KEY_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,63}$")
+_FIELD_RE = re.compile(r"\{\{|\}\}|\{([^{}]*)\}")
+
+
+@dataclass
+class SweepRequest:
+    name: str
+    command: list[str]  # may hold {key} placeholders
+    params: list[dict[str, Any]]  # one argument set per task
+    backend: str = "local"
+    resources: dict[str, Any] = field(default_factory=dict)
+    max_attempts: int = 3
+    outputs: list[str] = field(default_factory=list)
+    throttle: int | None = None
+
+
+# ------------------------------------------------------------------------------------------
+# argument sets (argument-only checks: they run before anything is written)
+# ------------------------------------------------------------------------------------------
+def parse_grid(axes: list[str]) -> list[dict[str, Any]]:
+    """``["lr=1e-3,1e-4", "seed=1,2"]`` -> the cartesian product, first axis slowest."""
+    keys, values = [], []
+    for axis in axes:
+        key, sep, vals = axis.partition("=")
+        if not sep or not _KEY_RE.match(key) or not vals:
+            raise UsageError(f"--grid {axis!r}: use KEY=V1,V2,... with KEY a word")
+        if key in keys:
+            raise UsageError(f"--grid: key {key!r} given twice")
+        keys.append(key)
+        values.append(vals.split(","))
+    sets = [dict(zip(keys, combo, strict=True)) for combo in product(*values)]
+    if len(sets) > MAX_TASKS:
+        raise UsageError(f"--grid makes {len(sets)} tasks; at most {MAX_TASKS}")
+    return sets
+
+
+def load_params(text: str, source: str) -> list[dict[str, Any]]:
+    """A JSON-lines file: one JSON object (argument set) per non-empty line."""
+    out = []
+    for n, line in enumerate(text.splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            obj = json.loads(line, parse_constant=_no_constant)
+        except (ValueError, RecursionError) as e:
+            raise UsageError(f"{source}:{n}: not a JSON object: {str(e)[:80]}") from None
+        if not isinstance(obj, dict) or not all(isinstance(k, str) and _KEY_RE.match(k) for k in obj):
+            raise UsageError(f"{source}:{n}: need a JSON object whose keys are words")
+        if not all(isinstance(v, (str, int, float, bool)) for v in obj.values()):
+            raise UsageError(f"{source}:{n}: values must be strings, numbers or booleans")
+        out.append(obj)
+        if len(out) > MAX_TASKS:
+            raise UsageError(f"{source}: more than {MAX_TASKS} argument sets")
+    if not out:
+        raise UsageError(f"{source}: no argument sets")
+    return out
+
+
+def _no_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not a JSON number")
+
+
+def render(command: list[str], params: dict[str, Any]) -> list[str]:
+    """The command with ``{key}`` replaced by the task's value (``{{``/``}}``: literal braces)."""
+    def sub(m: re.Match[str]) -> str:
+        if m.group(0) == "{{":
+            return "{"
+        if m.group(0) == "}}":
+            return "}"
+        key = m.group(1)
+        if key not in params:
+            raise UsageError(f"the command names {{{key}}} but the argument set has no {key!r}")
+        v = params[key]
+        return json.dumps(v) if isinstance(v, bool) else str(v)
+
+    return [_FIELD_RE.sub(sub, arg) for arg in command]
+
+
+def task_name(sweep: str, index: int, count: int) -> str:
+    return f"{sweep}.{index:0{max(4, len(str(count - 1)))}d}"
+
+
+# ------------------------------------------------------------------------------------------
+# submission
+# ------------------------------------------------------------------------------------------
+def submit_sweep(db: Database, cfg: Config, req: SweepRequest) -> Sweep:
+    """Create the sweep and its tasks, then launch (Slurm: one array; local: up to the throttle)."""
+    protocol.validate_job_name(req.name)
+    commands = [render(req.command, p) for p in req.params]  # every placeholder resolves, or nothing is written
+    names = [task_name(req.name, i, len(req.params)) for i in range(len(req.params))]
+    for n in names:
+        protocol.validate_job_name(n)
+    ensure_runs_root(cfg)
+    verified: set[str] = set()
+    for n in names:
+        run_dir = run_dir_for(cfg, n)
+        check_run_dir(cfg, run_dir)
+        if protocol.verify_done_marker(run_dir).verified:
+            verified.add(n)  # a finished task of an earlier sweep (a lost DB): recorded done, never rerun
+        elif live := live_processes(run_dir):
+            raise Refused(f"refused: a live attempt runs in {run_dir} ({'; '.join(live[:2])}) that this DB "
+                          "does not know (was the DB deleted?); stop it first")
+    if len(verified) == len(names):
+        raise AlreadyVerified(f"refused: every task of {req.name!r} already holds a verified done marker")
+    with db.write() as s:
+        taken = set(s.scalars(select(Job.name).where(Job.name.in_([req.name, *names]))))
+        taken |= set(s.scalars(select(Sweep.name).where(Sweep.name.in_([req.name, *names]))))
+        if taken:
+            raise Refused(f"refused: {', '.join(sorted(taken)[:3])} already exist(s); sweep and job names "
+                          "share one namespace")
+        sweep = Sweep(name=req.name, backend=req.backend, throttle=req.throttle, params=req.params)
+        s.add(sweep)
+        s.flush()
+        for i, (n, cmd) in enumerate(zip(names, commands, strict=True)):
+            done = n in verified
+            job = Job(name=n, state=JobState.DONE if done else JobState.PENDING, backend=req.backend,
+                      run_dir=str(run_dir_for(cfg, n)), command=cmd, resources=dict(req.resources),
+                      outputs=list(req.outputs), max_attempts=req.max_attempts, sweep_id=sweep.id, task_index=i)
+            s.add(job)
+            s.flush()
+            if done:
+                s.add(Event(job_id=job.id, from_state=None, to_state=JobState.DONE.value,
+                            reason="its run dir's marker verified at sweep submission"))
+            else:
+                s.add(Attempt(job_id=job.id, n=1, token=new_token(), state=AttemptState.PENDING,
+                              backend=req.backend))
+        sweep_id = sweep.id
+    launch_queued(db, cfg, get_backend(req.backend), sweep_id)
+    with db.read() as s:
+        sweep = s.get(Sweep, sweep_id)
+        sweep.tasks  # noqa: B018 - loaded for the caller
+        return sweep
+
+
+def launch_queued(db: Database, cfg: Config, backend: Backend, sweep_id: int,
+                  names: list[str] | None = None) -> dict[str, Launched | OrchError]:
+    """Launch the sweep's tasks whose attempt is pending (or just ``names``): Slurm as one group
+    submission with the throttle; locally as many as the throttle leaves room for."""
+    with db.read() as s:
+        sweep = s.get(Sweep, sweep_id)
+        q = (select(Job.name).join(Attempt).where(Job.sweep_id == sweep_id, Attempt.state == AttemptState.PENDING)
+             .order_by(Job.task_index))
+        if names is not None:
+            q = q.where(Job.name.in_(names))
+        pending = list(s.scalars(q))
+        running = s.scalar(select(func.count()).select_from(Attempt).join(Job).where(
+            Job.sweep_id == sweep_id, Attempt.state.in_(ATTEMPT_LIVE))) or 0
+        throttle, kind = sweep.throttle, sweep.backend
+    if not pending:
+        return {}
+    if kind == "slurm":
+        return launch_group(db, cfg, pending, backend, throttle)
+    room = len(pending) if throttle is None else max(0, throttle - running)
+    out: dict[str, Launched | OrchError] = {}
+    for name in pending[:room]:
+        try:
+            out[name] = launch(db, cfg, name, backend)
+        except OrchError as e:
+            out[name] = e
+    return out
+
+
+def sweep_of(db: Database, name: str) -> Sweep | None:
+    with db.read() as s:
+        sweep = s.scalar(select(Sweep).where(Sweep.name == name))
+        if sweep is not None:
+            sweep.tasks  # noqa: B018
+        return sweep
+
+
+def sweep_summary(sweep: Sweep) -> dict[str, Any]:
+    """Counts per state and the tasks (``orch status`` groups by this, ``orch show SWEEP`` prints it)."""
+    counts: dict[str, int] = {}
+    for t in sweep.tasks:
+        counts[t.state.value] = counts.get(t.state.value, 0) + 1
+    return {"name": sweep.name, "kind": "sweep", "backend": sweep.backend, "throttle": sweep.throttle,
+            "tasks": len(sweep.tasks), "states": dict(sorted(counts.items())),
+            "created_at": sweep.created_at.isoformat(timespec="seconds") + "Z"}
+
+
+def parse_params_file(path: str) -> list[dict[str, Any]]:
+    try:
+        text = Path(path).read_text()
+    except (OSError, UnicodeDecodeError) as e:
+        raise UsageError(f"--from {path}: {getattr(e, 'strerror', None) or e}") from None
+    return load_params(text, path)
