@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -57,3 +58,27 @@ def expand_names(s: Session, names: list[str], skip: tuple[JobState, ...] = ()) 
         else:
             out += [t.name for t in sweep.tasks if t.state not in skip]
     return list(dict.fromkeys(out))
+
+
+def environment_id(s: Session, environ: Mapping[str, str]) -> int:
+    """The id of the stored environment equal to ``environ`` (inserted if new): jobs submitted from
+    the same shell share one row."""
+    import hashlib
+    import json
+
+    from sqlalchemy.exc import IntegrityError
+
+    from orchestrator.models import Environment
+
+    data = dict(sorted(environ.items()))
+    digest = hashlib.sha256(json.dumps(data, sort_keys=True).encode()).hexdigest()
+    found = s.scalar(select(Environment.id).where(Environment.sha256 == digest))
+    if found is not None:
+        return found
+    try:
+        with s.begin_nested():  # another submitter may insert the same environment meanwhile
+            env = Environment(sha256=digest, vars=data)
+            s.add(env)
+        return env.id
+    except IntegrityError:
+        return s.scalar(select(Environment.id).where(Environment.sha256 == digest))

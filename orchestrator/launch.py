@@ -89,6 +89,7 @@ class _Ready:
     name: str
     job_id: int
     attempt_id: int
+    env_id: int | None
     spec: SubmitSpec
     overrides: dict[str, Any]
     moved: list[str]
@@ -113,8 +114,8 @@ def _ready(db: Database, cfg: Config, name: str, backend_name: str | None, recla
                           outputs=tuple(job.outputs), env=env, resources=resources_of(job.resources),
                           warning_signal=job.resources.get("warning_signal")
                           or ("USR2" if is_bundled_trainer(argv) else "TERM"), umask=cfg.umask,
-                          task=job.task_index)
-        job_id, attempt_id, plan, outputs = job.id, a.id, a.plan, list(job.outputs)
+                          task=job.task_index, base_env=job.environment.vars if job.environment else None)
+        job_id, attempt_id, plan, outputs, env_id = job.id, a.id, a.plan, list(job.outputs), job.env_id
         backend_name = backend_name or job.backend
     if not _claim(db, attempt_id, reclaim):
         return Launched(outcome="lost_claim")  # another process is launching this attempt right now
@@ -133,7 +134,7 @@ def _ready(db: Database, cfg: Config, name: str, backend_name: str | None, recla
         _fail(db, cfg, attempt_id, cls, f"launch failed: {e}")
         raise OrchError(f"{name}: launch failed: {e.strerror or e}"
                         + (f": {e.filename}" if getattr(e, "filename", None) else "")) from None
-    return _Ready(name, job_id, attempt_id, spec, overrides, moved)
+    return _Ready(name, job_id, attempt_id, env_id, spec, overrides, moved)
 
 
 def launch(db: Database, cfg: Config, name: str, backend: Backend | None = None, *,
@@ -189,7 +190,7 @@ def launch_group(db: Database, cfg: Config, names: list[str], backend: Backend, 
         if _cancelled_meanwhile(db, r.attempt_id):
             results[r.name] = Launched(moved=r.moved, outcome="stopped")
         else:
-            groups.setdefault((r.spec.resources, r.spec.warning_signal), []).append(r)
+            groups.setdefault((r.spec.resources, r.spec.warning_signal, r.env_id), []).append(r)
     for members in groups.values():
         batch = new_batch_token()
         members = [r for r in members if _mark_batch(db, r.attempt_id, batch)]

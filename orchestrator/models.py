@@ -27,7 +27,7 @@ NAMING = {
     "pk": "pk_%(table_name)s",
 }
 
-__all__ = ["Base", "Sweep", "Job", "Attempt", "Event", "Lease", "utcnow"]
+__all__ = ["Base", "Environment", "Sweep", "Job", "Attempt", "Event", "Lease", "utcnow"]
 
 
 def _enum(cls: type, length: int) -> Enum:
@@ -38,6 +38,21 @@ def _enum(cls: type, length: int) -> Enum:
 
 class Base(DeclarativeBase):
     metadata = MetaData(naming_convention=NAMING)
+
+
+class Environment(Base):
+    """The environment a job was submitted from, stored once per distinct content (sha256).
+
+    Every attempt of a job runs with it, whoever launches the attempt: a cron reconciler's bare
+    environment (PATH=/usr/bin:/bin, no CUDA_VISIBLE_DEVICES, no W&B key) used to become the
+    environment of every retry and of every sweep task it started.
+    """
+
+    __tablename__ = "environments"
+
+    id: Mapped[int] = mapped_column(primary_key=True)
+    sha256: Mapped[str] = mapped_column(String(64), unique=True)
+    vars: Mapped[dict[str, str]] = mapped_column("vars_json", JSONType)
 
 
 class Sweep(Base):
@@ -81,11 +96,13 @@ class Job(Base):
     created_at: Mapped[datetime] = mapped_column(default=utcnow)
     updated_at: Mapped[datetime] = mapped_column(default=utcnow)
     sweep_id: Mapped[int | None] = mapped_column(ForeignKey("sweeps.id"), index=True, default=None)
+    env_id: Mapped[int | None] = mapped_column(ForeignKey("environments.id"), default=None)
     task_index: Mapped[int | None] = mapped_column(default=None)  # its index in the sweep (= array index)
 
     attempts: Mapped[list[Attempt]] = relationship(
         back_populates="job", order_by="Attempt.n", cascade="all, delete-orphan")
     sweep: Mapped[Sweep | None] = relationship(back_populates="tasks")
+    environment: Mapped[Environment | None] = relationship()
 
 
 class Attempt(Base):

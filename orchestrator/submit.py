@@ -9,6 +9,7 @@ reason (``launch``), so the job is never left ``pending``.
 
 from __future__ import annotations
 
+import os
 import secrets
 from dataclasses import dataclass, field
 from typing import Any
@@ -20,7 +21,7 @@ from orchestrator.backends import BACKENDS, get_backend
 from orchestrator.config import Config
 from orchestrator.db import Database
 from orchestrator.errors import AlreadyVerified, Refused
-from orchestrator.jobs import get_job
+from orchestrator.jobs import environment_id, get_job
 from orchestrator.launch import launch
 from orchestrator.lifecycle import AttemptState, JobState
 from orchestrator.models import Attempt, Job
@@ -64,7 +65,7 @@ def submit(db: Database, cfg: Config, req: SubmitRequest) -> Job:
             raise Refused(f"refused: job {req.name!r} already exists; use `orch requeue {req.name}`")
         job = Job(name=req.name, state=JobState.PENDING, backend=req.backend, run_dir=str(run_dir),
                   command=list(req.command), resources=dict(req.resources), outputs=list(req.outputs),
-                  max_attempts=req.max_attempts)
+                  max_attempts=req.max_attempts, env_id=environment_id(s, os.environ))
         s.add(job)
         s.flush()
         s.add(Attempt(job_id=job.id, n=1, token=new_token(), state=AttemptState.PENDING, backend=req.backend))

@@ -15,6 +15,7 @@ is never rerun: a task whose run dir already holds a verified marker is recorded
 from __future__ import annotations
 
 import json
+import os
 import re
 from dataclasses import dataclass, field
 from itertools import product
@@ -29,6 +30,7 @@ from orchestrator.backends.base import Backend
 from orchestrator.config import Config
 from orchestrator.db import Database
 from orchestrator.errors import AlreadyVerified, OrchError, Refused, UsageError
+from orchestrator.jobs import environment_id
 from orchestrator.launch import Launched, launch, launch_group
 from orchestrator.lifecycle import ATTEMPT_LIVE, AttemptState, JobState
 from orchestrator.models import Attempt, Event, Job, Sweep
@@ -149,11 +151,13 @@ def submit_sweep(db: Database, cfg: Config, req: SweepRequest) -> Sweep:
         sweep = Sweep(name=req.name, backend=req.backend, throttle=req.throttle, params=req.params)
         s.add(sweep)
         s.flush()
+        env_id = environment_id(s, os.environ)
         for i, (n, cmd) in enumerate(zip(names, commands, strict=True)):
             done = n in verified
             job = Job(name=n, state=JobState.DONE if done else JobState.PENDING, backend=req.backend,
                       run_dir=str(run_dir_for(cfg, n)), command=cmd, resources=dict(req.resources),
-                      outputs=list(req.outputs), max_attempts=req.max_attempts, sweep_id=sweep.id, task_index=i)
+                      outputs=list(req.outputs), max_attempts=req.max_attempts, sweep_id=sweep.id, task_index=i,
+                      env_id=env_id)
             s.add(job)
             s.flush()
             if done:

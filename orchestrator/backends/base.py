@@ -10,9 +10,10 @@ Backends are constructed on the login node / controller host and must be cheap t
 from __future__ import annotations
 
 import enum
+import os
 import sys
 from abc import ABC, abstractmethod
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -58,6 +59,13 @@ class SubmitSpec:
     warning_signal: str = "TERM"
     umask: int = 0o077  # run dirs 0700, files 0600 unless orch.toml shares them with the group
     task: int | None = None  # its index in a group submission (a sweep task's index = its array index)
+    # The environment the job was submitted from (every attempt gets it, whoever launches it);
+    # None: the launching process's own (rows from before orch stored it).
+    base_env: Mapping[str, str] | None = None
+
+    def job_environ(self) -> dict[str, str]:
+        """The attempt's process environment before orch's own variables are added."""
+        return dict(os.environ if self.base_env is None else self.base_env)
 
     @property
     def attempt_dir(self) -> Path:

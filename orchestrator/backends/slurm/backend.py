@@ -137,7 +137,7 @@ class SlurmBackend(Backend):
         header = f"orch job {spec.job} attempt {spec.attempt} token {spec.token}"
         protocol.atomic_write(script, batch_script(python, spec.wrapper_argv(python), dict(spec.env), header))
         os.chmod(script, 0o700)
-        job_id = _sbatch(argv, spec.token)
+        job_id = _sbatch(argv, spec.token, spec.job_environ())
         protocol.atomic_write_json(out_dir / protocol.SLURM_SUBMITTED, {
             "job_id": job_id, "token": spec.token, "sbatch": argv, "submitted_at": protocol.now_iso()})
         return job_id
@@ -165,8 +165,8 @@ class SlurmBackend(Backend):
         for spec in specs:
             protocol.validate_job_name(spec.job)
             _check_value("token", spec.token, _TOKEN_RE)
-            if spec.task is None or spec.resources != first.resources:
-                raise SlurmSubmitRefused("an array's tasks need an index each and the same resources")
+            if spec.task is None or spec.resources != first.resources or spec.base_env != first.base_env:
+                raise SlurmSubmitRefused("an array's tasks need an index each, and the same resources and environment")
             _check_env(spec.env)
             python = self._interpreter(spec)
             tasks[str(_positive_or_zero("task index", spec.task))] = {
@@ -192,7 +192,7 @@ class SlurmBackend(Backend):
         protocol.atomic_write(script, array_script(self._interpreter(first), str(batch_dir / ARRAY_TASKS_FILE),
                                                    f"orch batch {token}: {len(tasks)} tasks"))
         os.chmod(script, 0o700)
-        array_id = _sbatch(argv, token)
+        array_id = _sbatch(argv, token, first.job_environ())
         out = {}
         for spec in specs:
             ext = f"{array_id}_{spec.task}"
@@ -426,10 +426,11 @@ def _positive_or_zero(what: str, value: object) -> int:
     return value
 
 
-def _sbatch(argv: list[str], token: str) -> str:
-    """Run sbatch; the job (or array) id. SlurmSubmitRefused when sbatch will never take it."""
+def _sbatch(argv: list[str], token: str, environ: dict[str, str]) -> str:
+    """Run sbatch (``--export=ALL`` hands ``environ`` to the job); the job (or array) id.
+    SlurmSubmitRefused when sbatch will never take it."""
     try:
-        p = _run(argv, SUBMIT_TIMEOUT_S, env=clean_submit_env())
+        p = _run(argv, SUBMIT_TIMEOUT_S, env=clean_submit_env(environ))
     except subprocess.TimeoutExpired:
         raise BackendError(f"sbatch timed out after {SUBMIT_TIMEOUT_S:.0f} s (the job may exist: "
                            f"look it up by token {token})") from None

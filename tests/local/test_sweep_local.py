@@ -1,0 +1,145 @@
+"""Sweeps on the local backend: one job per argument set, at most --throttle running at once, each
+task recovered on its own; a sweep's name works for status, show, cancel and requeue."""
+
+from __future__ import annotations
+
+import json
+import os
+import threading
+import time
+from pathlib import Path
+
+from localkit import db_rows
+
+# Each run appends "task attempt" to the sweep-wide log (a second run of a task shows as two lines),
+# holds for a moment (so the throttle has something to hold back), then writes its result.
+TASK = ('echo "$ORCH_TASK_INDEX $ORCH_ATTEMPT" >> "$LOG"; sleep 0.6; mkdir -p result; '
+        'echo "{lr} $ORCH_SWEEP_PARAMS" > result/out.txt')
+
+
+def _tasks_alive(sweep: str) -> set[str]:
+    out = set()
+    for d in os.listdir("/proc"):
+        if d.isdigit():
+            try:
+                with open(f"/proc/{d}/environ", "rb") as f:
+                    env = f.read().split(b"\0")
+            except OSError:
+                continue
+            if f"ORCH_SWEEP={sweep}".encode() in env:
+                out |= {e.split(b"=", 1)[1].decode() for e in env if e.startswith(b"ORCH_TASK_INDEX=")}
+    return out
+
+
+def _settle(orch, names, timeout=90):  # noqa: ANN001
+    t0 = time.time()
+    while time.time() - t0 < timeout:
+        orch("reconcile", check=True)
+        rows = {r["name"]: r for r in orch.json("status")}
+        if all(rows[n]["state"] in {"done_marker_verified", "retryable_failed", "failed", "cancelled"} for n in names):
+            return rows
+        time.sleep(0.3)
+    raise AssertionError(f"not settled: {orch.json('status')}")
+
+
+def test_a_throttled_sweep_never_runs_more_than_its_throttle_and_runs_each_task_once(orch, tmp_path):
+    log = tmp_path / "runs.log"
+    env = {"LOG": str(log)}
+    seen: list[set[str]] = []
+    stop = threading.Event()
+
+    def sample() -> None:
+        while not stop.is_set():
+            seen.append(_tasks_alive("sw"))
+            time.sleep(0.05)
+
+    t = threading.Thread(target=sample, daemon=True)
+    t.start()
+    try:
+        p = orch("sweep", "--name", "sw", "--grid", "lr=0.1,0.2,0.3", "--grid", "seed=1,2", "--throttle", "2",
+                 "--outputs", "result/out.txt", "--", "sh", "-c", TASK, env=env)
+        assert p.returncode == 0, p.stderr
+        assert "6 tasks on local, at most 2 at once" in p.stdout
+        names = [f"sw.{i:04d}" for i in range(6)]
+        rows = _settle(orch, names)
+    finally:
+        stop.set()
+        t.join()
+    assert all(rows[n]["state"] == "done_marker_verified" for n in names), rows
+    assert max(len(s) for s in seen) == 2, "the throttle held back nothing, or let more through"
+    lines = sorted(log.read_text().splitlines())
+    assert lines == [f"{i} 1" for i in range(6)], lines  # each task ran once, as attempt 1
+    out = (orch.runs / "sw.0003" / "result" / "out.txt").read_text()
+    assert out.startswith("0.2 ") and json.loads(out.split(" ", 1)[1]) == {"lr": "0.2", "seed": "2"}
+    table = orch("status", check=True).stdout
+    assert "sw  " in table and "sweep of 6: 6 done_marker_verified" in table and "sw.0003" not in table
+    assert "sw.0003" in orch("status", "--tasks", check=True).stdout
+    shown = orch.json("show", "sw")
+    assert shown["states"] == {"done_marker_verified": 6} and len(shown["task_list"]) == 6
+
+
+def test_a_crashed_task_is_requeued_alone_through_the_sweeps_name(orch, tmp_path):
+    log = tmp_path / "runs.log"
+    crash_once = ('echo "$ORCH_TASK_INDEX $ORCH_ATTEMPT" >> "$LOG"; '
+                  '[ "$ORCH_TASK_INDEX" = 1 ] && [ "$ORCH_ATTEMPT" = 1 ] && exit 1; echo ok > out.txt')
+    p = orch("sweep", "--name", "cr", "--grid", "i=a,b,c", "--outputs", "out.txt", "--", "sh", "-c", crash_once,
+             env={"LOG": str(log)})
+    assert p.returncode == 0, p.stderr
+    rows = _settle(orch, ["cr.0000", "cr.0001", "cr.0002"])
+    assert [rows[f"cr.000{i}"]["state"] for i in range(3)] == ["done_marker_verified", "retryable_failed",
+                                                              "done_marker_verified"]
+    r = orch("requeue", "cr", "--json", check=True)  # the sweep's name: its tasks that need it
+    assert [(x["name"], x["outcome"]) for x in json.loads(r.stdout)] == [("cr.0001", "requeued")]
+    rows = _settle(orch, ["cr.0001"])
+    assert rows["cr.0001"]["state"] == "done_marker_verified"
+    assert sorted(log.read_text().splitlines()) == ["0 1", "1 1", "1 2", "2 1"]
+
+
+def test_cancel_by_sweep_name_stops_every_task(orch):
+    p = orch("sweep", "--name", "cx", "--grid", "i=1,2,3", "--throttle", "2", "--", "sh", "-c", "sleep 60")
+    assert p.returncode == 0, p.stderr
+    deadline = time.time() + 30
+    while len(_tasks_alive("cx")) < 2:
+        assert time.time() < deadline, "tasks did not start"
+        time.sleep(0.1)
+    c = orch("cancel", "cx")
+    assert c.returncode == 0 and c.stdout.count(": cancelled") == 3, c.stdout + c.stderr
+    deadline = time.time() + 60
+    open_attempts = "SELECT count(*) FROM attempts WHERE state NOT IN ('cancelled', 'failed', 'succeeded')"
+    while _tasks_alive("cx") or db_rows(orch.home, open_attempts) != [(0,)]:
+        assert time.time() < deadline, "tasks still alive (or attempts still stopping) after cancel"
+        orch("reconcile", check=True)
+        time.sleep(0.3)
+    rows = {r["name"]: r for r in orch.json("status")}
+    assert {rows[f"cx.000{i}"]["state"] for i in range(3)} == {"cancelled"}
+    assert db_rows(orch.home, "SELECT count(*) FROM attempts WHERE state NOT IN ('cancelled')") == [(0,)]
+
+
+def test_a_resubmitted_sweep_never_reruns_a_verified_task(orch, tmp_path):
+    log = tmp_path / "runs.log"
+    args = ("sweep", "--name", "re", "--grid", "i=1,2", "--outputs", "out.txt", "--", "sh", "-c",
+            'echo "$ORCH_TASK_INDEX" >> "$LOG"; [ -e "$ORCH_RUN_DIR/fail" ] && exit 1; echo ok > out.txt')
+    (orch.runs / "re.0001").mkdir(parents=True)
+    (orch.runs / "re.0001" / "fail").touch()
+    assert orch(*args, env={"LOG": str(log)}).returncode == 0
+    _settle(orch, ["re.0000", "re.0001"])
+    (orch.runs / "re.0001" / "fail").unlink()
+    for f in orch.home.glob("orch.db*"):  # the DB is lost; the runs root is not
+        f.unlink()
+    p = orch(*args, env={"LOG": str(log)})
+    assert p.returncode == 0, p.stderr
+    rows = _settle(orch, ["re.0000", "re.0001"])
+    assert rows["re.0000"]["state"] == rows["re.0001"]["state"] == "done_marker_verified"
+    assert rows["re.0000"]["attempts"] == 0  # recorded done from its verified marker, not rerun
+    assert sorted(log.read_text().splitlines()) == ["0", "1", "1"]
+
+
+def test_bad_sweep_arguments_are_refused_before_anything_is_written(orch):
+    p = orch("sweep", "--name", "b", "--grid", "lr=1,2", "--", "train", "{seed}")
+    assert p.returncode == 2 and "no 'seed'" in p.stderr, p.stderr
+    p = orch("sweep", "--name", "b", "--", "train")
+    assert p.returncode == 2 and "--grid" in p.stderr
+    assert not Path(orch.home / "runs").exists() or not any((orch.home / "runs").iterdir())
+    assert orch("submit", "--name", "taken.0000", "--", "true").returncode == 0
+    p = orch("sweep", "--name", "taken", "--grid", "i=1", "--", "true")
+    assert p.returncode == 3 and "already exist" in p.stderr, p.stderr
