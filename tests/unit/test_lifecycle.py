@@ -184,7 +184,8 @@ def test_only_lifecycle_writes_state():
     writers = re.compile(r"\.state\s*=[^=]|values\([^)]*\bstate\s*=")
     offenders = []
     for path in (ROOT / "orchestrator").rglob("*.py"):
-        if path.name == "lifecycle.py" or "migrations" in path.parts:
+        # integrations/ runs inside the user's job and never opens the DB (its `.state` is a training state).
+        if path.name == "lifecycle.py" or "migrations" in path.parts or "integrations" in path.parts:
             continue
         for n, line in enumerate(path.read_text().splitlines(), 1):
             if writers.search(line) and not line.lstrip().startswith("#"):

@@ -1,0 +1,175 @@
+"""A sweep on the real dev Slurm cluster: one job array, each task recovered on its own.
+
+20 tasks in ONE `sbatch --array`: 3 are preempted by a real `prio` job (spot: Slurm requeues each
+in place as that task only, and it finishes as its single orch attempt), 2 crash once (one
+`orch requeue --failed` sends both out again as ONE new small array), 1 reports `invalid` (failed
+for good), and the other 14 finish untouched. sacct shows exactly the two arrays.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+from slurmkit import node_idle, run
+
+from orchestrator import protocol
+
+N = 20
+PREEMPTED = (0, 1, 2)
+CRASH_ONCE = (3, 4)
+INVALID = 5
+TASK = textwrap.dedent('''
+    import json, os, signal, sys, time
+    from orchestrator import protocol
+    i, attempt = int(os.environ["ORCH_TASK_INDEX"]), int(os.environ["ORCH_ATTEMPT"])
+    restart = int(os.environ.get("SLURM_RESTART_COUNT", "0") or 0)
+    log = os.environ["SWEEP_LOG"]
+    def note(event):
+        with open(log, "a") as f:
+            f.write(json.dumps({"task": i, "attempt": attempt, "restart": restart, "event": event,
+                                "job": os.environ.get("SLURM_JOB_ID"), "t": time.time()}) + "\\n")
+    note("start")
+    if i in PREEMPTED and restart == 0:
+        def stop(*_):
+            note("preempted")
+            sys.exit(143)
+        signal.signal(signal.SIGTERM, stop)
+        for _ in range(3000):  # waits for its preemption (gives up after ~5 min)
+            time.sleep(0.1)
+        sys.exit(1)
+    if i in CRASH_ONCE and attempt == 1:
+        sys.exit(1)
+    if i == INVALID:
+        protocol.write_failure(os.environ["ORCH_RUN_DIR"], attempt, "invalid", None, "bad argument set")
+        sys.exit(3)
+    with open("result.txt", "w") as f:
+        f.write(f"task {i} {os.environ['ORCH_SWEEP_PARAMS']}\\n")
+    note("done")
+''')
+
+
+def events(log: Path) -> list[dict]:
+    if not log.exists():
+        return []
+    return [json.loads(line) for line in log.read_text().splitlines() if line.strip()]
+
+
+def task_status(orch) -> dict[str, dict]:  # noqa: ANN001
+    return {r["name"]: r for r in orch.json("status") if r.get("sweep") == "sw"}
+
+
+@pytest.fixture
+def cleanup(orch):  # noqa: ANN001, ANN201
+    extra: list[str] = []
+    yield extra
+    ids = set(extra)
+    for r in orch.json("status"):
+        if r.get("external_id"):
+            ids.add(r["external_id"].split("_")[0])
+    if ids:
+        run("scancel", *sorted(ids))
+
+
+def _start_requeued(sweep_ids: set[str]) -> None:
+    """Tasks Slurm requeued in place wait ~2 min for their BeginTime; an admin (root here) may start
+    them now. Only the wait is skipped: Slurm's own requeue is what is under test."""
+    out = run("squeue", "-h", "-r", "-t", "PD", "-o", "%i|%r").stdout
+    for line in out.splitlines():
+        jid, _, reason = line.partition("|")
+        if jid.split("_")[0] in sweep_ids and reason.strip() == "BeginTime":
+            run("scontrol", "update", f"jobid={jid}", "StartTime=now")
+
+
+def test_a_twenty_task_array_recovers_each_task_on_its_own(orch, cleanup, tmp_path):  # noqa: ANN001
+    node_idle()
+    script = tmp_path / "task.py"
+    script.write_text(f"PREEMPTED, CRASH_ONCE, INVALID = {PREEMPTED}, {CRASH_ONCE}, {INVALID}\n" + TASK)
+    log = tmp_path / "sweep.log"
+    p = orch("sweep", "--name", "sw", "--backend", "slurm", "--partition", "spot", "--cpus-per-task", "1",
+             "--mem", "100M", "--grid", "i=" + ",".join(map(str, range(N))), "--throttle", "3",
+             "--outputs", "result.txt", "--", sys.executable, str(script), env={"SWEEP_LOG": str(log)})
+    assert p.returncode == 0, p.stdout + p.stderr
+    rows = task_status(orch)
+    arrays = {r["external_id"].split("_")[0] for r in rows.values()}
+    assert len(rows) == N and len(arrays) == 1, rows  # ONE sbatch for the whole sweep
+    (array,) = arrays
+    assert {r["external_id"] for r in rows.values()} == {f"{array}_{i}" for i in range(N)}
+
+    # Preempt the three gated tasks, each while it runs, with real prio jobs (2 CPUs: all of the node).
+    t0, preempted = time.time(), set()
+    while preempted != set(PREEMPTED):
+        assert time.time() - t0 < 400, f"preempted so far: {preempted}; {events(log)[-5:]}"
+        orch("reconcile", check=True)
+        ev = events(log)
+        preempted = {e["task"] for e in ev if e["event"] == "preempted"}
+        running = {e["task"] for e in ev if e["event"] == "start" and e["restart"] == 0} & set(PREEMPTED)
+        if running - preempted and not run("squeue", "-h", "-p", "prio", "-o", "%i").stdout.strip():
+            q = run("sbatch", "--parsable", "-p", "prio", "-c", "2", "--mem=200M", "-o", "/dev/null",
+                    "--wrap", "sleep 2")
+            assert q.returncode == 0, q.stderr
+            cleanup.append(q.stdout.strip())
+        _start_requeued({array})
+        time.sleep(1)
+
+    def settled(rows: dict) -> bool:
+        return all(r["state"] in {"done_marker_verified", "retryable_failed", "failed"} for r in rows.values())
+
+    t0 = time.time()
+    while not settled(rows := task_status(orch)):
+        assert time.time() - t0 < 400, {n: r["state"] for n, r in rows.items()}
+        orch("reconcile", check=True)
+        _start_requeued({array})
+        time.sleep(1)
+    name = {i: f"sw.{i:04d}" for i in range(N)}
+    for i in PREEMPTED:  # requeued in place by Slurm, as that task only: one attempt, restarted
+        a = orch.show(name[i])["attempts"]
+        assert rows[name[i]]["state"] == "done_marker_verified" and len(a) == 1, a
+        assert a[0]["restarts"] >= 1 and a[0]["external_id"] == f"{array}_{i}", a
+    for i in CRASH_ONCE:
+        assert rows[name[i]]["state"] == "retryable_failed", rows[name[i]]
+        assert orch.show(name[i])["attempts"][0]["failure_class"] == "crash"
+    assert rows[name[INVALID]]["state"] == "failed"
+    assert orch.show(name[INVALID])["attempts"][0]["failure_class"] == "invalid"
+    untouched = [i for i in range(N) if i not in (*PREEMPTED, *CRASH_ONCE, INVALID)]
+    assert len(untouched) == 14
+    starts = events(log)
+    for i in untouched:  # one attempt each; a quick task a prio job caught running was requeued in place too
+        a = orch.show(name[i])["attempts"]
+        assert rows[name[i]]["state"] == "done_marker_verified" and len(a) == 1, a
+        assert a[0]["restarts"] == len({e["restart"] for e in starts if e["task"] == i}) - 1, (a, i)
+
+    # One requeue of the failed tasks: ONE new array with just those two.
+    r = orch("requeue", "--failed", "--json")
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert sorted((x["name"], x["outcome"]) for x in json.loads(r.stdout)) == [
+        (name[i], "requeued") for i in CRASH_ONCE]
+    retry_ids = {orch.show(name[i])["attempts"][1]["external_id"] for i in CRASH_ONCE}
+    retry_arrays = {x.split("_")[0] for x in retry_ids}
+    assert len(retry_arrays) == 1 and retry_arrays != {array}, retry_ids
+    (retry,) = retry_arrays
+    assert retry_ids == {f"{retry}_{i}" for i in CRASH_ONCE}
+    t0 = time.time()
+    while not all(task_status(orch)[name[i]]["state"] == "done_marker_verified" for i in CRASH_ONCE):
+        assert time.time() - t0 < 200, task_status(orch)
+        orch("reconcile", check=True)
+        time.sleep(1)
+    # Every verified task holds its own result; the invalid one was never retried.
+    for i in range(N):
+        if i != INVALID:
+            assert protocol.verify_done_marker(orch.runs / name[i]).verified, i
+    assert len(orch.show(name[INVALID])["attempts"]) == 1
+
+    # sacct: exactly the two submissions (the array, then the retry array), all tasks accounted for.
+    acct = run("sacct", "-X", "-n", "-P", "--duplicates", "-S", "now-1hour", "-o", "JobID,JobName").stdout
+    ours = {line.split("|")[0].split("_")[0] for line in acct.splitlines()
+            if line.split("|")[0].split("_")[0] in (array, retry)}
+    assert ours == {array, retry}
+    retry_tasks = {line.split("|")[0] for line in acct.splitlines() if line.startswith(f"{retry}_")}
+    assert retry_tasks == {f"{retry}_{i}" for i in CRASH_ONCE}
+    table = orch("status", check=True).stdout
+    assert "sweep of 20: 19 done_marker_verified, 1 failed" in table, table
