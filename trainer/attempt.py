@@ -1,0 +1,66 @@
+"""One attempt of one run, as every phase of the trainer sees it: where it writes, how it reports.
+
+Each phase (``preflight`` -> ``load`` -> the step loop -> ``finish``) reports a failure the same way:
+``raise attempt.fail(cls, step, detail)`` writes ``attempts/<n>/failure.json`` and unwinds to
+``Trainer.run``, which returns the exit code. So a phase never needs the ``Trainer`` itself, only this
+small frozen value.
+"""
+
+from __future__ import annotations
+
+import errno
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from orchestrator import protocol
+from trainer import runfiles
+
+if TYPE_CHECKING:
+    from trainer.checkpoint import CheckpointError
+
+# A full disk, a quota, a file-size limit: all three mean "free space and retry" (class enospc).
+DISK_FULL_ERRNOS = (errno.ENOSPC, errno.EDQUOT, errno.EFBIG)
+
+
+class TrainerExit(Exception):
+    """Unwind to ``Trainer.run`` with an exit code; the failure (if any) is already reported."""
+
+    def __init__(self, code: int) -> None:
+        super().__init__(code)
+        self.code = code
+
+
+@dataclass(frozen=True)
+class Attempt:
+    """The run dir, the attempt number ``n`` (from 1) and the job name of the running attempt."""
+
+    run_dir: Path
+    n: int
+    job: str
+
+    def fail(self, cls: str, step: int | None, detail: str, code: int = protocol.EXIT_FAILURE_REPORTED,
+             **extra: Any) -> TrainerExit:
+        """Write failure.json (or say the class on stderr if even that fails); the caller raises the result."""
+        runfiles.report_failure(self.run_dir, self.n, cls, step, detail, **extra)
+        return TrainerExit(code)
+
+    def save_failed(self, e: CheckpointError) -> TrainerExit:
+        """Classify a failed checkpoint save: a full disk is ``enospc`` (retryable once space is freed)."""
+        cause = e.cause
+        free = shutil.disk_usage(self.run_dir).free
+        if isinstance(cause, OSError) and cause.errno in DISK_FULL_ERRNOS:
+            return self.fail("enospc", e.step, f"checkpoint step {e.step} did not fit: {cause}; "
+                             f"previous checkpoints are intact", bytes_needed=e.bytes_needed, bytes_free=free)
+        return self.fail("crash", e.step, f"checkpoint step {e.step} failed: {cause!r}; "
+                         "previous checkpoints intact", bytes_free=free)
+
+    def display_path(self, path: Path | None) -> str | None:
+        """Relative to the run dir when inside it (how failure.json names checkpoints), else absolute."""
+        if path is None:
+            return None
+        return str(path.relative_to(self.run_dir)) if self._inside(path) else str(path)
+
+    def _inside(self, path: Path | None) -> bool:
+        return path is not None and path.resolve().is_relative_to(self.run_dir.resolve())

@@ -1,0 +1,74 @@
+"""What a checkpoint holds (model, optimizer, scheduler, RNG, meta) and what the heartbeat reports.
+
+Bit-exact resume rests on two things here: the RNG is captured with the weights (dropout masks after a
+resume are those of an uninterrupted run), and ``meta.json`` records how the state was made (effective
+and micro batch, data sha256, OOM shrinks) so that the next attempt's preflight can refuse or adapt
+before it loads anything.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import math
+import random
+from collections.abc import Sequence
+from contextlib import AbstractContextManager
+from typing import Any
+
+import torch
+
+from orchestrator import protocol
+from trainer import data as datamod
+from trainer.model import PRESETS
+
+
+def capture_rng(cuda: bool) -> dict[str, Any]:
+    """Every RNG a step draws from (Python's, torch's CPU one, and each CUDA device's)."""
+    rng: dict[str, Any] = {"python": random.getstate(), "torch_cpu": torch.get_rng_state()}
+    if cuda:
+        rng["torch_cuda"] = torch.cuda.get_rng_state_all()
+    return rng
+
+
+def restore_rng(rng: dict[str, Any]) -> None:
+    """Inverse of :func:`capture_rng`, for a state as captured or as loaded back from ``rng.pt``."""
+    version, state, gauss = rng["python"]
+    random.setstate((version, tuple(state), gauss))
+    torch.set_rng_state(rng["torch_cpu"])
+    if "torch_cuda" in rng and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(rng["torch_cuda"])
+
+
+def autocast(device: torch.device) -> AbstractContextManager[Any]:
+    """bf16 autocast on CUDA, nothing on CPU; the same for training steps and the final eval."""
+    return torch.autocast("cuda", dtype=torch.bfloat16) if device.type == "cuda" else contextlib.nullcontext()
+
+
+def checkpoint_meta(args: argparse.Namespace, *, step: int, micro: int, accum: int, data_sha256: str,
+                    oom_events: Sequence[dict[str, Any]], attempt: int) -> dict[str, Any]:
+    """meta.json: what the next attempt's preflight compares before loading (batch, data, OOM shrinks)."""
+    return {"step": step, "batch_size": args.batch_size, "micro_batch_size": micro,
+            "accumulation_steps": accum, "skip_batches": args.skip_batches, "seed": args.seed,
+            "data_sha256": data_sha256, "preset": args.preset, "lora_rank": args.lora_rank,
+            "model": PRESETS[args.preset].to_dict(), "vocab": datamod.VOCAB, "oom_events": list(oom_events),
+            "attempt": attempt, "saved_at": protocol.now_iso()}
+
+
+def state_files(model: torch.nn.Module, optimizer: torch.optim.Optimizer,
+                scheduler: torch.optim.lr_scheduler.LRScheduler, rng: dict[str, Any],
+                meta: dict[str, Any]) -> dict[str, Any]:
+    """The files of one checkpoint, in the order they are written (``CheckpointManager.save``'s input)."""
+    return {"model.pt": model.state_dict(),
+            "optim.pt": {"optimizer": optimizer.state_dict(), "scheduler": scheduler.state_dict()},
+            "rng.pt": rng, "meta.json": meta}
+
+
+def progress_fields(args: argparse.Namespace, *, step: int, last_loss: float, tok_s: float | None,
+                    tokens_per_step: int, saving: int | None = None) -> dict[str, Any]:
+    """What ``attempts/<n>/progress.json`` says: the last completed step and how fast the run goes."""
+    fields = {"step": step, "loss": last_loss if math.isfinite(last_loss) else None,
+              "tokens_per_s": tok_s, "max_steps": args.max_steps, "tokens_per_step": tokens_per_step}
+    if saving is not None:
+        fields["saved_step"] = saving
+    return fields
