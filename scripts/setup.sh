@@ -4,8 +4,8 @@
 # torch==2.13.0 is installed, which on the project's CPU machines resolves to a local CPU wheel.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-dev=""
-[ "${1:-}" = "--dev" ] && dev="[dev]"
+extras="[trainer]"  # the bundled trainer; a login node that only runs the CLI can pip install -e . alone
+[ "${1:-}" = "--dev" ] && extras="[trainer,dev]"
 PY=${PYTHON:-python3}
 [ -x .venv/bin/python ] || "$PY" -m venv .venv
 .venv/bin/python -m pip install -q --upgrade pip >/dev/null 2>&1 || true
@@ -13,5 +13,5 @@ if ! .venv/bin/python -c "import torch" >/dev/null 2>&1; then
   echo "setup: installing torch==2.13.0 (keep your own build by installing torch into .venv first)"
   .venv/bin/python -m pip install -q "torch==2.13.0"
 fi
-.venv/bin/python -m pip install -q -e ".$dev"
+.venv/bin/python -m pip install -q -e ".$extras"
 .venv/bin/orch --version

@@ -10,6 +10,7 @@ Order of work, cheapest first (lesson 2, seed 000):
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import sys
 import traceback
@@ -63,6 +64,9 @@ def _main(argv: list[str], flag: PreemptionFlag, boundary_hook: object) -> int:
         build_parser().error(f"{protocol.ENV_ATTEMPT}={raw_attempt!r}: attempts are numbered from 1")
     attempt = int(raw_attempt)
     job = os.environ.get(protocol.ENV_JOB_NAME) or run_dir.name
+    # torch is an extra (a login node installs orch without it): say so before anything is written.
+    if importlib.util.find_spec("torch") is None:
+        build_parser().error("torch is not installed in this environment: pip install 'orch[trainer]'")
 
     protocol.attempt_dir(run_dir, attempt).mkdir(parents=True, exist_ok=True)
     stale = runfiles.set_aside_stale_failure(run_dir, attempt)
