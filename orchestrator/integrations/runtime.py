@@ -266,10 +266,20 @@ def commit_checkpoint(run_dir: Path, step: int, *, write: Callable[[Path], None]
 
 
 def prune(run_dir: Path, keep_last_k: int) -> list[str]:
-    """Remove committed checkpoints beyond the newest ``keep_last_k`` (renamed aside first)."""
-    from trainer.checkpoint import CheckpointManager
+    """Remove committed checkpoints beyond the newest ``keep_last_k``.
 
-    return CheckpointManager(run_dir, keep_last_k=max(1, keep_last_k)).prune()
+    As ``trainer.checkpoint.CheckpointManager.prune`` does, without importing torch (the submitit runner
+    runs any Python callable): each is renamed aside to a ``.tmp-del-`` name first, the rename fsynced,
+    so no reader sees a half-deleted dir under a committed name.
+    """
+    removed = []
+    for path in list(protocol.iter_checkpoint_dirs(run_dir))[max(1, keep_last_k):]:
+        aside = path.with_name(f"{path.name}{protocol.TMP_INFIX}del-{os.urandom(4).hex()}")
+        os.rename(path, aside)
+        protocol.fsync_dir(path.parent)
+        shutil.rmtree(aside, ignore_errors=True)
+        removed.append(path.name)
+    return removed
 
 
 def clean_stale(run_dir: Path) -> list[str]:
