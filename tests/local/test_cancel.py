@@ -2,7 +2,19 @@
 
 from __future__ import annotations
 
+import os
 import time
+
+import psutil
+from localkit import wrapper_record
+
+
+def _sid(p: psutil.Process) -> int | None:
+    """The session of a live process (a zombie has finished: it runs nothing)."""
+    try:
+        return None if p.status() == psutil.STATUS_ZOMBIE else os.getsid(p.pid)
+    except (OSError, psutil.Error):
+        return None
 
 
 def test_requeue_refuses_while_the_cancelled_attempt_is_still_stopping(orch):
@@ -17,9 +29,16 @@ def test_requeue_refuses_while_the_cancelled_attempt_is_still_stopping(orch):
     assert p.returncode == 3, p.stdout + p.stderr
     assert "still stopping" in p.stderr
     assert len(orch.show("slow-stop")["attempts"]) == 1
-    time.sleep(4.5)
-    p = orch("requeue", "slow-stop", check=True)
-    assert "requeued as attempt 2" in p.stdout
+    # Every requeue before the trap has finished is the same refusal; the first one after it succeeds.
+    deadline = time.monotonic() + 60
+    while (p := orch("requeue", "slow-stop")).returncode == 3:
+        assert "still stopping" in p.stderr, p.stderr
+        assert time.monotonic() < deadline, "the cancelled attempt never finished stopping"
+        time.sleep(0.2)
+    assert p.returncode == 0 and "requeued as attempt 2" in p.stdout, p.stdout + p.stderr
+    # Attempt 1's whole session (the wrapper's pid is its session id) was gone before attempt 2 began.
+    sid = wrapper_record(orch.runs / "slow-stop", 1)["pid"]
+    assert not [p for p in psutil.process_iter() if _sid(p) == sid], "requeued while attempt 1 still ran"
     orch("cancel", "slow-stop", check=True)
 
 

@@ -140,10 +140,10 @@ def test_kill9_mid_run_recovers_from_last_checkpoint(orch):
 
 
 def test_local_time_limit_checkpoints_and_resumes_as_timeout(orch):
-    # --time 0:06: the wrapper sends SIGTERM at the limit like Slurm; the trainer checkpoints and the
-    # next attempt resumes from there. The run is far too long to finish inside the limit whatever
-    # the machine's speed, so the claim is checked on attempt 1 and the start of attempt 2.
-    submit(orch, "tl", "--max-steps", "1000000", "--save-interval", "100000", opts=("--time", "0:06"))
+    # --time 0:15 (longer than a busy CI machine's start-up): the wrapper sends SIGTERM at the limit like
+    # Slurm; the trainer checkpoints and the next attempt resumes from there. The run is far too long to
+    # finish inside the limit whatever the machine's speed: the claim is checked on attempts 1 and 2.
+    submit(orch, "tl", "--max-steps", "1000000", "--save-interval", "100000", opts=("--time", "0:15"))
     run_dir = orch.runs / "tl"
     deadline = time.time() + 120
     while time.time() < deadline:
