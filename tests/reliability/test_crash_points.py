@@ -88,7 +88,7 @@ def _check_committed_names_whole(run_dir: Path) -> None:
         assert json.loads(j.read_text()) == METRICS, "result/metrics.json under its final name is partial"
 
 
-def test_marker_writer_killed_at_every_step(tmp_path: Path, clean_env: None) -> None:
+def test_marker_writer_killed_at_every_step(tmp_path: Path, clean_env: None, record_property) -> None:  # noqa: ANN001
     outside = sentinel(tmp_path)
     before_outside = tree_hash(outside)
     template = tmp_path / "template"
@@ -101,6 +101,7 @@ def test_marker_writer_killed_at_every_step(tmp_path: Path, clean_env: None) -> 
     steps = [s.replace("count/", "") for s in count.labels]
     commit = next(i for i, s in enumerate(steps) if re.match(r"replace done\.json\.tmp-\w+ -> done\.json$", s))
     assert len(steps) >= 12, steps
+    record_property("trials", len(steps) + 1)  # bench/bench_reliability.py's table counts kill points
     for k in range(len(steps) + 1):
         run_dir = tmp_path / f"run-{k}"
         shutil.copytree(template, run_dir)
@@ -162,7 +163,11 @@ def _check_checkpoints(run_dir: Path, where: str, prev_hash: str, prev: int = 20
     return committed
 
 
-def test_checkpoint_writer_killed_at_every_step(tmp_path: Path, clean_env: None) -> None:
+@pytest.mark.parametrize("background", [False, True], ids=["foreground", "background"])
+def test_checkpoint_writer_killed_at_every_step(tmp_path: Path, clean_env: None, background: bool,
+                                                record_property) -> None:  # noqa: ANN001
+    # background: the trainer's default save, written by the writer thread while training goes on (the
+    # kill lands in that thread's writes as well, since a kill takes the whole process).
     outside = sentinel(tmp_path)
     before_outside = tree_hash(outside)
     template = tmp_path / "template"
@@ -172,7 +177,9 @@ def test_checkpoint_writer_killed_at_every_step(tmp_path: Path, clean_env: None)
     prev_hash = tree_hash(_committed(template)[20])
 
     def save30(run_dir: Path) -> None:
-        CheckpointManager(run_dir, keep_last_k=2).save(30, ckpt_files(30))
+        mgr = CheckpointManager(run_dir, keep_last_k=2)
+        mgr.save(30, ckpt_files(30), background=background)
+        mgr.wait()
 
     shutil.copytree(template, tmp_path / "count")
     count = crashkit.run(lambda: save30(tmp_path / "count"), tmp_path)
@@ -181,6 +188,7 @@ def test_checkpoint_writer_killed_at_every_step(tmp_path: Path, clean_env: None)
     # The step that makes the committed name appear (a rename of the tmp dir, if the writer is right).
     commit = next(i for i, s in enumerate(steps) if re.match(r"(rename .* -> |mkdir )checkpoints/step-00000030$", s))
     assert len(steps) >= 12, steps
+    record_property("trials", len(steps) + 1)
     for k in range(len(steps) + 1):
         run_dir = tmp_path / f"run-{k}"
         shutil.copytree(template, run_dir)
@@ -267,8 +275,8 @@ def _failed_job(home: Path, backend: RecordingBackend, outside: Path) -> None:
     db.engine.dispose()
 
 
-def test_requeue_clearing_killed_at_every_step(tmp_path: Path, clean_env: None,
-                                               monkeypatch: pytest.MonkeyPatch) -> None:
+def test_requeue_clearing_killed_at_every_step(tmp_path: Path, clean_env: None, monkeypatch: pytest.MonkeyPatch,
+                                               record_property) -> None:  # noqa: ANN001
     from orchestrator.reconcile import reconcile_pass
 
     outside = sentinel(tmp_path)
@@ -298,6 +306,7 @@ def test_requeue_clearing_killed_at_every_step(tmp_path: Path, clean_env: None,
     steps = [s.replace("count/", "") for s in count.labels]
     assert len(steps) >= 8, steps
     assert any(s.startswith("rename runs/j/done.json -> trash/j/") for s in steps), steps
+    record_property("trials", len(steps) + 1)
     for k in range(len(steps) + 1):
         home = tmp_path / f"home-{k}"
         copy_home(home)
@@ -354,14 +363,18 @@ def _random_kills(n: int) -> list[float]:
 
 
 @pytest.mark.parametrize("background", [False, True], ids=["foreground", "background"])
-def test_checkpoint_writer_killed_at_random_times(tmp_path: Path, clean_env: None, background: bool) -> None:
+def test_checkpoint_writer_killed_at_random_times(tmp_path: Path, clean_env: None, background: bool,
+        record_property) -> None:  # noqa: ANN001
     _checkpoint_random(tmp_path, background, _random_kills(4))
+    record_property("trials", 4)
 
 
 @pytest.mark.long
 @pytest.mark.parametrize("background", [False, True], ids=["foreground", "background"])
-def test_checkpoint_writer_killed_at_random_times_long(tmp_path: Path, clean_env: None, background: bool) -> None:
+def test_checkpoint_writer_killed_at_random_times_long(tmp_path: Path, clean_env: None, background: bool,
+        record_property) -> None:  # noqa: ANN001
     _checkpoint_random(tmp_path, background, _random_kills(100))
+    record_property("trials", 100)
 
 
 def _checkpoint_random(tmp_path: Path, background: bool, delays: list[float]) -> None:
@@ -414,10 +427,12 @@ def _marker_random(tmp_path: Path, delays: list[float]) -> None:
     assert tree_hash(outside) == before_outside
 
 
-def test_marker_writer_killed_at_random_times(tmp_path: Path, clean_env: None) -> None:
+def test_marker_writer_killed_at_random_times(tmp_path: Path, clean_env: None, record_property) -> None:  # noqa: ANN001
     _marker_random(tmp_path, _random_kills(4))
+    record_property("trials", 4)
 
 
 @pytest.mark.long
-def test_marker_writer_killed_at_random_times_long(tmp_path: Path, clean_env: None) -> None:
+def test_marker_writer_killed_at_random_times_long(tmp_path: Path, clean_env: None, record_property) -> None:  # noqa: ANN001
     _marker_random(tmp_path, _random_kills(100))
+    record_property("trials", 100)
