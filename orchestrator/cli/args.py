@@ -14,6 +14,8 @@ from typing import Any
 
 import click
 
+from orchestrator.protocol import layout
+
 # ------------------------------------------------------------------------------------------
 # argument-only validation (before any row or directory exists)
 # ------------------------------------------------------------------------------------------
@@ -82,7 +84,7 @@ def _outputs_cb(_ctx: click.Context, _param: click.Parameter, value: tuple[str, 
         # The run dir itself, or orch's own records, can never be a result: `--outputs .` used to be
         # refused only at launch, after the job row existed (issue 9).
         first = os.path.normpath(g).split("/")[0]
-        if first in (".", "attempts", "checkpoints") or os.path.normpath(g) == "done.json":
+        if first in (".", layout.ATTEMPTS_DIR, layout.CHECKPOINTS_DIR) or os.path.normpath(g) == layout.DONE_MARKER:
             raise click.BadParameter(f"{g!r} names the run dir itself or orch's own files; name result files",
                                      param_hint="--outputs")
     return value

@@ -23,7 +23,7 @@ from orchestrator.integrations.submitit import OrchExecutor
 sys.path.insert(0, str(EXAMPLES))
 from submitit_train import TrainLoop  # noqa: E402 - examples/ is no package
 
-RUNNER = b"orchestrator.integrations.submitit"
+RUNNER = b"orchestrator.integrations.submitit_runner"
 
 
 @pytest.fixture

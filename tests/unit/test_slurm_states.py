@@ -18,6 +18,7 @@ import pytest
 from orchestrator.backends.base import AttemptRef, Outcome, Phase, Resources, SubmitSpec
 from orchestrator.backends.slurm import backend as slurm
 from orchestrator.backends.slurm import states as st
+from orchestrator.backends.slurm.output import slurm_output_path
 
 
 def rec(state: str, dbi: int = 1, code: str = "0:0", name: str = "orch-t1", job: str = "7") -> str:
@@ -187,7 +188,7 @@ def test_just_submitted_unknown_to_sacct_pending_if_squeue_knows_it(fake: FakeSl
 
 def test_over_memory_kill_form_is_reported_as_out_of_memory(fake: FakeSlurm, tmp_path: Path) -> None:
     r = ref(tmp_path)
-    out = slurm.slurm_output_path(r, "7")
+    out = slurm_output_path(r, "7")
     out.parent.mkdir(parents=True)
     out.write_text("slurmstepd-vm: error: StepId=7.batch exceeded memory limit (643219456 > 104857600), "
                    "being killed\nslurmstepd-vm: error: Exceeded job memory limit\n"

@@ -1,7 +1,8 @@
 """The Slurm backend: ``sbatch`` (validated submissions), ``states`` (sacct/squeue -> phases and
 causes, pure functions), ``backend`` (the ``Backend`` that runs the commands)."""
 
-from orchestrator.backends.slurm.backend import SlurmBackend, over_memory_line, slurm_output_path
+from orchestrator.backends.slurm.backend import SlurmBackend
+from orchestrator.backends.slurm.output import over_memory_line, slurm_output_path
 from orchestrator.backends.slurm.sbatch import (
     JOB_NAME_PREFIX,
     SlurmSubmitRefused,

@@ -50,27 +50,23 @@ as ``backend_state="OUT_OF_MEMORY"`` too, with the slurmstepd line as ``reason``
 
 from __future__ import annotations
 
-import math
 import os
 import subprocess
 from collections.abc import Sequence
 from pathlib import Path
 
 from orchestrator import protocol
-from orchestrator.backends.base import AttemptRef, Backend, BackendError, Outcome, Phase, Resources, SubmitSpec
+from orchestrator.backends.base import AttemptRef, Backend, BackendError, Outcome, Phase, SubmitSpec
 from orchestrator.backends.slurm import states as slurm_states
+from orchestrator.backends.slurm.output import batch_dir_of, over_memory_line
 from orchestrator.backends.slurm.sbatch import (
     _CONTROL_RE,
-    _ENV_NAME_RE,
     _PERMANENT_SBATCH,
     _TOKEN_RE,
-    _WORD_RE,
     ARRAY_OUTPUT_PATTERN,
     ARRAY_TASKS_FILE,
-    BATCHES_DIR,
     FIND_HISTORY,
     OUTPUT_PATTERN,
-    OUTPUT_TAIL_BYTES,
     QUERY_TIMEOUT_S,
     SCRIPT_NAME,
     SLURM_DIR,
@@ -84,9 +80,11 @@ from orchestrator.backends.slurm.sbatch import (
     _run,
     array_script,
     batch_script,
+    check_env,
     clean_submit_env,
     job_name_for,
-    validate_extra_sbatch,
+    positive_or_zero,
+    resource_options,
     warning_lead_s,
 )
 
@@ -131,7 +129,7 @@ class SlurmBackend(Backend):
         out_dir = spec.attempt_dir / SLURM_DIR
         script = out_dir / SCRIPT_NAME
         argv = self.sbatch_argv(spec, script)  # validate before anything is written
-        _check_env(spec.env)
+        check_env(spec.env)
         python = self._interpreter(spec)
         out_dir.mkdir(parents=True, exist_ok=True)
         header = f"orch job {spec.job} attempt {spec.attempt} token {spec.token}"
@@ -167,9 +165,9 @@ class SlurmBackend(Backend):
             _check_value("token", spec.token, _TOKEN_RE)
             if spec.task is None or spec.resources != first.resources or spec.base_env != first.base_env:
                 raise SlurmSubmitRefused("an array's tasks need an index each, and the same resources and environment")
-            _check_env(spec.env)
+            check_env(spec.env)
             python = self._interpreter(spec)
-            tasks[str(_positive_or_zero("task index", spec.task))] = {
+            tasks[str(positive_or_zero("task index", spec.task))] = {
                 "argv": spec.wrapper_argv(python), "env": dict(spec.env), "run_dir": str(spec.run_dir),
                 "job": spec.job, "attempt": spec.attempt, "token": spec.token}
         batch_dir = batch_dir_of(first.run_dir, token)
@@ -372,60 +370,6 @@ class SlurmBackend(Backend):
         return {tok: jid for tok, (_, jid) in found.items()}
 
 
-def slurm_output_path(ref: AttemptRef, job_id: str) -> Path:
-    """Where Slurm writes the job's output: the attempt's slurm/ dir, or an array's batch dir."""
-    if ref.batch and "_" in job_id:
-        a, _, t = job_id.partition("_")
-        return batch_dir_of(ref.run_dir, ref.batch) / ARRAY_OUTPUT_PATTERN.replace("%A", a).replace("%a", t)
-    return ref.attempt_dir / SLURM_DIR / OUTPUT_PATTERN.replace("%j", str(job_id))
-
-
-def over_memory_line(ref: AttemptRef, job_id: str) -> str | None:
-    """slurmstepd's "exceeded memory limit" line from the tail of the job's Slurm output, if any."""
-    path = slurm_output_path(ref, job_id)
-    try:
-        with open(path, "rb") as f:
-            f.seek(0, os.SEEK_END)
-            size = f.tell()
-            f.seek(max(0, size - OUTPUT_TAIL_BYTES))
-            tail = f.read().decode("utf-8", "replace")
-    except OSError:
-        return None
-    lines = tail.splitlines()
-    for marker in slurm_states.OVER_MEMORY_MARKERS:  # the first marker's line carries the numbers
-        for line in reversed(lines):
-            if marker in line.lower():
-                return line.strip()
-    return None
-
-
-def _name_of(ref: AttemptRef) -> str:
-    """The Slurm job name the attempt was submitted under: its own token's, or its array's."""
-    return job_name_for(ref.batch or ref.token)
-
-
-def batch_dir_of(run_dir: Path, batch_token: str) -> Path:
-    """``<runs root>/.orch-batches/<token>``: an array's script, task table and Slurm output files.
-
-    Inside the runs root (orch writes nowhere else) and never a job's name (those start with a letter
-    or digit).
-    """
-    return run_dir.parent / BATCHES_DIR / batch_token
-
-
-def _check_env(env: dict[str, str]) -> None:
-    for k, v in env.items():
-        _check_value("environment variable name", k, _ENV_NAME_RE)
-        if not isinstance(v, str) or "\x00" in v:
-            raise SlurmSubmitRefused(f"refusing environment value for {k}: not a string without NUL")
-
-
-def _positive_or_zero(what: str, value: object) -> int:
-    if not isinstance(value, int) or isinstance(value, bool) or value < 0:
-        raise SlurmSubmitRefused(f"refusing {what} {value!r}: need an integer >= 0")
-    return value
-
-
 def _sbatch(argv: list[str], token: str, environ: dict[str, str]) -> str:
     """Run sbatch (``--export=ALL`` hands ``environ`` to the job); the job (or array) id.
     SlurmSubmitRefused when sbatch will never take it."""
@@ -447,20 +391,6 @@ def _sbatch(argv: list[str], token: str, environ: dict[str, str]) -> str:
     return job_id
 
 
-def resource_options(r: Resources) -> list[str]:
-    """sbatch options for the resources (every value validated)."""
-    argv = []
-    if r.partition is not None:
-        argv.append(f"--partition={_check_value('partition', r.partition, _WORD_RE)}")
-    if r.account is not None:
-        argv.append(f"--account={_check_value('account', r.account, _WORD_RE)}")
-    if r.gpus:  # 0 / None: no GPU requested
-        # gres, not --gpus-per-node: works with count-only and File= gres alike, no cons_tres needed
-        argv.append(f"--gres=gpu:{_positive('gpus', r.gpus)}")
-    if r.cpus_per_task is not None:
-        argv.append(f"--cpus-per-task={_positive('cpus_per_task', r.cpus_per_task)}")
-    if r.mem_mb is not None:
-        argv.append(f"--mem={_positive('mem_mb', r.mem_mb)}M")
-    if r.time_s is not None:
-        argv.append(f"--time={math.ceil(_positive('time_s', r.time_s) / 60)}")  # Slurm counts minutes
-    return argv + validate_extra_sbatch(r.extra_sbatch)
+def _name_of(ref: AttemptRef) -> str:
+    """The Slurm job name the attempt was submitted under: its own token's, or its array's."""
+    return job_name_for(ref.batch or ref.token)

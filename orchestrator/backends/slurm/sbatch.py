@@ -9,6 +9,7 @@ arguments as ``--option[=value]`` that never override an option orch sets itself
 from __future__ import annotations
 
 import json
+import math
 import os
 import re
 import subprocess
@@ -16,7 +17,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from orchestrator import protocol
-from orchestrator.backends.base import SubmissionRefused
+from orchestrator.backends.base import Resources, SubmissionRefused
 
 SLURM_DIR = protocol.SLURM_DIR  # attempts/<n>/slurm/: batch script, sbatch's record, the job's Slurm output
 SCRIPT_NAME = protocol.SLURM_SCRIPT
@@ -177,3 +178,35 @@ def array_script(python: str, tasks_file: str, header: str) -> str:
         "sys.stdout.flush()\n"
         "os.execv(task['argv'][0], task['argv'])\n"
     )
+
+
+def check_env(env: dict[str, str]) -> None:
+    for k, v in env.items():
+        _check_value("environment variable name", k, _ENV_NAME_RE)
+        if not isinstance(v, str) or "\x00" in v:
+            raise SlurmSubmitRefused(f"refusing environment value for {k}: not a string without NUL")
+
+
+def positive_or_zero(what: str, value: object) -> int:
+    if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+        raise SlurmSubmitRefused(f"refusing {what} {value!r}: need an integer >= 0")
+    return value
+
+
+def resource_options(r: Resources) -> list[str]:
+    """sbatch options for the resources (every value validated)."""
+    argv = []
+    if r.partition is not None:
+        argv.append(f"--partition={_check_value('partition', r.partition, _WORD_RE)}")
+    if r.account is not None:
+        argv.append(f"--account={_check_value('account', r.account, _WORD_RE)}")
+    if r.gpus:  # 0 / None: no GPU requested
+        # gres, not --gpus-per-node: works with count-only and File= gres alike, no cons_tres needed
+        argv.append(f"--gres=gpu:{_positive('gpus', r.gpus)}")
+    if r.cpus_per_task is not None:
+        argv.append(f"--cpus-per-task={_positive('cpus_per_task', r.cpus_per_task)}")
+    if r.mem_mb is not None:
+        argv.append(f"--mem={_positive('mem_mb', r.mem_mb)}M")
+    if r.time_s is not None:
+        argv.append(f"--time={math.ceil(_positive('time_s', r.time_s) / 60)}")  # Slurm counts minutes
+    return argv + validate_extra_sbatch(r.extra_sbatch)
