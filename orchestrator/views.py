@@ -78,6 +78,9 @@ def show_job(db: Database, name: str) -> dict[str, Any]:
     report = protocol.inspect_run_dir(d["run_dir"], last)
     d["foreign_checkpoint_files"] = report.foreign_checkpoint_files
     d["problems"] = report.problems
+    for a in d["attempts"]:
+        # A Slurm in-place requeue keeps the attempt; what stopped each earlier run was set aside in its dir.
+        a["restart_history"] = protocol.restart_history(d["run_dir"], a["n"], a["token"]) if a["restarts"] else []
     if last is not None:
         prog = protocol.read_progress(d["run_dir"], last) or {}
         d["last_step"] = prog.get("step")

@@ -73,18 +73,19 @@ def show(name: str, as_json: bool) -> None:
         return
     click.echo(f"{d['name']}: {d['state']}  backend={d['backend']}  run_dir={d['run_dir']}")
     click.echo(f"  command: {' '.join(d['command'])}")
+    if d.get("last_step") is not None:
+        click.echo(f"  last step: {d['last_step']}")
     if d.get("overrides"):
         click.echo(f"  overrides for the next attempt: {json.dumps(d['overrides'], sort_keys=True)}")
     for a in d["attempts"]:
         fields = [f"id={_cell(a['external_id'])}", f"class={_cell(a['failure_class'])}",
-                  f"step={_cell(a['failure_step'])}", f"exit={_cell(a['exit_code'])}", f"restarts={a['restarts']}"]
+                  f"step={_cell(a['failure_step'])}", f"exit={_cell(a['exit_code'])}",
+                  f"restarts={a['restarts']}" + _restarts_note(a.get("restart_history") or [])]
         click.echo(f"  attempt {a['n']}: {a['state']}  " + "  ".join(fields))
         if a.get("detail"):
             click.echo(f"    detail: {a['detail']}")
         if a.get("stop_reason") and a["state"] == "stopping":
             click.echo(f"    stopping since {a['stop_requested_at']} ({a['stop_reason']})")
-        for r in a.get("restart_history") or []:
-            click.echo(f"    restart {r['restart']}: {r['class']} at step {_cell(r['step'])}")
         if a.get("action"):
             act = {k: v for k, v in a["action"].items() if v not in (None, "", [], {}, False)}
             click.echo(f"    action: {json.dumps(act, sort_keys=True)}")
@@ -186,3 +187,9 @@ def _read_from(path: Path, pos: int) -> tuple[str | None, int]:
         return data.decode(errors="replace"), pos + len(data)
 
 
+def _restarts_note(history: list[dict]) -> str:
+    """`` (preempted at step 1358)`` for each in-place restart, newest last: why the attempt ran again."""
+    if not history:
+        return ""
+    parts = [r["class"] + (f" at step {r['step']}" if r.get("step") is not None else "") for r in history]
+    return f" ({', '.join(parts)})"

@@ -59,8 +59,12 @@ def read_failure(run_dir: Path | str, attempt: int) -> dict | None:
     A report of an unknown class, or of the wrong shape, is treated as absent: the orchestrator then
     classifies from the backend, which is what it would do for a job that wrote nothing.
     """
+    return _read_failure_at(attempt_dir(run_dir, attempt) / FAILURE_FILE)
+
+
+def _read_failure_at(path: Path) -> dict | None:
     try:
-        r = read_json_bounded(attempt_dir(run_dir, attempt) / FAILURE_FILE, limit=FAILURE_LIMIT)
+        r = read_json_bounded(path, limit=FAILURE_LIMIT)
     except (OSError, ValueError):
         return None
     if not isinstance(r, dict) or r.get("class") not in FAILURE_CLASSES:
@@ -83,7 +87,7 @@ def set_aside(path: Path) -> Path | None:
     if not (path.exists() or path.is_symlink()):
         return None
     k = 1
-    while (aside := path.with_name(f"{path.stem}.prev-{k}{path.suffix}")).exists():
+    while (aside := path.with_name(aside_name(path.name, k))).exists():
         k += 1
     os.replace(path, aside)
     fsync_dir(path.parent)
@@ -231,8 +235,12 @@ def read_exit(attempt_path: Path, token: str | None = None) -> ExitRecord | None
     A record of another attempt (a run dir reused under a fresh DB) or of the wrong shape is None:
     every field is type- and range-checked, since the job itself can write this file.
     """
+    return _read_exit_at(attempt_path / EXIT_FILE, token)
+
+
+def _read_exit_at(path: Path, token: str | None) -> ExitRecord | None:
     try:
-        r = read_json_bounded(attempt_path / EXIT_FILE, limit=EXIT_LIMIT)
+        r = read_json_bounded(path, limit=EXIT_LIMIT)
     except (OSError, ValueError):
         return None
     if not isinstance(r, dict) or not isinstance(r.get("token"), str):
@@ -257,6 +265,43 @@ def read_exit(attempt_path: Path, token: str | None = None) -> ExitRecord | None
         marker_error=text("marker_error"),
         error=text("error"),
     )
+
+
+MAX_RESTARTS_SHOWN = 1000  # a job could set aside files forever; orch show reads a bounded number
+
+
+def aside_name(name: str, k: int) -> str:
+    """``failure.json`` -> ``failure.prev-<k>.json``: where :func:`set_aside` put the k-th earlier record."""
+    stem, dot, suffix = name.rpartition(".")
+    return f"{stem}.prev-{k}.{suffix}" if dot else f"{name}.prev-{k}"
+
+
+def restart_history(run_dir: Path | str, attempt: int, token: str | None = None) -> list[dict[str, Any]]:
+    """Each in-place restart of one attempt (a Slurm requeue reruns the same attempt): why it stopped, at what step.
+
+    Read from what the earlier runs left set aside: the program's ``failure.prev-<k>.json`` (class and step, when
+    the program classified its stop) else the wrapper's ``exit.prev-<k>.json`` (a delivered stop signal means
+    ``preempted``, the time limit ``timeout``; a plain exit ``unknown``). ``orch show`` prints them as
+    ``restarts=1 (preempted at step 1358)``. Job-written, so validated like every other record.
+    """
+    d = attempt_dir(run_dir, attempt)
+    out: list[dict[str, Any]] = []
+    for k in range(1, MAX_RESTARTS_SHOWN + 1):
+        failure = _read_failure_at(d / aside_name(FAILURE_FILE, k))
+        ended = _read_exit_at(d / aside_name(EXIT_FILE, k), token)
+        if failure is None and ended is None:
+            if not ((d / aside_name(FAILURE_FILE, k)).exists() or (d / aside_name(EXIT_FILE, k)).exists()):
+                break
+            out.append({"restart": k, "class": "unknown", "step": None})  # present but unreadable
+            continue
+        if failure is not None:
+            cls, step = failure["class"], failure.get("step")
+        elif ended.time_limit_reached or ended.stop_source == "time_limit":
+            cls, step = "timeout", None
+        else:
+            cls, step = ("preempted" if ended.stop_signal else "unknown"), None
+        out.append({"restart": k, "class": cls, "step": step})
+    return out
 
 
 @dataclass

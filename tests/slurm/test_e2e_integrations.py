@@ -93,6 +93,9 @@ def test_e2e_lightning_on_spot_and_hf_on_spot_cancel_survive_a_real_preemption(o
     assert len(show["attempts"]) == 1 and show["attempts"][0]["restarts"] == 1, show
     first = json.loads((protocol.attempt_dir(lit, 1) / "failure.prev-1.json").read_text())
     assert first["class"] == "preempted" and 0 < first["step"] < STEPS, first
+    assert show["attempts"][0]["restart_history"] == [{"restart": 1, "class": "preempted", "step": first["step"]}]
+    text = orch("show", "lit", check=True).stdout
+    assert f"restarts=1 (preempted at step {first['step']})" in text and f"last step: {STEPS}" in text, text
     # HF on spot-cancel: Slurm ended the job; orch classified it preempted and requeued it (attempt 2).
     show = orch.show("hf")
     assert [a["failure_class"] for a in show["attempts"]] == ["preempted", None], show

@@ -513,3 +513,32 @@ def test_accepted_names_never_escape_the_runs_root(tmp_path, name):
     root = tmp_path.resolve()
     resolved = (root / name).resolve()
     assert resolved.parent == root and resolved.name == name
+
+
+def test_restart_history_reads_what_each_in_place_restart_set_aside(tmp_path: Path) -> None:
+    # A Slurm in-place requeue reruns attempt 1 twice: the trainer sets its earlier failure.json aside and the
+    # wrapper its exit.json; `orch show` turns them into "restarts=2 (preempted at step 1358, timeout)".
+    d = protocol.attempt_dir(tmp_path, 1)
+    protocol.write_failure(tmp_path, 1, "preempted", 1358, "SIGTERM during step 1359")
+    protocol.write_exit(d, protocol.ExitRecord(token="t1", returncode=143, stop_signal="SIGTERM", stop_source="signal"))
+    assert protocol.set_aside(d / protocol.FAILURE_FILE).name == "failure.prev-1.json"
+    assert protocol.set_aside(d / protocol.EXIT_FILE).name == "exit.prev-1.json"
+    # The second run wrote no failure.json (a program that does not classify itself): the exit record decides.
+    protocol.write_exit(d, protocol.ExitRecord(token="t1", returncode=0, time_limit_reached=True))
+    protocol.set_aside(d / protocol.EXIT_FILE)
+    (d / "failure.prev-3.json").write_text('{"class": "preempted", "step": ')  # torn by a kill: unknown
+    assert protocol.restart_history(tmp_path, 1, "t1") == [
+        {"restart": 1, "class": "preempted", "step": 1358},
+        {"restart": 2, "class": "timeout", "step": None},
+        {"restart": 3, "class": "unknown", "step": None},
+    ]
+    # Another attempt's exit record (a reused run dir) says nothing about this one.
+    assert protocol.restart_history(tmp_path, 1, "other")[1] == {"restart": 2, "class": "unknown", "step": None}
+
+
+def test_show_names_each_restart_with_its_class_and_step() -> None:
+    from orchestrator.cli.read import _restarts_note
+
+    history = [{"restart": 1, "class": "preempted", "step": 1358}, {"restart": 2, "class": "timeout", "step": None}]
+    assert _restarts_note(history) == " (preempted at step 1358, timeout)"
+    assert _restarts_note([]) == ""
