@@ -60,7 +60,7 @@ def events(log: Path) -> list[dict]:
 
 
 def task_status(orch) -> dict[str, dict]:  # noqa: ANN001
-    return {r["name"]: r for r in orch.json("status") if r.get("sweep") == "sw"}
+    return task_status_of(orch, "sw")
 
 
 @pytest.fixture
@@ -173,3 +173,38 @@ def test_a_twenty_task_array_recovers_each_task_on_its_own(orch, cleanup, tmp_pa
     assert retry_tasks == {f"{retry}_{i}" for i in CRASH_ONCE}
     table = orch("status", check=True).stdout
     assert "sweep of 20: 19 done_marker_verified, 1 failed" in table, table
+
+
+def test_a_sweep_whose_submitter_dies_right_after_sbatch_is_found_by_its_token(orch, cleanup):  # noqa: ANN001
+    # Exactly-once per task across a crash between sbatch and orch's DB: the submitting process dies (as a
+    # kill -9 would) just after sbatch accepted the array; the next reconcile pass finds that array by the
+    # token in its job name and records each task's id, instead of submitting the sweep a second time.
+    node_idle()
+    since = time.strftime("%Y-%m-%dT%H:%M:%S", time.localtime(time.time() - 1))
+    p = orch("sweep", "--name", "kx", "--backend", "slurm", "--partition", "spot", "--cpus-per-task", "1",
+             "--mem", "100M", "--grid", "i=0,1,2", "--outputs", "result.txt", "--", sys.executable, "-c",
+             "open('result.txt', 'w').write('{i}')", env={"ORCH_FAULT": "after_backend_submit"})
+    assert p.returncode == 99, p.stdout + p.stderr  # testhooks: died at the site, after sbatch answered
+    names = [f"kx.{i:04d}" for i in range(3)]
+    assert all(not a["external_id"] for n in names for a in orch.show(n)["attempts"])  # the DB never heard back
+    t0 = time.time()
+    while not all(r["state"] == "done_marker_verified" for r in task_status_of(orch, "kx").values()):
+        assert time.time() - t0 < 200, task_status_of(orch, "kx")
+        # The dead submitter's claim expires after the launch grace (120 s: longer than sbatch's timeout).
+        orch("reconcile", check=True, env={"ORCH_LAUNCH_GRACE_S": "5"})
+        time.sleep(1)
+    ids = {n: orch.show(n)["attempts"] for n in names}
+    assert all(len(a) == 1 for a in ids.values()), ids  # one attempt each: found, not resubmitted
+    arrays = {a[0]["external_id"].split("_")[0] for a in ids.values()}
+    assert len(arrays) == 1, ids
+    (array,) = arrays
+    assert {a[0]["external_id"] for a in ids.values()} == {f"{array}_{i}" for i in range(3)}
+    # sacct: every job submitted since the sweep began is that one array (no second sbatch).
+    acct = run("sacct", "-X", "-n", "-P", "--duplicates", "-S", since, "-o", "JobID").stdout
+    assert {line.split("_")[0] for line in acct.split()} == {array}, acct
+    for n in names:
+        assert (orch.runs / n / "result.txt").read_text() == n[-1]
+
+
+def task_status_of(orch, sweep: str) -> dict[str, dict]:  # noqa: ANN001
+    return {r["name"]: r for r in orch.json("status") if r.get("sweep") == sweep}
