@@ -7,7 +7,7 @@ import time
 
 import click
 
-from orchestrator.cli import _ctx, _emit, main
+from orchestrator.cli.app import _ctx, _emit, main
 
 
 @main.command()

@@ -10,7 +10,7 @@ from typing import Any
 
 import click
 
-from orchestrator.cli import EXIT_NOT_VERIFIED, STATES, _ctx, _emit, _show, main
+from orchestrator.cli.app import EXIT_NOT_VERIFIED, STATES, _ctx, _emit, _show, main
 
 
 @main.command()

@@ -8,7 +8,7 @@ from typing import Any
 
 import click
 
-from orchestrator.cli import EXIT_NOT_VERIFIED, _ctx, _emit, _show, main
+from orchestrator.cli.app import EXIT_NOT_VERIFIED, _ctx, _emit, _show, main
 from orchestrator.cli.args import _absolute_program, _default_name, _name_cb, job_options, job_settings
 
 

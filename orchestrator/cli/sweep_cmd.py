@@ -6,7 +6,7 @@ from typing import Any
 
 import click
 
-from orchestrator.cli import _ctx, _emit, main
+from orchestrator.cli.app import _ctx, _emit, main
 from orchestrator.cli.args import _absolute_program, _name_cb, job_options, job_settings
 
 

@@ -1,0 +1,100 @@
+"""The ``orch`` command group and what every command shares: exit-code mapping, config + DB, JSON output.
+
+The commands live in their own modules (manage, read, submit_cmd, sweep_cmd), import from here and register
+on ``main``; ``orchestrator/cli/__init__.py`` imports them all. Each command parses, calls one service
+function, renders.
+
+Exit codes: 0 success; 1 unexpected error; 2 usage error (bad arguments, unknown job, bad
+orch.toml); 3 refused (it would overwrite or rerun a verified result, or the job is in a state
+that forbids it); 4 not verified (``orch verify`` answered ABSENT/CORRUPT, or ``submit --wait``
+ended without a verified marker). ``--json`` prints exactly one JSON document on stdout.
+
+Login-node latency: this module imports only click and the stdlib at start; the DB layer is
+imported by the commands, and read commands never import torch or submitit.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from typing import Any
+
+import click
+
+STATES = ("pending", "submitted", "running", "done_marker_verified", "retryable_failed", "failed", "cancelled")
+EXIT_NOT_VERIFIED = 4
+
+
+class OrchGroup(click.Group):
+    """Maps domain errors to exit codes with one line on stderr; no tracebacks for users."""
+
+    def invoke(self, ctx: click.Context) -> Any:
+        from orchestrator.errors import OrchError
+
+        try:
+            return super().invoke(ctx)
+        except OrchError as e:
+            click.echo(f"orch: {_one_line(str(e))}", err=True)
+            ctx.exit(e.exit_code)
+        except BrokenPipeError:
+            # `orch status | head -1`: the reader has gone; say nothing more (issue 9: a traceback).
+            _quiet_stdout()
+            ctx.exit(0)
+        except (click.exceptions.Exit, click.exceptions.Abort, click.ClickException):
+            raise
+        except KeyboardInterrupt:
+            click.echo("orch: interrupted", err=True)
+            ctx.exit(130)
+        except Exception as e:  # noqa: BLE001 - the last line of defence
+            if os.environ.get("ORCH_DEBUG"):
+                raise
+            click.echo(f"orch: unexpected error: {type(e).__name__}: {str(e)[:300]} "
+                       "(set ORCH_DEBUG=1 for a traceback)", err=True)
+            ctx.exit(1)
+
+
+def _one_line(msg: str) -> str:
+    msg = " ".join(msg.split())
+    return msg if msg.isprintable() else msg.encode("unicode_escape").decode()
+
+
+def _quiet_stdout() -> None:
+    """Point stdout at /dev/null so the interpreter's final flush cannot raise again."""
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+    except (OSError, ValueError):
+        pass
+
+
+def _ctx():
+    """Config + DB, created on first use (ORCH_HOME 0700, DB 0600, schema at head)."""
+    from orchestrator.config import load_config
+    from orchestrator.db import Database
+
+    cfg = load_config()
+    os.umask(cfg.umask)  # run dirs, logs and records are private unless orch.toml shares them
+    return cfg, Database(cfg)
+
+
+def _emit(obj: Any) -> None:
+    click.echo(json.dumps(obj, indent=1, sort_keys=True, default=str))
+
+
+def _show(db: Any, name: str) -> dict[str, Any]:
+    from orchestrator.views import show_job
+
+    return show_job(db, name)
+
+
+@click.group(cls=OrchGroup, context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option("0.1.0", prog_name="orch")
+def main() -> None:
+    """orch: run long training jobs on Slurm or this machine; never lose or rerun a finished one.
+
+    A job is finished when, and only when, its run dir's done.json verifies (every listed file
+    has its recorded size and sha256). State lives in $ORCH_HOME (default ~/.orch).
+
+    Exit codes: 0 ok, 1 unexpected error, 2 usage, 3 refused, 4 not verified.
+    """

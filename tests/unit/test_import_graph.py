@@ -1,0 +1,74 @@
+"""orchestrator's modules import each other without a cycle (issue 11: ``backends/base.py`` once imported its own
+subclasses). Walks the source (no import): module-level imports only, since a function-level import is the
+deliberate way to defer a heavy or optional dependency."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+PKG = ROOT / "orchestrator"
+
+
+def _module_name(path: Path) -> str:
+    parts = list(path.relative_to(ROOT).with_suffix("").parts)
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def _top_level_imports(tree: ast.Module, modules: set[str]) -> list[str]:
+    """What a module imports when it is imported; ``from pkg import submodule`` counts as the submodule."""
+    names: list[str] = []
+    for node in tree.body:
+        if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test):
+            continue  # annotations only: never executed
+        for sub in ast.walk(node) if isinstance(node, (ast.If, ast.Try)) else [node]:
+            if isinstance(sub, ast.Import):
+                names += [a.name for a in sub.names]
+            elif isinstance(sub, ast.ImportFrom) and sub.level == 0 and sub.module:
+                subs = [f"{sub.module}.{a.name}" for a in sub.names]
+                names += [m for m in subs if m in modules] or [sub.module]
+    return names
+
+
+def import_graph() -> dict[str, set[str]]:
+    files = [p for p in PKG.rglob("*.py") if "migrations" not in p.parts]
+    modules = {_module_name(p): p for p in files}
+    graph: dict[str, set[str]] = {}
+    for name, path in modules.items():
+        deps = {d for d in _top_level_imports(ast.parse(path.read_text()), set(modules)) if d in modules and d != name}
+        graph[name] = deps
+    return graph
+
+
+def find_cycle(graph: dict[str, set[str]]) -> list[str] | None:
+    state: dict[str, int] = {}
+    stack: list[str] = []
+
+    def visit(n: str) -> list[str] | None:
+        state[n] = 1
+        stack.append(n)
+        for d in sorted(graph.get(n, ())):
+            if state.get(d) == 1:
+                return stack[stack.index(d):] + [d]
+            if d not in state and (c := visit(d)):
+                return c
+        stack.pop()
+        state[n] = 2
+        return None
+
+    for n in sorted(graph):
+        if n not in state and (c := visit(n)):
+            return c
+    return None
+
+
+def test_orchestrator_has_no_import_cycle() -> None:
+    graph = import_graph()
+    assert len(graph) > 30  # the walk found the package
+    assert find_cycle(graph) is None, " -> ".join(find_cycle(graph) or [])
+
+
+def test_the_cycle_finder_finds_a_cycle() -> None:
+    assert find_cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}}) == ["a", "b", "c", "a"]
+    assert find_cycle({"a": {"b"}, "b": set()}) is None
