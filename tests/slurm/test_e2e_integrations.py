@@ -16,7 +16,7 @@ import time
 from pathlib import Path
 
 import pytest
-from slurmkit import node_idle, run
+from slurmkit import cancel_all_of, node_idle, run
 
 from orchestrator import protocol
 
@@ -32,14 +32,7 @@ def jobs(orch):
     orch.env.update(ORCH_HEARTBEAT_S="0.5", WANDB_MODE="offline", HF_HUB_OFFLINE="1", TOKENIZERS_PARALLELISM="false")
     extra: list[str] = []
     yield extra
-    ids = list(extra)
-    try:
-        for row in orch.json("status"):
-            ids += [a["external_id"] for a in orch.show(row["name"])["attempts"] if a.get("external_id")]
-    except Exception:  # noqa: BLE001 - cleanup must not hide the test's own failure
-        pass
-    if ids:
-        run("scancel", *ids)
+    cancel_all_of(orch, extra)
 
 
 def submit(orch, name: str, partition: str, script: str, log: Path) -> None:

@@ -16,7 +16,7 @@ import time
 from pathlib import Path
 
 import pytest
-from slurmkit import node_idle, run
+from slurmkit import cancel_all_of, node_idle, run
 
 from orchestrator import protocol
 from orchestrator.integrations.submitit import OrchExecutor
@@ -40,14 +40,7 @@ def executor(orch, monkeypatch):
         monkeypatch.setenv(k, v)
     extra: list[str] = []
     yield OrchExecutor(backend="slurm", poll_s=1.0), extra
-    ids = list(extra)
-    try:
-        for row in orch.json("status"):
-            ids += [a["external_id"] for a in orch.show(row["name"])["attempts"] if a.get("external_id")]
-    except Exception:  # noqa: BLE001 - cleanup must not hide the test's own failure
-        pass
-    if ids:
-        run("scancel", *ids)
+    cancel_all_of(orch, extra)
 
 
 def test_e2e_orch_executor_on_spot_survives_a_real_preemption(orch, executor, tmp_path):
