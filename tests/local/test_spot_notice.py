@@ -144,3 +144,24 @@ def test_with_the_watcher_off_nothing_is_polled(orch):
         submit(orch, "on")
         assert orch.wait("on", ENDED, timeout=60) == VERIFIED
         assert len(md.polls("quiet")) >= 2
+
+
+def test_the_bundled_trainer_checkpoints_on_a_notice_and_resumes_from_that_step(orch):
+    with FakeMetadata("gcp") as md:
+        spot_config(orch, md)
+        orch("submit", "--name", "tr", "--spot-notice", "gcp", "--", sys.executable, "-m", "trainer", "--preset",
+             "tiny", "--max-steps", "300", "--save-interval", "100000", "--heartbeat-interval", "0.2", check=True)
+        run = orch.runs / "tr"
+        progress = protocol.attempt_dir(run, 1) / protocol.PROGRESS_FILE
+        wait_until(lambda: progress.exists() and json.loads(progress.read_text()).get("step", 0) >= 3, 120,
+                   "the trainer at step 3")
+        md.set("notice")
+        ex = exit_record(run)
+        md.set("quiet")
+        assert (ex["stop_signal"], ex["stop_source"], ex["notice"]) == ("TERM", "spot_notice", "gcp: preempted")
+        assert orch.wait("tr", ENDED, timeout=180) == VERIFIED, orch.show("tr")
+    a1, a2 = orch.show("tr")["attempts"]
+    assert (a1["failure_class"], a1["counted"]) == ("preempted", False), a1
+    assert 3 <= a1["failure_step"] < 300, a1  # the trainer's own report: the last completed step, saved
+    cfg = json.loads((run / protocol.RUN_CONFIG).read_text())
+    assert cfg["resumed_from_step"] == a1["failure_step"]  # no periodic checkpoint: only the notice's one
