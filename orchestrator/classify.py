@@ -60,8 +60,9 @@ def classify(outcome: Outcome, report: dict | None, verification: Verification, 
         return Classification(outcome.cause, None, detail + (f"; {outcome.reason}" if outcome.reason else ""))
     if exit_record is not None and exit_record.stop_signal:
         cls = C.TIMEOUT if exit_record.stop_source in ("time_limit", "warning") else C.PREEMPTED
-        return Classification(cls, None, f"stopped by SIG{exit_record.stop_signal} ({exit_record.stop_source}); "
-                                         f"exit {outcome.exit_code if outcome.exit_code is not None else '?'}")
+        why = str(exit_record.stop_source) + (f" {exit_record.notice}" if exit_record.notice else "")
+        rc = outcome.exit_code if outcome.exit_code is not None else "?"
+        return Classification(cls, None, f"stopped by SIG{exit_record.stop_signal} ({why}); exit {rc}")
     if outcome.phase is Phase.VANISHED:
         return Classification(C.UNKNOWN, None, outcome.reason or "process vanished without an exit record")
     rc, sig = outcome.exit_code, outcome.signal

@@ -48,6 +48,9 @@ class Config:
     busy_timeout_ms: int = 30000
     keep_last_k: int = 2  # what an enospc prune keeps
     group_shared: bool = False  # run dirs 0750 / files 0640 instead of 0700 / 0600
+    spot_notice: str = "off"  # whose spot interruption notices job wrappers watch (submit --spot-notice)
+    spot_url: str | None = None  # the metadata service's base URL; None: the clouds' 169.254.169.254
+    spot_interval_s: float = 5.0
 
     @property
     def umask(self) -> int:
@@ -68,7 +71,8 @@ def orch_home() -> Path:
 def _get(tbl: dict, key: str, typ: type | tuple[type, ...], path: str) -> Any:
     v = tbl[key]
     if not isinstance(v, typ) or isinstance(v, bool) and typ is not bool:
-        raise UsageError(f"orch.toml: {path}{key} must be {getattr(typ, '__name__', typ)}, got {v!r}")
+        names = " or ".join(t.__name__ for t in (typ if isinstance(typ, tuple) else (typ,)))
+        raise UsageError(f"orch.toml: {path}{key} must be {names}, got {v!r}")
     return v
 
 
@@ -128,6 +132,7 @@ def load_config(home: Path | None = None) -> Config:
             if not 0 <= v <= MAX_NUMBER:
                 raise UsageError(f"{path}: policy.{key} must be a number 0..{MAX_NUMBER:g}, got {v!r}")
             setattr(cfg, key, v)
+    _load_spot(cfg, data, path)
     rec = data.get("reconcile", {})
     if not isinstance(rec, dict):
         raise UsageError(f"{path}: [reconcile] must be a table")
@@ -138,3 +143,35 @@ def load_config(home: Path | None = None) -> Config:
                 raise UsageError(f"{path}: reconcile.{key} must be a number 0..{MAX_NUMBER:g}, got {v!r}")
             setattr(cfg, key, v)
     return cfg
+
+
+def _load_spot(cfg: Config, data: dict, path: Path) -> None:
+    """``[spot]``: whose spot notices job wrappers watch by default, where, how often."""
+    from urllib.parse import urlsplit
+
+    from orchestrator.spotnotice import CHOICES
+
+    spot = data.get("spot", {})
+    if not isinstance(spot, dict):
+        raise UsageError(f"{path}: [spot] must be a table")
+    if "notice" in spot:
+        v = _get(spot, "notice", str, "spot.")
+        if v not in CHOICES:
+            raise UsageError(f"{path}: spot.notice must be one of {', '.join(CHOICES)}, got {v!r}")
+        cfg.spot_notice = v
+    if "url" in spot:
+        v = _get(spot, "url", str, "spot.")
+        try:
+            u = urlsplit(v)
+            ok = u.scheme in ("http", "https") and bool(u.hostname) and u.port != 0
+        except ValueError:  # a port out of range
+            ok = False
+        # It travels in the wrapper's argv and into a request line: no spaces or control characters.
+        if not ok or not v.isprintable() or " " in v or len(v) > 500:
+            raise UsageError(f"{path}: spot.url must be an http:// URL like http://169.254.169.254, got {v!r}")
+        cfg.spot_url = v
+    if "interval_s" in spot:
+        v = _get(spot, "interval_s", (int, float), "spot.")
+        if not 0.05 <= v <= 86400:
+            raise UsageError(f"{path}: spot.interval_s must be a number 0.05..86400, got {v!r}")
+        cfg.spot_interval_s = float(v)

@@ -114,7 +114,9 @@ def _ready(db: Database, cfg: Config, name: str, backend_name: str | None, recla
                           outputs=tuple(job.outputs), env=env, resources=resources_of(job.resources),
                           warning_signal=job.resources.get("warning_signal")
                           or ("USR2" if is_bundled_trainer(argv) else "TERM"), umask=cfg.umask,
-                          task=job.task_index, base_env=job.environment.vars if job.environment else None)
+                          task=job.task_index, base_env=job.environment.vars if job.environment else None,
+                          spot_notice=job.resources.get("spot_notice") or cfg.spot_notice,
+                          spot_url=cfg.spot_url, spot_interval_s=cfg.spot_interval_s)
         job_id, attempt_id, plan, outputs, env_id = job.id, a.id, a.plan, list(job.outputs), job.env_id
         backend_name = backend_name or job.backend
     if not _claim(db, attempt_id, reclaim):

@@ -14,6 +14,8 @@ What it guarantees:
   program without a USR2 handler died of orch's own warning);
 - when the program ends, what it left running in the job's session is stopped (as Slurm ends a job
   with its batch script), so "the job is alive" and "the program is alive" mean the same;
+- with ``--spot-notice``, a cloud's spot interruption notice (``orchestrator/spotnotice.py``) reaches
+  the program as the SIGTERM of a preemption, minutes before the VM goes (issue 13);
 - ``exit.json`` records the exit status and any stop delivered; an ``--outputs`` marker is written
   only after exit 0 of a program that was never asked to stop (issue 10: a program that exits 0
   after SIGTERM had its half-trained model verified).
@@ -27,10 +29,11 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
-from orchestrator import protocol
+from orchestrator import protocol, spotnotice
 
 FORWARDED = (signal.SIGTERM, signal.SIGUSR2, signal.SIGINT, signal.SIGUSR1)
 WRAPPER_FILE = protocol.WRAPPER_FILE  # back-compat name
@@ -50,12 +53,18 @@ def _parse(argv: list[str]) -> argparse.Namespace:
     ap.add_argument("--time-limit", type=float, default=None,
                     help="seconds; SIGTERM then, SIGKILL after --kill-grace (the local backend's time limit)")
     ap.add_argument("--kill-grace", type=float, default=30.0)
+    ap.add_argument("--spot-notice", choices=("auto", *spotnotice.PROVIDERS), default=None,
+                    help="watch this cloud's metadata endpoint for a spot interruption notice (default: off)")
+    ap.add_argument("--spot-url", default=None, help="the metadata endpoint's base URL")
+    ap.add_argument("--spot-interval", type=float, default=5.0, help="seconds between polls")
     ap.add_argument("command", nargs=argparse.REMAINDER)
     a = ap.parse_args(argv)
     if a.command and a.command[0] == "--":
         a.command = a.command[1:]
     if not a.command:
         ap.error("no command given after --")
+    if not 0.05 <= a.spot_interval <= 86400:  # also refuses nan
+        ap.error(f"--spot-interval {a.spot_interval} is not 0.05..86400 seconds")
     return a
 
 
@@ -85,10 +94,15 @@ class Supervisor:
         self.under_slurm = under_slurm
         self.stop_signal: str | None = None  # the first stop the program got (never an --outputs marker)
         self.stop_source: str | None = None
+        self.notice: str | None = None  # the spot notice that caused the stop
+        # The spot watcher notes a stop from its own thread; reentrant, since a signal handler runs
+        # on the main thread between any two bytecodes, even one inside this lock.
+        self._lock = threading.RLock()
 
     def _note(self, sig: int, source: str) -> None:
-        if self.stop_signal is None:
-            self.stop_signal, self.stop_source = signal.Signals(sig).name.removeprefix("SIG"), source
+        with self._lock:
+            if self.stop_signal is None:
+                self.stop_signal, self.stop_source = signal.Signals(sig).name.removeprefix("SIG"), source
 
     def _send(self, sig: int) -> None:
         try:
@@ -109,6 +123,27 @@ class Supervisor:
                 self._send(signum)
         else:
             self._send(signum)
+
+    def on_notice(self, notice: object) -> None:
+        """A cloud's spot notice (the watcher thread): the program gets the SIGTERM of a preemption,
+        from us, under Slurm too (Slurm knows nothing of it). Nothing for a program already asked to
+        stop (a second SIGTERM hit programs that exit in their handler) or already ended (its own
+        finish must not be recorded as a stop)."""
+        with self._lock:
+            if self.stop_signal is not None or not self._running():
+                return
+            self.notice = str(notice)[:500]
+            self._note(signal.SIGTERM, "spot_notice")
+            self._send(signal.SIGTERM)
+
+    def _running(self) -> bool:
+        """The program has not exited (WNOWAIT: an exited one stays for the main thread's wait to reap)."""
+        if self.child.returncode is not None:
+            return False
+        try:
+            return os.waitid(os.P_PID, self.child.pid, os.WEXITED | os.WNOHANG | os.WNOWAIT) is None
+        except ChildProcessError:  # reaped meanwhile by the main thread
+            return False
 
     def wait(self, time_limit: float | None, kill_grace: float) -> tuple[int, bool]:
         """Wait for the program; at the time limit SIGTERM it, SIGKILL the session after the grace."""
@@ -159,6 +194,21 @@ def stop_leftovers(grace_s: float = LEFTOVER_GRACE_S) -> None:
     kill_session(signal.SIGKILL)
 
 
+def _start_watcher(a: argparse.Namespace, sup: Supervisor) -> spotnotice.Watcher | None:
+    """The spot notice watcher, when asked for. The program already runs: a watcher that cannot
+    start costs the notice, never the attempt."""
+    if not a.spot_notice:
+        return None
+    try:
+        w = spotnotice.Watcher(a.spot_notice, sup.on_notice, base_url=a.spot_url or spotnotice.DEFAULT_URL,
+                               interval_s=a.spot_interval)
+        w.start()
+    except Exception as e:  # noqa: BLE001
+        print(f"orch wrapper: spot notices: not watching: {type(e).__name__}: {e}", file=sys.stderr, flush=True)
+        return None
+    return w
+
+
 def main(argv: list[str] | None = None) -> int:
     a = _parse(sys.argv[1:] if argv is None else argv)
     os.umask(int(a.umask, 8) & 0o777)
@@ -191,11 +241,14 @@ def main(argv: list[str] | None = None) -> int:
         sup = Supervisor(child, a.warning_signal, under_slurm="SLURM_JOB_ID" in os.environ)
         for s in FORWARDED:
             signal.signal(s, sup.on_signal)
+        watcher = _start_watcher(a, sup)
         protocol.atomic_write_json(adir / protocol.WRAPPER_FILE, {
             "token": a.token, "pid": os.getpid(), "child_pid": child.pid, "host": os.uname().nodename,
             "slurm_job_id": os.environ.get("SLURM_JOB_ID"), "restart_count": restart,
             "command": a.command, "started_at": protocol.now_iso()})
         rc, timed_out = sup.wait(a.time_limit, a.kill_grace)
+        if watcher is not None:
+            watcher.stop()
     stop_leftovers()
 
     sig = -rc if rc < 0 else None
@@ -206,7 +259,7 @@ def main(argv: list[str] | None = None) -> int:
         else:
             marker_error = write_outputs_marker(run_dir, a.job, a.attempt, a.outputs)
     record(rc, signal=sig, time_limit_reached=timed_out, stop_signal=sup.stop_signal,
-           stop_source=sup.stop_source, marker_error=marker_error)
+           stop_source=sup.stop_source, notice=sup.notice, marker_error=marker_error)
     return 128 + sig if sig else rc
 
 

@@ -62,6 +62,11 @@ class SubmitSpec:
     # The environment the job was submitted from (every attempt gets it, whoever launches it);
     # None: the launching process's own (rows from before orch stored it).
     base_env: Mapping[str, str] | None = None
+    # The cloud whose spot interruption notices the wrapper watches ("off", "auto", "aws", "gcp",
+    # "azure"), where its metadata service answers (None: the clouds' own address) and how often.
+    spot_notice: str = "off"
+    spot_url: str | None = None
+    spot_interval_s: float = 5.0
 
     def job_environ(self) -> dict[str, str]:
         """The attempt's process environment before orch's own variables are added."""
@@ -83,6 +88,10 @@ class SubmitSpec:
             argv += ["--outputs", g]
         if time_limit_s:
             argv += ["--time-limit", str(time_limit_s)]
+        if self.spot_notice != "off":
+            argv += ["--spot-notice", self.spot_notice, "--spot-interval", str(self.spot_interval_s)]
+            if self.spot_url:
+                argv += ["--spot-url", self.spot_url]
         return argv + ["--", *self.command]
 
 

@@ -15,6 +15,7 @@ from typing import Any
 import click
 
 from orchestrator.protocol import layout
+from orchestrator.spotnotice import CHOICES as SPOT_CHOICES
 
 # ------------------------------------------------------------------------------------------
 # argument-only validation (before any row or directory exists)
@@ -138,6 +139,10 @@ def job_options(f: Any) -> Any:
         click.option("--warning-signal", type=click.Choice(["TERM", "USR2", "INT"]), default=None,
                      help="Signal the program gets when the time limit nears (Slurm's early warning). "
                           "Default TERM; USR2 for the bundled trainer."),
+        click.option("--spot-notice", type=click.Choice(SPOT_CHOICES), default=None,
+                     help="Watch this cloud's spot interruption notice from inside the job and stop the program "
+                          "as for a preemption (SIGTERM) when it comes; auto: whichever answers. "
+                          "Default: [spot] notice in orch.toml, else off."),
     ]
     for o in reversed(opts):
         f = o(f)
@@ -169,4 +174,6 @@ def job_settings(opts: dict[str, Any]) -> tuple[str, dict[str, Any], int | None,
         raise click.BadParameter("--partition/--account/--sbatch-arg need --backend slurm")
     if opts["warning_signal"] is not None:
         resources["warning_signal"] = opts["warning_signal"]
+    if opts["spot_notice"] is not None:
+        resources["spot_notice"] = opts["spot_notice"]
     return opts["backend"], resources, opts["max_attempts"], opts["outputs"]

@@ -217,7 +217,9 @@ class ExitRecord:
     restart_count: int = 0
     time_limit_reached: bool = False
     stop_signal: str | None = None
-    stop_source: str | None = None  # "time_limit", "warning" (scheduler's early warning), "signal"
+    # "time_limit", "warning" (scheduler's early warning), "signal", "spot_notice" (a cloud's notice)
+    stop_source: str | None = None
+    notice: str | None = None  # the spot notice behind a "spot_notice" stop, e.g. "aws: terminate at ..."
     marker_error: str | None = None
     error: str | None = None
 
@@ -262,6 +264,7 @@ def _read_exit_at(path: Path, token: str | None) -> ExitRecord | None:
         time_limit_reached=r.get("time_limit_reached") is True,
         stop_signal=text("stop_signal"),
         stop_source=text("stop_source"),
+        notice=text("notice"),
         marker_error=text("marker_error"),
         error=text("error"),
     )
