@@ -99,5 +99,9 @@ def main() -> None:
 # The commands register themselves on ``main`` when imported.
 from orchestrator.cli import manage, read, submit_cmd, sweep_cmd  # noqa: E402,F401
 
+# Following and picturing one job (issue 13): orch watch, orch plot.
+# isort: split
+from orchestrator.cli import plot_cmd, watch_cmd  # noqa: E402,F401
+
 if __name__ == "__main__":
     main()
