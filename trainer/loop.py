@@ -334,7 +334,7 @@ class Trainer:
         self._autocast = (torch.autocast("cuda", dtype=torch.bfloat16) if cuda else contextlib.nullcontext())
         t_start, tokens_per_step = time.perf_counter(), a.batch_size * PRESETS[a.preset].block_size
         self._post_progress(0.0)
-        self.heartbeat.beat_now()  # the history's first line is the resume step (orch plot marks it)
+        self.heartbeat.write_now()  # the history's first line is the resume step (orch plot marks it)
         for s in range(self.step + 1, a.max_steps + 1):
             self._computing_step = s
             self.rng_at_step_start = capture_rng(cuda)
