@@ -104,6 +104,21 @@ def test_ctrl_c_stops_watching_quietly_with_130_and_the_job_goes_on(orch):
     assert orch.wait("wint", {"done_marker_verified"}, timeout=60) == "done_marker_verified"
 
 
+def test_ctrl_c_during_submit_wait_says_the_job_goes_on(orch):
+    term = PtyProcess([*CLI, "submit", "--name", "sint", "--wait", "--outputs", "result/*", "--", sys.executable,
+                       "-c", PROGRESS_JOB], orch.env, ROOT)
+    try:
+        term.expect(r"sint running.*7/20")
+        term.send(b"\x03")
+        assert term.wait(timeout=30) == 130
+    finally:
+        term.kill()
+    assert "orch: interrupted (the job goes on; `orch watch` follows it again)" in term.text
+    assert "Traceback" not in term.text
+    (orch.runs / "sint" / "go").touch()
+    assert orch("watch", "sint", timeout=60).returncode == 0
+
+
 def test_watch_on_a_pipe_prints_plain_lines_a_script_can_parse(orch):
     submit_gated(orch, "wplain")
     at_step(orch, "wplain", 7)
