@@ -89,33 +89,33 @@ def test_submit_wait_on_a_terminal_draws_the_bar(orch):
     assert orch.state("sbar") == "done_marker_verified"
 
 
-def test_ctrl_c_stops_watching_quietly_with_130_and_the_job_goes_on(orch):
-    submit_gated(orch, "wint")
-    term = PtyProcess([*CLI, "watch", "wint"], orch.env, ROOT)
+def ctrl_c_at_step_7(argv: list[str], orch, name: str) -> str:
+    """Run ``argv`` on a terminal, press Ctrl-C once the bar shows step 7, expect exit 130; the screen."""
+    term = PtyProcess(argv, orch.env, ROOT)
     try:
-        term.expect(r"wint running.*7/20")
+        term.expect(rf"{name} running.*7/20")
         term.send(b"\x03")  # the terminal's interrupt key: SIGINT from the line discipline
         assert term.wait(timeout=30) == 130
     finally:
         term.kill()
-    assert "Traceback" not in term.text and "orch:" not in term.text
-    assert orch.state("wint") == "running"
-    (orch.runs / "wint" / "go").touch()
+    assert "Traceback" not in term.text
+    assert orch.state(name) == "running"  # the job goes on
+    (orch.runs / name / "go").touch()
+    return term.text
+
+
+def test_ctrl_c_stops_watching_quietly_with_130_and_the_job_goes_on(orch):
+    submit_gated(orch, "wint")
+    shown = ctrl_c_at_step_7([*CLI, "watch", "wint"], orch, "wint")
+    assert "orch:" not in shown
     assert orch.wait("wint", {"done_marker_verified"}, timeout=60) == "done_marker_verified"
 
 
 def test_ctrl_c_during_submit_wait_says_the_job_goes_on(orch):
-    term = PtyProcess([*CLI, "submit", "--name", "sint", "--wait", "--outputs", "result/*", "--", sys.executable,
-                       "-c", PROGRESS_JOB], orch.env, ROOT)
-    try:
-        term.expect(r"sint running.*7/20")
-        term.send(b"\x03")
-        assert term.wait(timeout=30) == 130
-    finally:
-        term.kill()
-    assert "orch: interrupted (the job goes on; `orch watch` follows it again)" in term.text
-    assert "Traceback" not in term.text
-    (orch.runs / "sint" / "go").touch()
+    argv = [*CLI, "submit", "--name", "sint", "--wait", "--outputs", "result/*", "--", sys.executable, "-c",
+            PROGRESS_JOB]
+    shown = ctrl_c_at_step_7(argv, orch, "sint")
+    assert "orch: interrupted (the job goes on; `orch watch` follows it again)" in shown
     assert orch("watch", "sint", timeout=60).returncode == 0
 
 
