@@ -28,6 +28,7 @@ class Heartbeat:
         self._posted = 0
         self._written = 0
         self._wake = threading.Event()
+        self._lock = threading.Lock()  # one writer at a time: the thread, or write_now's caller
         self._stop = False
         self._warned = False
         # Recent rates (one per write) and the job's own median of them: `orch status` flags a job
@@ -48,6 +49,13 @@ class Heartbeat:
     def beat_now(self) -> None:
         self._wake.set()
 
+    def write_now(self) -> None:
+        """Write what was posted, in the caller's thread, before returning. Once per attempt, at the
+        start: the history's first line is then the resume step whatever the thread's timing (a
+        thread woken by ``beat_now`` could lose the race to the loop's next post on a busy node)."""
+        with self._lock:
+            self._write()
+
     def stop(self) -> None:
         """Stop the thread after one last write of anything posted and not yet written."""
         self._stop = True
@@ -60,7 +68,8 @@ class Heartbeat:
         while not self._stop:
             self._wake.wait(self.interval_s)
             self._wake.clear()
-            self._write()
+            with self._lock:
+                self._write()
 
     def _write(self) -> None:
         posted, fields = self._posted, dict(self._fields)

@@ -186,6 +186,7 @@ class TrainLoop:
         self.model.train()
         t_start = time.perf_counter()
         self._post_progress(0.0)
+        self.heartbeat.write_now()  # the history's first line is the resume step (orch plot marks it)
         for s in range(self.step + 1, a.max_steps + 1):
             self._computing_step = s
             self._rng_at_step_start = capture_rng(self._cuda)

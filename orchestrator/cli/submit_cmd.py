@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 import sys
-import time
 from typing import Any
 
 import click
 
 from orchestrator.cli.app import EXIT_NOT_VERIFIED, _ctx, _emit, _show, main
 from orchestrator.cli.args import _absolute_program, _default_name, _name_cb, job_options, job_settings
+from orchestrator.cli.watch_cmd import EXIT_INTERRUPTED, follow_job
 
 
 @main.command(context_settings={"ignore_unknown_options": True, "allow_interspersed_args": False})
@@ -44,35 +44,14 @@ def submit(name: str | None, wait: bool, as_json: bool, command: tuple[str, ...]
             click.echo(f"{job.name}: {job.state.value}, not started ({a.detail or a.state.value}); "
                        f"run dir {job.run_dir}")
     if wait:
-        state = _wait(cfg, db, job.name, quiet=as_json)
+        # Progress on stderr (stdout holds the "submitted" line or the JSON): a live bar on a
+        # terminal, else the plain lines scripts have parsed since issue 1.
+        state = follow_job(cfg, db, job.name, sys.stderr, quiet=as_json)
+        if state is None:
+            click.echo("orch: interrupted (the job goes on; `orch watch` follows it again)", err=True)
+            sys.exit(EXIT_INTERRUPTED)
         if as_json:
             _emit(_show(db, job.name))
         sys.exit(0 if state == "done_marker_verified" else EXIT_NOT_VERIFIED)
     if as_json:
         _emit(_show(db, job.name))
-
-
-def _wait(cfg, db, name: str, quiet: bool, poll_s: float = 1.0) -> str:  # noqa: ANN001
-    """Run reconcile passes until the job settles (retryable_failed counts only without auto-requeue)."""
-    from orchestrator import protocol
-    from orchestrator.jobs import get_job
-    from orchestrator.lifecycle import JOB_SETTLED, JobState
-    from orchestrator.reconcile import reconcile_pass
-
-    last = None
-    t0 = time.time()
-    while True:
-        reconcile_pass(db, cfg)
-        with db.read() as s:
-            job = get_job(s, name)
-            state, n, run_dir, auto = job.state, len(job.attempts), job.run_dir, job.auto_requeue
-        prog = protocol.read_progress(run_dir, n) or {}
-        line = f"{name}: {state.value} (attempt {n}" + (f", step {prog['step']}" if "step" in prog else "") + ")"
-        if line != last and not quiet:
-            click.echo(f"[{time.time() - t0:6.1f}s] {line}", err=True)
-            last = line
-        if state in JOB_SETTLED and not (state is JobState.RETRYABLE_FAILED and auto):
-            return state.value
-        time.sleep(poll_s)
-
-
