@@ -88,11 +88,16 @@ def phases(out: dict[str, Outcome], *refs: AttemptRef) -> tuple[Phase, ...]:
     return tuple(out[r.token].phase if r.token in out else Phase.UNKNOWN for r in refs)
 
 
+# Pending for these reasons, a job cannot start while a test runs (a benchmark's held submissions).
+_DORMANT = {"BeginTime", "JobHeldUser", "JobHeldAdmin"}
+
+
 def node_idle(timeout: float = 60) -> None:
-    """Wait until no job holds the node (a previous test's cancelled jobs are gone)."""
+    """Wait until no job holds the node or may start on it (a previous test's cancelled jobs are gone)."""
     t0 = time.time()
     while time.time() - t0 < timeout:
-        if not run("squeue", "-h", "-o", "%i").stdout.strip():
+        rows = [line.split("|") for line in run("squeue", "-h", "-o", "%i|%t|%r").stdout.split()]
+        if not [r for r in rows if not (len(r) == 3 and r[1] == "PD" and r[2] in _DORMANT)]:
             return
         time.sleep(0.5)
     raise AssertionError("jobs still on the node: " + run("squeue").stdout)
