@@ -17,7 +17,7 @@ from pathlib import Path
 
 from sqlalchemy import create_engine, event, text
 from sqlalchemy.engine import Engine
-from sqlalchemy.exc import DatabaseError, OperationalError
+from sqlalchemy.exc import DatabaseError, OperationalError, ProgrammingError
 from sqlalchemy.orm import Session, sessionmaker
 
 from orchestrator.config import Config
@@ -25,6 +25,7 @@ from orchestrator.errors import DatabaseProblem, Refused, UsageError
 
 SCHEMA_HEAD = "0003"  # a test checks this equals Alembic's head revision
 MIGRATIONS = Path(__file__).resolve().parent / "migrations"
+PG_MIGRATE_LOCK = 0x6F726368  # "orch": the advisory lock key schema upgrades of one PostgreSQL DB take
 
 
 def _sqlite_path(url: str) -> Path | None:
@@ -96,7 +97,7 @@ def _current_revision(engine: Engine) -> str | None:
     with engine.connect() as conn:
         try:
             return conn.execute(text("SELECT version_num FROM alembic_version")).scalar()
-        except OperationalError as e:
+        except (OperationalError, ProgrammingError) as e:  # no such table: SQLite / PostgreSQL
             if "no such table" in str(e) or "does not exist" in str(e):
                 return None
             raise
@@ -135,8 +136,7 @@ def ensure_schema(cfg: Config, engine: Engine) -> None:
     try:
         if _current_revision(engine) == SCHEMA_HEAD:
             return
-        lock_path = _sqlite_path(cfg.db_url)
-        with _file_lock(lock_path.with_suffix(".migrate.lock") if lock_path else None):
+        with _migrate_lock(cfg, engine):
             if (rev := _current_revision(engine)) != SCHEMA_HEAD:  # another process may have done it meanwhile
                 from alembic.util import CommandError
 
@@ -151,16 +151,29 @@ def ensure_schema(cfg: Config, engine: Engine) -> None:
 
 
 @contextlib.contextmanager
-def _file_lock(path: Path | None) -> Iterator[None]:
-    if path is None:
+def _migrate_lock(cfg: Config, engine: Engine) -> Iterator[None]:
+    """One upgrader at a time: a lock file next to a SQLite DB; a session advisory lock on PostgreSQL,
+    where several hosts' first commands may upgrade a shared empty DB at once (without it, 3 of 4
+    concurrent first ``orch status`` failed: duplicate key in pg_type, their CREATE TABLEs racing)."""
+    path = _sqlite_path(cfg.db_url)
+    if path is not None:
+        fd = os.open(path.with_suffix(".migrate.lock"), os.O_CREAT | os.O_RDWR, 0o600)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX)
+            yield
+        finally:
+            os.close(fd)
+    elif engine.dialect.name == "postgresql":
+        with engine.connect() as conn:
+            conn.execute(text("SELECT pg_advisory_lock(:k)"), {"k": PG_MIGRATE_LOCK})
+            conn.commit()
+            try:
+                yield
+            finally:
+                conn.execute(text("SELECT pg_advisory_unlock(:k)"), {"k": PG_MIGRATE_LOCK})
+                conn.commit()
+    else:
         yield
-        return
-    fd = os.open(path, os.O_CREAT | os.O_RDWR, 0o600)
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX)
-        yield
-    finally:
-        os.close(fd)
 
 
 def describe(cfg: Config) -> str:

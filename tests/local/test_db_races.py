@@ -1,0 +1,100 @@
+"""Races between orch processes that SQLite serialises (BEGIN IMMEDIATE: one writer at a time) and
+PostgreSQL does not (READ COMMITTED: writers interleave; a duplicate key aborts the transaction).
+
+Each test makes the race happen for sure, not by chance: one side holds its transaction open (an
+uncommitted row, or a submit paused at a named site), and the test waits until PostgreSQL shows
+the other side blocked on a lock before it lets the first one finish.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import threading
+import time
+from datetime import timedelta
+
+import pgkit
+import pytest
+from localkit import db_rows
+from sqlalchemy import create_engine, insert
+
+from orchestrator.config import load_config
+from orchestrator.db import SCHEMA_HEAD, Database
+from orchestrator.lifecycle import utcnow
+from orchestrator.models import Lease
+from orchestrator.reconcile import LEASE, acquire_lease, release_lease
+
+
+def _sessions(url: str, where: str) -> int:
+    """Other sessions of this database matching ``where`` (pg_stat_activity)."""
+    ((n,),) = pgkit.rows(url, "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() "
+                              f"AND pid != pg_backend_pid() AND {where}")
+    return n
+
+
+def _wait_for(what: str, cond, timeout: float = 60) -> None:  # noqa: ANN001
+    deadline = time.monotonic() + timeout
+    while not cond():
+        assert time.monotonic() < deadline, f"not seen within {timeout}s: {what}"
+        time.sleep(0.05)
+
+
+def _cli(orch, *args: str, env: dict | None = None) -> subprocess.Popen:  # noqa: ANN001
+    return subprocess.Popen([sys.executable, "-m", "orchestrator.cli", *args], env={**orch.env, **(env or {})},
+                            text=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+
+
+@pytest.mark.each_db
+def test_first_commands_on_an_empty_db_upgrade_it_once_and_all_succeed(orch):
+    # Several hosts' first commands on a new shared DB (or several cron jobs on a new ORCH_HOME).
+    procs = [_cli(orch, "status") for _ in range(4)]
+    for p in procs:
+        out, err = p.communicate(timeout=120)
+        assert (p.returncode, err) == (0, ""), (out, err)
+        assert out == "no jobs\n"
+    assert db_rows(orch.home, "SELECT version_num FROM alembic_version") == [(SCHEMA_HEAD,)]
+
+
+@pytest.mark.each_db(only="postgres")
+@pytest.mark.parametrize("first_commits", [True, False], ids=["first-commits", "first-rolls-back"])
+def test_two_reconcilers_insert_the_lease_at_once_the_loser_returns_false_and_its_session_stays_usable(
+        db_url, tmp_path, first_commits):
+    cfg = load_config(tmp_path / "home")
+    db = Database(cfg)
+    first = create_engine(db_url)
+    conn = first.connect()
+    conn.begin()  # the first reconciler: its lease row inserted, not yet committed
+    conn.execute(insert(Lease).values(name=LEASE, holder="first", expires_at=utcnow() + timedelta(minutes=5)))
+    got: list[object] = []
+
+    def second() -> None:
+        try:
+            got.append(acquire_lease(db, cfg, "second"))
+        except BaseException as e:  # noqa: BLE001 - the test reports it
+            got.append(e)
+
+    t = threading.Thread(target=second, daemon=True)
+    t.start()
+    # The second finds no row (the first's is uncommitted) and its INSERT waits on the primary key.
+    _wait_for("the second reconciler's INSERT waiting on a lock",
+              lambda: _sessions(db_url, "wait_event_type = 'Lock'") == 1)
+    if first_commits:
+        conn.commit()
+    else:
+        conn.rollback()
+    t.join(60)
+    conn.close()
+    first.dispose()
+    assert not t.is_alive()
+    if first_commits:
+        assert got == [False]  # the duplicate key, rolled back to the savepoint: no error, no pass
+        assert pgkit.rows(db_url, "SELECT holder FROM leases") == [("first",)]
+        assert acquire_lease(db, cfg, "second") is False  # the same pooled connection, not left aborted
+        release_lease(db, "first")
+    else:
+        assert got == [True]
+        assert pgkit.rows(db_url, "SELECT holder FROM leases") == [("second",)]
+        release_lease(db, "second")
+    assert acquire_lease(db, cfg, "second") is True
+    db.engine.dispose()
