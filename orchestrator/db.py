@@ -1,9 +1,11 @@
 """Engine, sessions and schema upgrades for the job table.
 
 SQLite (the default) gets WAL, a busy timeout and foreign keys on every connection, so cron
-reconcilers and a user's commands can overlap without "database is locked". The schema is born and
-changed only by Alembic; the common case (already at head) is checked with one SELECT so that read
-commands do not pay for importing Alembic on a login node.
+reconcilers and a user's commands can overlap without "database is locked". PostgreSQL (ORCH_DB_URL)
+gets advisory locks where SQLite's one-writer-at-a-time was all that kept two writers apart (schema
+upgrades, new names). The schema is born and changed only
+by Alembic; the common case (already at head) is checked with one SELECT so that read commands do not
+pay for importing Alembic on a login node.
 """
 
 from __future__ import annotations
@@ -25,7 +27,9 @@ from orchestrator.errors import DatabaseProblem, Refused, UsageError
 
 SCHEMA_HEAD = "0003"  # a test checks this equals Alembic's head revision
 MIGRATIONS = Path(__file__).resolve().parent / "migrations"
-PG_MIGRATE_LOCK = 0x6F726368  # "orch": the advisory lock key schema upgrades of one PostgreSQL DB take
+# PostgreSQL advisory lock keys ("orch", "orcn"): schema upgrades of one DB; creators of job/sweep names.
+PG_MIGRATE_LOCK = 0x6F726368
+PG_NAMES_LOCK = 0x6F72636E
 
 
 def _sqlite_path(url: str) -> Path | None:
@@ -174,6 +178,18 @@ def _migrate_lock(cfg: Config, engine: Engine) -> Iterator[None]:
                 conn.commit()
     else:
         yield
+
+
+def lock_names(s: Session) -> None:
+    """Serialise the creators of job and sweep names until this write transaction ends.
+
+    Names are one namespace over two tables, so no unique index guards "check, then insert". SQLite's
+    BEGIN IMMEDIATE already makes writers take turns; PostgreSQL's READ COMMITTED does not: two
+    submits of one name both passed the check and the later INSERT failed on the unique index (exit 1,
+    "database unusable") instead of being refused, and a job and a sweep of one name both got in.
+    """
+    if s.get_bind().dialect.name == "postgresql":
+        s.execute(text("SELECT pg_advisory_xact_lock(:k)"), {"k": PG_NAMES_LOCK})
 
 
 def describe(cfg: Config) -> str:

@@ -98,3 +98,39 @@ def test_two_reconcilers_insert_the_lease_at_once_the_loser_returns_false_and_it
         release_lease(db, "second")
     assert acquire_lease(db, cfg, "second") is True
     db.engine.dispose()
+
+
+@pytest.mark.each_db(only="postgres")
+@pytest.mark.parametrize("first", ["submit", "sweep"])
+def test_a_second_creator_of_a_name_being_created_waits_and_is_refused(orch, tmp_path, first):
+    orch("status", check=True)  # the schema exists before the race
+    go = tmp_path / "go"
+    argv = ["submit", "--name", "twin", "--", "true"] if first == "submit" else \
+        ["sweep", "--name", "twin", "--grid", "x=1,2", "--", "true", "{x}"]
+    a = _cli(orch, *argv, env={"ORCH_PAUSE_AT": "names_checked", "ORCH_PAUSE_S": "120",
+                               "ORCH_PAUSE_UNTIL": str(go)})
+    b = None
+    try:
+        url = orch.env["ORCH_DB_URL"]
+        _wait_for("the first creator paused inside its write transaction",
+                  lambda: _sessions(url, "state = 'idle in transaction'") == 1)
+        b = _cli(orch, "submit", "--name", "twin", "--", "true")
+        # The second passed the early read check (the first's rows are uncommitted) and now waits for
+        # the names lock; without that lock it would go on and insert a second "twin".
+        _wait_for("the second creator waiting on a lock",
+                  lambda: b.poll() is not None or _sessions(url, "wait_event_type = 'Lock'") == 1)
+        assert b.poll() is None, b.communicate()
+        go.touch()
+        a_out, a_err = a.communicate(timeout=120)
+        b_out, b_err = b.communicate(timeout=120)
+    finally:
+        for p in (a, b):
+            if p is not None and p.poll() is None:
+                p.kill()
+                p.wait()
+    assert a.returncode == 0, (a_out, a_err)
+    assert (b.returncode, b_out) == (3, "")
+    assert b_err == "orch: refused: 'twin' already exists (a job or a sweep); use `orch requeue twin`\n"
+    jobs = [n for (n,) in db_rows(orch.home, "SELECT name FROM jobs ORDER BY name")]
+    assert jobs == (["twin"] if first == "submit" else ["twin.0000", "twin.0001"])
+    assert db_rows(orch.home, "SELECT count(*) FROM attempts") == [(len(jobs),)]
