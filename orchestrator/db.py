@@ -2,8 +2,8 @@
 
 SQLite (the default) gets WAL, a busy timeout and foreign keys on every connection, so cron
 reconcilers and a user's commands can overlap without "database is locked". PostgreSQL (ORCH_DB_URL)
-gets advisory locks where SQLite's one-writer-at-a-time was all that kept two writers apart (schema
-upgrades, new names). The schema is born and changed only
+gets the same busy timeout as its lock_timeout, and advisory locks where SQLite's one-writer-at-a-time
+was all that kept two writers apart (schema upgrades, new names). The schema is born and changed only
 by Alembic; the common case (already at head) is checked with one SELECT so that read commands do not
 pay for importing Alembic on a login node.
 """
@@ -76,6 +76,10 @@ def db_identity(cfg: Config) -> tuple[int, int] | None:
 def make_engine(cfg: Config) -> Engine:
     sqlite = cfg.db_url.startswith("sqlite")
     kwargs = {"connect_args": {"timeout": cfg.busy_timeout_ms / 1000}} if sqlite else {}
+    if cfg.db_url.startswith("postgresql"):
+        # busy_timeout_ms means the same there: a wait for another writer's lock (a row, the names
+        # lock) ends in the "locked" error instead of hanging every reconciler behind a stuck one.
+        kwargs = {"connect_args": {"options": f"-c lock_timeout={max(1, int(cfg.busy_timeout_ms))}"}}
     engine = create_engine(cfg.db_url, **kwargs)
     if sqlite:
         @event.listens_for(engine, "connect")
@@ -247,7 +251,7 @@ class Database:
         try:
             yield
         except OperationalError as e:
-            if "locked" in str(e) or "busy" in str(e):
+            if "locked" in str(e) or "busy" in str(e) or "lock timeout" in str(e):  # SQLite / PostgreSQL
                 raise DatabaseProblem(f"database {describe(self.cfg)} is locked by another writer "
                                       f"for longer than {self.cfg.busy_timeout_ms} ms; try again") from None
             raise DatabaseProblem(f"database {describe(self.cfg)}: {_short(e)}") from None

@@ -8,6 +8,7 @@ the other side blocked on a lock before it lets the first one finish.
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 import threading
@@ -17,7 +18,7 @@ from datetime import timedelta
 import pgkit
 import pytest
 from localkit import db_rows
-from sqlalchemy import create_engine, insert
+from sqlalchemy import create_engine, insert, text
 
 from orchestrator.config import load_config
 from orchestrator.db import SCHEMA_HEAD, Database
@@ -134,3 +135,26 @@ def test_a_second_creator_of_a_name_being_created_waits_and_is_refused(orch, tmp
     jobs = [n for (n,) in db_rows(orch.home, "SELECT name FROM jobs ORDER BY name")]
     assert jobs == (["twin"] if first == "submit" else ["twin.0000", "twin.0001"])
     assert db_rows(orch.home, "SELECT count(*) FROM attempts") == [(len(jobs),)]
+
+
+@pytest.mark.each_db(only="postgres")
+def test_a_writer_holding_a_lock_past_busy_timeout_gives_the_locked_error_and_the_next_pass_works(orch, db_url):
+    # SQLite's busy timeout, on PostgreSQL: without a lock_timeout the pass waited for ever.
+    orch.write_config("[reconcile]\nbusy_timeout_ms = 300\nlease_ttl_s = 1\n")
+    orch("status", check=True)
+    holder_engine = create_engine(db_url)
+    with holder_engine.connect() as holder:
+        holder.begin()
+        holder.execute(text("LOCK TABLE leases IN EXCLUSIVE MODE"))  # another writer, holding on
+        t0 = time.monotonic()
+        p = orch("reconcile")
+        waited = time.monotonic() - t0
+        assert (p.returncode, p.stdout) == (1, ""), (p.stdout, p.stderr)
+        where = db_url.split("@")[-1]
+        assert p.stderr == f"orch: database {where} is locked by another writer for longer than 300 ms; try again\n"
+        assert waited < 20
+        assert orch("status").returncode == 0  # readers are not blocked
+        holder.rollback()
+    holder_engine.dispose()
+    p = orch("reconcile", "--json")
+    assert p.returncode == 0 and json.loads(p.stdout)["ran"], (p.stdout, p.stderr)
