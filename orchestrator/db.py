@@ -19,7 +19,7 @@ from pathlib import Path
 
 from sqlalchemy import create_engine, event, text
 from sqlalchemy.engine import Engine
-from sqlalchemy.exc import DatabaseError, OperationalError, ProgrammingError
+from sqlalchemy.exc import ArgumentError, DatabaseError, NoSuchModuleError, OperationalError, ProgrammingError
 from sqlalchemy.orm import Session, sessionmaker
 
 from orchestrator.config import Config
@@ -80,7 +80,15 @@ def make_engine(cfg: Config) -> Engine:
         # busy_timeout_ms means the same there: a wait for another writer's lock (a row, the names
         # lock) ends in the "locked" error instead of hanging every reconciler behind a stuck one.
         kwargs = {"connect_args": {"options": f"-c lock_timeout={max(1, int(cfg.busy_timeout_ms))}"}}
-    engine = create_engine(cfg.db_url, **kwargs)
+    try:
+        engine = create_engine(cfg.db_url, **kwargs)
+    except (ImportError, NoSuchModuleError) as e:  # NoSuchModuleError is an ArgumentError too
+        scheme = cfg.db_url.split(":", 1)[0]
+        hint = "; orch's postgres extra installs psycopg: postgresql+psycopg://" if "postgres" in scheme else ""
+        raise UsageError(f"ORCH_DB_URL {scheme}://...: no driver for it ({e}){hint}") from None
+    except ArgumentError:  # its message would echo the URL, password and all
+        raise UsageError("ORCH_DB_URL is not a database URL (dialect+driver://user:password@host:port/dbname)") \
+            from None
     if sqlite:
         @event.listens_for(engine, "connect")
         def _pragmas(dbapi_conn, _record):  # noqa: ANN001
@@ -210,8 +218,8 @@ class Database:
 
     def __init__(self, cfg: Config) -> None:
         self.cfg = cfg
+        self.engine = make_engine(cfg)  # a bad ORCH_DB_URL is refused before anything is created
         prepare_home(cfg)
-        self.engine = make_engine(cfg)
         ensure_schema(cfg, self.engine)
         self.identity = db_identity(cfg)
         self._sessions = sessionmaker(self.engine, expire_on_commit=False)

@@ -3,6 +3,7 @@ bad DBs are named."""
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import stat
 import subprocess
@@ -108,3 +109,22 @@ def test_db_url_override_is_honoured(tmp_path, monkeypatch):
     Database(cfg).engine.dispose()
     assert other.exists() and not (tmp_path / "home" / "orch.db").exists()
     assert stat.S_IMODE(other.stat().st_mode) == 0o600
+
+
+@pytest.mark.parametrize(("url", "line"), [
+    ("not a url s3cret", "orch: ORCH_DB_URL is not a database URL (dialect+driver://user:password@host:port/dbname)"),
+    ("postgresql+psycopg2://me:s3cret@db.example/orch", "orch: ORCH_DB_URL postgresql+psycopg2://...: no driver for "
+     "it (No module named 'psycopg2'); orch's postgres extra installs psycopg: postgresql+psycopg://"),
+    ("nosuchdb://me:s3cret@host/x", "orch: ORCH_DB_URL nosuchdb://...: no driver for it (Can't load plugin: "
+     "sqlalchemy.dialects:nosuchdb)"),
+])
+def test_bad_db_url_exits_2_with_one_line_without_the_password_and_creates_nothing(tmp_path, url, line):
+    if "psycopg2" in url and importlib.util.find_spec("psycopg2"):
+        pytest.skip("psycopg2 is installed here: that URL has a driver")
+    home = tmp_path / "home"
+    env = {k: v for k, v in os.environ.items() if not k.startswith("ORCH_")}
+    env.update(ORCH_HOME=str(home), ORCH_DB_URL=url, PYTHONPATH=str(ROOT))
+    p = subprocess.run([sys.executable, "-m", "orchestrator.cli", "status"], capture_output=True, text=True,
+                       env=env, timeout=60)
+    assert (p.returncode, p.stdout, p.stderr) == (2, "", line + "\n")
+    assert not home.exists()
