@@ -80,6 +80,10 @@ def make_engine(cfg: Config) -> Engine:
         # busy_timeout_ms means the same there: a wait for another writer's lock (a row, the names
         # lock) ends in the "locked" error instead of hanging every reconciler behind a stuck one.
         kwargs = {"connect_args": {"options": f"-c lock_timeout={max(1, int(cfg.busy_timeout_ms))}"}}
+    if not sqlite:
+        # A server restart (or a proxy dropping idle connections) leaves `reconcile --watch` holding
+        # dead pooled connections: test each on checkout and reconnect, instead of stopping the loop.
+        kwargs["pool_pre_ping"] = True
     try:
         engine = create_engine(cfg.db_url, **kwargs)
     except (ImportError, NoSuchModuleError) as e:  # NoSuchModuleError is an ArgumentError too

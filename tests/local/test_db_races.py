@@ -1,5 +1,6 @@
 """Races between orch processes that SQLite serialises (BEGIN IMMEDIATE: one writer at a time) and
-PostgreSQL does not (READ COMMITTED: writers interleave; a duplicate key aborts the transaction).
+PostgreSQL does not (READ COMMITTED: writers interleave; a duplicate key aborts the transaction), and
+what a server does that a file does not (lock waits, connections it kills).
 
 Each test makes the race happen for sure, not by chance: one side holds its transaction open (an
 uncommitted row, or a submit paused at a named site), and the test waits until PostgreSQL shows
@@ -158,3 +159,26 @@ def test_a_writer_holding_a_lock_past_busy_timeout_gives_the_locked_error_and_th
     holder_engine.dispose()
     p = orch("reconcile", "--json")
     assert p.returncode == 0 and json.loads(p.stdout)["ran"], (p.stdout, p.stderr)
+
+
+@pytest.mark.each_db(only="postgres")
+def test_reconcile_watch_carries_on_after_the_server_killed_its_idle_connections(orch, db_url):
+    # A server restart or a proxy's idle timeout, as pg_terminate_backend does it: the watcher's
+    # pooled connections die while it sleeps between two passes. (A connection lost in the middle
+    # of a pass still ends the loop with one "database" line, as any DB error does.)
+    orch("status", check=True)
+    watcher = subprocess.Popen([sys.executable, "-m", "orchestrator.cli", "reconcile", "--watch", "4", "--json"],
+                               env=orch.env, text=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    try:
+        first = "".join(iter(lambda: watcher.stdout.readline() or "}\n", "}\n")) + "}"  # one indented document
+        assert json.loads(first)["ran"]  # its first pass is over: it sleeps now
+        ((killed,),) = pgkit.rows(db_url, "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity "
+                                          "WHERE datname = current_database() AND pid != pg_backend_pid()")
+        assert killed >= 1
+        orch("submit", "--name", "after", "--outputs", "out.txt", "--", "sh", "-c", "echo x > out.txt", check=True)
+        _wait_for("the watcher finishing the job submitted after the kill",
+                  lambda: watcher.poll() is not None or orch.state("after") == "done_marker_verified")
+        assert watcher.poll() is None, watcher.communicate()[1]
+    finally:
+        watcher.terminate()
+        watcher.wait(30)
