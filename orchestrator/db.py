@@ -1,9 +1,11 @@
 """Engine, sessions and schema upgrades for the job table.
 
 SQLite (the default) gets WAL, a busy timeout and foreign keys on every connection, so cron
-reconcilers and a user's commands can overlap without "database is locked". The schema is born and
-changed only by Alembic; the common case (already at head) is checked with one SELECT so that read
-commands do not pay for importing Alembic on a login node.
+reconcilers and a user's commands can overlap without "database is locked". PostgreSQL (ORCH_DB_URL)
+gets the same busy timeout as its lock_timeout, and advisory locks where SQLite's one-writer-at-a-time
+was all that kept two writers apart (schema upgrades, new names). The schema is born and changed only
+by Alembic; the common case (already at head) is checked with one SELECT so that read commands do not
+pay for importing Alembic on a login node.
 """
 
 from __future__ import annotations
@@ -17,7 +19,7 @@ from pathlib import Path
 
 from sqlalchemy import create_engine, event, text
 from sqlalchemy.engine import Engine
-from sqlalchemy.exc import DatabaseError, OperationalError
+from sqlalchemy.exc import ArgumentError, DatabaseError, NoSuchModuleError, OperationalError, ProgrammingError
 from sqlalchemy.orm import Session, sessionmaker
 
 from orchestrator.config import Config
@@ -25,6 +27,9 @@ from orchestrator.errors import DatabaseProblem, Refused, UsageError
 
 SCHEMA_HEAD = "0003"  # a test checks this equals Alembic's head revision
 MIGRATIONS = Path(__file__).resolve().parent / "migrations"
+# PostgreSQL advisory lock keys ("orch", "orcn"): schema upgrades of one DB; creators of job/sweep names.
+PG_MIGRATE_LOCK = 0x6F726368
+PG_NAMES_LOCK = 0x6F72636E
 
 
 def _sqlite_path(url: str) -> Path | None:
@@ -71,7 +76,23 @@ def db_identity(cfg: Config) -> tuple[int, int] | None:
 def make_engine(cfg: Config) -> Engine:
     sqlite = cfg.db_url.startswith("sqlite")
     kwargs = {"connect_args": {"timeout": cfg.busy_timeout_ms / 1000}} if sqlite else {}
-    engine = create_engine(cfg.db_url, **kwargs)
+    if cfg.db_url.startswith("postgresql"):
+        # busy_timeout_ms means the same there: a wait for another writer's lock (a row, the names
+        # lock) ends in the "locked" error instead of hanging every reconciler behind a stuck one.
+        kwargs = {"connect_args": {"options": f"-c lock_timeout={max(1, int(cfg.busy_timeout_ms))}"}}
+    if not sqlite:
+        # A server restart (or a proxy dropping idle connections) leaves `reconcile --watch` holding
+        # dead pooled connections: test each on checkout and reconnect, instead of stopping the loop.
+        kwargs["pool_pre_ping"] = True
+    try:
+        engine = create_engine(cfg.db_url, **kwargs)
+    except (ImportError, NoSuchModuleError) as e:  # NoSuchModuleError is an ArgumentError too
+        scheme = cfg.db_url.split(":", 1)[0]
+        hint = "; orch's postgres extra installs psycopg: postgresql+psycopg://" if "postgres" in scheme else ""
+        raise UsageError(f"ORCH_DB_URL {scheme}://...: no driver for it ({e}){hint}") from None
+    except ArgumentError:  # its message would echo the URL, password and all
+        raise UsageError("ORCH_DB_URL is not a database URL (dialect+driver://user:password@host:port/dbname)") \
+            from None
     if sqlite:
         @event.listens_for(engine, "connect")
         def _pragmas(dbapi_conn, _record):  # noqa: ANN001
@@ -96,7 +117,7 @@ def _current_revision(engine: Engine) -> str | None:
     with engine.connect() as conn:
         try:
             return conn.execute(text("SELECT version_num FROM alembic_version")).scalar()
-        except OperationalError as e:
+        except (OperationalError, ProgrammingError) as e:  # no such table: SQLite / PostgreSQL
             if "no such table" in str(e) or "does not exist" in str(e):
                 return None
             raise
@@ -135,8 +156,7 @@ def ensure_schema(cfg: Config, engine: Engine) -> None:
     try:
         if _current_revision(engine) == SCHEMA_HEAD:
             return
-        lock_path = _sqlite_path(cfg.db_url)
-        with _file_lock(lock_path.with_suffix(".migrate.lock") if lock_path else None):
+        with _migrate_lock(cfg, engine):
             if (rev := _current_revision(engine)) != SCHEMA_HEAD:  # another process may have done it meanwhile
                 from alembic.util import CommandError
 
@@ -151,16 +171,41 @@ def ensure_schema(cfg: Config, engine: Engine) -> None:
 
 
 @contextlib.contextmanager
-def _file_lock(path: Path | None) -> Iterator[None]:
-    if path is None:
+def _migrate_lock(cfg: Config, engine: Engine) -> Iterator[None]:
+    """One upgrader at a time: a lock file next to a SQLite DB; a session advisory lock on PostgreSQL,
+    where several hosts' first commands may upgrade a shared empty DB at once (without it, 3 of 4
+    concurrent first ``orch status`` failed: duplicate key in pg_type, their CREATE TABLEs racing)."""
+    path = _sqlite_path(cfg.db_url)
+    if path is not None:
+        fd = os.open(path.with_suffix(".migrate.lock"), os.O_CREAT | os.O_RDWR, 0o600)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX)
+            yield
+        finally:
+            os.close(fd)
+    elif engine.dialect.name == "postgresql":
+        with engine.connect() as conn:
+            conn.execute(text("SELECT pg_advisory_lock(:k)"), {"k": PG_MIGRATE_LOCK})
+            conn.commit()
+            try:
+                yield
+            finally:
+                conn.execute(text("SELECT pg_advisory_unlock(:k)"), {"k": PG_MIGRATE_LOCK})
+                conn.commit()
+    else:
         yield
-        return
-    fd = os.open(path, os.O_CREAT | os.O_RDWR, 0o600)
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX)
-        yield
-    finally:
-        os.close(fd)
+
+
+def lock_names(s: Session) -> None:
+    """Serialise the creators of job and sweep names until this write transaction ends.
+
+    Names are one namespace over two tables, so no unique index guards "check, then insert". SQLite's
+    BEGIN IMMEDIATE already makes writers take turns; PostgreSQL's READ COMMITTED does not: two
+    submits of one name both passed the check and the later INSERT failed on the unique index (exit 1,
+    "database unusable") instead of being refused, and a job and a sweep of one name both got in.
+    """
+    if s.get_bind().dialect.name == "postgresql":
+        s.execute(text("SELECT pg_advisory_xact_lock(:k)"), {"k": PG_NAMES_LOCK})
 
 
 def describe(cfg: Config) -> str:
@@ -177,8 +222,8 @@ class Database:
 
     def __init__(self, cfg: Config) -> None:
         self.cfg = cfg
+        self.engine = make_engine(cfg)  # a bad ORCH_DB_URL is refused before anything is created
         prepare_home(cfg)
-        self.engine = make_engine(cfg)
         ensure_schema(cfg, self.engine)
         self.identity = db_identity(cfg)
         self._sessions = sessionmaker(self.engine, expire_on_commit=False)
@@ -218,7 +263,7 @@ class Database:
         try:
             yield
         except OperationalError as e:
-            if "locked" in str(e) or "busy" in str(e):
+            if "locked" in str(e) or "busy" in str(e) or "lock timeout" in str(e):  # SQLite / PostgreSQL
                 raise DatabaseProblem(f"database {describe(self.cfg)} is locked by another writer "
                                       f"for longer than {self.cfg.busy_timeout_ms} ms; try again") from None
             raise DatabaseProblem(f"database {describe(self.cfg)}: {_short(e)}") from None

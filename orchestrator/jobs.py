@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -10,6 +10,7 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from orchestrator.backends.base import AttemptRef
+from orchestrator.db import lock_names
 from orchestrator.errors import JobNotFound
 from orchestrator.lifecycle import JobState
 from orchestrator.models import Attempt, Job, Sweep
@@ -20,6 +21,15 @@ def get_job(s: Session, name: str) -> Job:
     if job is None:
         raise JobNotFound(f"no job named {name!r}")
     return job
+
+
+def names_taken(s: Session, names: Iterable[str]) -> set[str]:
+    """Which of ``names`` a job or a sweep has already (one namespace), read under the names lock:
+    call it in the write transaction that then inserts the names."""
+    names = list(names)
+    lock_names(s)
+    taken = set(s.scalars(select(Job.name).where(Job.name.in_(names))))
+    return taken | set(s.scalars(select(Sweep.name).where(Sweep.name.in_(names))))
 
 
 def attempt_ref(a: Attempt, job: Job, external_id: str | None = None) -> AttemptRef:

@@ -16,12 +16,12 @@ from typing import Any
 
 from sqlalchemy import select
 
-from orchestrator import protocol
+from orchestrator import protocol, testhooks
 from orchestrator.backends import BACKENDS, get_backend
 from orchestrator.config import Config
 from orchestrator.db import Database
 from orchestrator.errors import AlreadyVerified, Refused
-from orchestrator.jobs import environment_id, get_job
+from orchestrator.jobs import environment_id, get_job, names_taken
 from orchestrator.launch import launch
 from orchestrator.lifecycle import AttemptState, JobState
 from orchestrator.models import Attempt, Job
@@ -61,8 +61,9 @@ def submit(db: Database, cfg: Config, req: SubmitRequest) -> Job:
         raise Refused(f"refused: a live attempt runs in {run_dir} ({'; '.join(live[:3])}) that this DB "
                       "does not know (was the DB deleted?); stop it first")
     with db.write() as s:
-        if s.scalar(select(Job.id).where(Job.name == req.name)) is not None:
-            raise Refused(f"refused: job {req.name!r} already exists; use `orch requeue {req.name}`")
+        if names_taken(s, [req.name]):
+            raise Refused(f"refused: {req.name!r} already exists (a job or a sweep); use `orch requeue {req.name}`")
+        testhooks.site("names_checked")
         job = Job(name=req.name, state=JobState.PENDING, backend=req.backend, run_dir=str(run_dir),
                   command=list(req.command), resources=dict(req.resources), outputs=list(req.outputs),
                   max_attempts=req.max_attempts, env_id=environment_id(s, os.environ))

@@ -24,13 +24,13 @@ from typing import Any
 
 from sqlalchemy import func, select
 
-from orchestrator import protocol
+from orchestrator import protocol, testhooks
 from orchestrator.backends import get_backend
 from orchestrator.backends.base import Backend
 from orchestrator.config import Config
 from orchestrator.db import Database
 from orchestrator.errors import AlreadyVerified, OrchError, Refused, UsageError
-from orchestrator.jobs import environment_id
+from orchestrator.jobs import environment_id, names_taken
 from orchestrator.launch import Launched, launch, launch_group
 from orchestrator.lifecycle import ATTEMPT_LIVE, AttemptState, JobState
 from orchestrator.models import Attempt, Event, Job, Sweep
@@ -143,11 +143,11 @@ def submit_sweep(db: Database, cfg: Config, req: SweepRequest) -> Sweep:
     if len(verified) == len(names):
         raise AlreadyVerified(f"refused: every task of {req.name!r} already holds a verified done marker")
     with db.write() as s:
-        taken = set(s.scalars(select(Job.name).where(Job.name.in_([req.name, *names]))))
-        taken |= set(s.scalars(select(Sweep.name).where(Sweep.name.in_([req.name, *names]))))
+        taken = names_taken(s, [req.name, *names])
         if taken:
             raise Refused(f"refused: {', '.join(sorted(taken)[:3])} already exist(s); sweep and job names "
                           "share one namespace")
+        testhooks.site("names_checked")
         sweep = Sweep(name=req.name, backend=req.backend, throttle=req.throttle, params=req.params)
         s.add(sweep)
         s.flush()

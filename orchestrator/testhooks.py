@@ -2,9 +2,11 @@
 
 ``ORCH_FAULT=<site>`` makes this process die there (``os._exit(99)``, as a crash or kill -9 would);
 ``ORCH_PAUSE_AT=<site>`` (with ``ORCH_PAUSE_S``, default 3) makes it sleep there, so a test can
-race another command against, e.g., a launch that is between its claim and its backend call.
-Sites: ``after_attempt_row``, ``before_backend_submit``, ``after_backend_submit``. Unset, both cost
-one environment lookup.
+race another command against, e.g., a launch that is between its claim and its backend call; with
+``ORCH_PAUSE_UNTIL=<file>`` the pause ends as soon as that file exists (the test says when).
+Sites: ``after_attempt_row``, ``before_backend_submit``, ``after_backend_submit``, ``names_checked``
+(submit/sweep: inside the write transaction, the new names found free). Unset, both cost one
+environment lookup.
 """
 
 from __future__ import annotations
@@ -16,8 +18,14 @@ import time
 def site(name: str) -> None:
     if os.environ.get("ORCH_PAUSE_AT") == name:
         try:
-            time.sleep(max(0.0, min(600.0, float(os.environ.get("ORCH_PAUSE_S", "3")))))
+            limit = max(0.0, min(600.0, float(os.environ.get("ORCH_PAUSE_S", "3"))))
         except ValueError:
-            time.sleep(3.0)
+            limit = 3.0
+        until = os.environ.get("ORCH_PAUSE_UNTIL")
+        if not until:
+            time.sleep(limit)
+        deadline = time.monotonic() + limit
+        while until and not os.path.exists(until) and time.monotonic() < deadline:
+            time.sleep(0.02)
     if os.environ.get("ORCH_FAULT") == name:
         os._exit(99)

@@ -1,4 +1,6 @@
-"""Fixtures shared by all test folders: a private ORCH_HOME per test, and `orch` run as a user would."""
+"""Fixtures shared by all test folders: a private ORCH_HOME per test, `orch` run as a user would, and
+the DB under it: SQLite in ORCH_HOME, or, for tests marked ``each_db``, also a fresh database of a real
+PostgreSQL server (the test runs once per DB; tests/pgkit.py)."""
 
 from __future__ import annotations
 
@@ -7,9 +9,11 @@ import os
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
+import pgkit
 import pytest
 from orchkit import tree_hash  # noqa: F401 - re-exported for tests that use it
 
@@ -64,10 +68,57 @@ class Orch:
         (self.home / "orch.toml").write_text(text)
 
 
+def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
+    """A test marked ``each_db`` that uses the DB (through ``orch``, ``db_url`` or ``db_kind``) runs
+    once on SQLite and once on PostgreSQL, the same body (``-k postgres`` picks the latter);
+    ``each_db(only="postgres")``: a PostgreSQL behaviour, tested there only."""
+    mark = metafunc.definition.get_closest_marker("each_db")
+    if mark and "db_kind" in metafunc.fixturenames:
+        metafunc.parametrize("db_kind", [mark.kwargs["only"]] if "only" in mark.kwargs else ["sqlite", "postgres"],
+                             indirect=True)
+
+
 @pytest.fixture
-def orch(tmp_path: Path) -> Orch:
+def db_kind(request: pytest.FixtureRequest) -> str:
+    return getattr(request, "param", "sqlite")
+
+
+@pytest.fixture(scope="session")
+def pg_server() -> Iterator[str]:
+    """The URL of the test PostgreSQL server (started when root and not running; stopped again then)."""
+    try:
+        url, started = pgkit.start_server()
+    except pgkit.Unavailable as e:
+        if pgkit.IN_CI:
+            pytest.fail(f"{e} (CI=true: the PostgreSQL tests must run)", pytrace=False)
+        pytest.skip(f"{e}; CI is not set")
+    yield url
+    if started:
+        pgkit.stop_server()
+
+
+@pytest.fixture
+def db_url(db_kind: str, request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> Iterator[str | None]:
+    """None on SQLite (orch's own file in ORCH_HOME); on PostgreSQL a fresh database's URL. Either way
+    ORCH_DB_URL in this process says the same, so in-process orch code and db_rows use that DB."""
+    if db_kind == "sqlite":
+        monkeypatch.delenv("ORCH_DB_URL", raising=False)
+        yield None
+        return
+    with pgkit.fresh_database(request.getfixturevalue("pg_server")) as url:
+        monkeypatch.setenv("ORCH_DB_URL", url)
+        yield url
+        # A variant that never reached this database tested nothing on PostgreSQL.
+        assert pgkit.rows(url, "SELECT to_regclass('alembic_version') IS NOT NULL") == [(True,)], \
+            "orch never created its schema in this test's PostgreSQL database"
+
+
+@pytest.fixture
+def orch(tmp_path: Path, db_url: str | None) -> Orch:
     home = tmp_path / "orch-home"
     env = {k: v for k, v in os.environ.items() if not k.startswith(("ORCH_", "SLURM_"))}
     env.update(ORCH_HOME=str(home), PYTHONPATH=str(ROOT) + os.pathsep + env.get("PYTHONPATH", ""),
                PYTHONUNBUFFERED="1")
+    if db_url:
+        env["ORCH_DB_URL"] = db_url
     return Orch(home=home, env=env)

@@ -19,6 +19,7 @@ Importable by any training script (no torch, no database, no orchestrator import
 """
 
 from orchestrator.protocol.durable import (  # noqa: F401 - the protocol's public API, in one namespace
+    MAX_DB_INT,
     MAX_INT,
     MAX_JSON_BYTES,
     TMP_INFIX,

@@ -26,7 +26,8 @@ from typing import Any, BinaryIO
 
 TMP_INFIX = ".tmp-"  # anything being written carries this in its name: never a committed object
 MAX_JSON_BYTES = 4 * 1024 * 1024  # hostile or runaway records are refused, not parsed
-MAX_INT = 2**63 - 1  # what an SQL INTEGER column holds; larger numbers are refused, not stored
+MAX_INT = 2**63 - 1  # what SQLite's INTEGER holds; larger numbers are refused, not stored
+MAX_DB_INT = 2**31 - 1  # what an INTEGER column holds on every SQL DB (PostgreSQL's is 32-bit)
 
 
 class BadRecord(ValueError):

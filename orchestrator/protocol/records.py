@@ -15,7 +15,14 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from orchestrator.protocol.durable import atomic_write_json, finite_number, fsync_dir, is_int, read_json_bounded
+from orchestrator.protocol.durable import (
+    MAX_DB_INT,
+    atomic_write_json,
+    finite_number,
+    fsync_dir,
+    is_int,
+    read_json_bounded,
+)
 from orchestrator.protocol.layout import (
     ATTEMPTS_DIR,
     CHECKPOINTS_DIR,
@@ -69,12 +76,13 @@ def _read_failure_at(path: Path) -> dict | None:
         return None
     if not isinstance(r, dict) or r.get("class") not in FAILURE_CLASSES:
         return None
-    # A step outside [0, 2**63) would overflow attempts.failure_step (SQLite INTEGER) and crash every
-    # reconciler pass (tests/reliability, R4: {"step": 10**30}); a negative one made the NaN rollback
-    # quarantine every checkpoint.
-    if r.get("step") is not None and not is_int(r.get("step"), 0):
+    # A step outside [0, 2**31) would overflow attempts.failure_step (INTEGER: 64-bit on SQLite, 32-bit
+    # on PostgreSQL) and crash every reconciler pass (tests/reliability, R4: {"step": 10**30}); a
+    # negative one made the NaN rollback quarantine every checkpoint.
+    if r.get("step") is not None and not is_int(r.get("step"), 0, MAX_DB_INT):
         r["step"] = None
-    r["detail"] = str(r.get("detail", ""))[:2000]
+    # PostgreSQL refuses a NUL in text (SQLite stores it): one report with "\u0000" failed every pass.
+    r["detail"] = str(r.get("detail", ""))[:2000].replace("\x00", "\\x00")
     return r
 
 

@@ -7,11 +7,13 @@ pytest swaps the module named ``conftest`` between them, so ``from conftest impo
 from __future__ import annotations
 
 import json
+import os
 import sqlite3
 import time
 from pathlib import Path
 
 import orchkit
+import pgkit
 
 from orchestrator import protocol
 
@@ -38,6 +40,10 @@ tree_hash = orchkit.tree_hash
 
 
 def db_rows(home: Path, sql: str, *params) -> list[tuple]:  # noqa: ANN002
+    """Rows of the DB the test's orch uses: ORCH_HOME's SQLite file, or the PostgreSQL database that
+    the ``postgres`` variant put in ORCH_DB_URL (tests/conftest.py)."""
+    if url := os.environ.get("ORCH_DB_URL"):
+        return pgkit.rows(url, sql, params)
     with sqlite3.connect(home / "orch.db") as c:
         return c.execute(sql, params).fetchall()
 

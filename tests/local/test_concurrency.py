@@ -1,5 +1,5 @@
 """8 concurrent orch processes (cron reconcilers and users' `requeue --failed`) over 200 failed jobs:
-exactly one new attempt per job, no "database is locked", no tracebacks.
+exactly one new attempt per job, no "database is locked", no tracebacks — on SQLite and on PostgreSQL.
 
 The 200 retryable_failed jobs are made in-process with an instant fake backend (the only fake, at
 the backend boundary); everything after that is the real CLI on the real local backend.
@@ -23,6 +23,8 @@ from orchestrator.config import load_config
 from orchestrator.db import Database
 from orchestrator.reconcile import reconcile_pass
 from orchestrator.submit import SubmitRequest, submit
+
+pytestmark = pytest.mark.each_db
 
 N_JOBS = 200
 # Attempt 1 was the fake's; every real run appends a line and succeeds, so a job that is launched
@@ -50,8 +52,7 @@ class InstantExit1(Backend):
 
 
 def _make_failed_jobs(home: Path, n: int, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv("ORCH_HOME", str(home))
-    monkeypatch.delenv("ORCH_DB_URL", raising=False)
+    monkeypatch.setenv("ORCH_HOME", str(home))  # and ORCH_DB_URL as the orch fixture set it
     cfg = load_config()
     db = Database(cfg)
     fake = InstantExit1()

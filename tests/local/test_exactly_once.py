@@ -2,7 +2,7 @@
 
 testhooks.site(site) with ORCH_FAULT=site makes the process die with exit 99 at the named site, as a kill -9 would:
 ``after_attempt_row`` (the attempt row and command.json exist, the backend was never called) and
-``after_backend_submit`` (the job is running, the DB does not know its id).
+``after_backend_submit`` (the job is running, the DB does not know its id). On SQLite and on PostgreSQL.
 """
 
 from __future__ import annotations
@@ -14,6 +14,8 @@ import pytest
 from localkit import DONE, db_rows
 
 from orchestrator import protocol
+
+pytestmark = pytest.mark.each_db
 
 # Each run appends one line with its attempt and pid, sleeps a little (so a duplicate launch would
 # overlap the first one), then writes its result.

@@ -143,3 +143,13 @@ def test_bad_sweep_arguments_are_refused_before_anything_is_written(orch):
     assert orch("submit", "--name", "taken.0000", "--", "true").returncode == 0
     p = orch("sweep", "--name", "taken", "--grid", "i=1", "--", "true")
     assert p.returncode == 3 and "already exist" in p.stderr, p.stderr
+
+
+def test_a_job_cannot_take_a_sweeps_name(orch):
+    # Sweep and job names share one namespace: `orch submit` used to check only the jobs table.
+    assert orch("sweep", "--name", "grid", "--grid", "x=1", "--", "true", "{x}").returncode == 0
+    p = orch("submit", "--name", "grid", "--", "true")
+    assert (p.returncode, p.stdout) == (3, "")
+    assert p.stderr == "orch: refused: 'grid' already exists (a job or a sweep); use `orch requeue grid`\n"
+    assert not (orch.runs / "grid").exists()
+    assert [j["name"] for j in orch.json("status", "--tasks")] == ["grid.0000"]

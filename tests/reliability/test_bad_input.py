@@ -47,10 +47,13 @@ ERROR_LINE = re.compile(r"^(Error: |orch: )")
 
 
 @contextmanager
-def home_env(home: Path) -> Iterator[Path]:
+def home_env(home: Path, db_url: str | None = None) -> Iterator[Path]:
     old = {k: os.environ.get(k) for k in ("ORCH_HOME", "ORCH_DB_URL")}
     os.environ["ORCH_HOME"] = str(home)
-    os.environ.pop("ORCH_DB_URL", None)
+    if db_url:
+        os.environ["ORCH_DB_URL"] = db_url
+    else:
+        os.environ.pop("ORCH_DB_URL", None)
     try:
         yield home
     finally:
@@ -493,6 +496,8 @@ class ExitedBackend(Backend):
 
 HOSTILE_FAILURES = {
     "huge step": b'{"class": "nan", "step": 1000000000000000000000000000000, "detail": "x"}',
+    "step over 2**31": b'{"class": "nan", "step": 3000000000, "detail": "x"}',  # PostgreSQL's INTEGER is 32-bit
+    "NUL in detail": b'{"class": "crash", "step": 1, "detail": "a\\u0000b"}',  # PostgreSQL text refuses NUL
     "negative step": b'{"class": "nan", "step": -5, "detail": "x"}',
     "step as string": b'{"class": "oom", "step": "12", "detail": "x"}',
     "unknown class": b'{"class": "rm -rf", "step": 1}',
@@ -505,10 +510,12 @@ HOSTILE_FAILURES = {
 }
 
 
+@pytest.mark.each_db
 @pytest.mark.parametrize("case", list(HOSTILE_FAILURES))
 def test_reconcile_survives_a_hostile_failure_json(tmp_path: Path, case: str, clean_env: None,
-                                                   monkeypatch: pytest.MonkeyPatch) -> None:
-    """One job's report must never crash the pass (and with it every other job's reconciliation)."""
+                                                   monkeypatch: pytest.MonkeyPatch, db_url: str | None) -> None:
+    """One job's report must never crash the pass (and with it every other job's reconciliation), on
+    SQLite or PostgreSQL (each refuses other values: a 64-bit step, a NUL in text)."""
     import orchkit
 
     from orchestrator.reconcile import reconcile_pass
@@ -529,7 +536,7 @@ def test_reconcile_survives_a_hostile_failure_json(tmp_path: Path, case: str, cl
     assert set(changed) == {"hostile", "bystander"}, rep.as_dict()
     assert changed["bystander"]["to"] == "retryable_failed"
     assert changed["hostile"]["class"] in protocol.FAILURE_CLASSES
-    with home_env(cfg.home):
+    with home_env(cfg.home, db_url):
         res = invoke("show", "hostile", "--json")
     assert res.exit_code == 0, res.output
     a = json.loads(res.stdout)["attempts"][0]

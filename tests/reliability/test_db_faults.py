@@ -2,7 +2,7 @@
 
 - Upgrade from EVERY Alembic revision (walked from the script directory, so a new migration is
   covered without touching this file) to head, on a DB populated at that revision: rows survive, the
-  schema matches the models, and read commands work on the result.
+  schema matches the models, and read commands work on the result (SQLite and PostgreSQL).
 - A DB locked by another writer for longer than ``[reconcile] busy_timeout_ms``: a clear one-line
   error (exit 1, "locked"), no traceback, nothing half-done; the next pass works. Readers are not
   blocked (WAL).
@@ -141,13 +141,15 @@ def _populate(url: str, rows: int = 3) -> dict[str, int]:
     return counts
 
 
+@pytest.mark.each_db
 @pytest.mark.parametrize("rev", _revisions(), ids=lambda r: f"from-{r or 'empty'}")
 def test_upgrade_from_every_revision_to_head_keeps_the_rows(tmp_path: Path, rev: str | None,
-                                                            clean_env: None) -> None:
+                                                            clean_env: None, db_url: str | None) -> None:
     from alembic import command
 
     home = tmp_path / "home"
-    cfg = load_config(home)
+    cfg = load_config(home)  # SQLite in home, or the postgres variant's ORCH_DB_URL (set after clean_env)
+    assert cfg.db_url == (db_url or f"sqlite:///{home / 'orch.db'}")
     home.mkdir()
     counts: dict[str, int] = {}
     if rev is not None:

@@ -1,4 +1,5 @@
-"""Unit-test fixtures: an in-process Config + Database on a private ORCH_HOME (real SQLite file)."""
+"""Unit-test fixtures: an in-process Config + Database on a private ORCH_HOME (real SQLite file, or a real
+PostgreSQL database for tests marked ``each_db``)."""
 
 from __future__ import annotations
 
@@ -11,8 +12,9 @@ from orchestrator.db import Database
 
 
 @pytest.fixture
-def cfg(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Config:
-    for k in ("ORCH_DB_URL", "ORCH_HOME", "ORCH_FAULT", "ORCH_LAUNCH_GRACE_S"):
+def cfg(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, db_url: str | None) -> Config:
+    """SQLite in ORCH_HOME; in a ``postgres`` variant (``each_db``), ORCH_DB_URL as the db_url fixture set it."""
+    for k in ("ORCH_HOME", "ORCH_FAULT", "ORCH_LAUNCH_GRACE_S"):
         monkeypatch.delenv(k, raising=False)
     return load_config(tmp_path / "orch-home")
 
