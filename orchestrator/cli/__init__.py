@@ -99,5 +99,9 @@ def main() -> None:
 # The commands register themselves on ``main`` when imported.
 from orchestrator.cli import manage, read, submit_cmd, sweep_cmd  # noqa: E402,F401
 
+# isort: split
+# orch metrics (Prometheus textfile export)
+from orchestrator.cli import metrics_cmd  # noqa: E402,F401
+
 if __name__ == "__main__":
     main()
