@@ -67,6 +67,13 @@ def orch_home() -> Path:
         raise UsageError(f"ORCH_HOME {raw!r}: {e}") from None
 
 
+def sqlite_path(url: str) -> Path | None:
+    """The file of a ``sqlite:///`` URL; None for another database or an in-memory one."""
+    if url.startswith("sqlite:///") and ":memory:" not in url:
+        return Path(url[len("sqlite:///"):])
+    return None
+
+
 ENV_METRICS_DIR = "ORCH_METRICS_TEXTFILE_DIR"  # overrides [metrics] textfile_dir ("" turns it off)
 
 

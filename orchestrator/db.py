@@ -21,16 +21,11 @@ from sqlalchemy.exc import DatabaseError, OperationalError
 from sqlalchemy.orm import Session, sessionmaker
 
 from orchestrator.config import Config
+from orchestrator.config import sqlite_path as _sqlite_path
 from orchestrator.errors import DatabaseProblem, Refused, UsageError
 
 SCHEMA_HEAD = "0004"  # a test checks this equals Alembic's head revision
 MIGRATIONS = Path(__file__).resolve().parent / "migrations"
-
-
-def _sqlite_path(url: str) -> Path | None:
-    if url.startswith("sqlite:///") and ":memory:" not in url:
-        return Path(url[len("sqlite:///"):])
-    return None
 
 
 def prepare_home(cfg: Config) -> None:
