@@ -3,16 +3,20 @@ equals what the DB holds, after real local jobs reached several states; written 
 
 from __future__ import annotations
 
+import json
 import os
+import signal
 import stat
 import sys
+import time
 from datetime import UTC, datetime
 from pathlib import Path
 
 import pytest
-from localkit import db_rows, wait_for_file
+from localkit import db_rows, wait_for_file, wrapper_record
 from prometheus_client.parser import text_string_to_metric_families
 
+from orchestrator import protocol
 from orchestrator.lifecycle import JobState
 from orchestrator.protocol import FAILURE_CLASSES
 
@@ -215,3 +219,27 @@ def test_scheduler_query_failures_of_the_last_pass_and_in_total(orch, tmp_path):
     assert value(m, "orch_reconcile_last_pass_scheduler_query_failures") == 0
     assert value(m, "orch_scheduler_query_failures", "orch_scheduler_query_failures_total") == 2
     assert orch.state("s") == "running"
+
+
+def test_steps_redone_after_a_real_trainer_preemption(orch):
+    """The bundled trainer, SIGTERMed mid-run (os.kill, as a scheduler's preemption), resumes as attempt
+    2: the metric equals the first attempt's last reported step minus the step run_config.json says
+    attempt 2 resumed from (the trainer's own record, which the metric does not read)."""
+    orch("submit", "--name", "tr", "--", sys.executable, "-m", "trainer", "--preset", "tiny", "--max-steps", "400",
+         "--save-interval", "50", "--heartbeat-interval", "0.1", check=True)
+    run = orch.runs / "tr"
+    deadline = time.time() + 120
+    while (protocol.read_progress(run, 1) or {}).get("step", 0) < 60:
+        assert time.time() < deadline, "the trainer made no progress"
+        time.sleep(0.2)
+    os.kill(wrapper_record(run)["child_pid"], signal.SIGTERM)
+    assert orch.wait("tr", {"done_marker_verified"}, timeout=300) == "done_marker_verified"
+    a1 = orch.show("tr")["attempts"][0]
+    assert a1["failure_class"] == "preempted"
+    reached = max(a1["failure_step"], protocol.read_progress(run, 1)["step"])
+    resumed = json.loads((run / "run_config.json").read_text())["resumed_from_step"]
+    assert json.loads((run / "run_config.json").read_text())["attempt"] == 2 and resumed > 0
+    m = scrape_stdout(orch("metrics", check=True).stdout)
+    assert value(m, "orch_preemption_steps_redone", "orch_preemption_steps_redone_count") == 1
+    assert value(m, "orch_preemption_steps_redone", "orch_preemption_steps_redone_sum") == reached - resumed
+    assert value(m, "orch_preemptions_unmeasured") == 0
