@@ -23,6 +23,7 @@ from sqlalchemy.orm import Session, aliased
 from orchestrator import protocol
 from orchestrator.config import Config
 from orchestrator.db import Database
+from orchestrator.errors import OrchError
 from orchestrator.lifecycle import JobState, utcnow
 from orchestrator.models import Attempt, Job, PassStats
 from orchestrator.observe import PassReport
@@ -176,3 +177,5 @@ def export_after_pass(db: Database, cfg: Config, rep: PassReport) -> None:
     except OSError as e:
         rep.errors.append(f"metrics: cannot write {cfg.metrics_textfile_dir / TEXTFILE_NAME}: "
                           f"{e.strerror or e}")
+    except OrchError as e:  # e.g. the DB locked past the busy timeout: the next pass writes it
+        rep.errors.append(f"metrics: not written: {e}")
