@@ -37,8 +37,8 @@ def status(state: str | None, tasks: bool, as_json: bool) -> None:
             ("JOB ID", "external_id"), ("STEP", "step"), ("CLASS", "failure_class"), ("FLAGS", "flags")]
     table = [[h for h, _ in cols]] + [[_cell(r.get(k)) for _, k in cols] for r in rows]
     widths = [max(len(row[i]) for row in table) for i in range(len(cols))]
-    for row in table:
-        click.echo("  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)).rstrip())
+    # one write: click.echo per row cost ~20 ms for 1,000 jobs (it checks the stream on every call)
+    click.echo("\n".join("  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)).rstrip() for row in table))
 
 
 def _status_slow_path(state: str | None) -> list[dict[str, Any]]:
