@@ -87,8 +87,8 @@ if pid == 0:
     finally:
         os._exit(127)
 _, status, ru = os.wait4(pid, 0)
-sys.stderr.write("\n@@child %d %d %.6f\n" % (os.waitstatus_to_exitcode(status), ru.ru_maxrss,
-                                               time.perf_counter() - t0))
+sys.stderr.write("\n@@child %d %d %.6f %.6f\n" % (os.waitstatus_to_exitcode(status), ru.ru_maxrss,
+                                                   time.perf_counter() - t0, ru.ru_utime + ru.ru_stime))
 """
 
 
@@ -100,11 +100,19 @@ def child_run(argv: list[str], env: dict[str, str] | None = None, cwd: str | Non
     child's RSS high-water mark across fork and exec, so a child forked straight from this (large)
     bench process would report at least this process's RSS.
     """
+    rc, wall, maxrss, _cpu, out, err = child_run_cpu(argv, env, cwd, timeout)
+    return rc, wall, maxrss, out, err
+
+
+def child_run_cpu(argv: list[str], env: dict[str, str] | None = None, cwd: str | None = None,
+                  timeout: float = 600) -> tuple[int, float, int, float, str, str]:
+    """``child_run`` plus the child's CPU seconds (user + system, from ``wait4``): on a shared,
+    busy machine the wall time waits for a core, the CPU time much less."""
     p = subprocess.run([sys.executable, "-S", "-c", _LAUNCHER, *argv], capture_output=True, text=True,
                        env=env, cwd=cwd, timeout=timeout)
     err, _, tail = p.stderr.rpartition("\n@@child ")
-    rc, maxrss, wall = tail.split()
-    return int(rc), float(wall), int(maxrss), p.stdout, err
+    rc, maxrss, wall, cpu = tail.split()
+    return int(rc), float(wall), int(maxrss), float(cpu), p.stdout, err
 
 
 def table(headers: Sequence[str], rows: Sequence[Sequence[object]]) -> str:

@@ -51,6 +51,8 @@ class Config:
     spot_notice: str = "off"  # whose spot interruption notices job wrappers watch (submit --spot-notice)
     spot_url: str | None = None  # the metadata service's base URL; None: the clouds' 169.254.169.254
     spot_interval_s: float = 5.0
+    # node_exporter's textfile-collector dir: every reconcile pass rewrites <dir>/orch.prom there
+    metrics_textfile_dir: Path | None = None
 
     @property
     def umask(self) -> int:
@@ -68,6 +70,16 @@ def orch_home() -> Path:
         raise UsageError(f"ORCH_HOME {raw!r}: {e}") from None
 
 
+def sqlite_path(url: str) -> Path | None:
+    """The file of a ``sqlite:///`` URL; None for another database or an in-memory one."""
+    if url.startswith("sqlite:///") and ":memory:" not in url:
+        return Path(url[len("sqlite:///"):])
+    return None
+
+
+ENV_METRICS_DIR = "ORCH_METRICS_TEXTFILE_DIR"  # overrides [metrics] textfile_dir ("" turns it off)
+
+
 def _get(tbl: dict, key: str, typ: type | tuple[type, ...], path: str) -> Any:
     v = tbl[key]
     if not isinstance(v, typ) or isinstance(v, bool) and typ is not bool:
@@ -77,13 +89,34 @@ def _get(tbl: dict, key: str, typ: type | tuple[type, ...], path: str) -> Any:
 
 
 def load_config(home: Path | None = None) -> Config:
-    """Defaults, overlaid by ``$ORCH_HOME/orch.toml`` when it exists. Creates nothing."""
+    """Defaults, overlaid by ``$ORCH_HOME/orch.toml`` when it exists, then by the environment.
+    Creates nothing."""
     home = (home or orch_home()).absolute()
     cfg = Config(home=home, runs_root=home / "runs", trash=home / "trash",
                  db_url=os.environ.get("ORCH_DB_URL") or f"sqlite:///{home / 'orch.db'}")
     path = home / "orch.toml"
-    if not path.exists():
-        return cfg
+    if path.exists():
+        _overlay_file(cfg, path)
+    env_dir = os.environ.get(ENV_METRICS_DIR)
+    if env_dir is not None:
+        cfg.metrics_textfile_dir = _absolute_dir(env_dir, ENV_METRICS_DIR) if env_dir else None
+    return cfg
+
+
+def _absolute_dir(raw: str, what: str) -> Path:
+    """An absolute directory path from the user; a usage error naming ``what`` otherwise."""
+    if "\x00" in raw or not raw.isprintable():
+        raise UsageError(f"{what} {raw!r} contains control characters")
+    try:
+        p = Path(raw).expanduser()
+    except RuntimeError as e:  # "~nosuchuser/runs": no such user's home
+        raise UsageError(f"{what} {raw!r}: {e}") from None
+    if not p.is_absolute():
+        raise UsageError(f"{what} must be an absolute path, got {str(p)!r}")
+    return p
+
+
+def _overlay_file(cfg: Config, path: Path) -> None:
     try:
         data = tomllib.loads(path.read_text())
     except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError, ValueError) as e:
@@ -92,16 +125,7 @@ def load_config(home: Path | None = None) -> Config:
     if not isinstance(runs, dict):
         raise UsageError(f"{path}: [runs] must be a table")
     if "root" in runs:
-        raw = _get(runs, "root", str, "runs.")
-        if "\x00" in raw or not raw.isprintable():
-            raise UsageError(f"{path}: runs.root {raw!r} contains control characters")
-        try:
-            root = Path(raw).expanduser()
-        except RuntimeError as e:  # "~nosuchuser/runs": no such user's home
-            raise UsageError(f"{path}: runs.root {raw!r}: {e}") from None
-        if not root.is_absolute():
-            raise UsageError(f"{path}: runs.root must be an absolute path, got {str(root)!r}")
-        cfg.runs_root = root
+        cfg.runs_root = _absolute_dir(_get(runs, "root", str, "runs."), f"{path}: runs.root")
     if "group_shared" in runs:
         cfg.group_shared = _get(runs, "group_shared", bool, "runs.")
     pol = data.get("policy", {})
@@ -142,6 +166,12 @@ def load_config(home: Path | None = None) -> Config:
             if not 0 <= v <= MAX_NUMBER:  # a negative lease TTL let overlapping passes both run; huge ones crashed
                 raise UsageError(f"{path}: reconcile.{key} must be a number 0..{MAX_NUMBER:g}, got {v!r}")
             setattr(cfg, key, v)
+    met = data.get("metrics", {})
+    if not isinstance(met, dict):
+        raise UsageError(f"{path}: [metrics] must be a table")
+    if "textfile_dir" in met:
+        cfg.metrics_textfile_dir = _absolute_dir(_get(met, "textfile_dir", str, "metrics."),
+                                                 f"{path}: metrics.textfile_dir")
     return cfg
 
 

@@ -23,19 +23,14 @@ from sqlalchemy.exc import ArgumentError, DatabaseError, NoSuchModuleError, Oper
 from sqlalchemy.orm import Session, sessionmaker
 
 from orchestrator.config import Config
+from orchestrator.config import sqlite_path as _sqlite_path
 from orchestrator.errors import DatabaseProblem, Refused, UsageError
 
-SCHEMA_HEAD = "0003"  # a test checks this equals Alembic's head revision
+SCHEMA_HEAD = "0004"  # a test checks this equals Alembic's head revision
 MIGRATIONS = Path(__file__).resolve().parent / "migrations"
 # PostgreSQL advisory lock keys ("orch", "orcn"): schema upgrades of one DB; creators of job/sweep names.
 PG_MIGRATE_LOCK = 0x6F726368
 PG_NAMES_LOCK = 0x6F72636E
-
-
-def _sqlite_path(url: str) -> Path | None:
-    if url.startswith("sqlite:///") and ":memory:" not in url:
-        return Path(url[len("sqlite:///"):])
-    return None
 
 
 def prepare_home(cfg: Config) -> None:

@@ -19,10 +19,9 @@ from collections.abc import Mapping
 from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
-from sqlalchemy import update
-
 from orchestrator.errors import IllegalTransition
 
+# SQLAlchemy is imported inside the movers: `orch status`'s fast path reads the enums without it.
 if TYPE_CHECKING:  # the models import this module's enums for their typed columns
     from sqlalchemy.orm import Session
 
@@ -168,6 +167,8 @@ def move_job(s: Session, job: Job, dst: JobState, reason: str = "") -> None:
     src = JobState(job.state)
     if not can_transition(src, dst):
         raise IllegalTransition(f"job {job.name}: {src.value} -> {dst.value} is not allowed")
+    from sqlalchemy import update
+
     from orchestrator.models import Event
 
     now = utcnow()
@@ -193,6 +194,8 @@ def move_attempt(s: Session, attempt: Attempt, dst: AttemptState, *, expect: Att
         raise IllegalTransition(f"attempt {attempt.n}: {src.value} -> {dst.value} is not allowed")
     if dst in ATTEMPT_ENDED and "ended_at" not in values:
         values["ended_at"] = utcnow()
+    from sqlalchemy import update
+
     model = type(attempt)
     stmt = update(model).where(model.id == attempt.id, model.state == src)
     if where is not None:
@@ -211,6 +214,8 @@ def set_attempt_fields(s: Session, attempt: Attempt, expect: AttemptState, **val
     For facts learnt about an attempt in its current state (Slurm restarts, the id of a launch that
     a cancel overtook). Returns False, writing nothing, if the attempt moved on meanwhile.
     """
+    from sqlalchemy import update
+
     model = type(attempt)
     res = s.execute(update(model).where(model.id == attempt.id, model.state == expect)
                     .values(**values).execution_options(synchronize_session=False))

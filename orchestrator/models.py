@@ -12,7 +12,7 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import Enum, ForeignKey, Index, MetaData, String, Text, UniqueConstraint, false
+from sqlalchemy import Enum, Float, ForeignKey, Index, MetaData, String, Text, UniqueConstraint, false
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column, relationship
 
 from orchestrator.lifecycle import AttemptState, JobState, utcnow
@@ -27,7 +27,7 @@ NAMING = {
     "pk": "pk_%(table_name)s",
 }
 
-__all__ = ["Base", "Environment", "Sweep", "Job", "Attempt", "Event", "Lease", "utcnow"]
+__all__ = ["Base", "Environment", "Sweep", "Job", "Attempt", "Event", "Lease", "PassStats", "utcnow"]
 
 
 def _enum(cls: type, length: int) -> Enum:
@@ -165,3 +165,22 @@ class Lease(Base):
     name: Mapped[str] = mapped_column(String(64), primary_key=True)
     holder: Mapped[str] = mapped_column(String(128))
     expires_at: Mapped[datetime]
+
+
+class PassStats(Base):
+    """What the last reconciler pass measured, for ``orch metrics`` (one row per kind of pass).
+
+    Written in the pass's lease-release transaction (no extra write transaction per pass); the
+    ``*_total`` columns only grow, so they can be exposed as Prometheus counters.
+    """
+
+    __tablename__ = "pass_stats"
+
+    name: Mapped[str] = mapped_column(String(64), primary_key=True)
+    finished_at: Mapped[datetime]
+    duration_s: Mapped[float] = mapped_column(Float)
+    polled: Mapped[int] = mapped_column(default=0)
+    errors: Mapped[int] = mapped_column(default=0)
+    query_failures: Mapped[int] = mapped_column(default=0)  # scheduler queries of the last pass that failed
+    passes_total: Mapped[int] = mapped_column(default=0)
+    query_failures_total: Mapped[int] = mapped_column(default=0)

@@ -57,6 +57,8 @@ class PassReport:
     requeued: list[str] = field(default_factory=list)
     unknown: int = 0
     errors: list[str] = field(default_factory=list)
+    query_failures: int = 0  # scheduler queries (poll, find by token) that could not be answered
+    duration_s: float = 0.0
 
     def as_dict(self) -> dict[str, Any]:
         return self.__dict__.copy()
@@ -107,6 +109,7 @@ def observe(db: Database, cfg: Config, backend: Callable[[str], Backend], rows: 
             outcomes = backend(name).poll([r.ref for r in items])
         except Exception as e:  # noqa: BLE001 - the scheduler could not be asked: nothing changes
             rep.errors.append(f"{name} poll failed: {str(e)[:200]}")
+            rep.query_failures += 1
             outcomes = {}
         rep.backend_calls += 1
         rep.polled += len(items)

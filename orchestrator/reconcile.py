@@ -2,7 +2,9 @@
 
 A pass: take the lease (a second overlapping pass exits quietly), settle launches a crash left in
 doubt (by token), poll every open attempt with ONE backend call per backend and apply what it says
-(``observe``), and requeue what the policy requeues by itself.
+(``observe``), and requeue what the policy requeues by itself. Releasing the lease also stores the
+pass's duration and failed scheduler queries (``pass_stats``); with ``[metrics] textfile_dir`` set,
+the pass then rewrites node_exporter's ``orch.prom`` (``orchestrator.metrics``).
 
 A pass reads only open attempts (an index on attempts.state), so its cost does not grow with
 history. Every state a job can enter has a way out that a pass takes by itself: a ``pending``
@@ -14,6 +16,7 @@ from __future__ import annotations
 
 import os
 import socket
+import time
 from collections.abc import Callable
 from datetime import timedelta
 from pathlib import Path
@@ -28,6 +31,7 @@ from orchestrator.db import Database
 from orchestrator.errors import DatabaseProblem, IllegalTransition, OrchError
 from orchestrator.launch import launch, launch_grace_s, launch_group, record_submitted
 from orchestrator.lifecycle import AttemptState, JobState, move_attempt, set_attempt_fields, utcnow
+from orchestrator.metrics import export_after_pass, record_pass
 from orchestrator.models import Attempt, Job, Lease, Sweep
 from orchestrator.observe import PassReport, observe, polled_rows
 from orchestrator.requeue import RequeueTarget, requeue
@@ -62,9 +66,12 @@ def acquire_lease(db: Database, cfg: Config, holder: str) -> bool:
     return True
 
 
-def release_lease(db: Database, holder: str) -> None:
+def release_lease(db: Database, holder: str, rep: PassReport | None = None) -> None:
+    """Free the lease; with ``rep``, store the pass's stats for ``orch metrics`` in the same transaction."""
     with db.write() as s:
         s.execute(update(Lease).where(Lease.name == LEASE, Lease.holder == holder).values(expires_at=utcnow()))
+        if rep is not None:
+            record_pass(s, rep)
 
 
 def reconcile_pass(db: Database, cfg: Config,
@@ -73,15 +80,16 @@ def reconcile_pass(db: Database, cfg: Config,
     holder = holder_id()
     if not acquire_lease(db, cfg, holder):
         return PassReport(ran=False)
+    t0 = time.monotonic()
     rep = PassReport()
+    backends: dict[str, Backend] = {}
+
+    def backend(name: str) -> Backend:
+        if name not in backends:
+            backends[name] = backend_for(name)
+        return backends[name]
+
     try:
-        backends: dict[str, Backend] = {}
-
-        def backend(name: str) -> Backend:
-            if name not in backends:
-                backends[name] = backend_for(name)
-            return backends[name]
-
         _settle_launches(db, cfg, backend, rep)
         observe(db, cfg, backend, polled_rows(db), rep)
         _launch_queued_tasks(db, cfg, backend, rep)  # after observe: slots this pass freed are used now
@@ -91,10 +99,13 @@ def reconcile_pass(db: Database, cfg: Config,
             elif r.outcome == "error":
                 rep.errors.append(f"{r.name}: {r.reason}")
     finally:
+        rep.query_failures += sum(getattr(b, "query_failures", 0) for b in backends.values())
+        rep.duration_s = time.monotonic() - t0
         try:
-            release_lease(db, holder)
+            release_lease(db, holder, rep)
         except OrchError as e:  # e.g. still locked: the lease expires after lease_ttl_s instead
             rep.errors.append(f"lease not released: {e}")
+    export_after_pass(db, cfg, rep)
     return rep
 
 
@@ -132,6 +143,7 @@ def _settle_launches(db: Database, cfg: Config, backend: Callable[[str], Backend
             found = b.find_by_token([AttemptRef(None, key, Path(r.run_dir), r.n) for key, r in lookup.items()])
         except BackendError as e:
             rep.errors.append(f"{backend_name}: {e}")
+            rep.query_failures += 1
             continue
         relaunch: dict[int | None, list[str]] = {}
         for r in rows:

@@ -6,58 +6,27 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from sqlalchemy import func, select
+from sqlalchemy import select
 
 from orchestrator import protocol
 from orchestrator.config import Config
 from orchestrator.db import Database
 from orchestrator.jobs import attempt_ref, attempt_view, get_job
 from orchestrator.lifecycle import ATTEMPT_LIVE, AttemptState, JobState
-from orchestrator.models import Attempt, Job, Sweep
+from orchestrator.models import Attempt, Job
+from orchestrator.statusview import group_by_sweep, make_row, status_select
 
-SLOW_MIN_SAMPLES = 5
+__all__ = ["status_rows", "group_by_sweep", "show_job", "show_sweep", "log_paths"]
 
 
 def status_rows(db: Database, cfg: Config, state: str | None = None) -> list[dict[str, Any]]:
-    """One row per job with its latest attempt; one query, plus heartbeats of running jobs only."""
-    latest = (select(Attempt.job_id, func.max(Attempt.n).label("n"), func.count().label("count"))
-              .group_by(Attempt.job_id).subquery())
-    q = (select(Job.name, Job.state, Job.backend, Job.run_dir, latest.c.count, Attempt.external_id,
-                Attempt.failure_class, Attempt.n, Attempt.restarts, Sweep.name.label("sweep"), Job.task_index)
-         .outerjoin(latest, latest.c.job_id == Job.id)
-         .outerjoin(Attempt, (Attempt.job_id == Job.id) & (Attempt.n == latest.c.n))
-         .outerjoin(Sweep, Sweep.id == Job.sweep_id)
-         .order_by(Job.id))
-    if state:
-        q = q.where(Job.state == state)
-    rows = []
+    """One row per job with its latest attempt; one query, plus heartbeats of running jobs only.
+
+    Any database, through SQLAlchemy; ``orch status`` on SQLite usually takes
+    ``statusview.fast_status_rows`` instead (same query, same rows, no SQLAlchemy import).
+    """
     with db.read() as s:
-        for r in s.execute(q):
-            row = {"name": r.name, "state": r.state.value, "attempts": r.count or 0, "run_dir": r.run_dir,
-                   "backend": r.backend, "external_id": r.external_id,
-                   "failure_class": r.failure_class.value if r.failure_class else None,
-                   "restarts": r.restarts or 0, "step": None, "flags": [], "sweep": r.sweep, "task": r.task_index}
-            if r.state is JobState.RUNNING and r.n:
-                _progress_flags(cfg, Path(r.run_dir), r.n, row)
-            rows.append(row)
-    return rows
-
-
-def _progress_flags(cfg: Config, run_dir: Path, n: int, row: dict[str, Any]) -> None:
-    import time
-
-    p = protocol.read_progress(run_dir, n)
-    if not p:
-        return
-    row["step"] = p.get("step")
-    row["tokens_per_s"] = p.get("tokens_per_s")
-    t = p.get("time")  # read_progress type- and range-checks every field it returns
-    if t is not None and time.time() - t > cfg.hang_timeout_s:
-        row["flags"].append("hang")
-    tps, med = p.get("tokens_per_s_recent"), p.get("tokens_per_s_median")
-    if (tps is not None and med is not None and med > 0
-            and p.get("samples", SLOW_MIN_SAMPLES) >= SLOW_MIN_SAMPLES and tps < cfg.slow_factor * med):
-        row["flags"].append("slow")
+        return [make_row(r._mapping, cfg) for r in s.execute(status_select(state))]
 
 
 def show_job(db: Database, name: str) -> dict[str, Any]:
@@ -117,29 +86,6 @@ def log_paths(db: Database, name: str, n: int | None) -> tuple[list[Path], Calla
         return out is None or out.phase in (Phase.PENDING, Phase.RUNNING, Phase.UNKNOWN)
 
     return [d / protocol.STDOUT_LOG, d / protocol.STDERR_LOG], live
-
-
-def group_by_sweep(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """``orch status``'s table: one row per plain job, one per sweep (its tasks' states counted)."""
-    out: list[dict[str, Any]] = []
-    sweeps: dict[str, dict[str, Any]] = {}
-    for r in rows:
-        if not r.get("sweep"):
-            out.append(r)
-            continue
-        g = sweeps.get(r["sweep"])
-        if g is None:
-            g = sweeps[r["sweep"]] = {"name": r["sweep"], "state": "", "attempts": 0, "backend": r["backend"],
-                                      "external_id": None, "step": None, "failure_class": None, "flags": [],
-                                      "counts": {}, "tasks": 0}
-            out.append(g)
-        g["tasks"] += 1
-        g["attempts"] += r["attempts"]
-        g["counts"][r["state"]] = g["counts"].get(r["state"], 0) + 1
-        g["flags"] = sorted(set(g["flags"]) | set(r["flags"]))
-    for g in sweeps.values():
-        g["state"] = f"sweep of {g['tasks']}: " + ", ".join(f"{n} {st}" for st, n in sorted(g["counts"].items()))
-    return out
 
 
 def show_sweep(db: Database, name: str) -> dict[str, Any] | None:

@@ -78,7 +78,8 @@ def finish(args: argparse.Namespace, attempt: Attempt, ckpts: CheckpointManager,
         raise attempt.fail(cls, trained.step, f"writing result/ failed: {e!r}; done.json not written",
                            bytes_free=shutil.disk_usage(attempt.run_dir).free) from None
     heartbeat.post(**progress_fields(args, step=trained.step, last_loss=trained.last_loss, tok_s=trained.tok_s,
-                                     tokens_per_step=args.batch_size * PRESETS[args.preset].block_size))
+                                     tokens_per_step=args.batch_size * PRESETS[args.preset].block_size,
+                                     resumed_from=loaded.start_step))
     log(f"finished {trained.step} steps; eval loss {eval_loss:.4f}; done.json written")
     return protocol.EXIT_OK
 

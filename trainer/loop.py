@@ -344,4 +344,4 @@ class TrainLoop:
             self._tok_s = tok_s
         self.heartbeat.post(**progress_fields(self.args, step=self.step, last_loss=self._last_loss,
                                               tok_s=self._tok_s, tokens_per_step=self.tokens_per_step,
-                                              saving=saving))
+                                              saving=saving, resumed_from=self.start_step))

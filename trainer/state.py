@@ -65,10 +65,12 @@ def state_files(model: torch.nn.Module, optimizer: torch.optim.Optimizer,
 
 
 def progress_fields(args: argparse.Namespace, *, step: int, last_loss: float, tok_s: float | None,
-                    tokens_per_step: int, saving: int | None = None) -> dict[str, Any]:
-    """What ``attempts/<n>/progress.json`` says: the last completed step and how fast the run goes."""
+                    tokens_per_step: int, resumed_from: int, saving: int | None = None) -> dict[str, Any]:
+    """What ``attempts/<n>/progress.json`` says: the last completed step, how fast the run goes, and
+    the step this attempt started from (``orch metrics`` counts the steps a preemption made it redo)."""
     fields = {"step": step, "loss": last_loss if math.isfinite(last_loss) else None,
-              "tokens_per_s": tok_s, "max_steps": args.max_steps, "tokens_per_step": tokens_per_step}
+              "tokens_per_s": tok_s, "max_steps": args.max_steps, "tokens_per_step": tokens_per_step,
+              "resumed_from": resumed_from}
     if saving is not None:
         fields["saved_step"] = saving
     return fields

@@ -139,6 +139,9 @@ class SubmissionRefused(BackendError):
 
 class Backend(ABC):
     name: str = "?"
+    # Scheduler queries this instance made that failed or timed out, although the call itself
+    # answered (UNKNOWN outcomes): the reconciler adds them to its pass's count for `orch metrics`.
+    query_failures: int = 0
 
     @abstractmethod
     def submit(self, spec: SubmitSpec) -> str:

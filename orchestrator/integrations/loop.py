@@ -112,7 +112,8 @@ class OrchRun:
             yield step
             self.step = step
             if self.run.is_writer:
-                self.heartbeat.post(step=step, max_steps=max_steps, **self._fields)
+                self.heartbeat.post(step=step, max_steps=max_steps, resumed_from=self.resumed_from or 0,
+                                    **self._fields)
             if self.save_every and step % self.save_every == 0 and step < max_steps:
                 self._save(background=True)
 

@@ -91,14 +91,20 @@ def write_file_synced(path: Path, chunks: Iterable[bytes]) -> dict[str, Any]:
         raise
 
 
-def atomic_write(path: Path | str, data: bytes | str) -> None:
-    """Replace ``path`` with ``data`` atomically and durably (tmp, fsync, ``os.replace``, dir fsync)."""
+def atomic_write(path: Path | str, data: bytes | str, mode: int | None = None) -> None:
+    """Replace ``path`` with ``data`` atomically and durably (tmp, fsync, ``os.replace``, dir fsync).
+
+    ``mode``: the file's permissions, set before the rename (a file another user's process reads,
+    e.g. node_exporter's textfile collector, must not depend on the writer's umask).
+    """
     path = Path(path)
     if isinstance(data, str):
         data = data.encode()
     tmp = path.with_name(tmp_name(path.name))
     write_file_synced(tmp, [data])
     try:
+        if mode is not None:
+            os.chmod(tmp, mode)
         os.replace(tmp, path)
     except BaseException:
         with contextlib.suppress(OSError):

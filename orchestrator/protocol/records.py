@@ -143,7 +143,9 @@ def append_history(path: Path, record: Mapping[str, Any]) -> None:
 
 _PROGRESS_NUMBERS = ("loss", "tokens_per_s", "tokens_per_s_recent", "tokens_per_s_median", "time", "lr",
                      "eval_loss", "grad_norm")
-_PROGRESS_INTS = ("step", "max_steps", "saved_step", "samples", "tokens_per_step", "epoch")
+# resumed_from: the step this attempt started from (0 when fresh); `orch metrics` compares it with the
+# previous attempt's last step to count the steps a preemption made it redo.
+_PROGRESS_INTS = ("step", "max_steps", "saved_step", "samples", "tokens_per_step", "epoch", "resumed_from")
 
 
 def clean_progress(r: Any) -> dict | None:

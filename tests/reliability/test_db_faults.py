@@ -174,6 +174,14 @@ def test_upgrade_from_every_revision_to_head_keeps_the_rows(tmp_path: Path, rev:
     res = CliRunner().invoke(main, ["status", "--json"], prog_name="orch")
     assert res.exit_code == 0, res.output
     assert len(json.loads(res.stdout)) == counts.get("jobs", 0)
+    # `orch metrics` reads every table the upgrade kept (0004 added pass_stats beside them)
+    res = CliRunner().invoke(main, ["metrics"], prog_name="orch")
+    assert res.exit_code == 0, res.output
+    from prometheus_client.parser import text_string_to_metric_families
+
+    by_state = {s.labels["state"]: s.value for f in text_string_to_metric_families(res.stdout)
+                if f.name == "orch_jobs" for s in f.samples}
+    assert sum(by_state.values()) == counts.get("jobs", 0) and len(by_state) == 7
     if counts.get("jobs"):
         res = CliRunner().invoke(main, ["show", "name-0", "--json"], prog_name="orch")
         assert res.exit_code == 0 and json.loads(res.stdout)["name"] == "name-0", res.output

@@ -211,11 +211,13 @@ class SlurmBackend(Backend):
             p = _run(["squeue", "-h", "-r", "-t", "all", "-j", asked, "-o", slurm_states.SQUEUE_FORMAT],
                      self.query_timeout_s)
         except (OSError, subprocess.TimeoutExpired):
+            self.query_failures += 1
             return None
         if p.returncode != 0:
             # One id the controller forgot (MinJobAge passed) makes squeue fail with this message.
             if "Invalid job id" in p.stderr:
                 return {}
+            self.query_failures += 1
             return None
         return slurm_states.parse_squeue(p.stdout)
 
@@ -239,6 +241,7 @@ class SlurmBackend(Backend):
         except OSError as e:
             err = str(e)
         if err is not None:
+            self.query_failures += 1
             return {r.token: Outcome(Phase.UNKNOWN, reason=f"sacct failed: {err}") for r in by_id.values()}
         records = slurm_states.parse_sacct(p.stdout)
 

@@ -1,0 +1,31 @@
+"""``orch metrics``: the job table in Prometheus text format (stdout, or node_exporter's textfile dir)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import click
+
+from orchestrator.cli.app import _ctx, main
+
+
+@main.command()
+@click.option("--textfile", "textfile_dir", metavar="DIR",
+              type=click.Path(exists=True, file_okay=False, dir_okay=True, writable=True, path_type=Path),
+              help="Write DIR/orch.prom atomically (node_exporter's --collector.textfile.directory) "
+                   "instead of printing.")
+def metrics(textfile_dir: Path | None) -> None:
+    """Jobs by state, attempts by failure class, last success time, steps redone per preemption,
+    and the last reconcile pass's duration and scheduler query failures (Prometheus text format).
+
+    Set ``[metrics] textfile_dir`` in orch.toml (or ORCH_METRICS_TEXTFILE_DIR) to have every
+    reconcile pass rewrite the file.
+    """
+    from orchestrator.metrics import collect, render, write_textfile
+
+    _cfg, db = _ctx()
+    text = render(collect(db))
+    if textfile_dir is None:
+        click.echo(text, nl=False)
+        return
+    write_textfile(textfile_dir.absolute(), text)

@@ -1,0 +1,181 @@
+"""``orch metrics``: the job table in Prometheus text format, for node_exporter's textfile collector.
+
+Batch-job conventions (prometheus.io "instrumentation: batch jobs"): orch is not a server to
+scrape, so each reconcile pass (and ``orch metrics --textfile DIR``) rewrites ``DIR/orch.prom``
+atomically (tmp file in DIR, fsync, rename: node_exporter reads the old file or the new, never a
+prefix; it ignores the tmp name, which does not end in ``.prom``). Every value is recomputed from
+the DB (and, for steps redone, two heartbeat files per preemption), so a file is never a running
+tally that a crash could leave wrong. Every state and every failure class is listed, 0 included,
+so a query never sees a series vanish. The last pass's duration and scheduler query failures are
+what ``reconcile_pass`` stored in ``pass_stats``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+
+from sqlalchemy import func, select
+from sqlalchemy.orm import Session, aliased
+
+from orchestrator import protocol
+from orchestrator.config import Config
+from orchestrator.db import Database
+from orchestrator.errors import OrchError
+from orchestrator.lifecycle import JobState, utcnow
+from orchestrator.models import Attempt, Job, PassStats
+from orchestrator.observe import PassReport
+from orchestrator.protocol import FailureClass
+
+TEXTFILE_NAME = "orch.prom"
+PASS = "reconcile"  # the pass_stats row the reconciler writes
+
+
+@dataclass
+class Snapshot:
+    jobs: dict[str, int]
+    failures: dict[str, int]
+    last_success: datetime | None
+    redone: list[int] = field(default_factory=list)  # one entry per measured preemption
+    unmeasured: int = 0  # preemptions followed by an attempt whose resume step is not recorded
+    last_pass: PassStats | None = None
+
+
+def record_pass(s: Session, rep: PassReport, name: str = PASS) -> None:
+    """Store ``rep``'s duration and query failures (inside the caller's write transaction)."""
+    row = s.get(PassStats, name)
+    if row is None:
+        row = PassStats(name=name, passes_total=0, query_failures_total=0)
+        s.add(row)
+    row.finished_at = utcnow()
+    row.duration_s = rep.duration_s
+    row.polled = rep.polled
+    row.errors = len(rep.errors)
+    row.query_failures = rep.query_failures
+    row.passes_total += 1
+    row.query_failures_total += rep.query_failures
+
+
+def collect(db: Database) -> Snapshot:
+    """Counts from the job table; steps redone from the heartbeats of each preempted attempt and its successor."""
+    with db.read() as s:
+        jobs = {st.value: 0 for st in JobState}
+        for st, n in s.execute(select(Job.state, func.count()).group_by(Job.state)):
+            jobs[st.value] = n
+        failures = {c.value: 0 for c in FailureClass}
+        for cls, n in s.execute(select(Attempt.failure_class, func.count())
+                                .where(Attempt.failure_class.is_not(None)).group_by(Attempt.failure_class)):
+            failures[cls.value] = n
+        # A verified job never leaves its state, and only move_job sets updated_at: the time it got there.
+        last = s.scalar(select(func.max(Job.updated_at)).where(Job.state == JobState.DONE))
+        nxt = aliased(Attempt)
+        pairs = s.execute(select(Job.run_dir, Attempt.n, Attempt.failure_step)
+                          .join(Job, Job.id == Attempt.job_id)
+                          .join(nxt, (nxt.job_id == Attempt.job_id) & (nxt.n == Attempt.n + 1))
+                          .where(Attempt.failure_class == FailureClass.PREEMPTED)).all()
+        stats = s.get(PassStats, PASS)
+    snap = Snapshot(jobs, failures, last, last_pass=stats)
+    for run_dir, n, failure_step in pairs:
+        done = steps_redone(run_dir, n, failure_step)
+        if done is None:
+            snap.unmeasured += 1
+        else:
+            snap.redone.append(done)
+    return snap
+
+
+def steps_redone(run_dir: str, n: int, failure_step: int | None) -> int | None:
+    """Steps attempt ``n+1`` had to compute again after attempt ``n`` was preempted, or None if unknown.
+
+    The last step attempt ``n`` reached is the later of its failure report's step and its last
+    heartbeat's (a heartbeat lags the loop by up to one interval, so this can undercount); the step
+    attempt ``n+1`` resumed from is the ``resumed_from`` its heartbeats carry (the bundled trainer
+    and ``orch_run`` write it; other programs do not, and their preemptions count as unmeasured).
+    """
+    after = protocol.read_progress(run_dir, n + 1) or {}
+    resumed = after.get("resumed_from")
+    before = protocol.read_progress(run_dir, n) or {}
+    reached = max((v for v in (failure_step, before.get("step")) if v is not None), default=None)
+    if resumed is None or reached is None:
+        return None
+    return max(0, reached - resumed)
+
+
+# ------------------------------------------------------------------------------------------
+# exposition (text format 0.0.4)
+# ------------------------------------------------------------------------------------------
+def _family(name: str, kind: str, help_text: str, samples: Iterable[tuple[str, float]]) -> list[str]:
+    lines = [f"# HELP {name} {help_text}", f"# TYPE {name} {kind}"]
+    return lines + [f"{suffix} {_num(v)}" for suffix, v in samples]
+
+
+def _num(v: float) -> str:
+    return str(int(v)) if float(v).is_integer() else repr(float(v))
+
+
+def _epoch(dt: datetime) -> float:
+    return dt.replace(tzinfo=UTC).timestamp()
+
+
+def render(snap: Snapshot) -> str:
+    out: list[str] = []
+    out += _family("orch_jobs", "gauge", "Jobs in each state (every state listed, 0 included).",
+                   [(f'orch_jobs{{state="{k}"}}', v) for k, v in snap.jobs.items()])
+    out += _family("orch_attempt_failures", "gauge",
+                   "Attempts that ended without a verified marker, by failure class (every class listed, "
+                   "0 included); counted from the attempts table, so it only grows.",
+                   [(f'orch_attempt_failures{{class="{k}"}}', v) for k, v in snap.failures.items()])
+    out += _family("orch_last_success_timestamp_seconds", "gauge",
+                   "Unix time a job last reached done_marker_verified (absent until one has).",
+                   [("orch_last_success_timestamp_seconds", _epoch(snap.last_success))] if snap.last_success else [])
+    out += _family("orch_preemption_steps_redone", "summary",
+                   "Steps computed again after a preemption: last step the preempted attempt reported "
+                   "(failure.json or its last heartbeat, which lags by up to one heartbeat interval) minus "
+                   "the step the next attempt resumed from (its heartbeats' resumed_from). One observation "
+                   "per preempted attempt that has a successor whose resume step is recorded.",
+                   [("orch_preemption_steps_redone_sum", sum(snap.redone)),
+                    ("orch_preemption_steps_redone_count", len(snap.redone))])
+    out += _family("orch_preemptions_unmeasured", "gauge",
+                   "Preempted attempts with a successor whose resume step is not recorded (a program that "
+                   "writes no resumed_from heartbeat field): not in orch_preemption_steps_redone.",
+                   [("orch_preemptions_unmeasured", snap.unmeasured)])
+    p = snap.last_pass
+    if p is not None:
+        out += _family("orch_reconcile_last_pass_duration_seconds", "gauge",
+                       "Wall time of the last reconcile pass that held the lease.",
+                       [("orch_reconcile_last_pass_duration_seconds", p.duration_s)])
+        out += _family("orch_reconcile_last_pass_timestamp_seconds", "gauge",
+                       "Unix time the last reconcile pass ended.",
+                       [("orch_reconcile_last_pass_timestamp_seconds", _epoch(p.finished_at))])
+        out += _family("orch_reconcile_last_pass_scheduler_query_failures", "gauge",
+                       "Scheduler queries (sacct, squeue, a backend's poll or lookup by token) that failed or "
+                       "timed out in the last pass; their attempts kept their state.",
+                       [("orch_reconcile_last_pass_scheduler_query_failures", p.query_failures)])
+        out += _family("orch_reconcile_passes_total", "counter", "Reconcile passes that held the lease.",
+                       [("orch_reconcile_passes_total", p.passes_total)])
+        out += _family("orch_scheduler_query_failures_total", "counter",
+                       "Scheduler queries that failed or timed out, over every pass.",
+                       [("orch_scheduler_query_failures_total", p.query_failures_total)])
+    return "\n".join(out) + "\n"
+
+
+def write_textfile(directory: Path, text: str) -> Path:
+    """``directory/orch.prom``, replaced atomically; world-readable (node_exporter runs as another user)."""
+    path = Path(directory) / TEXTFILE_NAME
+    protocol.atomic_write(path, text, mode=0o644)
+    return path
+
+
+def export_after_pass(db: Database, cfg: Config, rep: PassReport) -> None:
+    """The reconciler's export when ``[metrics] textfile_dir`` is set; a failure is a pass warning, never fatal."""
+    if cfg.metrics_textfile_dir is None:
+        return
+    try:
+        write_textfile(cfg.metrics_textfile_dir, render(collect(db)))
+    except OSError as e:
+        rep.errors.append(f"metrics: cannot write {cfg.metrics_textfile_dir / TEXTFILE_NAME}: "
+                          f"{e.strerror or e}")
+    except OrchError as e:  # e.g. the DB locked past the busy timeout: the next pass writes it
+        rep.errors.append(f"metrics: not written: {e}")
