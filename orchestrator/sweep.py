@@ -130,6 +130,13 @@ def submit_sweep(db: Database, cfg: Config, req: SweepRequest) -> Sweep:
     names = [task_name(req.name, i, len(req.params)) for i in range(len(req.params))]
     for n in names:
         protocol.validate_job_name(n)
+    # Slurm refuses an array index >= MaxArraySize (1001 by default) as "Invalid job array specification",
+    # which orch would take for a permanent refusal of every task: say so before anything is written.
+    backend = get_backend(req.backend)
+    limit = backend.max_group_size()
+    if limit is not None and len(req.params) > limit:
+        raise UsageError(f"a sweep of {len(req.params)} tasks is more than this cluster's job arrays take "
+                         f"(MaxArraySize={limit}): split it into sweeps of at most {limit}, or raise MaxArraySize")
     ensure_runs_root(cfg)
     verified: set[str] = set()
     for n in names:
@@ -167,7 +174,7 @@ def submit_sweep(db: Database, cfg: Config, req: SweepRequest) -> Sweep:
                 s.add(Attempt(job_id=job.id, n=1, token=new_token(), state=AttemptState.PENDING,
                               backend=req.backend))
         sweep_id = sweep.id
-    launch_queued(db, cfg, get_backend(req.backend), sweep_id)
+    launch_queued(db, cfg, backend, sweep_id)
     with db.read() as s:
         sweep = s.get(Sweep, sweep_id)
         sweep.tasks  # noqa: B018 - loaded for the caller

@@ -163,6 +163,10 @@ class Backend(ABC):
         """
         return {spec.token: self.submit(spec) for spec in specs}
 
+    def max_group_size(self) -> int | None:
+        """The most tasks one :meth:`submit_group` can take (task indices 0..n-1), None for no limit."""
+        return None
+
     def kill(self, refs: Sequence[AttemptRef]) -> None:
         """Stop these attempts now (SIGKILL): the end of a stop whose SIGTERM was ignored."""
         self.cancel(refs)

@@ -9,6 +9,7 @@ for good), and the other 14 finish untouched. sacct shows exactly the two arrays
 from __future__ import annotations
 
 import json
+import re
 import sys
 import textwrap
 import time
@@ -208,3 +209,16 @@ def test_a_sweep_whose_submitter_dies_right_after_sbatch_is_found_by_its_token(o
 
 def task_status_of(orch, sweep: str) -> dict[str, dict]:  # noqa: ANN001
     return {r["name"]: r for r in orch.json("status") if r.get("sweep") == sweep}
+
+
+def test_a_sweep_larger_than_the_clusters_max_array_size_is_refused_before_anything_is_written(orch):  # noqa: ANN001
+    # Found by the P6 benchmark: task 1500 of one array is "Invalid job array specification" on a default
+    # cluster (MaxArraySize=1001), which orch took for a permanent refusal: every task ended failed.
+    limit = int(re.search(r"MaxArraySize\s*=\s*(\d+)", run("scontrol", "show", "config").stdout).group(1))
+    p = orch("sweep", "--name", "big", "--backend", "slurm", "--partition", "spot", "--grid",
+             "i=" + ",".join(map(str, range(limit + 1))), "--", "true")
+    assert p.returncode == 2, p.stdout + p.stderr
+    assert p.stderr.strip() == (f"orch: a sweep of {limit + 1} tasks is more than this cluster's job arrays take "
+                                f"(MaxArraySize={limit}): split it into sweeps of at most {limit}, or raise "
+                                "MaxArraySize"), p.stderr
+    assert orch.json("status") == [] and (not orch.runs.exists() or not any(orch.runs.iterdir()))

@@ -51,6 +51,7 @@ as ``backend_state="OUT_OF_MEMORY"`` too, with the slurmstepd line as ``reason``
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 from collections.abc import Sequence
 from pathlib import Path
@@ -200,6 +201,16 @@ class SlurmBackend(Backend):
                 "job_id": ext, "token": spec.token, "batch_token": token, "submitted_at": protocol.now_iso()})
             out[spec.token] = ext
         return out
+
+    def max_group_size(self) -> int | None:
+        """Slurm's ``MaxArraySize``: array indices must be below it (1001 unless slurm.conf raises it).
+        None when scontrol cannot say; sbatch then has the last word."""
+        try:
+            p = _run(["scontrol", "show", "config"], self.query_timeout_s)
+        except (OSError, subprocess.TimeoutExpired):
+            return None
+        m = re.search(r"^MaxArraySize\s*=\s*(\d+)\s*$", p.stdout if p.returncode == 0 else "", re.MULTILINE)
+        return int(m.group(1)) if m else None
 
     # ------------------------------------------------------------------------------------------
     def _squeue(self, ids: Sequence[str]) -> dict[str, tuple[str, str, str]] | None:
