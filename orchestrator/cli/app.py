@@ -7,7 +7,8 @@ function, renders.
 Exit codes: 0 success; 1 unexpected error; 2 usage error (bad arguments, unknown job, bad
 orch.toml); 3 refused (it would overwrite or rerun a verified result, or the job is in a state
 that forbids it); 4 not verified (``orch verify`` answered ABSENT/CORRUPT, or ``submit --wait``
-ended without a verified marker). ``--json`` prints exactly one JSON document on stdout.
+ended without a verified marker); 141 stdout closed by its reader (as a SIGPIPE death). ``--json`` prints
+exactly one JSON document on stdout.
 
 Login-node latency: this module imports only click and the stdlib at start; the DB layer is
 imported by the commands, and read commands never import torch or submitit.
@@ -24,6 +25,7 @@ import click
 
 STATES = ("pending", "submitted", "running", "done_marker_verified", "retryable_failed", "failed", "cancelled")
 EXIT_NOT_VERIFIED = 4
+EXIT_BROKEN_PIPE = 128 + 13  # SIGPIPE's: what `seq 9 | head -1` reports under pipefail
 
 
 class OrchGroup(click.Group):
@@ -38,9 +40,11 @@ class OrchGroup(click.Group):
             click.echo(f"orch: {_one_line(str(e))}", err=True)
             ctx.exit(e.exit_code)
         except BrokenPipeError:
-            # `orch status | head -1`: the reader has gone; say nothing more (issue 9: a traceback).
+            # `orch status | head -1`: the reader has gone; say nothing more (issue 9: a traceback), and exit
+            # as a process killed by SIGPIPE does (141), never 0: `orch verify x | ...` with the reader gone
+            # exited 0 for an unverified job, which `set -o pipefail` scripts took for success.
             _quiet_stdout()
-            ctx.exit(0)
+            ctx.exit(EXIT_BROKEN_PIPE)
         except (click.exceptions.Exit, click.exceptions.Abort, click.ClickException):
             raise
         except KeyboardInterrupt:

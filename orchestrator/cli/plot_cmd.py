@@ -40,6 +40,11 @@ def plot(name: str, output: Path | None, size: tuple[int, int], as_json: bool) -
     path = output if output is not None else Path(f"{name}-loss.png")
     if not path.parent.is_dir():
         raise UsageError(f"no such directory: {str(path.parent)[:200]}")
+    # The picture is renamed into place: over a device node or a symlink (`-o /dev/stdout` as root) that
+    # replaced the system's /dev/stdout for every process (found by a hostile test). Only a new name or a
+    # regular file may be replaced.
+    if path.is_symlink() or (path.exists() and not path.is_file()):
+        raise UsageError(f"-o {str(path)[:200]}: not a regular file; name a new file or an image to replace")
     draw(curve, path, *size)
     points = sum(len(s["points"]) for s in curve["series"])
     click.echo(f"{path}: {points} points over {len({s['attempt'] for s in curve['series']})} attempts, "

@@ -47,7 +47,18 @@ def test_status_into_a_closed_pipe_exits_quietly(orch, tmp_path, args):
     assert first.startswith(("NAME", "[")), r.stdout
     err = errf.read_text()
     assert "Traceback" not in err and "BrokenPipe" not in err and "unexpected error" not in err, err
-    assert rest and rest[-1] in ("orch-exit=0", "orch-exit=141"), (rest[-1:], err)
+    assert rest and rest[-1] in ("orch-exit=0", "orch-exit=141"), (rest[-1:], err)  # 0: it all fit the pipe
+
+
+def test_verify_into_a_closed_pipe_never_exits_0_for_an_unverified_job(orch, tmp_path):
+    # Found by a hostile test: the reader gone, `orch verify` exited 0 (success) for an ABSENT marker.
+    p = orch("submit", "--name", "nv", "--", "sh", "-c", "exit 1")
+    assert p.returncode == 0, p.stderr
+    script = '"$0" -m orchestrator.cli verify nv | (exec 0<&-; sleep 0.5); echo "orch-exit=${PIPESTATUS[0]}"'
+    r = subprocess.run(["bash", "-c", script, PY], env=orch.env, cwd=str(ROOT), capture_output=True, text=True,
+                       timeout=60)
+    assert r.stdout.strip() == "orch-exit=141", r.stdout + r.stderr
+    assert "Traceback" not in r.stderr and "unexpected error" not in r.stderr, r.stderr
 
 
 @pytest.mark.parametrize("mem", ["4\uff27", "4\u212a"], ids=["fullwidth-G", "kelvin-sign-K"])

@@ -3,6 +3,8 @@ and then hit a NaN (rolled back by the policy); the PNG is read back and its mar
 
 from __future__ import annotations
 
+import os
+import stat
 import sys
 
 import numpy as np
@@ -130,3 +132,19 @@ def test_plot_refusals(orch, tmp_path):
     p = orch("plot", "r1", "--size", "10x10")
     assert p.returncode == 2 and "want WIDTHxHEIGHT in pixels" in p.stderr
     assert not list(tmp_path.rglob("*.png"))
+
+
+def test_plot_never_replaces_a_device_node_or_a_symlink(orch, tmp_path):
+    # Found by a hostile test: `-o /dev/stdout` as root renamed a PNG over the system's /dev/stdout.
+    orch("submit", "--name", "dv", "--wait", "--", "bash", "-c", "exit 0", timeout=60)
+    target = tmp_path / "keep.txt"
+    target.write_text("mine\n")
+    link = tmp_path / "ln.png"
+    link.symlink_to(target)
+    fifo = tmp_path / "f.png"
+    os.mkfifo(fifo)
+    for path in (link, fifo):
+        p = orch("plot", "dv", "-o", path)
+        assert (p.returncode, p.stderr) == (2, f"orch: -o {path}: not a regular file; name a new file or an image "
+                                               "to replace\n")
+    assert link.is_symlink() and target.read_text() == "mine\n" and stat.S_ISFIFO(os.lstat(fifo).st_mode)
