@@ -92,6 +92,17 @@ def load_config(home: Path | None = None) -> Config:
     """Defaults, overlaid by ``$ORCH_HOME/orch.toml`` when it exists, then by the environment.
     Creates nothing."""
     home = (home or orch_home()).absolute()
+    # The home becomes part of the SQLite URL (`?` starts its query: ORCH_HOME=/x/y?mode=ro created /x/y, outside
+    # ORCH_HOME) and of Alembic's ini-style config (`%` interpolates): refuse what either would misread.
+    bad = sorted({c for c in str(home) if c in "?#%" or not c.isprintable()})
+    if bad:
+        raise UsageError(f"ORCH_HOME {str(home)[:200]!r} contains {', '.join(map(repr, bad))}: not supported in a "
+                         "path orch builds its DB URL from; choose another directory")
+    url = os.environ.get("ORCH_DB_URL")
+    if url is not None and url.startswith("sqlite") and (url.rstrip("/") in ("sqlite:", "sqlite:/", "sqlite://")
+                                                         or ":memory:" in url):
+        raise UsageError("ORCH_DB_URL names no SQLite file (in-memory or empty): the job table would vanish at "
+                         "exit; name a file, e.g. sqlite:////home/me/orch.db")
     cfg = Config(home=home, runs_root=home / "runs", trash=home / "trash",
                  db_url=os.environ.get("ORCH_DB_URL") or f"sqlite:///{home / 'orch.db'}")
     path = home / "orch.toml"

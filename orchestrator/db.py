@@ -122,8 +122,9 @@ def alembic_config(engine: Engine):  # noqa: ANN201 - alembic imported lazily
     from alembic.config import Config as AlembicConfig
 
     acfg = AlembicConfig()
-    acfg.set_main_option("script_location", str(MIGRATIONS))
-    acfg.set_main_option("sqlalchemy.url", engine.url.render_as_string(hide_password=False))
+    # Alembic's config is an ini file: a `%` in a path or a password would be read as interpolation.
+    acfg.set_main_option("script_location", str(MIGRATIONS).replace("%", "%%"))
+    acfg.set_main_option("sqlalchemy.url", engine.url.render_as_string(hide_password=False).replace("%", "%%"))
     return acfg
 
 

@@ -110,3 +110,21 @@ def test_requeue_of_several_jobs_exits_non_zero_when_one_of_them_errors(orch, tm
     assert_no_stuck(orch)
     if breakage == "run-dir-symlink":
         assert tree_hash(moved) == before, "orch wrote through a symlinked run dir"
+
+
+@pytest.mark.parametrize("home, char", [("a%b", "'%'"), ("x/y?mode=ro", "'?'"), ("n\nl", "'\\n'")],
+                         ids=["percent", "query", "newline"])
+def test_an_orch_home_the_db_url_would_misread_is_a_one_line_usage_error(orch, tmp_path, home, char):
+    # Found by a hostile test: `%` broke Alembic's config (exit 1), and `?mode=ro` created the SQLite file
+    # /x/y, outside ORCH_HOME.
+    p = orch("status", env={"ORCH_HOME": str(tmp_path / home)})
+    assert p.returncode == 2, p.stdout + p.stderr
+    assert p.stderr.startswith("orch: ORCH_HOME ") and f"contains {char}: not supported" in p.stderr, p.stderr
+    assert len(p.stderr.splitlines()) == 1 and list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize("url", ["sqlite:///", "sqlite://", "sqlite:///:memory:"])
+def test_an_orch_db_url_without_a_file_is_a_one_line_usage_error(orch, url):
+    p = orch("status", env={"ORCH_DB_URL": url})
+    assert (p.returncode, p.stderr) == (2, "orch: ORCH_DB_URL names no SQLite file (in-memory or empty): the job "
+                                           "table would vanish at exit; name a file, e.g. sqlite:////home/me/orch.db\n")
