@@ -17,9 +17,9 @@ from __future__ import annotations
 import json
 import os
 import re
+import stat
 from dataclasses import dataclass, field
 from itertools import product
-from pathlib import Path
 from typing import Any
 
 from sqlalchemy import func, select
@@ -227,9 +227,24 @@ def sweep_summary(sweep: Sweep) -> dict[str, Any]:
             "created_at": sweep.created_at.isoformat(timespec="seconds") + "Z"}
 
 
+PARAMS_FILE_LIMIT = 64 << 20  # 100,000 argument sets of ~600 bytes
+
+
 def parse_params_file(path: str) -> list[dict[str, Any]]:
+    # A FIFO (or a device) as --from blocked `orch sweep` for ever (a hostile test): regular files only,
+    # opened without blocking, size-capped.
     try:
-        text = Path(path).read_text()
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+        try:
+            st = os.fstat(fd)
+            if not stat.S_ISREG(st.st_mode):
+                raise UsageError(f"--from {path}: not a regular file")
+            if st.st_size > PARAMS_FILE_LIMIT:
+                raise UsageError(f"--from {path}: larger than {PARAMS_FILE_LIMIT >> 20} MiB")
+            with os.fdopen(os.dup(fd), "rb") as f:
+                text = f.read(PARAMS_FILE_LIMIT + 1).decode()
+        finally:
+            os.close(fd)
     except (OSError, UnicodeDecodeError) as e:
         raise UsageError(f"--from {path}: {getattr(e, 'strerror', None) or e}") from None
     return load_params(text, path)

@@ -28,4 +28,13 @@ def metrics(textfile_dir: Path | None) -> None:
     if textfile_dir is None:
         click.echo(text, nl=False)
         return
-    write_textfile(textfile_dir.absolute(), text)
+    from orchestrator.errors import UsageError
+
+    # /dev/null or /proc passed click's directory check and ended in "unexpected error" (a hostile test).
+    if not textfile_dir.is_dir():
+        raise UsageError(f"--textfile {str(textfile_dir)[:200]}: not a directory")
+    try:
+        write_textfile(textfile_dir.absolute(), text)
+    except OSError as e:
+        raise UsageError(f"--textfile {str(textfile_dir)[:200]}: cannot write orch.prom there: "
+                         f"{e.strerror or e}") from None

@@ -128,3 +128,14 @@ def test_an_orch_db_url_without_a_file_is_a_one_line_usage_error(orch, url):
     p = orch("status", env={"ORCH_DB_URL": url})
     assert (p.returncode, p.stderr) == (2, "orch: ORCH_DB_URL names no SQLite file (in-memory or empty): the job "
                                            "table would vanish at exit; name a file, e.g. sqlite:////home/me/orch.db\n")
+
+
+def test_a_fifo_as_sweep_params_or_a_device_as_metrics_dir_is_a_usage_error(orch, tmp_path):
+    # Found by a hostile test: `sweep --from FIFO` blocked for ever; `metrics --textfile /dev/null` exited 1.
+    fifo = tmp_path / "params.jsonl"
+    os.mkfifo(fifo)
+    p = orch("sweep", "--name", "ff", "--from", fifo, "--", "true", timeout=30)
+    assert (p.returncode, p.stderr) == (2, f"orch: --from {fifo}: not a regular file\n")
+    p = orch("metrics", "--textfile", "/dev/null")
+    assert (p.returncode, p.stderr) == (2, "orch: --textfile /dev/null: not a directory\n")
+    assert orch.json("status") == []
