@@ -13,6 +13,7 @@ must never fail or restart a healthy job (SkyPilot #10155).
 
 from __future__ import annotations
 
+import os
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
@@ -189,8 +190,14 @@ def _escalate(cfg: Config, backend: Backend, r: Row, rep: PassReport) -> None:
 
 def _hung(cfg: Config, ref: AttemptRef) -> bool:
     """No heartbeat progress for hang_timeout_s. Jobs that never write a heartbeat are not judged."""
-    p = protocol.read_progress(ref.run_dir, ref.attempt)
-    if not p or "time" not in p:
+    if not protocol.read_progress(ref.run_dir, ref.attempt):
+        return False
+    try:
+        # When the heartbeat was last written, by the file's mtime: the filesystem's clock, not the "time"
+        # the job writes. A node whose clock ran 60 s behind had a healthy job stopped as hung on every
+        # attempt until it failed for good, and a heartbeat without "time" was never judged (hostile test).
+        beat = os.lstat(ref.attempt_dir / protocol.PROGRESS_FILE).st_mtime
+    except OSError:
         return False
     try:
         # A Slurm in-place requeue restarts the wrapper (rewriting wrapper.json) long after the last
@@ -198,7 +205,7 @@ def _hung(cfg: Config, ref: AttemptRef) -> bool:
         started = (ref.attempt_dir / protocol.WRAPPER_FILE).stat().st_mtime
     except OSError:
         started = 0.0
-    return time.time() - max(p["time"], started) > cfg.hang_timeout_s
+    return time.time() - max(beat, started) > cfg.hang_timeout_s
 
 
 # ------------------------------------------------------------------------------------------
