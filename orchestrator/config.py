@@ -127,11 +127,18 @@ def _absolute_dir(raw: str, what: str) -> Path:
     return p
 
 
+TABLES = frozenset({"runs", "policy", "reconcile", "metrics", "spot"})  # what orch.toml may hold at top level
+
+
 def _overlay_file(cfg: Config, path: Path) -> None:
     try:
         data = tomllib.loads(path.read_text())
     except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError, ValueError) as e:
         raise UsageError(f"cannot read {path}: {e}") from None
+    # A misspelt table ([polcy]) was silently ignored, and its settings with it (a hostile test).
+    unknown = sorted(set(data) - TABLES)
+    if unknown:
+        raise UsageError(f"{path}: unknown table or key {unknown[0]!r}; orch.toml has [{'], ['.join(sorted(TABLES))}]")
     runs = data.get("runs", {})
     if not isinstance(runs, dict):
         raise UsageError(f"{path}: [runs] must be a table")

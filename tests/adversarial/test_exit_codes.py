@@ -139,3 +139,11 @@ def test_a_fifo_as_sweep_params_or_a_device_as_metrics_dir_is_a_usage_error(orch
     p = orch("metrics", "--textfile", "/dev/null")
     assert (p.returncode, p.stderr) == (2, "orch: --textfile /dev/null: not a directory\n")
     assert orch.json("status") == []
+
+
+def test_a_misspelt_orch_toml_table_is_a_usage_error_not_silently_ignored(orch):
+    orch.write_config("[polcy]\nmax_attempts = 5\n")
+    p = orch("status")
+    assert p.returncode == 2 and len(p.stderr.splitlines()) == 1, p.stderr
+    assert "orch.toml: unknown table or key 'polcy'; orch.toml has [metrics], [policy], [reconcile], [runs], " \
+           "[spot]" in p.stderr, p.stderr
