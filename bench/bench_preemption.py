@@ -303,7 +303,7 @@ def notes(args: argparse.Namespace, base: dict, term_exit: float, restart: float
         f"gains {min(gain_tau):.2f}–{max(gain_tau):.2f} percentage points of goodput over rates "
         f"{RATES_PER_H[0]:g}–{RATES_PER_H[-1]:g}/h ({min(gain_tau_b):.2f}–{max(gain_tau_b):.2f} pp with "
         f"blocking saves), not the {min(gain_10):.1f}–{max(gain_10):.1f} pp the fixed-10-min comparison "
-        f"showed. With a {base['ckpt_mb']:.0f} MB checkpoint costing {stall:.0f}–{block:.0f} ms, periodic-only "
+        f"showed. With a {base['ckpt_mb']:.1f} MB checkpoint costing {stall:.0f}–{block:.0f} ms, periodic-only "
         "can checkpoint every few seconds and loses only those seconds per preemption: on a model this "
         "small the SIGTERM checkpoint is worth almost nothing in goodput. It matters when a save is "
         "expensive (P7c): then the optimal interval is many minutes, periodic-only loses half of it at every "
