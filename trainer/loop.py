@@ -337,7 +337,10 @@ class TrainLoop:
                                 checkpoint=self.attempt.display_path(saved),
                                 micro_batches_computed=self.micro_batches_computed,
                                 micro_batches_discarded=self._micro_in_step,
-                                steps_completed_this_attempt=self.step - self.start_step)
+                                steps_completed_this_attempt=self.step - self.start_step,
+                                # epoch seconds the stop arrived ("at" is after the save): the
+                                # Slurm bench splits signal -> exit from the scheduler's delays
+                                stop_requested_time=self.preemption.requested_at)
 
     def _post_progress(self, tok_s: float | None = None, saving: int | None = None) -> None:
         if tok_s is not None:

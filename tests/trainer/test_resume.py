@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import signal
+import time
 
 import pytest
 import torch
@@ -87,12 +88,14 @@ def test_real_signal_saves_last_completed_step_and_loses_at_most_one_step(tmp_pa
     proc = spawn_trainer(rd, *args)
     try:
         wait_for(lambda: progress_step(rd) >= 12, what="step 12")
+        sent = time.time()
         proc.send_signal(sig)
         _, err = proc.communicate(timeout=60)
     finally:
         proc.kill()
     assert proc.returncode == protocol.EXIT_PREEMPTED, err
     f = failure(rd)
+    assert sent <= f["stop_requested_time"] <= time.time()  # when the signal arrived, not when saved
     assert f["class"] == "preempted" and 12 <= f["step"] < 60
     assert f["detail"].startswith(signal.Signals(sig).name)
     assert f["checkpoint"] == f"checkpoints/{protocol.checkpoint_name(f['step'])}"
