@@ -326,6 +326,9 @@ def measure_local(live: int, runs: int, work: Path) -> dict:
                 calls.append(be.calls)
                 writes.append(sql.writes)
         # Every attempt ends with a verified marker and the wrapper's exit record: one pass finishes all.
+        for p in procs:  # ...and its processes are gone (a live session is never finished)
+            p.kill()
+            p.wait()
         for k in range(live):
             rd = cfg.runs_root / f"live-{k:05d}"
             (rd / "result").mkdir()
