@@ -41,8 +41,9 @@ import _common as C  # noqa: E402
 from sqlalchemy import event  # noqa: E402
 
 from orchestrator import protocol  # noqa: E402
+from orchestrator.backends import proctable  # noqa: E402
 from orchestrator.backends.base import AttemptRef, Backend, Outcome, Phase, SubmitSpec  # noqa: E402
-from orchestrator.backends.local import LocalBackend  # noqa: E402
+from orchestrator.backends.local import LocalBackend, format_id  # noqa: E402
 from orchestrator.config import load_config  # noqa: E402
 from orchestrator.db import SCHEMA_HEAD, Database  # noqa: E402
 from orchestrator.reconcile import reconcile_pass  # noqa: E402
@@ -276,9 +277,9 @@ def _sleepers(n: int) -> list[subprocess.Popen]:
 
 
 def _ext_id(pid: int) -> str:
-    import psutil
-
-    return f"{pid}:{int(psutil.Process(pid).create_time() * 1000)}"
+    """The id the local backend records for a session leader ``pid`` (sid@ticks@pidns.timens)."""
+    p = proctable.read_proc(pid)
+    return format_id(pid, p.start_ticks if p else None, proctable.namespaces())
 
 
 def measure_local(live: int, runs: int, work: Path) -> dict:
@@ -325,6 +326,9 @@ def measure_local(live: int, runs: int, work: Path) -> dict:
                 calls.append(be.calls)
                 writes.append(sql.writes)
         # Every attempt ends with a verified marker and the wrapper's exit record: one pass finishes all.
+        for p in procs:  # ...and its processes are gone (a live session is never finished)
+            p.kill()
+            p.wait()
         for k in range(live):
             rd = cfg.runs_root / f"live-{k:05d}"
             (rd / "result").mkdir()

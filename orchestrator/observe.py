@@ -57,6 +57,7 @@ class PassReport:
     changed: list[dict[str, Any]] = field(default_factory=list)
     requeued: list[str] = field(default_factory=list)
     unknown: int = 0
+    undecided: list[str] = field(default_factory=list)  # "<job>: <why>" for each unknown with a reason
     errors: list[str] = field(default_factory=list)
     query_failures: int = 0  # scheduler queries (poll, find by token) that could not be answered
     duration_s: float = 0.0
@@ -118,6 +119,8 @@ def observe(db: Database, cfg: Config, backend: Callable[[str], Backend], rows: 
             out = outcomes.get(r.token) or Outcome(Phase.UNKNOWN, reason="backend did not answer")
             if out.phase is Phase.UNKNOWN:
                 rep.unknown += 1
+                if out.reason:
+                    rep.undecided.append(f"{Path(r.run_dir).name}: {out.reason}")
                 continue
             try:
                 _apply(db, cfg, backend(name), r, out, rep)

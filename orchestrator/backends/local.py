@@ -5,12 +5,15 @@ a ``LocalJob`` re-attached from another process reports done() while the job sti
 ``shared/notes/submitit.md``) — a cron reconciler is exactly such another process.
 
 This launcher double-forks orch's job wrapper into a new session (it survives the submitter). The
-external id is ``"<session id>@<start ticks>"``: the wrapper's pid, which is also its session id,
-and its start time in clock ticks since boot (``proctable``: a clock step cannot move it). The job
+external id is ``"<session id>@<start ticks>@<pid ns>.<time ns>"``: the wrapper's pid, which is
+also its session id, its start time in clock ticks since boot (``proctable``: a clock step cannot
+move it), and the PID and time namespaces those were read in (ids from before have no namespace
+part). A reconciler in other namespaces sees other pids and shifted ticks: it answers UNKNOWN. The job
 is alive while ANY process of that session lives — the wrapper, or what it started after the
 wrapper itself was killed — and only when none is left does ``poll`` read the wrapper's exit record.
-When liveness cannot be decided (members of the session whose environment cannot be read) the
-answer is UNKNOWN, and nothing is requeued while it may run.
+When liveness cannot be decided (another namespace; start ticks that do not match while processes
+of the session live; members of the session that cannot be proven the job's) the answer is UNKNOWN,
+and nothing is requeued while it may run: only "no process of the session exists" is gone.
 
 Signals go only to processes orch can prove are the job's: the session leader whose start ticks
 match, or session members whose environment carries the attempt's token. Never a pid read from a
@@ -20,6 +23,7 @@ file the job can write (issue 9: a forged wrapper.json made ``orch cancel`` kill
 from __future__ import annotations
 
 import os
+import re
 import signal
 import sys
 from collections.abc import Sequence
@@ -32,22 +36,42 @@ from orchestrator.backends.base import AttemptRef, Backend, BackendError, Outcom
 from orchestrator.protocol import FailureClass
 
 
-def format_id(sid: int, start_ticks: int | None) -> str:
-    return f"{sid}@{start_ticks if start_ticks is not None else '?'}"
+@dataclass(frozen=True)
+class LocalId:
+    """What a local external id records: the session, the leader's start ticks, and the namespaces
+    (PID, time) those two numbers were read in (None for ids written before orch recorded them)."""
+
+    sid: int
+    ticks: int | None
+    ns: tuple[int, int] | None = None
 
 
-def parse_id(external_id: str | None) -> tuple[int, int | None] | None:
-    """(session id, start ticks or None) from ``sid@ticks``; also 0.1's ``pid:create_ms`` (ticks
-    unknown: identity then rests on the token alone). None for anything else."""
+_ID = re.compile(r"(\d+)@(\d+|\?)(?:@(\d+)\.(\d+))?")
+
+
+def format_id(sid: int, start_ticks: int | None, ns: tuple[int, int] | None = None) -> str:
+    """``sid@ticks`` (the format of every id before namespaces were recorded), plus ``@pidns.timens``
+    when the namespaces the ticks were read in are known."""
+    base = f"{sid}@{start_ticks if start_ticks is not None else '?'}"
+    return f"{base}@{ns[0]}.{ns[1]}" if ns is not None else base
+
+
+def parse_id(external_id: str | None) -> LocalId | None:
+    """``sid@ticks`` or ``sid@ticks@pidns.timens``; also 0.1's ``pid:create_ms`` (ticks unknown:
+    identity then rests on the token alone). None for anything else."""
     s = external_id or ""
-    sep = "@" if "@" in s else ":" if ":" in s else None
-    if sep is None:
+    m = _ID.fullmatch(s)
+    if m:
+        sid, ticks = int(m[1]), (int(m[2]) if m[2] != "?" else None)
+        ns = (int(m[3]), int(m[4])) if m[3] is not None else None
+    else:
+        sid_s, sep, rest = s.partition(":")
+        if not (sep and sid_s.isdigit() and rest.isdigit()):
+            return None
+        sid, ticks, ns = int(sid_s), None, None
+    if sid <= 1:  # 0 is the kernel's session, 1 init's: never a job
         return None
-    sid, _, rest = s.partition(sep)
-    if not sid.isdigit() or int(sid) <= 1:  # 0 is the kernel's session, 1 init's: never a job
-        return None
-    ticks = int(rest) if sep == "@" and rest.isdigit() else None
-    return int(sid), ticks
+    return LocalId(sid, ticks, ns)
 
 
 @dataclass(frozen=True)
@@ -58,14 +82,45 @@ class Liveness:
     why: str = ""
 
 
-def liveness(ref_id: str | None, token: str, table: dict[int, list[proctable.Proc]]) -> Liveness:
-    """Is the attempt's session alive? Decided from the kernel's process table, never from files."""
+def _foreign_view(ident: LocalId, here: tuple[int, int] | None) -> str:
+    """Why this process's view of /proc cannot judge the id ('' when it can)."""
+    if here is None:
+        return ("liveness undecidable: /proc here is not this reconciler's own PID namespace's "
+                "(its process table cannot be read)")
+    if ident.ns is None:
+        return ""  # an id from before namespaces were recorded: judged as before
+    if ident.ns[0] != here[0]:
+        return ("liveness undecidable: this reconciler runs in another PID namespace than the one "
+                "that launched the job")
+    if ident.ns[1] != here[1]:
+        return ("liveness undecidable: this reconciler runs in another time namespace than the one "
+                "that launched the job (start times are shifted)")
+    return ""
+
+
+def liveness(ref_id: str | None, token: str, table: dict[int, list[proctable.Proc]],
+             here: tuple[int, int] | None) -> Liveness:
+    """Is the attempt's session alive? Decided from the kernel's process table, never from files.
+
+    ``here`` is ``proctable.namespaces()`` of the caller. "gone" only when no process of the
+    session exists, seen from the namespaces the job was launched in: a reused pid, a shifted clock
+    and another namespace cannot be told apart from the real job, so they answer "unknown".
+    """
     ident = parse_id(ref_id)
     if ident is None:
         return Liveness("gone", None, (), "no process identity recorded")
-    sid, ticks = ident
+    why = _foreign_view(ident, here)
+    if why:
+        return Liveness("unknown", None, (), why)
+    sid, ticks = ident.sid, ident.ticks
+    members = table.get(sid, [])
     holder = proctable.read_proc(sid)  # zombies included: a zombie still holds the number
     if holder is not None and ticks is not None and holder.start_ticks != ticks:
+        if members:
+            return Liveness("unknown", None, (), (
+                f"liveness undecidable: process {sid} started at tick {holder.start_ticks}, not {ticks} as "
+                f"recorded, yet {len(members)} process(es) of session {sid} live (a reused pid or a "
+                "shifted clock cannot be told apart from the job)"))
         # The number was handed to a new process, which the kernel does only after every process of
         # our session (which held it as their session id) was gone.
         return Liveness("gone", None, (), "its session ended (the id now names another process)")
@@ -77,20 +132,15 @@ def liveness(ref_id: str | None, token: str, table: dict[int, list[proctable.Pro
         leader = holder  # a 0.1 id without start ticks: the leader must prove itself by its token
     else:
         leader = None
-    members = table.get(sid, [])
     if leader is not None:
         return Liveness("alive", leader, tuple({p.pid: p for p in (leader, *members)}.values()))
-    mine, unsure = [], 0
-    for p in members:
-        has = proctable.environ_has(p.pid, protocol.ENV_TOKEN, token)
-        if has:
-            mine.append(p)
-        elif has is None:
-            unsure += 1
+    mine = [p for p in members if proctable.environ_has(p.pid, protocol.ENV_TOKEN, token)]
     if mine:
         return Liveness("alive", None, tuple(mine), "the wrapper is gone but the program runs")
-    if unsure:
-        return Liveness("unknown", None, (), f"{unsure} process(es) of session {sid} cannot be identified")
+    if members:
+        return Liveness("unknown", None, (), (
+            f"liveness undecidable: {len(members)} process(es) of session {sid} live but none can be proven "
+            "the job's (no readable token)"))
     return Liveness("gone", None, ())
 
 
@@ -141,8 +191,11 @@ class LocalBackend(Backend):
                     os.execve(sys.executable, argv, env)
                 # Read the start ticks while the wrapper is our child: even if it already exited it
                 # is a zombie that only we can reap, so its /proc entry is still there.
+                # ...and the namespaces they were read in: another namespace reads other numbers.
                 p = proctable.read_proc(gpid)
-                os.write(w, f"{gpid} {p.start_ticks if p else -1}".encode())
+                ns = proctable.namespaces()
+                where = f"{ns[0]}.{ns[1]}" if ns else "-"
+                os.write(w, f"{gpid} {p.start_ticks if p else -1} {where}".encode())
             finally:
                 os._exit(0)
         os.close(w)
@@ -151,15 +204,17 @@ class LocalBackend(Backend):
         os.waitpid(pid, 0)
         try:
             gpid, ticks = int(data[0]), int(data[1])
+            pidns, _, timens = data[2].partition(".")
+            ns = (int(pidns), int(timens)) if data[2] != "-" else None
         except (ValueError, IndexError):
             raise BackendError(f"local launch of {spec.job} attempt {spec.attempt} failed") from None
-        return format_id(gpid, ticks if ticks >= 0 else None)
+        return format_id(gpid, ticks if ticks >= 0 else None, ns)
 
     def poll(self, refs: Sequence[AttemptRef]) -> dict[str, Outcome]:
-        table = proctable.sessions()
+        table, here = proctable.sessions(), proctable.namespaces()
         out: dict[str, Outcome] = {}
         for ref in refs:
-            live = liveness(ref.external_id, ref.token, table)
+            live = liveness(ref.external_id, ref.token, table, here)
             if live.state == "alive":
                 out[ref.token] = Outcome(Phase.RUNNING, reason=live.why)
             elif live.state == "unknown":
@@ -183,18 +238,18 @@ class LocalBackend(Backend):
     def cancel(self, refs: Sequence[AttemptRef]) -> None:
         """SIGTERM: to the wrapper, which passes the stop to the program (and records that it did);
         if the wrapper is gone, to the roots of the job's remaining process trees."""
-        table = proctable.sessions()
+        table, here = proctable.sessions(), proctable.namespaces()
         for ref in refs:
-            live = liveness(ref.external_id, ref.token, table)
+            live = liveness(ref.external_id, ref.token, table, here)
             if live.state != "alive":
                 continue
             _signal_all([live.leader] if live.leader else _tops(live.members), signal.SIGTERM)
 
     def kill(self, refs: Sequence[AttemptRef]) -> None:
         """SIGKILL every process of each attempt's session (a job that ignored SIGTERM)."""
-        table = proctable.sessions()
+        table, here = proctable.sessions(), proctable.namespaces()
         for ref in refs:
-            live = liveness(ref.external_id, ref.token, table)
+            live = liveness(ref.external_id, ref.token, table, here)
             if live.state == "alive":
                 _signal_all(live.members or ([live.leader] if live.leader else []), signal.SIGKILL)
 
@@ -203,6 +258,7 @@ class LocalBackend(Backend):
         an exit record carrying it (only a process that was launched can know the token)."""
         wanted = {r.token for r in refs}
         found: dict[str, str] = {}
+        here = proctable.namespaces()  # the ticks below are read in this process's namespaces
         for p in proctable.all_procs():
             if p.zombie:
                 continue
@@ -210,7 +266,7 @@ class LocalBackend(Backend):
             if tok in wanted and tok not in found:
                 leader = proctable.read_proc(p.session)
                 ticks = leader.start_ticks if leader is not None and leader.session == p.session else None
-                found[tok] = format_id(p.session, ticks)
+                found[tok] = format_id(p.session, ticks, here)
         for ref in refs:
             if ref.token not in found and protocol.read_exit(ref.attempt_dir, ref.token) is not None:
                 found[ref.token] = "ended"  # it ran and exited: poll reads its exit record

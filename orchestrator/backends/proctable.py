@@ -74,6 +74,30 @@ def sessions() -> dict[int, list[Proc]]:
     return out
 
 
+def namespaces() -> tuple[int, int] | None:
+    """(PID namespace, time namespace) of this process as inode numbers; None when undecidable.
+
+    Why: pids and start ticks mean something only in the namespaces they were read in. Another PID
+    namespace (``unshare --pid --mount-proc``, a container) shows a different process table, where
+    the job looks gone; a time namespace with a boot-time offset shifts every start tick in
+    /proc/<pid>/stat. None when /proc is not this process's own PID namespace's (``/proc/self`` is
+    not our pid): then nothing read from it can be trusted. 0 for a kernel without time namespaces.
+    """
+    try:
+        if os.readlink(f"{PROC}/self") != str(os.getpid()):
+            return None
+        pidns = os.stat(f"{PROC}/self/ns/pid").st_ino
+    except OSError:
+        return None
+    try:
+        timens = os.stat(f"{PROC}/self/ns/time").st_ino
+    except FileNotFoundError:
+        timens = 0  # kernel before 5.6: no time namespaces, so no offset either
+    except OSError:
+        return None
+    return pidns, timens
+
+
 def environ_has(pid: int, key: str, value: str) -> bool | None:
     """Whether process ``pid`` started with ``key=value`` in its environment; None if unreadable.
 

@@ -36,6 +36,10 @@ def reconcile(watch: float | None, as_json: bool) -> None:
                                                                  if c.get(k)))
             for n in rep.requeued:
                 click.echo(f"{n}: requeued")
+            for u in rep.undecided[:20]:  # left as they were: the user sees why
+                click.echo(f"{u.replace(': ', ': unknown (', 1)})")
+            if len(rep.undecided) > 20:
+                click.echo(f"... and {len(rep.undecided) - 20} more unknown (see --json)")
             for e in rep.errors:
                 click.echo(f"warning: {e}", err=True)
         if watch is None:

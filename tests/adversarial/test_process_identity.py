@@ -11,6 +11,7 @@ from __future__ import annotations
 import os
 import re
 import signal
+import sqlite3
 import subprocess
 import time
 from pathlib import Path
@@ -34,6 +35,8 @@ from advkit import (
 )
 
 from orchestrator import protocol
+from orchestrator.backends import proctable
+from orchestrator.backends.local import LocalId, format_id, liveness, parse_id
 
 LIVE = {"submitted", "running"}
 
@@ -154,6 +157,99 @@ def test_a_boot_time_shift_of_one_second_never_declares_a_live_job_dead(orch, tm
         _finish_and_check(orch, "bt", run, sampler)
     finally:
         sampler.stop()
+
+
+NAMESPACES = {  # how a reconciler comes to see other pids or shifted start ticks
+    "time": ["--time", "--boottime", "100000", "--fork"],
+    "pid": ["--pid", "--fork", "--mount-proc"],
+}
+
+
+def _reconcile_in(orch, how: str) -> subprocess.CompletedProcess:  # noqa: ANN001
+    """One `orch reconcile` run in a fresh namespace of kind ``how`` (a container, a VM restore)."""
+    p = subprocess.run(["unshare", *NAMESPACES[how], PY, "-m", "orchestrator.cli", "reconcile"],
+                       env=orch.env, cwd=str(ROOT), capture_output=True, text=True, timeout=60)
+    if "unshare:" in p.stderr:
+        if os.environ.get("CI") == "true":
+            pytest.fail(f"cannot create a {how} namespace: {p.stderr.strip()}")
+        pytest.skip(f"cannot create a {how} namespace: {p.stderr.strip()}")
+    return p
+
+
+@pytest.mark.parametrize("how,ident", [("time", "new"), ("pid", "new"), ("time", "old")])
+def test_a_reconciler_in_another_namespace_never_declares_a_live_job_dead(orch, how, ident):
+    """A hostile tester: a pass under `unshare --time --boottime 100000` (start ticks shifted) or
+    `unshare --pid --mount-proc` (no job in sight) declared a running job retryable_failed, and
+    `orch requeue` then ran attempt 2 beside attempt 1. old: an id written before namespaces were
+    recorded (``sid@ticks``), where only the start-ticks mismatch while the session lives is seen."""
+    need_root()
+    name = f"ns-{how}-{ident}"
+    run = orch.runs / name
+    sampler = ProcessSampler(run)
+    try:
+        _submit(orch, name, "--result")
+        wait_for((run / "started").exists, 30, "the job to start")
+        reconcile_ok(orch)
+        ext = show(orch, name)["attempts"][0]["external_id"]
+        assert parse_id(ext).ns == proctable.namespaces(), ext  # the launch recorded its namespaces
+        if ident == "old":
+            with sqlite3.connect(orch.home / "orch.db") as con:
+                con.execute("UPDATE attempts SET external_id = ? WHERE external_id = ?", (ext.rsplit("@", 1)[0], ext))
+            assert parse_id(show(orch, name)["attempts"][0]["external_id"]).ns is None
+        for _ in range(3):
+            p = _reconcile_in(orch, how)
+            assert p.returncode == 0, (p.returncode, p.stdout, p.stderr)
+            assert f"{name}: unknown (liveness undecidable" in p.stdout, p.stdout + p.stderr
+            _one_live_attempt(orch, name)
+            assert live_job_procs(run), "the job died"
+            sampler.assert_never_two_attempts()
+        r = orch("requeue", name)
+        assert r.returncode == 3, (r.returncode, r.stdout, r.stderr)
+        assert f"{name}: refused (job is running;" in r.stdout, r.stdout + r.stderr
+        _one_live_attempt(orch, name)
+        _finish_and_check(orch, name, run, sampler)
+    finally:
+        sampler.stop()
+
+
+def test_local_ids_old_and_new_formats_parse_and_name_their_namespaces():
+    """Every id a local attempt ever recorded still parses; the namespace part is optional."""
+    assert parse_id("4242@123456") == LocalId(4242, 123456, None)  # before namespaces were recorded
+    assert parse_id("4242@?") == LocalId(4242, None, None)
+    assert parse_id("4242:1700000000123") == LocalId(4242, None, None)  # 0.1's pid:create_ms
+    assert parse_id("4242@123456@4026531836.4026531834") == LocalId(4242, 123456, (4026531836, 4026531834))
+    assert parse_id("4242@?@7.0") == LocalId(4242, None, (7, 0))
+    for bad in (None, "", "1@5", "0@5", "x@5", "4242", "4242@5@7", "4242@5@7.x", "4242@5@.7", "4242@5 ", "-3@5"):
+        assert parse_id(bad) is None, bad
+    for sid, ticks, ns in ((4242, 123456, None), (4242, None, None), (4242, 9, (1, 2)), (4242, None, (3, 0))):
+        assert parse_id(format_id(sid, ticks, ns)) == LocalId(sid, ticks, ns)
+
+
+def test_liveness_answers_unknown_for_what_it_cannot_tell_and_gone_only_for_an_empty_session(spawned):
+    """A real session (a sleep in its own session): alive under its true id; unknown under another
+    namespace, under unreadable /proc, or with start ticks that do not match while it lives; gone
+    once it has ended."""
+    here = proctable.namespaces()
+    assert here is not None, "this process's /proc is its own PID namespace's"
+    sleeper = subprocess.Popen(["sleep", "60"], start_new_session=True)
+    spawned.append(sleeper)
+    ticks = wait_for(lambda: proctable.read_proc(sleeper.pid), 10, "the sleeper in /proc").start_ticks
+
+    def state(ext: str, ns: tuple[int, int] | None = here) -> str:
+        return liveness(ext, "tok", proctable.sessions(), ns).state
+
+    assert state(format_id(sleeper.pid, ticks, here)) == "alive"
+    assert state(format_id(sleeper.pid, ticks)) == "alive"  # an old id: judged by pid + ticks
+    assert state(format_id(sleeper.pid, ticks, (here[0] + 1, here[1]))) == "unknown"  # launched in another PID ns
+    assert state(format_id(sleeper.pid, ticks, (here[0], here[1] + 1))) == "unknown"  # ... another time ns
+    assert state(format_id(sleeper.pid, ticks, here), ns=None) == "unknown"  # this /proc is not ours
+    assert state(format_id(sleeper.pid, ticks + 1, here)) == "unknown"  # shifted ticks, session lives
+    assert state(format_id(sleeper.pid, ticks + 1)) == "unknown"
+    assert state(format_id(sleeper.pid, None)) == "unknown"  # members without the token: never "gone"
+    sleeper.kill()
+    sleeper.wait()
+    assert state(format_id(sleeper.pid, ticks, here)) == "gone"
+    assert state(format_id(sleeper.pid, ticks + 1, here)) == "gone"
 
 
 def test_a_running_job_that_writes_its_own_exit_json_is_not_declared_ended(orch):
