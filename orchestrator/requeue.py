@@ -3,7 +3,9 @@
 For each job the marker is verified FIRST: a verified job is never cleared or resubmitted. The move
 to ``pending`` is a compare-and-set, so of several concurrent requeuers (cron reconcilers, a user)
 exactly one creates the next attempt; and no next attempt is created while the previous one may
-still run (a cancelled attempt still checkpointing after its SIGTERM).
+still run (a cancelled attempt still checkpointing after its SIGTERM), nor while any process
+still runs in its run dir (one that escaped its attempt's session with ``setsid``): the job then
+stays where it is, the reason recorded as a note ``orch show`` prints, and a later pass retries.
 """
 
 from __future__ import annotations
@@ -22,7 +24,7 @@ from orchestrator.errors import DatabaseProblem, IllegalTransition, OrchError, R
 from orchestrator.jobs import expand_names, get_job
 from orchestrator.launch import launch
 from orchestrator.lifecycle import ATTEMPT_LIVE, AttemptState, JobState, move_attempt, move_job, open_attempt, utcnow
-from orchestrator.models import Attempt, Job
+from orchestrator.models import Attempt, Event, Job
 from orchestrator.observe import PassReport, observe, polled_rows
 from orchestrator.rundir import check_run_dir, unverified_leftovers
 from orchestrator.submit import new_token
@@ -87,9 +89,10 @@ def requeue(db: Database, cfg: Config, target: RequeueTarget, dry_run: bool = Fa
     """Requeue the target's jobs: first every next attempt is created, then they are launched —
     sweep tasks of one sweep together (one array on Slurm), other jobs one by one."""
     results = []
+    live = _LiveScan()
     for name in _targets(db, target):
         try:
-            results.append(_requeue_one(db, cfg, name, target, dry_run))
+            results.append(_requeue_one(db, cfg, name, target, dry_run, live))
         except IllegalTransition:
             results.append(RequeueResult(name, "skipped", "another process requeued or changed it first"))
         except Refused as e:
@@ -156,7 +159,37 @@ def _settle_open_attempt(db: Database, cfg: Config, name: str) -> Attempt | None
     return a
 
 
-def _requeue_one(db: Database, cfg: Config, name: str, target: RequeueTarget, dry_run: bool) -> RequeueResult:
+class _LiveScan:
+    """The processes running in each run dir, scanned at most once per requeue call (a pass over
+    1,000 failed jobs reads the process table once, not 1,000 times), and only if some job gets
+    as far as needing it."""
+
+    def __init__(self) -> None:
+        self._map: dict[str, list[str]] | None = None
+
+    def in_run_dir(self, run_dir: Path) -> list[str]:
+        if self._map is None:
+            from orchestrator.backends.local import live_by_run_dir
+
+            self._map = live_by_run_dir()
+        return self._map.get(str(run_dir), [])
+
+
+HELD = "next attempt held: "
+
+
+def _hold(db: Database, name: str, reason: str) -> None:
+    """Record why the job's next attempt was not launched, as a note (an event that changes no
+    state) ``orch show`` prints; written again only when the reason changed, not on every pass."""
+    with db.write() as s:
+        job = get_job(s, name)
+        last = s.scalar(select(Event.reason).where(Event.job_id == job.id).order_by(Event.id.desc()).limit(1))
+        if last != HELD + reason:
+            s.add(Event(job_id=job.id, from_state=job.state.value, to_state=job.state.value, reason=HELD + reason))
+
+
+def _requeue_one(db: Database, cfg: Config, name: str, target: RequeueTarget, dry_run: bool,
+                 live: _LiveScan) -> RequeueResult:
     with db.read() as s:
         job = get_job(s, name)
         state, run_dir, outputs = job.state, Path(job.run_dir), list(job.outputs)
@@ -182,6 +215,14 @@ def _requeue_one(db: Database, cfg: Config, name: str, target: RequeueTarget, dr
         return RequeueResult(name, "refused", f"job is {state.value}; only failed, retryable_failed or "
                                               "cancelled jobs can be requeued (cancel a live one first)")
     action = plan.action if plan and plan.action not in ("give_up", "none") else "resume"
+    if procs := live.in_run_dir(run_dir):
+        # Never two live attempts: a process of an earlier attempt (escaped from its session) still
+        # runs there and would share the run dir with the next one.
+        reason = (f"live process(es) still run in {run_dir}: {', '.join(procs[:5])}"
+                  + (f" and {len(procs) - 5} more" if len(procs) > 5 else "") + "; stop them first")
+        if not dry_run:
+            _hold(db, name, reason)
+        return RequeueResult(name, "refused", reason)
     if dry_run:
         clears = unverified_leftovers(run_dir, outputs, plan.quarantine if plan else ())
         clears += [p for p in (plan.prune if plan else ()) if p not in clears]
