@@ -23,9 +23,19 @@ from orchestrator.db import Database
 from orchestrator.errors import DatabaseProblem, IllegalTransition, OrchError, Refused
 from orchestrator.jobs import expand_names, get_job
 from orchestrator.launch import launch
-from orchestrator.lifecycle import ATTEMPT_LIVE, AttemptState, JobState, move_attempt, move_job, open_attempt, utcnow
+from orchestrator.lifecycle import (
+    ATTEMPT_LIVE,
+    AttemptState,
+    JobState,
+    move_attempt,
+    move_job,
+    open_attempt,
+    set_attempt_fields,
+    utcnow,
+)
 from orchestrator.models import Attempt, Event, Job
 from orchestrator.observe import PassReport, observe, polled_rows
+from orchestrator.protocol import FailureClass
 from orchestrator.rundir import check_run_dir, unverified_leftovers
 from orchestrator.submit import new_token
 
@@ -193,7 +203,7 @@ def _requeue_one(db: Database, cfg: Config, name: str, target: RequeueTarget, dr
     with db.read() as s:
         job = get_job(s, name)
         state, run_dir, outputs = job.state, Path(job.run_dir), list(job.outputs)
-    if state is J.DONE:
+    if state is J.DONE and not target.explicit:
         return RequeueResult(name, "refused", "verified: done_marker_verified jobs are never rerun")
     if state in REQUEUEABLE:
         a = _settle_open_attempt(db, cfg, name)
@@ -202,15 +212,22 @@ def _requeue_one(db: Database, cfg: Config, name: str, target: RequeueTarget, dr
                                                   f"{'stopping' if a.state is A.STOPPING else a.state.value}; "
                                                   "try again when it has exited")
     check_run_dir(cfg, run_dir)
-    if protocol.verify_done_marker(run_dir).verified:
+    verification = protocol.verify_done_marker(run_dir)
+    if verification.verified:
+        if state is J.DONE:
+            return RequeueResult(name, "refused", "verified: done_marker_verified jobs are never rerun")
         if not dry_run:
             _mark_verified(db, name)
         return RequeueResult(name, "refused", "verified: its done marker verifies; never cleared or rerun")
+    if state is J.DONE and not dry_run:
+        _unverify(db, name, verification)  # named, and its marker no longer verifies
     with db.read() as s:
         job = get_job(s, name)
         state = job.state
         last = job.attempts[-1] if job.attempts else None
         plan = last.action if last else None
+    if state is J.DONE and dry_run:
+        state = J.RETRYABLE_FAILED  # what the real requeue would move it to first
     if state not in REQUEUEABLE or (not target.explicit and state is not J.RETRYABLE_FAILED):
         return RequeueResult(name, "refused", f"job is {state.value}; only failed, retryable_failed or "
                                               "cancelled jobs can be requeued (cancel a live one first)")
@@ -236,6 +253,24 @@ def _requeue_one(db: Database, cfg: Config, name: str, target: RequeueTarget, dr
         s.add(Attempt(job_id=job.id, n=n, token=new_token(), state=A.PENDING, backend=job.backend,
                       plan=plan if plan and plan.action not in ("give_up", "none") else None))
     return RequeueResult(name, "requeued", action, n)  # launched by _launch_created
+
+
+def _unverify(db: Database, name: str, v: protocol.Verification) -> None:
+    """A done job named to ``orch requeue`` whose marker no longer verifies (its result was corrupted
+    or deleted after verification): done no longer holds, so it leaves done_marker_verified, with
+    the class on the attempt that had verified it; the requeue then goes on as for any failed job
+    (the broken marker and result go to trash). Only a named requeue gets here: ``--failed`` and
+    the reconciler never look at done jobs (verifying every marker would hash every result)."""
+    cls = FailureClass.MARKER_MISSING if v.status is protocol.MarkerStatus.ABSENT else FailureClass.MARKER_CORRUPT
+    with db.write() as s:
+        job = get_job(s, name)
+        if job.state is not J.DONE:
+            raise IllegalTransition("changed")
+        last = job.attempts[-1] if job.attempts else None
+        if last is not None:
+            set_attempt_fields(s, last, last.state, failure_class=cls,
+                               detail=f"{cls.value} after verification: {v}"[:2000])
+        move_job(s, job, J.RETRYABLE_FAILED, f"{cls.value}: its marker no longer verifies ({v})"[:2000])
 
 
 def _mark_verified(db: Database, name: str) -> None:

@@ -7,8 +7,9 @@ import os
 import signal
 import time
 
-from localkit import RETRYABLE
+from localkit import DONE, RETRYABLE, trash_files
 
+from orchestrator import protocol
 from orchestrator.backends.local import live_by_run_dir
 
 ESCAPES = "setsid sleep 60 & sleep 0.5; exit 1"  # leaves a process of its own session behind
@@ -66,3 +67,41 @@ def test_no_next_attempt_while_an_escaped_process_runs_in_the_run_dir(orch):
     d = orch.show("d1")
     assert len(d["attempts"]) == 2 and d["held"] is None, d
     _kill(_wait_pids(run, True))  # attempt 2 escapes again; leave nothing behind
+
+
+# Each run writes its attempt number into its result, so the rerun's result differs from the first.
+RESULT = 'mkdir -p result; echo "attempt $ORCH_ATTEMPT" > result/out.txt'
+
+
+def test_a_named_requeue_reruns_a_done_job_whose_result_was_corrupted_after_verification(orch):
+    orch("submit", "--name", "c", "--outputs", "result/*", "--", "bash", "-c", RESULT, check=True)
+    orch("submit", "--name", "m", "--outputs", "result/*", "--", "bash", "-c", RESULT, check=True)
+    for name in ("c", "m"):
+        assert orch.wait(name, DONE, timeout=60) == "done_marker_verified"
+    (orch.runs / "c" / "result" / "out.txt").write_text("attempt X\n")  # same size, other bytes
+    (orch.runs / "m" / protocol.DONE_MARKER).unlink()
+    p = orch("verify", "c")
+    assert p.returncode == 4 and p.stdout.startswith("CORRUPT"), p.stdout
+
+    # Never implicitly: --failed and the reconciler leave done jobs alone.
+    p = orch("requeue", "--failed")
+    assert (p.returncode, p.stdout) == (0, "no retryable_failed jobs\n"), p.stdout + p.stderr
+    assert orch("reconcile").returncode == 0
+    assert orch.state("c") == orch.state("m") == "done_marker_verified"
+
+    p = orch("requeue", "c", "m")
+    assert p.returncode == 0, p.stderr
+    assert p.stdout.startswith("c: requeued as attempt 2 (resume); clears done.json, result\n"), p.stdout
+    assert "m: requeued as attempt 2 (resume); clears result\n" in p.stdout, p.stdout
+    assert trash_files(orch.home, "c") == {"done.json": trash_files(orch.home, "c")["done.json"],
+                                           "result/out.txt": b"attempt X\n"}
+    for name, cls in (("c", "marker_corrupt"), ("m", "marker_missing")):
+        assert orch.wait(name, DONE, timeout=60) == "done_marker_verified"
+        first, second = orch.show(name)["attempts"]
+        assert (first["state"], first["failure_class"], second["state"]) == ("succeeded", cls, "succeeded")
+        assert first["detail"].startswith(f"{cls} after verification: ")
+        assert (orch.runs / name / "result" / "out.txt").read_text() == "attempt 2\n"
+        assert orch("verify", name).returncode == 0
+    # Verified again: a named requeue refuses it exactly as before.
+    p = orch("requeue", "c")
+    assert (p.returncode, p.stderr) == (3, "orch: refused: c: verified: done_marker_verified jobs are never rerun\n")
