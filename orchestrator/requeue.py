@@ -137,7 +137,7 @@ def _launch_created(db: Database, cfg: Config, created: list[RequeueResult]) -> 
         try:
             r.clears = launch(db, cfg, r.name).moved
         except Refused as e:
-            r.outcome, r.reason = "refused", str(e)
+            r.outcome, r.reason = "refused", _own_reason(e, r.name)
         except DatabaseProblem:
             raise
         except OrchError as e:
@@ -148,11 +148,17 @@ def _launch_created(db: Database, cfg: Config, created: list[RequeueResult]) -> 
         for r in members:
             res = done.get(r.name)
             if isinstance(res, Refused):
-                r.outcome, r.reason = "refused", str(res)
+                r.outcome, r.reason = "refused", _own_reason(res, r.name)
             elif isinstance(res, OrchError):
                 r.outcome, r.reason = "error", str(res)[:300]
             elif res is not None:
                 r.clears = res.moved
+
+
+def _own_reason(e: Exception, name: str) -> str:
+    """A launcher's refusal ("refused: NAME: why") as this job's reason: "why". The CLI prefixes
+    "refused: NAME: " itself; kept, the user read ``orch: refused: d: refused: d: ...``."""
+    return str(e).removeprefix("refused: ").removeprefix(f"{name}: ")
 
 
 def _settle_open_attempt(db: Database, cfg: Config, name: str) -> Attempt | None:

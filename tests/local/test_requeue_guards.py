@@ -105,3 +105,14 @@ def test_a_named_requeue_reruns_a_done_job_whose_result_was_corrupted_after_veri
     # Verified again: a named requeue refuses it exactly as before.
     p = orch("requeue", "c")
     assert (p.returncode, p.stderr) == (3, "orch: refused: c: verified: done_marker_verified jobs are never rerun\n")
+
+
+def test_a_launch_refusal_is_reported_once_without_a_doubled_prefix(orch, tmp_path):
+    orch("submit", "--name", "d", "--", "/bin/sh", "-c", "exit 1", check=True)
+    assert orch.wait("d", RETRYABLE, timeout=60) == "retryable_failed"
+    (tmp_path / "elsewhere").mkdir()
+    (orch.runs / "d" / "attempts" / "2").symlink_to(tmp_path / "elsewhere")  # the next attempt's dir
+    p = orch("requeue", "d")
+    assert (p.returncode, p.stderr) == (3, "orch: refused: d: 'attempts/2' goes through a symlink (2)\n")
+    assert p.stdout == "d: refused as attempt 2 ('attempts/2' goes through a symlink (2))\n"
+    assert list((tmp_path / "elsewhere").iterdir()) == []
