@@ -96,7 +96,14 @@ JOB_TRANSITIONS: dict[JobState, frozenset[JobState]] = {
         J.PENDING,  # explicit `orch requeue NAME`, once its attempt has stopped
         J.DONE,  # the cancelled attempt finished while stopping, and its marker verifies
     }),
-    J.DONE: frozenset(),  # terminal: a verified result is never rerun
+    J.DONE: frozenset({
+        # Terminal for everything automatic: a verified result is never rerun. The one way out is
+        # an explicit `orch requeue NAME` that verified the marker AGAIN and found it no longer
+        # verifies (a result corrupted or deleted after verification: `orch verify` says CORRUPT,
+        # and "done" must not rest on a marker that is no longer true); the failure class
+        # marker_corrupt/marker_missing is recorded, then the usual requeue path takes it.
+        J.RETRYABLE_FAILED,
+    }),
 }
 
 ATTEMPT_TRANSITIONS: dict[AttemptState, frozenset[AttemptState]] = {
@@ -133,7 +140,8 @@ ATTEMPT_TRANSITIONS: dict[AttemptState, frozenset[AttemptState]] = {
     A.CANCELLED: frozenset(),
 }
 
-JOB_TERMINAL = frozenset(s for s, nxt in JOB_TRANSITIONS.items() if not nxt)
+# Nothing automatic leaves these (done's one edge out is an explicit requeue that re-verified it).
+JOB_TERMINAL = frozenset({J.DONE})
 ATTEMPT_ENDED = frozenset(s for s, nxt in ATTEMPT_TRANSITIONS.items() if not nxt)
 ATTEMPT_OPEN = frozenset(AttemptState) - ATTEMPT_ENDED  # not finished: at most one per job
 # The backend may hold a process for these (a launching attempt may have been submitted already).

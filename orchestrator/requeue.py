@@ -3,7 +3,9 @@
 For each job the marker is verified FIRST: a verified job is never cleared or resubmitted. The move
 to ``pending`` is a compare-and-set, so of several concurrent requeuers (cron reconcilers, a user)
 exactly one creates the next attempt; and no next attempt is created while the previous one may
-still run (a cancelled attempt still checkpointing after its SIGTERM).
+still run (a cancelled attempt still checkpointing after its SIGTERM), nor while any process
+still runs in its run dir (one that escaped its attempt's session with ``setsid``): the job then
+stays where it is, the reason recorded as a note ``orch show`` prints, and a later pass retries.
 """
 
 from __future__ import annotations
@@ -21,9 +23,19 @@ from orchestrator.db import Database
 from orchestrator.errors import DatabaseProblem, IllegalTransition, OrchError, Refused
 from orchestrator.jobs import expand_names, get_job
 from orchestrator.launch import launch
-from orchestrator.lifecycle import ATTEMPT_LIVE, AttemptState, JobState, move_attempt, move_job, open_attempt, utcnow
-from orchestrator.models import Attempt, Job
+from orchestrator.lifecycle import (
+    ATTEMPT_LIVE,
+    AttemptState,
+    JobState,
+    move_attempt,
+    move_job,
+    open_attempt,
+    set_attempt_fields,
+    utcnow,
+)
+from orchestrator.models import Attempt, Event, Job
 from orchestrator.observe import PassReport, observe, polled_rows
+from orchestrator.protocol import FailureClass
 from orchestrator.rundir import check_run_dir, unverified_leftovers
 from orchestrator.submit import new_token
 
@@ -87,9 +99,10 @@ def requeue(db: Database, cfg: Config, target: RequeueTarget, dry_run: bool = Fa
     """Requeue the target's jobs: first every next attempt is created, then they are launched —
     sweep tasks of one sweep together (one array on Slurm), other jobs one by one."""
     results = []
+    live = _LiveScan()
     for name in _targets(db, target):
         try:
-            results.append(_requeue_one(db, cfg, name, target, dry_run))
+            results.append(_requeue_one(db, cfg, name, target, dry_run, live))
         except IllegalTransition:
             results.append(RequeueResult(name, "skipped", "another process requeued or changed it first"))
         except Refused as e:
@@ -124,7 +137,7 @@ def _launch_created(db: Database, cfg: Config, created: list[RequeueResult]) -> 
         try:
             r.clears = launch(db, cfg, r.name).moved
         except Refused as e:
-            r.outcome, r.reason = "refused", str(e)
+            r.outcome, r.reason = "refused", _own_reason(e, r.name)
         except DatabaseProblem:
             raise
         except OrchError as e:
@@ -135,11 +148,17 @@ def _launch_created(db: Database, cfg: Config, created: list[RequeueResult]) -> 
         for r in members:
             res = done.get(r.name)
             if isinstance(res, Refused):
-                r.outcome, r.reason = "refused", str(res)
+                r.outcome, r.reason = "refused", _own_reason(res, r.name)
             elif isinstance(res, OrchError):
                 r.outcome, r.reason = "error", str(res)[:300]
             elif res is not None:
                 r.clears = res.moved
+
+
+def _own_reason(e: Exception, name: str) -> str:
+    """A launcher's refusal ("refused: NAME: why") as this job's reason: "why". The CLI prefixes
+    "refused: NAME: " itself; kept, the user read ``orch: refused: d: refused: d: ...``."""
+    return str(e).removeprefix("refused: ").removeprefix(f"{name}: ")
 
 
 def _settle_open_attempt(db: Database, cfg: Config, name: str) -> Attempt | None:
@@ -156,11 +175,41 @@ def _settle_open_attempt(db: Database, cfg: Config, name: str) -> Attempt | None
     return a
 
 
-def _requeue_one(db: Database, cfg: Config, name: str, target: RequeueTarget, dry_run: bool) -> RequeueResult:
+class _LiveScan:
+    """The processes running in each run dir, scanned at most once per requeue call (a pass over
+    1,000 failed jobs reads the process table once, not 1,000 times), and only if some job gets
+    as far as needing it."""
+
+    def __init__(self) -> None:
+        self._map: dict[str, list[str]] | None = None
+
+    def in_run_dir(self, run_dir: Path) -> list[str]:
+        if self._map is None:
+            from orchestrator.backends.local import live_by_run_dir
+
+            self._map = live_by_run_dir()
+        return self._map.get(str(run_dir), [])
+
+
+HELD = "next attempt held: "
+
+
+def _hold(db: Database, name: str, reason: str) -> None:
+    """Record why the job's next attempt was not launched, as a note (an event that changes no
+    state) ``orch show`` prints; written again only when the reason changed, not on every pass."""
+    with db.write() as s:
+        job = get_job(s, name)
+        last = s.scalar(select(Event.reason).where(Event.job_id == job.id).order_by(Event.id.desc()).limit(1))
+        if last != HELD + reason:
+            s.add(Event(job_id=job.id, from_state=job.state.value, to_state=job.state.value, reason=HELD + reason))
+
+
+def _requeue_one(db: Database, cfg: Config, name: str, target: RequeueTarget, dry_run: bool,
+                 live: _LiveScan) -> RequeueResult:
     with db.read() as s:
         job = get_job(s, name)
         state, run_dir, outputs = job.state, Path(job.run_dir), list(job.outputs)
-    if state is J.DONE:
+    if state is J.DONE and not target.explicit:
         return RequeueResult(name, "refused", "verified: done_marker_verified jobs are never rerun")
     if state in REQUEUEABLE:
         a = _settle_open_attempt(db, cfg, name)
@@ -169,19 +218,34 @@ def _requeue_one(db: Database, cfg: Config, name: str, target: RequeueTarget, dr
                                                   f"{'stopping' if a.state is A.STOPPING else a.state.value}; "
                                                   "try again when it has exited")
     check_run_dir(cfg, run_dir)
-    if protocol.verify_done_marker(run_dir).verified:
+    verification = protocol.verify_done_marker(run_dir)
+    if verification.verified:
+        if state is J.DONE:
+            return RequeueResult(name, "refused", "verified: done_marker_verified jobs are never rerun")
         if not dry_run:
             _mark_verified(db, name)
         return RequeueResult(name, "refused", "verified: its done marker verifies; never cleared or rerun")
+    if state is J.DONE and not dry_run:
+        _unverify(db, name, verification)  # named, and its marker no longer verifies
     with db.read() as s:
         job = get_job(s, name)
         state = job.state
         last = job.attempts[-1] if job.attempts else None
         plan = last.action if last else None
+    if state is J.DONE and dry_run:
+        state = J.RETRYABLE_FAILED  # what the real requeue would move it to first
     if state not in REQUEUEABLE or (not target.explicit and state is not J.RETRYABLE_FAILED):
         return RequeueResult(name, "refused", f"job is {state.value}; only failed, retryable_failed or "
                                               "cancelled jobs can be requeued (cancel a live one first)")
     action = plan.action if plan and plan.action not in ("give_up", "none") else "resume"
+    if procs := live.in_run_dir(run_dir):
+        # Never two live attempts: a process of an earlier attempt (escaped from its session) still
+        # runs there and would share the run dir with the next one.
+        reason = (f"live process(es) still run in {run_dir}: {', '.join(procs[:5])}"
+                  + (f" and {len(procs) - 5} more" if len(procs) > 5 else "") + "; stop them first")
+        if not dry_run:
+            _hold(db, name, reason)
+        return RequeueResult(name, "refused", reason)
     if dry_run:
         clears = unverified_leftovers(run_dir, outputs, plan.quarantine if plan else ())
         clears += [p for p in (plan.prune if plan else ()) if p not in clears]
@@ -195,6 +259,24 @@ def _requeue_one(db: Database, cfg: Config, name: str, target: RequeueTarget, dr
         s.add(Attempt(job_id=job.id, n=n, token=new_token(), state=A.PENDING, backend=job.backend,
                       plan=plan if plan and plan.action not in ("give_up", "none") else None))
     return RequeueResult(name, "requeued", action, n)  # launched by _launch_created
+
+
+def _unverify(db: Database, name: str, v: protocol.Verification) -> None:
+    """A done job named to ``orch requeue`` whose marker no longer verifies (its result was corrupted
+    or deleted after verification): done no longer holds, so it leaves done_marker_verified, with
+    the class on the attempt that had verified it; the requeue then goes on as for any failed job
+    (the broken marker and result go to trash). Only a named requeue gets here: ``--failed`` and
+    the reconciler never look at done jobs (verifying every marker would hash every result)."""
+    cls = FailureClass.MARKER_MISSING if v.status is protocol.MarkerStatus.ABSENT else FailureClass.MARKER_CORRUPT
+    with db.write() as s:
+        job = get_job(s, name)
+        if job.state is not J.DONE:
+            raise IllegalTransition("changed")
+        last = job.attempts[-1] if job.attempts else None
+        if last is not None:
+            set_attempt_fields(s, last, last.state, failure_class=cls,
+                               detail=f"{cls.value} after verification: {v}"[:2000])
+        move_job(s, job, J.RETRYABLE_FAILED, f"{cls.value}: its marker no longer verifies ({v})"[:2000])
 
 
 def _mark_verified(db: Database, name: str) -> None:

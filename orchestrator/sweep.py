@@ -9,7 +9,9 @@ On Slurm the pending tasks go out as ONE ``sbatch --array=<indices>%<throttle>``
 and site limits such as MaxSubmitJobs punish 1,000 single submissions); a failed task's next attempt
 goes out with the other tasks that need one, again as one small array. On the local backend at most
 ``throttle`` tasks run at once; the reconciler starts the next ones as slots free up. A verified task
-is never rerun: a task whose run dir already holds a verified marker is recorded done at submission.
+is never rerun: a task whose run dir already holds a verified marker is recorded done at submission,
+if its last attempt ran this task's command (else the sweep is refused: the result answers another
+question, e.g. the same sweep name resubmitted with other parameters after the DB was lost).
 """
 
 from __future__ import annotations
@@ -34,6 +36,7 @@ from orchestrator.jobs import environment_id, names_taken
 from orchestrator.launch import Launched, launch, launch_group
 from orchestrator.lifecycle import ATTEMPT_LIVE, AttemptState, JobState
 from orchestrator.models import Attempt, Event, Job, Sweep
+from orchestrator.policy import FLAGS, is_bundled_trainer
 from orchestrator.rundir import check_run_dir, ensure_runs_root, run_dir_for
 from orchestrator.submit import live_processes, new_token
 
@@ -139,10 +142,13 @@ def submit_sweep(db: Database, cfg: Config, req: SweepRequest) -> Sweep:
                          f"(MaxArraySize={limit}): split it into sweeps of at most {limit}, or raise MaxArraySize")
     ensure_runs_root(cfg)
     verified: set[str] = set()
-    for n in names:
+    for n, cmd in zip(names, commands, strict=True):
         run_dir = run_dir_for(cfg, n)
         check_run_dir(cfg, run_dir)
         if protocol.verify_done_marker(run_dir).verified:
+            if diff := command_difference(cmd, protocol.last_attempt_command(run_dir)):
+                raise Refused(f"refused: {n}: {run_dir} holds a verified result of another command ({diff}); "
+                              "use another sweep name, or move that run dir away")
             verified.add(n)  # a finished task of an earlier sweep (a lost DB): recorded done, never rerun
         elif live := live_processes(run_dir):
             raise Refused(f"refused: a live attempt runs in {run_dir} ({'; '.join(live[:2])}) that this DB "
@@ -179,6 +185,34 @@ def submit_sweep(db: Database, cfg: Config, req: SweepRequest) -> Sweep:
         sweep = s.get(Sweep, sweep_id)
         sweep.tasks  # noqa: B018 - loaded for the caller
         return sweep
+
+
+def command_difference(cmd: list[str], recorded: tuple[int, list[str]] | None) -> str | None:
+    """Why a run dir's last attempt (``recorded``: its number and argv) did not run ``cmd``; None if
+    it did. The bundled trainer records its own argv (its interpreter's path, and the policy's flags
+    such as ``--resume`` appended by orch): for it, the arguments after ``-m trainer`` must be
+    ``cmd``'s, followed by policy flags only."""
+    if recorded is None:
+        return "its last attempt has no readable command record"
+    n, argv = recorded
+    if argv == cmd:
+        return None
+    if is_bundled_trainer(cmd) and is_bundled_trainer(argv):
+        mine, theirs = _trainer_args(cmd), _trainer_args(argv)
+        extra = theirs[len(mine):]
+        if theirs[:len(mine)] == mine and len(extra) % 2 == 0 and set(extra[::2]) <= set(FLAGS.values()):
+            return None
+    return f"attempt {n} ran {_short(argv)}, this task runs {_short(cmd)}"
+
+
+def _trainer_args(argv: list[str]) -> list[str]:
+    i = next(i for i, a in enumerate(argv) if a == "trainer" and i > 0 and argv[i - 1] == "-m")
+    return argv[i + 1:]
+
+
+def _short(argv: list[str]) -> str:
+    text = json.dumps(argv)
+    return text if len(text) <= 200 else text[:197] + "..."
 
 
 def launch_queued(db: Database, cfg: Config, backend: Backend, sweep_id: int,

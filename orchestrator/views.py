@@ -13,7 +13,7 @@ from orchestrator.config import Config
 from orchestrator.db import Database
 from orchestrator.jobs import attempt_ref, attempt_view, get_job
 from orchestrator.lifecycle import ATTEMPT_LIVE, AttemptState, JobState
-from orchestrator.models import Attempt, Job
+from orchestrator.models import Attempt, Event, Job
 from orchestrator.statusview import group_by_sweep, make_row, status_select
 
 __all__ = ["status_rows", "group_by_sweep", "show_job", "show_sweep", "log_paths"]
@@ -41,6 +41,7 @@ def show_job(db: Database, name: str) -> dict[str, Any]:
             if job.retry_not_before and job.state is JobState.RETRYABLE_FAILED else None,
             "created_at": job.created_at.isoformat(timespec="seconds") + "Z",
             "attempts": [attempt_view(a) for a in job.attempts],
+            "held": _held(s, job),
         }
         last = job.attempts[-1].n if job.attempts else None
     # Beyond the DB: what orch leaves alone in the run dir, and job-written records it refused.
@@ -54,6 +55,15 @@ def show_job(db: Database, name: str) -> dict[str, Any]:
         prog = protocol.read_progress(d["run_dir"], last) or {}
         d["last_step"] = prog.get("step")
     return d
+
+
+def _held(s: Any, job: Job) -> str | None:
+    """Why the job's next attempt was not launched (requeue's latest note), while it still waits."""
+    if job.state not in (JobState.RETRYABLE_FAILED, JobState.FAILED, JobState.CANCELLED):
+        return None
+    ev = s.scalar(select(Event).where(Event.job_id == job.id).order_by(Event.id.desc()).limit(1))
+    held = ev is not None and ev.from_state == ev.to_state and ev.reason.startswith("next attempt held: ")
+    return ev.reason if held else None  # the prefix is requeue.HELD (not imported: requeue pulls in backends)
 
 
 def log_paths(db: Database, name: str, n: int | None) -> tuple[list[Path], Callable[[], bool]]:

@@ -274,9 +274,20 @@ class LocalBackend(Backend):
 
     def live_in_run_dir(self, run_dir: Path) -> list[str]:
         """Live processes (by kernel-held environment) running in ``run_dir`` as some orch attempt."""
-        want = str(run_dir)
-        out = []
-        for p in proctable.all_procs():
-            if not p.zombie and proctable.environ_value(p.pid, protocol.ENV_RUN_DIR) == want:
-                out.append(f"pid {p.pid} (attempt {proctable.environ_value(p.pid, protocol.ENV_ATTEMPT) or '?'})")
-        return out
+        return live_by_run_dir().get(str(run_dir), [])
+
+
+def live_by_run_dir() -> dict[str, list[str]]:
+    """run dir -> the live processes whose kernel-held environment names it (``ORCH_RUN_DIR``), as
+    "pid N (attempt K)": ONE scan of the process table for any number of run dirs (a requeue pass
+    asks about every job it would launch). A process that left its attempt's session (``setsid``)
+    keeps that environment, so it is found here although the attempt itself has ended."""
+    out: dict[str, list[str]] = {}
+    for p in proctable.all_procs():
+        if p.zombie:
+            continue
+        run_dir = proctable.environ_value(p.pid, protocol.ENV_RUN_DIR)
+        if run_dir is not None:
+            attempt = proctable.environ_value(p.pid, protocol.ENV_ATTEMPT) or "?"
+            out.setdefault(run_dir, []).append(f"pid {p.pid} (attempt {attempt})")
+    return out

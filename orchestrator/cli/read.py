@@ -90,6 +90,8 @@ def show(name: str, as_json: bool) -> None:
     click.echo(f"  command: {' '.join(d['command'])}")
     if d.get("last_step") is not None:
         click.echo(f"  last step: {d['last_step']}")
+    if d.get("held"):
+        click.echo(f"  {d['held']}")
     if d.get("overrides"):
         click.echo(f"  overrides for the next attempt: {json.dumps(d['overrides'], sort_keys=True)}")
     for a in d["attempts"]:

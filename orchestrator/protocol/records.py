@@ -26,6 +26,7 @@ from orchestrator.protocol.durable import (
 from orchestrator.protocol.layout import (
     ATTEMPTS_DIR,
     CHECKPOINTS_DIR,
+    COMMAND_FILE,
     EXIT_FILE,
     FAILURE_CLASSES,
     FAILURE_FILE,
@@ -67,6 +68,27 @@ def read_failure(run_dir: Path | str, attempt: int) -> dict | None:
     classifies from the backend, which is what it would do for a job that wrote nothing.
     """
     return _read_failure_at(attempt_dir(run_dir, attempt) / FAILURE_FILE)
+
+
+def last_attempt_command(run_dir: Path | str) -> tuple[int, list[str]] | None:
+    """(n, argv) recorded in the highest-numbered ``attempts/<n>/command.json`` (written by orch
+    before the launch, rewritten by the bundled trainer); None when there is none or it is not a
+    small JSON object whose ``argv`` is a list of strings (the file is the job's to write)."""
+    try:
+        numbers = [int(d.name) for d in (Path(run_dir) / ATTEMPTS_DIR).iterdir() if d.name.isdigit()]
+    except OSError:
+        return None
+    if not numbers:
+        return None
+    n = max(numbers)
+    try:
+        rec = read_json_bounded(attempt_dir(run_dir, n) / COMMAND_FILE, limit=1 << 20)
+    except (OSError, ValueError):
+        return None
+    argv = rec.get("argv") if isinstance(rec, dict) else None
+    if not isinstance(argv, list) or not all(isinstance(a, str) for a in argv):
+        return None
+    return n, argv
 
 
 def _read_failure_at(path: Path) -> dict | None:

@@ -134,6 +134,29 @@ def test_a_resubmitted_sweep_never_reruns_a_verified_task(orch, tmp_path):
     assert sorted(log.read_text().splitlines()) == ["0", "1", "1"]
 
 
+def test_a_sweep_resubmitted_with_other_parameters_never_takes_old_results_as_its_own(orch):
+    # Hostile tester: after a lost DB, `r` with x=7,8,9 recorded r.0000 done from x=1's result.
+    cmd = ("--outputs", "o", "--", "/bin/sh", "-c", "echo {x} > o")
+    assert orch("sweep", "--name", "r", "--grid", "x=1,2", *cmd).returncode == 0
+    _settle(orch, ["r.0000", "r.0001"])
+    for f in orch.home.glob("orch.db*"):  # the DB is lost; the runs root is not
+        f.unlink()
+    before = sorted(p.relative_to(orch.runs) for p in orch.runs.rglob("*"))
+    p = orch("sweep", "--name", "r", "--grid", "x=7,8,9", *cmd)
+    assert (p.returncode, p.stdout) == (3, ""), p.stderr
+    assert p.stderr == (f"orch: refused: r.0000: {orch.runs / 'r.0000'} holds a verified result of another command "
+                        '(attempt 1 ran ["/bin/sh", "-c", "echo 1 > o"], this task runs ["/bin/sh", "-c", '
+                        '"echo 7 > o"]); use another sweep name, or move that run dir away\n')
+    assert sorted(p.relative_to(orch.runs) for p in orch.runs.rglob("*")) == before  # nothing written
+    assert orch.json("status") == []
+    # The same parameters again: the verified results are its own, recorded done, not rerun.
+    assert orch("sweep", "--name", "r", "--grid", "x=1,2", *cmd).returncode == 3  # every task verified
+    assert orch("sweep", "--name", "r", "--grid", "x=1,2,3", *cmd).returncode == 0
+    rows = _settle(orch, ["r.0000", "r.0001", "r.0002"])
+    assert [rows[f"r.000{i}"]["attempts"] for i in range(3)] == [0, 0, 1]
+    assert (orch.runs / "r.0002" / "o").read_text() == "3\n"
+
+
 def test_bad_sweep_arguments_are_refused_before_anything_is_written(orch):
     p = orch("sweep", "--name", "b", "--grid", "lr=1,2", "--", "train", "{seed}")
     assert p.returncode == 2 and "no 'seed'" in p.stderr, p.stderr

@@ -36,9 +36,9 @@ def jobs(orch):
     cancel_all_of(orch, extra)
 
 
-def submit(orch, name: str, partition: str, script: str, log: Path) -> None:
+def submit(orch, name: str, partition: str, script: str, log: Path, steps: int = STEPS) -> None:
     p = orch("submit", "--backend", "slurm", "--name", name, "--partition", partition, "--cpus-per-task", "1",
-             "--mem", "3G", "--", sys.executable, str(ROOT / "examples" / script), "--max-steps", str(STEPS),
+             "--mem", "3G", "--", sys.executable, str(ROOT / "examples" / script), "--max-steps", str(steps),
              "--sleep-per-step", "0.08", "--step-log", str(log))
     assert p.returncode == 0, p.stdout + p.stderr
 
@@ -110,6 +110,7 @@ def test_e2e_lightning_on_spot_and_hf_on_spot_cancel_survive_a_real_preemption(o
 
 
 PREEMPTIONS = 2
+LONG_STEPS = 1500  # 2 min of steps: a prio job takes ~20 s (grace included) to preempt, twice, with room
 
 
 def _preemptions(orch, name: str) -> int:  # noqa: ANN001
@@ -133,7 +134,7 @@ def _start_requeued(name_prefix: str = "orch-") -> None:
             run("scontrol", "update", f"jobid={jid}", "StartTime=now")
 
 
-@pytest.mark.skipif(os.environ.get("ORCH_LONG") != "1", reason="long variant (~6 min): set ORCH_LONG=1")
+@pytest.mark.skipif(os.environ.get("ORCH_LONG") != "1", reason="long variant (~9 min): set ORCH_LONG=1")
 @pytest.mark.parametrize("script, partition", [("plain_loop.py", "spot-cancel"), ("lightning_train.py", "spot"),
                                                ("hf_train.py", "spot-cancel")], ids=["plain", "lightning", "hf"])
 def test_each_integration_preempted_twice_by_real_prio_jobs_redoes_no_step(orch, jobs, tmp_path, script, partition):
@@ -141,7 +142,7 @@ def test_each_integration_preempted_twice_by_real_prio_jobs_redoes_no_step(orch,
     # preemption (measured: 0). One job at a time, so each prio job preempts exactly it.
     node_idle()
     name, log = script.split("_")[0], tmp_path / "steps.log"
-    submit(orch, name, partition, script, log)
+    submit(orch, name, partition, script, log, steps=LONG_STEPS)
     t0, seen_at = time.time(), 0  # log lines seen when the last preemption was sent
     while _preemptions(orch, name) < PREEMPTIONS:
         assert time.time() - t0 < 600, (orch.show(name), run("squeue").stdout)
@@ -156,6 +157,7 @@ def test_each_integration_preempted_twice_by_real_prio_jobs_redoes_no_step(orch,
             jobs.append(p.stdout.strip())
             while _preemptions(orch, name) == before:  # wait for this preemption to be on record
                 assert time.time() - t0 < 600, (orch.show(name), run("squeue").stdout)
+                assert orch.state(name) != DONE, f"finished before preemption {before + 1}: {orch.show(name)}"
                 orch("reconcile", check=True)
                 _start_requeued()
                 time.sleep(1)
@@ -166,7 +168,7 @@ def test_each_integration_preempted_twice_by_real_prio_jobs_redoes_no_step(orch,
     assert rows[name]["state"] == DONE, orch.show(name)
     assert _preemptions(orch, name) == PREEMPTIONS, orch.show(name)
     counts = collections.Counter(s for _, s in steps_of(log))
-    assert sorted(counts) == list(range(1, STEPS + 1)), counts.most_common(3)
+    assert sorted(counts) == list(range(1, LONG_STEPS + 1)), counts.most_common(3)
     redone = sum(c - 1 for c in counts.values())
     assert redone <= PREEMPTIONS, counts.most_common(3)  # <= 1 step redone per preemption
     print(f"\n[measured] {name} on {partition}: {PREEMPTIONS} real preemptions, {redone} optimizer steps redone")

@@ -59,6 +59,7 @@ EDGES = {
     ("failed", "done_marker_verified"),
     ("cancelled", "pending"),
     ("cancelled", "done_marker_verified"),
+    ("done_marker_verified", "retryable_failed"),  # only `orch requeue NAME` whose re-verification failed
 }
 
 
@@ -83,7 +84,8 @@ def test_transition_table_is_exactly_these_edges():
 
 def test_done_marker_verified_is_the_only_terminal_state():
     assert TERMINAL == {JobState.DONE}
-    assert TRANSITIONS[JobState.DONE] == frozenset()
+    # Its one edge out: an explicit requeue that verified the marker again and found it broken.
+    assert TRANSITIONS[JobState.DONE] == frozenset({JobState.RETRYABLE_FAILED})
     assert all(TRANSITIONS[s] for s in JobState if s is not JobState.DONE)
 
 

@@ -1,0 +1,118 @@
+"""Requeue's guards found by a hostile tester: no next attempt beside a process that escaped its
+attempt's session; a result corrupted after verification is requeued when named."""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+
+from localkit import DONE, RETRYABLE, trash_files
+
+from orchestrator import protocol
+from orchestrator.backends.local import live_by_run_dir
+
+ESCAPES = "setsid sleep 60 & sleep 0.5; exit 1"  # leaves a process of its own session behind
+
+
+def _pids(run_dir) -> list[int]:  # noqa: ANN001
+    return [int(e.split()[1]) for e in live_by_run_dir().get(str(run_dir), [])]
+
+
+def _wait_pids(run_dir, want_any: bool, timeout: float = 20) -> list[int]:  # noqa: ANN001
+    t0 = time.time()
+    while True:
+        pids = _pids(run_dir)
+        if bool(pids) == want_any:
+            return pids
+        if time.time() - t0 > timeout:
+            raise AssertionError(f"processes in {run_dir}: {pids}")
+        time.sleep(0.05)
+
+
+def _kill(pids: list[int]) -> None:
+    for pid in pids:
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+
+
+def test_no_next_attempt_while_an_escaped_process_runs_in_the_run_dir(orch):
+    orch.home.mkdir(parents=True, exist_ok=True)  # exit 1 ("crash") requeued by the reconciler itself
+    (orch.home / "orch.toml").write_text('[policy]\nauto_requeue = ["crash"]\ncrash_backoff_s = 0\n')
+    orch("submit", "--name", "d1", "--", "/bin/sh", "-c", ESCAPES, check=True)
+    run = orch.runs / "d1"
+    try:
+        assert orch.wait("d1", RETRYABLE, timeout=60) == "retryable_failed"
+        pids = _wait_pids(run, True)  # the attempt ended; its escaped 'sleep' did not
+        p = orch("requeue", "d1")
+        assert p.returncode == 3, p.stdout + p.stderr
+        err = p.stderr.strip()
+        assert "\n" not in err and err.startswith("orch: refused: d1: live process(es) still run in"), err
+        assert all(f"pid {pid} (attempt 1)" in err for pid in pids), err
+        d = orch.show("d1")
+        assert len(d["attempts"]) == 1 and d["state"] == "retryable_failed"
+        assert d["held"].startswith("next attempt held: live process(es)") and f"pid {pids[0]}" in d["held"]
+        # The reconciler's own requeue holds it too.
+        assert d["auto_requeue"] is True
+        assert orch("reconcile").returncode == 0
+        assert orch.state("d1") == "retryable_failed" and len(orch.show("d1")["attempts"]) == 1
+        assert orch("reconcile").returncode == 0  # a second pass does not repeat the note
+        assert orch.show("d1")["held"] == d["held"]
+    finally:
+        _kill(_pids(run))
+    _wait_pids(run, False)
+    assert orch("reconcile").returncode == 0  # processes gone: a later pass launches attempt 2
+    d = orch.show("d1")
+    assert len(d["attempts"]) == 2 and d["held"] is None, d
+    _kill(_wait_pids(run, True))  # attempt 2 escapes again; leave nothing behind
+
+
+# Each run writes its attempt number into its result, so the rerun's result differs from the first.
+RESULT = 'mkdir -p result; echo "attempt $ORCH_ATTEMPT" > result/out.txt'
+
+
+def test_a_named_requeue_reruns_a_done_job_whose_result_was_corrupted_after_verification(orch):
+    orch("submit", "--name", "c", "--outputs", "result/*", "--", "bash", "-c", RESULT, check=True)
+    orch("submit", "--name", "m", "--outputs", "result/*", "--", "bash", "-c", RESULT, check=True)
+    for name in ("c", "m"):
+        assert orch.wait(name, DONE, timeout=60) == "done_marker_verified"
+    (orch.runs / "c" / "result" / "out.txt").write_text("attempt X\n")  # same size, other bytes
+    (orch.runs / "m" / protocol.DONE_MARKER).unlink()
+    p = orch("verify", "c")
+    assert p.returncode == 4 and p.stdout.startswith("CORRUPT"), p.stdout
+
+    # Never implicitly: --failed and the reconciler leave done jobs alone.
+    p = orch("requeue", "--failed")
+    assert (p.returncode, p.stdout) == (0, "no retryable_failed jobs\n"), p.stdout + p.stderr
+    assert orch("reconcile").returncode == 0
+    assert orch.state("c") == orch.state("m") == "done_marker_verified"
+
+    p = orch("requeue", "c", "m")
+    assert p.returncode == 0, p.stderr
+    assert p.stdout.startswith("c: requeued as attempt 2 (resume); clears done.json, result\n"), p.stdout
+    assert "m: requeued as attempt 2 (resume); clears result\n" in p.stdout, p.stdout
+    assert trash_files(orch.home, "c") == {"done.json": trash_files(orch.home, "c")["done.json"],
+                                           "result/out.txt": b"attempt X\n"}
+    for name, cls in (("c", "marker_corrupt"), ("m", "marker_missing")):
+        assert orch.wait(name, DONE, timeout=60) == "done_marker_verified"
+        first, second = orch.show(name)["attempts"]
+        assert (first["state"], first["failure_class"], second["state"]) == ("succeeded", cls, "succeeded")
+        assert first["detail"].startswith(f"{cls} after verification: ")
+        assert (orch.runs / name / "result" / "out.txt").read_text() == "attempt 2\n"
+        assert orch("verify", name).returncode == 0
+    # Verified again: a named requeue refuses it exactly as before.
+    p = orch("requeue", "c")
+    assert (p.returncode, p.stderr) == (3, "orch: refused: c: verified: done_marker_verified jobs are never rerun\n")
+
+
+def test_a_launch_refusal_is_reported_once_without_a_doubled_prefix(orch, tmp_path):
+    orch("submit", "--name", "d", "--", "/bin/sh", "-c", "exit 1", check=True)
+    assert orch.wait("d", RETRYABLE, timeout=60) == "retryable_failed"
+    (tmp_path / "elsewhere").mkdir()
+    (orch.runs / "d" / "attempts" / "2").symlink_to(tmp_path / "elsewhere")  # the next attempt's dir
+    p = orch("requeue", "d")
+    assert (p.returncode, p.stderr) == (3, "orch: refused: d: 'attempts/2' goes through a symlink (2)\n")
+    assert p.stdout == "d: refused as attempt 2 ('attempts/2' goes through a symlink (2))\n"
+    assert list((tmp_path / "elsewhere").iterdir()) == []
