@@ -142,9 +142,10 @@ def test_a_twenty_task_array_recovers_each_task_on_its_own(orch, cleanup, tmp_pa
     for i in untouched:  # one attempt each; a quick task a prio job caught running was requeued in place too
         a = orch.show(name[i])["attempts"]
         assert rows[name[i]]["state"] == "done_marker_verified" and len(a) == 1, a
-        # orch counts what Slurm counts (SLURM_RESTART_COUNT of the last run): a run preempted before the
-        # task logged its start leaves no event of its own, so compare with the newest run's count.
-        assert a[0]["restarts"] == max(e["restart"] for e in starts if e["task"] == i), (a, i)
+        # orch counts every Slurm rerun; the task logs only the runs that reached its program: a run preempted
+        # before it logged, or a rerun whose wrapper found the marker already verified (a quick task caught
+        # by a prio job as it finished: seen twice in CI), leaves no event of its own.
+        assert a[0]["restarts"] >= max(e["restart"] for e in starts if e["task"] == i), (a, i)
 
     # One requeue of the failed tasks: ONE new array with just those two.
     r = orch("requeue", "--failed", "--json")
