@@ -228,6 +228,13 @@ def main(argv: list[str] | None = None) -> int:
         protocol.write_exit(adir, protocol.ExitRecord(token=a.token, returncode=rc, ended_at=protocol.now_iso(),
                                                       restart_count=restart, **kw))  # type: ignore[arg-type]
 
+    # The one completion predicate, once more at the door: Slurm can rerun a task it requeued while the task
+    # was finishing (a prio job's preemption caught it as it exited), after its marker verified. Running the
+    # program again in a finished run dir could only rewrite a verified result.
+    if protocol.verify_done_marker(run_dir).verified:
+        record(0, error="already complete: the run dir's done marker verifies; the program was not run again")
+        return 0
+
     flags = os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_NOFOLLOW
     with open(os.open(adir / protocol.STDOUT_LOG, flags, 0o666), "ab") as out, \
             open(os.open(adir / protocol.STDERR_LOG, flags, 0o666), "ab") as err:
