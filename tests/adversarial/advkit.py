@@ -33,6 +33,14 @@ SETTLED_STATES = ("done_marker_verified", "failed", "cancelled", "retryable_fail
 FINAL_STATES = ("done_marker_verified", "failed", "cancelled")
 
 
+def unavailable(msg: str) -> None:
+    """A facility a test needs is missing: a failure under CI (a skip there would hide the test), a skip
+    elsewhere."""
+    if os.environ.get("CI") == "true":
+        pytest.fail(msg)
+    pytest.skip(msg)
+
+
 def need_root() -> None:
     """Root-only tests: a failure under CI (a skip there would hide the test), a skip elsewhere."""
     if os.geteuid() == 0:
@@ -416,10 +424,7 @@ def tmpfs(where: Path, size: str) -> Iterator[Path]:
     p = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(where)],
                        capture_output=True, text=True)
     if p.returncode:
-        msg = f"running as root but mount -t tmpfs failed: {p.stderr.strip()}"
-        if os.environ.get("CI") == "true":
-            pytest.fail(msg)
-        pytest.skip(msg)
+        unavailable(f"running as root but mount -t tmpfs failed: {p.stderr.strip()}")
     try:
         yield where
     finally:

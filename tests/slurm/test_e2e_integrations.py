@@ -17,7 +17,7 @@ import time
 from pathlib import Path
 
 import pytest
-from slurmkit import cancel_all_of, node_idle, run
+from slurmkit import cancel_all_of, node_idle, run, start_requeued
 
 from orchestrator import protocol
 
@@ -125,15 +125,6 @@ def _running_in_slurm(orch, name: str) -> bool:  # noqa: ANN001
     return bool(ext) and run("squeue", "-h", "-j", ext, "-o", "%t").stdout.strip() == "R"
 
 
-def _start_requeued(name_prefix: str = "orch-") -> None:
-    """A job Slurm requeued in place waits ~2 min for its BeginTime; an admin (root here) may start it now.
-    Only the wait is skipped: Slurm's own requeue is what is under test."""
-    for line in run("squeue", "-h", "-t", "PD", "-o", "%i|%r|%j").stdout.splitlines():
-        jid, reason, jname = (line.split("|") + ["", ""])[:3]
-        if reason.strip() == "BeginTime" and jname.startswith(name_prefix):
-            run("scontrol", "update", f"jobid={jid}", "StartTime=now")
-
-
 @pytest.mark.skipif(os.environ.get("ORCH_LONG") != "1", reason="long variant (~9 min): set ORCH_LONG=1")
 @pytest.mark.parametrize("script, partition", [("plain_loop.py", "spot-cancel"), ("lightning_train.py", "spot"),
                                                ("hf_train.py", "spot-cancel")], ids=["plain", "lightning", "hf"])
@@ -147,7 +138,7 @@ def test_each_integration_preempted_twice_by_real_prio_jobs_redoes_no_step(orch,
     while _preemptions(orch, name) < PREEMPTIONS:
         assert time.time() - t0 < 600, (orch.show(name), run("squeue").stdout)
         orch("reconcile", check=True)
-        _start_requeued()
+        start_requeued(lambda _jid, name: name.startswith("orch-"))
         lines = len(steps_of(log)) if log.exists() else 0
         if lines >= seen_at + 20 and _running_in_slurm(orch, name):
             before = _preemptions(orch, name)
@@ -159,7 +150,7 @@ def test_each_integration_preempted_twice_by_real_prio_jobs_redoes_no_step(orch,
                 assert time.time() - t0 < 600, (orch.show(name), run("squeue").stdout)
                 assert orch.state(name) != DONE, f"finished before preemption {before + 1}: {orch.show(name)}"
                 orch("reconcile", check=True)
-                _start_requeued()
+                start_requeued(lambda _jid, name: name.startswith("orch-"))
                 time.sleep(1)
             seen_at = len(steps_of(log))
         time.sleep(1)

@@ -16,7 +16,7 @@ import time
 from pathlib import Path
 
 import pytest
-from slurmkit import node_idle, run
+from slurmkit import node_idle, run, start_requeued
 
 from orchestrator import protocol
 
@@ -77,13 +77,7 @@ def cleanup(orch):  # noqa: ANN001, ANN201
 
 
 def _start_requeued(sweep_ids: set[str]) -> None:
-    """Tasks Slurm requeued in place wait ~2 min for their BeginTime; an admin (root here) may start
-    them now. Only the wait is skipped: Slurm's own requeue is what is under test."""
-    out = run("squeue", "-h", "-r", "-t", "PD", "-o", "%i|%r").stdout
-    for line in out.splitlines():
-        jid, _, reason = line.partition("|")
-        if jid.split("_")[0] in sweep_ids and reason.strip() == "BeginTime":
-            run("scontrol", "update", f"jobid={jid}", "StartTime=now")
+    start_requeued(lambda jid, _name: jid.split("_")[0] in sweep_ids)
 
 
 def test_a_twenty_task_array_recovers_each_task_on_its_own(orch, cleanup, tmp_path):  # noqa: ANN001
