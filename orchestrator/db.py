@@ -11,9 +11,12 @@ pay for importing Alembic on a login node.
 from __future__ import annotations
 
 import contextlib
+import errno
 import fcntl
 import os
+import sqlite3
 import stat
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -26,6 +29,7 @@ from orchestrator.config import Config
 from orchestrator.config import sqlite_path as _sqlite_path
 from orchestrator.errors import DatabaseProblem, Refused, UsageError
 
+SQLITE_APPLICATION_ID = 0x6F726368  # "orch" in the header of a DB file orch created
 SCHEMA_HEAD = "0004"  # a test checks this equals Alembic's head revision
 MIGRATIONS = Path(__file__).resolve().parent / "migrations"
 # PostgreSQL advisory lock keys ("orch", "orcn"): schema upgrades of one DB; creators of job/sweep names.
@@ -53,7 +57,43 @@ def prepare_home(cfg: Config) -> None:
     p = _sqlite_path(cfg.db_url)
     if p is not None and not p.exists():
         p.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
-        os.close(os.open(p, os.O_CREAT | os.O_WRONLY, 0o600))
+        _create_sqlite_file(p)
+
+
+def _create_sqlite_file(path: Path) -> None:
+    """Make the SQLite file appear already in WAL mode, with its first page written, or not at all.
+
+    Born empty, a DB is switched to WAL by whichever first command's connection gets there first, and
+    the others' ``PRAGMA journal_mode=WAL`` got "database is locked" at once, the busy timeout not
+    applying (CI: 1 of 4 concurrent first ``orch status`` failed). A private temporary file is set up
+    alone and linked into place; a racer that links first wins and ours is dropped.
+    """
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.new")
+    try:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(tmp)  # a crashed creator's leftover of the same pid (or a planted link: never followed)
+        os.close(os.open(tmp, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o600))
+        conn = sqlite3.connect(tmp, isolation_level=None)
+        try:
+            conn.execute("PRAGMA journal_mode=WAL")  # persistent: recorded in the file's header
+            conn.execute(f"PRAGMA application_id={SQLITE_APPLICATION_ID}")  # a write: page 1 exists
+        finally:
+            conn.close()  # the only connection: checkpoints and removes the temporary -wal/-shm
+        try:
+            os.link(tmp, path)
+        except FileExistsError:
+            pass  # another first command won
+        except OSError as e:
+            if e.errno not in (errno.EPERM, errno.EOPNOTSUPP, errno.EMLINK):
+                raise
+            # A filesystem without hard links: born empty after all; _set_wal waits out the race.
+            os.close(os.open(path, os.O_CREAT | os.O_WRONLY, 0o600))
+    except (OSError, sqlite3.Error) as e:
+        raise UsageError(f"cannot create the database {path}: {e}") from None
+    finally:
+        for leftover in (tmp, tmp.with_name(tmp.name + "-wal"), tmp.with_name(tmp.name + "-shm")):
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(leftover)
 
 
 def db_identity(cfg: Config) -> tuple[int, int] | None:
@@ -96,7 +136,7 @@ def make_engine(cfg: Config) -> Engine:
             dbapi_conn.isolation_level = None
             cur = dbapi_conn.cursor()
             cur.execute(f"PRAGMA busy_timeout={int(cfg.busy_timeout_ms)}")
-            cur.execute("PRAGMA journal_mode=WAL")
+            _set_wal(cur, cfg.busy_timeout_ms)
             cur.execute("PRAGMA foreign_keys=ON")
             cur.execute("PRAGMA synchronous=NORMAL")
             cur.close()
@@ -106,6 +146,20 @@ def make_engine(cfg: Config) -> Engine:
             write = conn.get_execution_options().get("orch_write")
             conn.exec_driver_sql("BEGIN IMMEDIATE" if write else "BEGIN")
     return engine
+
+
+def _set_wal(cur: sqlite3.Cursor, timeout_ms: int) -> None:
+    """WAL, waiting for it as for any lock: switching a DB that is not yet in WAL mode (an empty file
+    someone else made) answers "database is locked" at once, without the busy handler."""
+    deadline = time.monotonic() + timeout_ms / 1000
+    while True:
+        try:
+            cur.execute("PRAGMA journal_mode=WAL")
+            return
+        except sqlite3.OperationalError as e:
+            if "locked" not in str(e) or time.monotonic() >= deadline:
+                raise
+            time.sleep(0.02)
 
 
 def _current_revision(engine: Engine) -> str | None:

@@ -5,9 +5,11 @@ from __future__ import annotations
 
 import importlib.util
 import os
+import sqlite3
 import stat
 import subprocess
 import sys
+import threading
 from pathlib import Path
 
 import pytest
@@ -59,6 +61,55 @@ def test_orch_home_is_0700_and_the_db_0600_even_with_a_permissive_umask(cfg):
     for side in cfg.home.glob("orch.db-*"):
         assert stat.S_IMODE(side.stat().st_mode) & 0o077 == 0, side
     d.engine.dispose()
+
+
+def test_a_new_sqlite_db_is_born_in_wal_mode_with_its_first_page_and_nothing_left_beside_it(cfg):
+    # Born empty, concurrent first commands raced to switch it to WAL and one got "database is locked".
+    dbmod.prepare_home(cfg)
+    header = (cfg.home / "orch.db").read_bytes()[:100]
+    assert header[:16] == b"SQLite format 3\x00"
+    assert header[18:20] == b"\x02\x02"  # the file format's WAL read/write versions
+    assert int.from_bytes(header[68:72], "big") == dbmod.SQLITE_APPLICATION_ID
+    assert stat.S_IMODE((cfg.home / "orch.db").stat().st_mode) == 0o600
+    assert sorted(p.name for p in cfg.home.iterdir()) == ["orch.db"]
+
+
+def test_switching_a_db_someone_else_made_to_wal_waits_out_a_writer_instead_of_failing_at_once(tmp_path):
+    # SQLite answers this PRAGMA "database is locked" at once, without its busy handler, while another
+    # connection holds a write lock: the first of 4 concurrent first commands failed so in CI.
+    path = tmp_path / "orch.db"
+    path.touch()
+    holder = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
+    holder.execute("BEGIN IMMEDIATE")
+    conn = sqlite3.connect(path, isolation_level=None, timeout=30)
+    attempts: list[str] = []
+    failed_once = threading.Event()
+
+    def trace(sql: str) -> None:
+        attempts.append(sql)
+        if len(attempts) == 2:  # the first attempt has failed: now let the writer finish
+            failed_once.set()
+
+    conn.set_trace_callback(trace)
+    releaser = threading.Thread(target=lambda: (failed_once.wait(30), holder.rollback()), daemon=True)
+    releaser.start()
+    dbmod._set_wal(conn.cursor(), timeout_ms=30_000)
+    releaser.join(30)
+    assert len(attempts) >= 2 and set(attempts) == {"PRAGMA journal_mode=WAL"}
+    assert conn.execute("PRAGMA journal_mode").fetchone() == ("wal",)
+    conn.close()
+    holder.close()
+
+
+def test_switching_to_wal_still_gives_up_after_the_busy_timeout(tmp_path):
+    path = tmp_path / "orch.db"
+    path.touch()
+    holder = sqlite3.connect(path, isolation_level=None)
+    holder.execute("BEGIN IMMEDIATE")
+    conn = sqlite3.connect(path, isolation_level=None)
+    with pytest.raises(sqlite3.OperationalError, match="locked"):
+        dbmod._set_wal(conn.cursor(), timeout_ms=200)
+    holder.rollback()
 
 
 @pytest.mark.each_db
