@@ -91,8 +91,9 @@ def steps_redone(run_dir: str, n: int, failure_step: int | None) -> int | None:
 
     The last step attempt ``n`` reached is the later of its failure report's step and its last
     heartbeat's (a heartbeat lags the loop by up to one interval, so this can undercount); the step
-    attempt ``n+1`` resumed from is the ``resumed_from`` its heartbeats carry (the bundled trainer
-    and ``orch_run`` write it; other programs do not, and their preemptions count as unmeasured).
+    attempt ``n+1`` resumed from is the ``resumed_from`` its heartbeats carry (the bundled trainer,
+    ``orch_run`` and the Lightning and HF callbacks write it; other programs do not, and their
+    preemptions count as unmeasured).
     """
     after = protocol.read_progress(run_dir, n + 1) or {}
     resumed = after.get("resumed_from")

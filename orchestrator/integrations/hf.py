@@ -66,6 +66,7 @@ class OrchCallback(TrainerCallback):
         self._heartbeat: Heartbeat | None = None
         self._stopping = False
         self._committed: Path | None = None
+        self._resumed_from = 0  # global_step after HF's restore: `orch metrics` counts steps redone
         # HF's TensorBoardCallback reads this when the Trainer is built (after this constructor); without
         # it every attempt logs to a new output_dir/runs/<date>_<host> dir: one curve per attempt.
         os.environ.setdefault("TENSORBOARD_LOGGING_DIR", str(self.run.tensorboard_dir))
@@ -92,6 +93,10 @@ class OrchCallback(TrainerCallback):
             clean_stale(self.run.run_dir)
             self._set_aside_unfinished(Path(args.output_dir))
             self._heartbeat = Heartbeat(self.run.run_dir, self.run.attempt, self.run.heartbeat_s).start()
+            # HF loaded the checkpoint's TrainerState before this callback: global_step is the resume step.
+            self._resumed_from = state.global_step
+            self._heartbeat.post(step=state.global_step, max_steps=state.max_steps, resumed_from=state.global_step)
+            self._heartbeat.write_now()
 
     def _set_aside_unfinished(self, output_dir: Path) -> None:
         """Rename ``checkpoint-N`` dirs left in ``output_dir``: a save that never reached ``on_save``.
@@ -111,7 +116,8 @@ class OrchCallback(TrainerCallback):
     def on_step_end(self, args: TrainingArguments, state: TrainerState, control: TrainerControl,
                     **kwargs: Any) -> TrainerControl:
         if self._heartbeat is not None:
-            self._heartbeat.post(step=state.global_step, max_steps=state.max_steps, **self._last_loss(state))
+            self._heartbeat.post(step=state.global_step, max_steps=state.max_steps, resumed_from=self._resumed_from,
+                                 **self._last_loss(state))
         if any_rank(self.flag.requested):
             control.should_save = True
             control.should_training_stop = True

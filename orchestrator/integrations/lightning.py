@@ -86,6 +86,7 @@ class OrchCallback(Callback):
         self.flag = PreemptionFlag()
         self._heartbeat: Heartbeat | None = None
         self._last_step: int | None = None  # global_step at the previous batch end
+        self._resumed_from = 0  # global_step after Lightning's restore: `orch metrics` counts steps redone
         self._saved: tuple[int, Path] | None = None
         self._stop: SystemExit | None = None
         self._pending_rng: dict[str, Any] | None = None
@@ -115,7 +116,10 @@ class OrchCallback(Callback):
         # from here on only ours runs. Lightning's teardown restores the handlers it found before fit.
         for s in DEFAULT_SIGNALS:
             signal.signal(s, self._on_signal)
-        self._last_step = trainer.global_step
+        self._last_step = self._resumed_from = trainer.global_step
+        if self._heartbeat is not None:  # the attempt's first heartbeat names the resume step at once
+            self._heartbeat.post(step=self._resumed_from, resumed_from=self._resumed_from)
+            self._heartbeat.write_now()
 
     def _on_signal(self, signum: int, _frame: object) -> None:
         # Attribute assignments only: safe wherever the main thread was interrupted.
@@ -149,7 +153,8 @@ class OrchCallback(Callback):
         self._last_step = step
         if self._heartbeat is not None:
             loss = outputs.get("loss") if isinstance(outputs, dict) else outputs
-            self._heartbeat.post(step=step, **({"loss": float(loss)} if loss is not None else {}))
+            self._heartbeat.post(step=step, resumed_from=self._resumed_from,
+                                 **({"loss": float(loss)} if loss is not None else {}))
         stop = trainer.strategy.reduce_boolean_decision(self.flag.requested, all=False)
         if stop:
             path = self._save(trainer, step)

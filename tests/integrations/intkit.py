@@ -164,6 +164,18 @@ def preempted_twice(orch, name: str, script: str, args: list[str], first_k: int 
     return run_dir, step_log(log)
 
 
+def assert_metrics_count_the_steps_redone(orch, log: list[tuple[int, int]], preemptions: int = 2) -> None:
+    """`orch metrics` counts the steps redone from the heartbeats' resumed_from; the step log is the truth."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    fams = {f.name: {s.name: s.value for s in f.samples}
+            for f in text_string_to_metric_families(orch("metrics", check=True).stdout)}
+    redone = fams["orch_preemption_steps_redone"]
+    assert (redone["orch_preemption_steps_redone_count"], redone["orch_preemption_steps_redone_sum"]) == \
+        (preemptions, repeats(log)), fams
+    assert fams["orch_preemptions_unmeasured"]["orch_preemptions_unmeasured"] == 0, fams
+
+
 def assert_resumed_where_it_stopped(run_dir: Path, log: list[tuple[int, int]], max_steps: int) -> None:
     """Every step done exactly once; attempt n+1 started right after the step attempt n checkpointed."""
     assert repeats(log) == 0, log

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from intkit import (
+    assert_metrics_count_the_steps_redone,
     assert_resumed_where_it_stopped,
     example,
     preempted_twice,
@@ -22,6 +23,7 @@ def test_hf_preempted_twice_redoes_no_step_ends_bit_exact_one_tensorboard_curve_
     args = ["--max-steps", str(MAX)]
     run_dir, log = preempted_twice(orch, "hf", "hf_train.py", [*args, "--sleep-per-step", "0.03", "--wandb"])
     assert_resumed_where_it_stopped(run_dir, log, MAX)
+    assert_metrics_count_the_steps_redone(orch, log)
     run_direct(example("hf_train.py", *args), tmp_path / "ref")
     # Bit for bit: HF restores model/optimizer/scheduler/RNG and skips the batches already trained on.
     assert state_dicts_equal(load_file(run_dir / "result" / "model.safetensors"),

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import torch
 from intkit import (
+    assert_metrics_count_the_steps_redone,
     assert_resumed_where_it_stopped,
     example,
     preempted_twice,
@@ -24,6 +25,7 @@ def test_lightning_preempted_twice_redoes_no_step_ends_bit_exact_and_one_tensorb
     args = ["--max-steps", str(MAX)]
     run_dir, log = preempted_twice(orch, "lit", "lightning_train.py", [*args, "--sleep-per-step", "0.03"])
     assert_resumed_where_it_stopped(run_dir, log, MAX)
+    assert_metrics_count_the_steps_redone(orch, log)
     run_direct(example("lightning_train.py", *args), tmp_path / "ref")
     # Bit for bit: Lightning restores model/optimizer/scheduler/loops, the StatefulDataLoader its
     # position, the callback the global RNG (dropout).

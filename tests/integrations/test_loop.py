@@ -3,8 +3,14 @@
 from __future__ import annotations
 
 import torch
-from intkit import assert_resumed_where_it_stopped, example, preempted_twice, repeats, run_direct, state_dicts_equal
-from prometheus_client.parser import text_string_to_metric_families
+from intkit import (
+    assert_metrics_count_the_steps_redone,
+    assert_resumed_where_it_stopped,
+    example,
+    preempted_twice,
+    run_direct,
+    state_dicts_equal,
+)
 
 MAX = 120
 
@@ -13,12 +19,7 @@ def test_plain_loop_preempted_twice_redoes_no_step_and_ends_bit_exact(orch, tmp_
     args = ["--max-steps", str(MAX), "--save-every", "40"]
     run_dir, log = preempted_twice(orch, "loop", "plain_loop.py", [*args, "--sleep-per-step", "0.03"])
     assert_resumed_where_it_stopped(run_dir, log, MAX)
-    # `orch metrics` counts the steps redone from the heartbeats' resumed_from; the step log is the truth
-    fams = {f.name: {s.name: s.value for s in f.samples}
-            for f in text_string_to_metric_families(orch("metrics", check=True).stdout)}
-    redone = fams["orch_preemption_steps_redone"]
-    assert (redone["orch_preemption_steps_redone_count"], redone["orch_preemption_steps_redone_sum"]) == \
-        (2, repeats(log))
+    assert_metrics_count_the_steps_redone(orch, log)
     run_direct(example("plain_loop.py", *args), tmp_path / "ref")
     # Bit for bit: batches come from the global torch RNG and the model has dropout; both are restored.
     assert state_dicts_equal(torch.load(run_dir / "result" / "model.pt"),
