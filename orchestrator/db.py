@@ -27,7 +27,7 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from orchestrator.config import Config
 from orchestrator.config import sqlite_path as _sqlite_path
-from orchestrator.errors import DatabaseProblem, Refused, UsageError
+from orchestrator.errors import DatabaseInterrupted, DatabaseProblem, Refused, UsageError
 
 SQLITE_APPLICATION_ID = 0x6F726368  # "orch" in the header of a DB file orch created
 SCHEMA_HEAD = "0004"  # a test checks this equals Alembic's head revision
@@ -314,8 +314,10 @@ class Database:
             yield
         except OperationalError as e:
             if "locked" in str(e) or "busy" in str(e) or "lock timeout" in str(e):  # SQLite / PostgreSQL
-                raise DatabaseProblem(f"database {describe(self.cfg)} is locked by another writer "
-                                      f"for longer than {self.cfg.busy_timeout_ms} ms; try again") from None
+                raise DatabaseInterrupted(f"database {describe(self.cfg)} is locked by another writer "
+                                          f"for longer than {self.cfg.busy_timeout_ms} ms; try again") from None
+            if e.connection_invalidated:  # the dialect saw a disconnect: the next checkout reconnects
+                raise DatabaseInterrupted(f"database {describe(self.cfg)}: connection lost ({_short(e)})") from None
             raise DatabaseProblem(f"database {describe(self.cfg)}: {_short(e)}") from None
         except DatabaseError as e:
             raise DatabaseProblem(f"database {describe(self.cfg)} is unusable: {_short(e)}") from None

@@ -24,7 +24,7 @@ from typing import Any
 from sqlalchemy import select
 from sqlalchemy.orm import selectinload
 
-from orchestrator import protocol
+from orchestrator import protocol, testhooks
 from orchestrator.backends.base import AttemptRef, Backend, Outcome, Phase
 from orchestrator.classify import classify
 from orchestrator.config import Config
@@ -261,6 +261,7 @@ def finish(db: Database, cfg: Config, attempt_id: int, ev: Evidence | None, rep:
         with db.write() as s:
             a, job = s.get(Attempt, attempt_id), s.get(Job, job.id)
             move_attempt(s, a, A.SUCCEEDED, expect=seen, **common)
+            testhooks.site("recording_success")
             if job.state is not J.DONE:
                 move_job(s, job, J.DONE, f"attempt {a.n}: marker verified")
         _note(rep, job.name, J.DONE.value)

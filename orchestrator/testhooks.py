@@ -5,8 +5,8 @@
 race another command against, e.g., a launch that is between its claim and its backend call; with
 ``ORCH_PAUSE_UNTIL=<file>`` the pause ends as soon as that file exists (the test says when).
 Sites: ``after_attempt_row``, ``before_backend_submit``, ``after_backend_submit``, ``names_checked``
-(submit/sweep: inside the write transaction, the new names found free). Unset, both cost one
-environment lookup.
+(submit/sweep: inside the write transaction, the new names found free), ``recording_success`` (inside the
+write transaction that records a verified attempt). Unset, both cost one environment lookup.
 """
 
 from __future__ import annotations

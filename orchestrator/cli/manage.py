@@ -12,7 +12,7 @@ from orchestrator.cli.app import _ctx, _emit, main
 
 @main.command()
 @click.option("--watch", type=click.FloatRange(0.5, None), metavar="SECONDS",
-              help="Loop: one pass every SECONDS (backs off while the scheduler is unreachable).")
+              help="Loop: one pass every SECONDS (backs off while the scheduler or the DB is unreachable).")
 @click.option("--json", "as_json", is_flag=True, help="Print each pass's report as JSON.")
 def reconcile(watch: float | None, as_json: bool) -> None:
     """One reconciler pass (run from cron every minute), or a loop with --watch.
@@ -20,12 +20,23 @@ def reconcile(watch: float | None, as_json: bool) -> None:
     Polls every live attempt in one backend call, verifies markers, classifies failures, applies
     the policy and requeues what it requeues by itself. An overlapping pass exits quietly.
     """
+    from orchestrator.errors import DatabaseInterrupted
     from orchestrator.reconcile import reconcile_pass
 
     cfg, db = _ctx()
     delay = watch
     while True:
-        rep = reconcile_pass(db, cfg)
+        try:
+            rep = reconcile_pass(db, cfg)
+        except DatabaseInterrupted as e:
+            if watch is None:
+                raise
+            # A DB server restarted mid-pass ended the loop for good; the pass is crash-safe, so the
+            # next one redoes what this one left (its lease is ours to take again).
+            delay = min(delay * 2, watch * 10)
+            click.echo(f"warning: pass interrupted: {e}; next pass in {delay:g}s", err=True)
+            time.sleep(delay)
+            continue
         if as_json:
             _emit(rep.as_dict())
         else:

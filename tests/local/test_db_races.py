@@ -164,8 +164,7 @@ def test_a_writer_holding_a_lock_past_busy_timeout_gives_the_locked_error_and_th
 @pytest.mark.each_db(only="postgres")
 def test_reconcile_watch_carries_on_after_the_server_killed_its_idle_connections(orch, db_url):
     # A server restart or a proxy's idle timeout, as pg_terminate_backend does it: the watcher's
-    # pooled connections die while it sleeps between two passes. (A connection lost in the middle
-    # of a pass still ends the loop with one "database" line, as any DB error does.)
+    # pooled connections die while it sleeps between two passes.
     orch("status", check=True)
     watcher = subprocess.Popen([sys.executable, "-m", "orchestrator.cli", "reconcile", "--watch", "4", "--json"],
                                env=orch.env, text=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
@@ -182,3 +181,32 @@ def test_reconcile_watch_carries_on_after_the_server_killed_its_idle_connections
     finally:
         watcher.terminate()
         watcher.wait(30)
+
+
+@pytest.mark.each_db(only="postgres")
+def test_reconcile_watch_carries_on_after_its_connection_died_inside_a_pass(orch, db_url, tmp_path):
+    # The server restarted while the pass was recording a job's success: the loop ended for good
+    # (issue 9's hostile run). Now that pass is cut short, says so, and the next one records it.
+    orch("status", check=True)
+    go = tmp_path / "go"
+    env = {**orch.env, "ORCH_PAUSE_AT": "recording_success", "ORCH_PAUSE_UNTIL": str(go), "ORCH_PAUSE_S": "120"}
+    watcher = subprocess.Popen([sys.executable, "-m", "orchestrator.cli", "reconcile", "--watch", "0.5"],
+                               env=env, text=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    try:
+        orch("submit", "--name", "cut", "--outputs", "out.txt", "--", "sh", "-c", "echo x > out.txt", check=True)
+        _wait_for("the watcher inside the transaction recording the success",
+                  lambda: watcher.poll() is not None or _sessions(db_url, "state = 'idle in transaction'") == 1)
+        assert watcher.poll() is None, watcher.communicate()
+        ((killed,),) = pgkit.rows(db_url, "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity "
+                                          "WHERE datname = current_database() AND pid != pg_backend_pid()")
+        assert killed >= 1
+        assert orch.state("cut") == "submitted" or orch.state("cut") == "running"  # nothing committed
+        go.touch()
+        _wait_for("the next pass recording the success",
+                  lambda: watcher.poll() is not None or orch.state("cut") == "done_marker_verified")
+        assert watcher.poll() is None, watcher.communicate()
+    finally:
+        watcher.terminate()
+        out, err = watcher.communicate(timeout=30)
+    assert "warning: pass interrupted: database " in err and "connection lost" in err, err
+    assert "Traceback" not in err, err
