@@ -16,10 +16,13 @@ question, e.g. the same sweep name resubmitted with other parameters after the D
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import json
 import os
 import re
 import stat
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from itertools import product
 from typing import Any
@@ -219,6 +222,28 @@ def launch_queued(db: Database, cfg: Config, backend: Backend, sweep_id: int,
                   names: list[str] | None = None) -> dict[str, Launched | OrchError]:
     """Launch the sweep's tasks whose attempt is pending (or just ``names``): Slurm as one group
     submission with the throttle; locally as many as the throttle leaves room for."""
+    pending, running, throttle, kind = _queue(db, sweep_id, names)
+    if not pending:
+        return {}
+    if kind == "slurm":
+        return launch_group(db, cfg, pending, backend, throttle)
+    out: dict[str, Launched | OrchError] = {}
+    # Count and launch under one lock: a reconcile pass and an `orch requeue` at once each found
+    # the same free slot and together ran more tasks than the throttle.
+    with _local_launch_lock(cfg):
+        pending, running, throttle, _ = _queue(db, sweep_id, names)  # as the previous holder left it
+        room = len(pending) if throttle is None else max(0, throttle - running)
+        testhooks.site("sweep_room_counted")
+        for name in pending[:room]:
+            try:
+                out[name] = launch(db, cfg, name, backend)
+            except OrchError as e:
+                out[name] = e
+    return out
+
+
+def _queue(db: Database, sweep_id: int, names: list[str] | None) -> tuple[list[str], int, int | None, str]:
+    """(pending task names, live attempts, throttle, backend) of a sweep."""
     with db.read() as s:
         sweep = s.get(Sweep, sweep_id)
         q = (select(Job.name).join(Attempt).where(Job.sweep_id == sweep_id, Attempt.state == AttemptState.PENDING)
@@ -228,19 +253,22 @@ def launch_queued(db: Database, cfg: Config, backend: Backend, sweep_id: int,
         pending = list(s.scalars(q))
         running = s.scalar(select(func.count()).select_from(Attempt).join(Job).where(
             Job.sweep_id == sweep_id, Attempt.state.in_(ATTEMPT_LIVE))) or 0
-        throttle, kind = sweep.throttle, sweep.backend
-    if not pending:
-        return {}
-    if kind == "slurm":
-        return launch_group(db, cfg, pending, backend, throttle)
-    room = len(pending) if throttle is None else max(0, throttle - running)
-    out: dict[str, Launched | OrchError] = {}
-    for name in pending[:room]:
-        try:
-            out[name] = launch(db, cfg, name, backend)
-        except OrchError as e:
-            out[name] = e
-    return out
+        return pending, running, sweep.throttle, sweep.backend
+
+
+@contextlib.contextmanager
+def _local_launch_lock(cfg: Config) -> Iterator[None]:
+    """One local sweep launcher at a time on this ORCH_HOME (the local backend's tasks run here)."""
+    path = cfg.home / "sweep-launch.lock"
+    try:
+        fd = os.open(path, os.O_CREAT | os.O_RDWR | os.O_NOFOLLOW, 0o600)
+    except OSError as e:  # a symlink or a directory put there: refuse, never follow
+        raise OrchError(f"cannot open the sweep launch lock {path}: {e.strerror or e}") from None
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)
 
 
 def sweep_of(db: Database, name: str) -> Sweep | None:

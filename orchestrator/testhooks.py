@@ -3,10 +3,12 @@
 ``ORCH_FAULT=<site>`` makes this process die there (``os._exit(99)``, as a crash or kill -9 would);
 ``ORCH_PAUSE_AT=<site>`` (with ``ORCH_PAUSE_S``, default 3) makes it sleep there, so a test can
 race another command against, e.g., a launch that is between its claim and its backend call; with
-``ORCH_PAUSE_UNTIL=<file>`` the pause ends as soon as that file exists (the test says when).
+``ORCH_PAUSE_UNTIL=<file>`` the pause ends as soon as that file exists (the test says when), and
+``<file>.reached`` is created when it begins (the test knows when).
 Sites: ``after_attempt_row``, ``before_backend_submit``, ``after_backend_submit``, ``names_checked``
 (submit/sweep: inside the write transaction, the new names found free), ``recording_success`` (inside the
-write transaction that records a verified attempt). Unset, both cost one environment lookup.
+write transaction that records a verified attempt), ``sweep_room_counted`` (a local sweep launcher,
+holding the launch lock, has counted the throttle's free slots). Unset, both cost one environment lookup.
 """
 
 from __future__ import annotations
@@ -24,6 +26,9 @@ def site(name: str) -> None:
         until = os.environ.get("ORCH_PAUSE_UNTIL")
         if not until:
             time.sleep(limit)
+        else:
+            with open(until + ".reached", "a"):
+                pass
         deadline = time.monotonic() + limit
         while until and not os.path.exists(until) and time.monotonic() < deadline:
             time.sleep(0.02)

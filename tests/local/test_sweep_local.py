@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
+import sys
 import threading
 import time
 from pathlib import Path
@@ -176,3 +178,59 @@ def test_a_job_cannot_take_a_sweeps_name(orch):
     assert p.stderr == "orch: refused: 'grid' already exists (a job or a sweep); use `orch requeue grid`\n"
     assert not (orch.runs / "grid").exists()
     assert [j["name"] for j in orch.json("status", "--tasks")] == ["grid.0000"]
+
+
+def _waiting_on_flock(pid: int, lock_file: Path) -> bool:
+    """``pid`` is blocked in flock() on ``lock_file`` (a ``->`` line of /proc/locks names the waiter)."""
+    try:
+        ino = os.stat(lock_file).st_ino
+    except FileNotFoundError:
+        return False
+    with open("/proc/locks") as f:
+        return any(ln.split()[1] == "->" and ln.split()[5] == str(pid) and ln.split()[6].endswith(f":{ino}")
+                   for ln in f)
+
+
+def test_two_launchers_at_once_never_run_more_tasks_than_the_throttle(orch, tmp_path):
+    # `orch requeue` of two failed tasks at once (or a requeue beside a reconcile pass) each counted
+    # the one free slot before the other launched: two tasks ran under --throttle 1.
+    for i in (0, 1):
+        (orch.runs / f"th.000{i}").mkdir(parents=True)
+        (orch.runs / f"th.000{i}" / "fail").touch()
+    p = orch("sweep", "--name", "th", "--grid", "i=1,2", "--throttle", "1", "--", "sh", "-c",
+             '[ -e "$ORCH_RUN_DIR/fail" ] && exit 1; exec sleep 120')
+    assert p.returncode == 0, p.stderr
+    rows = _settle(orch, ["th.0000", "th.0001"])
+    assert rows["th.0000"]["state"] == rows["th.0001"]["state"] == "retryable_failed", rows
+    for i in (0, 1):
+        (orch.runs / f"th.000{i}" / "fail").unlink()
+    go = tmp_path / "go"
+    paused = {**orch.env, "ORCH_PAUSE_AT": "sweep_room_counted", "ORCH_PAUSE_UNTIL": str(go), "ORCH_PAUSE_S": "120"}
+    cli = [sys.executable, "-m", "orchestrator.cli", "requeue"]
+    first = subprocess.Popen([*cli, "th.0000"], env=paused, text=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    second = None
+    try:
+        _wait(lambda: Path(f"{go}.reached").exists() or first.poll() is not None, "the first requeue counting its slot")
+        assert first.poll() is None, first.communicate()
+        second = subprocess.Popen([*cli, "th.0001"], env=orch.env, text=True, stdout=subprocess.PIPE,
+                                  stderr=subprocess.PIPE)
+        # The second requeue reaches the launch lock and waits there (before the fix it launched at once).
+        _wait(lambda: second.poll() is not None or _waiting_on_flock(second.pid, orch.home / "sweep-launch.lock"),
+              "the second requeue waiting for the launch lock or done")
+        go.touch()
+        assert first.wait(60) == 0, first.communicate()
+        assert second.wait(60) == 0, second.communicate()
+        assert _tasks_alive("th") == {"0"}, "the throttle let a second task run"
+        assert orch.state("th.0001") == "pending"  # queued: the reconciler starts it when th.0000 ends
+    finally:
+        for proc in (first, second):
+            if proc is not None and proc.poll() is None:
+                proc.kill()
+        orch("cancel", "th")
+
+
+def _wait(cond, what: str, timeout: float = 60) -> None:  # noqa: ANN001
+    deadline = time.time() + timeout
+    while not cond():
+        assert time.time() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.05)
