@@ -11,7 +11,9 @@ from __future__ import annotations
 
 import os
 import secrets
+from collections.abc import Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from sqlalchemy import select
@@ -54,7 +56,7 @@ def submit(db: Database, cfg: Config, req: SubmitRequest) -> Job:
     if existing is not None:
         raise Refused(f"refused: job {req.name!r} already exists ({existing.value}); "
                       f"use `orch requeue {req.name}` to run it again")
-    live = live_processes(run_dir)
+    live = live_processes([run_dir])[run_dir]
     if live:
         # The DB lost this job (deleted, or another ORCH_HOME on the same runs root) but its attempt
         # still runs there: a second one beside it would share the run dir (issue 9).
@@ -77,14 +79,18 @@ def submit(db: Database, cfg: Config, req: SubmitRequest) -> Job:
         return job
 
 
-def live_processes(run_dir: Any) -> list[str]:
-    """Processes any backend can see running in ``run_dir`` (kernel or scheduler data)."""
-    out: list[str] = []
+def live_processes(run_dirs: Sequence[Path]) -> dict[Path, list[str]]:
+    """Processes any backend can see running in each run dir (kernel or scheduler data)."""
+    out: dict[Path, list[str]] = {d: [] for d in run_dirs}
     for name in BACKENDS:
-        if name == "slurm" and not (run_dir / protocol.ATTEMPTS_DIR).is_dir():
-            continue  # no attempt was ever submitted from here: skip the scheduler round trip
+        # The scheduler only for dirs an attempt was ever submitted from: skip needless round trips.
+        asked = [d for d in run_dirs if name != "slurm" or (d / protocol.ATTEMPTS_DIR).is_dir()]
+        if not asked:
+            continue
         try:
-            out += get_backend(name).live_in_run_dir(run_dir)
+            for d, live in get_backend(name).live_in_run_dirs(asked).items():
+                out[d] += live
         except Exception as e:  # noqa: BLE001 - unknown is not "none": refuse rather than guess
-            out.append(f"{name}: cannot tell ({str(e)[:100]})")
+            for d in asked:
+                out[d].append(f"{name}: cannot tell ({str(e)[:100]})")
     return out

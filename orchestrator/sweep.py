@@ -25,6 +25,7 @@ import stat
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from itertools import product
+from pathlib import Path
 from typing import Any
 
 from sqlalchemy import func, select
@@ -145,6 +146,7 @@ def submit_sweep(db: Database, cfg: Config, req: SweepRequest) -> Sweep:
                          f"(MaxArraySize={limit}): split it into sweeps of at most {limit}, or raise MaxArraySize")
     ensure_runs_root(cfg)
     verified: set[str] = set()
+    unverified: list[Path] = []
     for n, cmd in zip(names, commands, strict=True):
         run_dir = run_dir_for(cfg, n)
         check_run_dir(cfg, run_dir)
@@ -153,7 +155,10 @@ def submit_sweep(db: Database, cfg: Config, req: SweepRequest) -> Sweep:
                 raise Refused(f"refused: {n}: {run_dir} holds a verified result of another command ({diff}); "
                               "use another sweep name, or move that run dir away")
             verified.add(n)  # a finished task of an earlier sweep (a lost DB): recorded done, never rerun
-        elif live := live_processes(run_dir):
+        else:
+            unverified.append(run_dir)
+    for run_dir, live in live_processes(unverified).items():
+        if live:
             raise Refused(f"refused: a live attempt runs in {run_dir} ({'; '.join(live[:2])}) that this DB "
                           "does not know (was the DB deleted?); stop it first")
     if len(verified) == len(names):

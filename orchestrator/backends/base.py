@@ -179,6 +179,10 @@ class Backend(ABC):
         """
         return []
 
+    def live_in_run_dirs(self, run_dirs: Sequence[Path]) -> dict[Path, list[str]]:
+        """``live_in_run_dir`` for many run dirs; a backend overrides it when one query answers all."""
+        return {d: self.live_in_run_dir(d) for d in run_dirs}
+
     @abstractmethod
     def find_by_token(self, refs: Sequence[AttemptRef]) -> dict[str, str]:
         """token -> external id for attempts the scheduler knows although the DB lost the id.

@@ -234,3 +234,22 @@ def _wait(cond, what: str, timeout: float = 60) -> None:  # noqa: ANN001
     while not cond():
         assert time.time() < deadline, f"timed out waiting for {what}"
         time.sleep(0.05)
+
+
+def test_a_sweep_resubmitted_after_its_db_was_lost_is_refused_while_a_task_still_runs(orch, tmp_path):
+    # The one process-table scan for all tasks must still find the one task that runs.
+    gate = tmp_path / "go"
+    args = ("sweep", "--name", "lv", "--grid", "i=1,2,3", "--outputs", "out.txt", "--", "sh", "-c",
+            f'[ {{i}} = 2 ] && while [ ! -e {gate} ]; do sleep 0.1; done; echo ok > out.txt')
+    try:
+        assert orch(*args).returncode == 0
+        _wait(lambda: _tasks_alive("lv") == {"1"}, "tasks 0 and 2 done, task 1 alone running")
+        for f in orch.home.glob("orch.db*"):  # the DB is lost; the runs root and the live task are not
+            f.unlink()
+        p = orch(*args)
+        assert p.returncode == 3, (p.stdout, p.stderr)
+        assert p.stderr.startswith(f"orch: refused: a live attempt runs in {orch.runs / 'lv.0001'} (pid "), p.stderr
+        assert p.stderr.count("\n") == 1 and _tasks_alive("lv") == {"1"}
+        assert orch.json("status") == []  # nothing recorded
+    finally:
+        gate.touch()
