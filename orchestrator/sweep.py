@@ -21,7 +21,6 @@ import fcntl
 import json
 import os
 import re
-import stat
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from itertools import product
@@ -301,17 +300,9 @@ def parse_params_file(path: str) -> list[dict[str, Any]]:
     # A FIFO (or a device) as --from blocked `orch sweep` for ever (a hostile test): regular files only,
     # opened without blocking, size-capped.
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
-        try:
-            st = os.fstat(fd)
-            if not stat.S_ISREG(st.st_mode):
-                raise UsageError(f"--from {path}: not a regular file")
-            if st.st_size > PARAMS_FILE_LIMIT:
-                raise UsageError(f"--from {path}: larger than {PARAMS_FILE_LIMIT >> 20} MiB")
-            with os.fdopen(os.dup(fd), "rb") as f:
-                text = f.read(PARAMS_FILE_LIMIT + 1).decode()
-        finally:
-            os.close(fd)
+        text = protocol.read_bounded(path, PARAMS_FILE_LIMIT, follow=True).decode()
+    except protocol.BadRecord as e:  # "<name> is not a regular file": said of the path as given
+        raise UsageError(f"--from {path} {str(e).removeprefix(Path(path).name + ' ')}") from None
     except (OSError, UnicodeDecodeError) as e:
         raise UsageError(f"--from {path}: {getattr(e, 'strerror', None) or e}") from None
     return load_params(text, path)

@@ -131,15 +131,16 @@ def sha256_file(path: Path, bufsize: int = 1 << 20) -> tuple[int, str]:
     return size, h.hexdigest()
 
 
-def read_bounded(path: Path | str, limit: int) -> bytes:
+def read_bounded(path: Path | str, limit: int, *, follow: bool = False) -> bytes:
     """The bytes of ``path`` if it is a regular file (not a symlink) of at most ``limit`` bytes.
 
     Raises FileNotFoundError when absent, BadRecord for anything else that is not a small regular
-    file. Never blocks: a FIFO is opened non-blocking and refused after ``fstat``.
+    file. Never blocks: a FIFO is opened non-blocking and refused after ``fstat``. ``follow``: a
+    symlink to a regular file is read too (a user's own input, not a file a job wrote).
     """
     path = Path(path)
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOFOLLOW | os.O_CLOEXEC)
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC | (0 if follow else os.O_NOFOLLOW))
     except FileNotFoundError:
         raise
     except OSError as e:

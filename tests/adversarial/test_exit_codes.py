@@ -135,7 +135,7 @@ def test_a_fifo_as_sweep_params_or_a_device_as_metrics_dir_is_a_usage_error(orch
     fifo = tmp_path / "params.jsonl"
     os.mkfifo(fifo)
     p = orch("sweep", "--name", "ff", "--from", fifo, "--", "true", timeout=30)
-    assert (p.returncode, p.stderr) == (2, f"orch: --from {fifo}: not a regular file\n")
+    assert (p.returncode, p.stderr) == (2, f"orch: --from {fifo} is not a regular file\n")
     p = orch("metrics", "--textfile", "/dev/null")
     assert (p.returncode, p.stderr) == (2, "orch: --textfile /dev/null: not a directory\n")
     assert orch.json("status") == []
