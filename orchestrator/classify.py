@@ -63,6 +63,10 @@ def classify(outcome: Outcome, report: dict | None, verification: Verification, 
         why = str(exit_record.stop_source) + (f" {exit_record.notice}" if exit_record.notice else "")
         rc = outcome.exit_code if outcome.exit_code is not None else "?"
         return Classification(cls, None, f"stopped by SIG{exit_record.stop_signal} ({why}); exit {rc}")
+    if exit_record is not None and exit_record.disk_full:
+        # The wrapper's own exit.json write hit ENOSPC: whatever the program said, it ran on a full disk.
+        rc = outcome.exit_code if outcome.exit_code is not None else "?"
+        return Classification(C.ENOSPC, None, f"the run dir's filesystem was full when the program ended (exit {rc})")
     if outcome.phase is Phase.VANISHED:
         return Classification(C.UNKNOWN, None, outcome.reason or "process vanished without an exit record")
     rc, sig = outcome.exit_code, outcome.signal

@@ -24,6 +24,7 @@ What it guarantees:
 from __future__ import annotations
 
 import argparse
+import functools
 import glob
 import os
 import signal
@@ -34,6 +35,7 @@ import time
 from pathlib import Path
 
 from orchestrator import protocol, spotnotice
+from orchestrator.ballast import Ballast
 
 FORWARDED = (signal.SIGTERM, signal.SIGUSR2, signal.SIGINT, signal.SIGUSR1)
 WRAPPER_FILE = protocol.WRAPPER_FILE  # back-compat name
@@ -68,7 +70,8 @@ def _parse(argv: list[str]) -> argparse.Namespace:
     return a
 
 
-def write_outputs_marker(run_dir: Path, job: str, attempt: int, patterns: list[str]) -> str | None:
+def write_outputs_marker(run_dir: Path, job: str, attempt: int, patterns: list[str],
+                         ballast: Ballast) -> str | None:
     """Write done.json over the files matching ``patterns`` (relative to the run dir); None or why not."""
     rels: set[str] = set()
     for pat in patterns:
@@ -79,7 +82,7 @@ def write_outputs_marker(run_dir: Path, job: str, attempt: int, patterns: list[s
     if not rels:
         return f"--outputs {patterns} matched no file"
     try:
-        protocol.write_done_marker(run_dir, job, attempt, sorted(rels))
+        ballast.write(functools.partial(protocol.write_done_marker, run_dir, job, attempt, sorted(rels)))
     except (OSError, ValueError) as e:
         return f"could not write {protocol.DONE_MARKER}: {e}"
     return None
@@ -217,6 +220,7 @@ def main(argv: list[str] | None = None) -> int:
     adir.mkdir(parents=True, exist_ok=True)
     restart = int(os.environ.get("SLURM_RESTART_COUNT", "0") or 0)
     protocol.set_aside(adir / protocol.EXIT_FILE)
+    ballast = Ballast(adir / protocol.EXIT_RESERVE)
 
     env = dict(os.environ)
     env.update(protocol.job_env(run_dir, a.job, a.attempt, token=a.token))
@@ -225,8 +229,14 @@ def main(argv: list[str] | None = None) -> int:
     env.update(protocol.tracker_env(os.environ, run_dir, a.job))
 
     def record(rc: int | None, **kw: object) -> None:
-        protocol.write_exit(adir, protocol.ExitRecord(token=a.token, returncode=rc, ended_at=protocol.now_iso(),
-                                                      restart_count=restart, **kw))  # type: ignore[arg-type]
+        def write() -> None:
+            protocol.write_exit(adir, protocol.ExitRecord(
+                token=a.token, returncode=rc, ended_at=protocol.now_iso(), restart_count=restart,
+                disk_full=ballast.disk_full, **kw))  # type: ignore[arg-type]
+        try:
+            ballast.write(write)
+        finally:
+            ballast.release()
 
     # The one completion predicate, once more at the door: Slurm can rerun a task it requeued while the task
     # was finishing (a prio job's preemption caught it as it exited), after its marker verified. Running the
@@ -264,7 +274,7 @@ def main(argv: list[str] | None = None) -> int:
         if sup.stop_signal is not None:
             marker_error = f"not written: the program was sent SIG{sup.stop_signal} ({sup.stop_source})"
         else:
-            marker_error = write_outputs_marker(run_dir, a.job, a.attempt, a.outputs)
+            marker_error = write_outputs_marker(run_dir, a.job, a.attempt, a.outputs, ballast)
     record(rc, signal=sig, time_limit_reached=timed_out, stop_signal=sup.stop_signal,
            stop_source=sup.stop_source, notice=sup.notice, marker_error=marker_error)
     return 128 + sig if sig else rc

@@ -27,6 +27,7 @@ FAILURE_FILE = "failure.json"
 PROGRESS_FILE = "progress.json"
 PROGRESS_HISTORY = "progress.jsonl"  # every heartbeat, appended: the loss curve across a whole attempt
 EXIT_FILE = "exit.json"  # written by orch's job wrapper when the command exits
+EXIT_RESERVE = "exit.reserve"  # the wrapper's ballast: freed to make room for exit.json on a full disk
 WRAPPER_FILE = "wrapper.json"  # written by orch's job wrapper when the command starts (informative only)
 WRAPPER_LOG = "wrapper.log"  # the wrapper's own stdout/stderr (local backend)
 STDOUT_LOG = "stdout.log"

@@ -254,6 +254,7 @@ class ExitRecord:
     notice: str | None = None  # the spot notice behind a "spot_notice" stop, e.g. "aws: terminate at ..."
     marker_error: str | None = None
     error: str | None = None
+    disk_full: bool = False  # the wrapper's own writes hit ENOSPC: the run dir's filesystem was full
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -299,6 +300,7 @@ def _read_exit_at(path: Path, token: str | None) -> ExitRecord | None:
         notice=text("notice"),
         marker_error=text("marker_error"),
         error=text("error"),
+        disk_full=r.get("disk_full") is True,
     )
 
 

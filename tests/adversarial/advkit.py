@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-from orchkit import tree_hash
+from orchkit import tree_hash, unavailable
 
 PY = sys.executable
 ROOT = Path(__file__).resolve().parents[2]
@@ -31,14 +31,6 @@ ADVJOB = Path(__file__).resolve().with_name("advjob.py")
 LIVE_STATES = ("pending", "submitted", "running")
 SETTLED_STATES = ("done_marker_verified", "failed", "cancelled", "retryable_failed")
 FINAL_STATES = ("done_marker_verified", "failed", "cancelled")
-
-
-def unavailable(msg: str) -> None:
-    """A facility a test needs is missing: a failure under CI (a skip there would hide the test), a skip
-    elsewhere."""
-    if os.environ.get("CI") == "true":
-        pytest.fail(msg)
-    pytest.skip(msg)
 
 
 def need_root() -> None:

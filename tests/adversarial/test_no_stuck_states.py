@@ -161,6 +161,34 @@ def test_enospc_at_launch_fails_cleanly_and_requeue_finishes_after_space_is_free
         assert_no_stuck(orch)
 
 
+def test_a_program_that_fills_the_disk_is_classed_enospc_and_auto_resumed_once_space_is_back(orch, tmp_path):
+    """Hostile run: the program filled the disk, then the wrapper's exit.json failed too, and the attempt
+    ended `unknown` ("process gone without an exit record"), waiting for a human. The wrapper's ballast
+    makes room for its record: class enospc, resumed by the reconciler alone once space is back."""
+    with tmpfs(tmp_path / "mnt", "1m") as mnt:
+        (mnt / "runs").mkdir()
+        orch.write_config(f'[runs]\nroot = "{mnt / "runs"}"\n')
+        filler = mnt / "filler"
+        prog = f'if [ "$ORCH_ATTEMPT" = 1 ]; then cat /dev/zero > {filler}; exit 1; fi; echo ok > out.txt'
+        p = orch("submit", "--name", "fills", "--outputs", "out.txt", "--", "sh", "-c", prog)
+        assert p.returncode == 0, p.stderr
+        run = mnt / "runs" / "fills"
+        adir = protocol.attempt_dir(run, 1)
+        wait_for(lambda: (adir / protocol.EXIT_FILE).exists(), 60, "attempt 1's exit record")
+        rec = protocol.read_exit(adir)
+        assert rec is not None and rec.returncode == 1 and rec.disk_full, rec
+        assert not (adir / protocol.EXIT_RESERVE).exists(), "the ballast was not given back"
+        filler.unlink()  # space is back; the reconciler alone does the rest
+        rows = settle(orch, ["fills"])
+        attempts = show(orch, "fills")["attempts"]
+        assert rows["fills"]["state"] == "done_marker_verified", attempts
+        first = attempts[0]
+        assert (first["failure_class"], (first["action"] or {}).get("auto")) == ("enospc", True), first
+        assert "full" in first["detail"], first
+        assert not (protocol.attempt_dir(run, 2) / protocol.EXIT_RESERVE).exists()
+    assert_no_stuck(orch)
+
+
 @pytest.mark.parametrize("when", ["after_failure", "while_running"])
 def test_requeue_of_a_verified_job_is_refused_and_leaves_no_open_attempt(orch, when):
     """Issue 9: 'an attempt stays `submitted` after requeue finds the job verified'."""

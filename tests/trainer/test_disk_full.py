@@ -1,4 +1,4 @@
-"""A REAL full disk: a small tmpfs mounted for the test (root only; skipped with the reason otherwise)."""
+"""A REAL full disk: a small tmpfs mounted for the test (root only: a failure under CI, a skip elsewhere)."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 
-import pytest
+from orchkit import unavailable
 from trainerkit import committed, failure, run_config, run_trainer, spawn_trainer, tmp_entries, wait_for
 
 from orchestrator import protocol
@@ -24,12 +24,12 @@ ARGS = ("--batch-size", "8", "--micro-batch-size", "8", "--keep-last-k", "1", "-
 @contextlib.contextmanager
 def tmpfs(where: Path, size: str) -> Iterator[Path]:
     if os.geteuid() != 0:
-        pytest.skip("mounting a tmpfs needs root")
+        unavailable("mounting a tmpfs needs root")
     where.mkdir()
     p = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(where)],
                        capture_output=True, text=True)
-    if p.returncode:  # mount failed: not a result of this test, so skip (with the reason)
-        pytest.skip(f"running as root but mount -t tmpfs failed: {p.stderr.strip()}")
+    if p.returncode:
+        unavailable(f"running as root but mount -t tmpfs failed: {p.stderr.strip()}")
     try:
         yield where
     finally:
