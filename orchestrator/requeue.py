@@ -10,6 +10,7 @@ stays where it is, the reason recorded as a note ``orch show`` prints, and a lat
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -188,7 +189,7 @@ class _LiveScan:
             from orchestrator.backends.local import live_by_run_dir
 
             self._map = live_by_run_dir()
-        return self._map.get(str(run_dir), [])
+        return self._map.get(os.path.realpath(run_dir), [])
 
 
 HELD = "next attempt held: "

@@ -274,25 +274,30 @@ class LocalBackend(Backend):
 
     def live_in_run_dir(self, run_dir: Path) -> list[str]:
         """Live processes (by kernel-held environment) running in ``run_dir`` as some orch attempt."""
-        return live_by_run_dir().get(str(run_dir), [])
+        return live_by_run_dir().get(os.path.realpath(run_dir), [])
 
     def live_in_run_dirs(self, run_dirs: Sequence[Path]) -> dict[Path, list[str]]:
         # One process-table scan for a whole sweep: one per task was 18% of submitting 1,000 (bench P6).
         found = live_by_run_dir() if run_dirs else {}
-        return {d: found.get(str(d), []) for d in run_dirs}
+        return {d: found.get(os.path.realpath(d), []) for d in run_dirs}
 
 
 def live_by_run_dir() -> dict[str, list[str]]:
     """run dir -> the live processes whose kernel-held environment names it (``ORCH_RUN_DIR``), as
     "pid N (attempt K)": ONE scan of the process table for any number of run dirs (a requeue pass
     asks about every job it would launch). A process that left its attempt's session (``setsid``)
-    keeps that environment, so it is found here although the attempt itself has ended."""
+    keeps that environment, so it is found here although the attempt itself has ended.
+
+    Keys are real paths (look up ``os.path.realpath(run_dir)``): the same run dir spelled through a
+    symlinked parent or ``x/..`` was taken for another one, and a second attempt started beside the
+    first (hostile test). A job wrapper counts by its ``--run-dir`` (its program may have cleared
+    its environment)."""
     out: dict[str, list[str]] = {}
     for p in proctable.all_procs():
         if p.zombie:
             continue
-        run_dir = proctable.environ_value(p.pid, protocol.ENV_RUN_DIR)
+        run_dir = proctable.environ_value(p.pid, protocol.ENV_RUN_DIR) or proctable.wrapper_run_dir(p.pid)
         if run_dir is not None:
             attempt = proctable.environ_value(p.pid, protocol.ENV_ATTEMPT) or "?"
-            out.setdefault(run_dir, []).append(f"pid {p.pid} (attempt {attempt})")
+            out.setdefault(os.path.realpath(run_dir), []).append(f"pid {p.pid} (attempt {attempt})")
     return out

@@ -111,6 +111,24 @@ def environ_has(pid: int, key: str, value: str) -> bool | None:
     return f"{key}={value}".encode() in data.split(b"\0")
 
 
+def wrapper_run_dir(pid: int) -> str | None:
+    """The ``--run-dir`` of an orch job wrapper process (``-m orchestrator.wrapper``), else None.
+
+    A program that cleared its environment (``env -i``) carries no ORCH_RUN_DIR, but its wrapper
+    lives as long as it does and names the run dir in its argv."""
+    try:
+        with open(f"{PROC}/{pid}/cmdline", "rb") as f:
+            argv = f.read(1 << 16).split(b"\0")
+    except OSError:
+        return None
+    if b"orchestrator.wrapper" not in argv:
+        return None
+    try:
+        return argv[argv.index(b"--run-dir") + 1].decode(errors="replace")
+    except (ValueError, IndexError):
+        return None
+
+
 def environ_value(pid: int, key: str) -> str | None:
     try:
         with open(f"{PROC}/{pid}/environ", "rb") as f:

@@ -4,7 +4,9 @@ was deleted or replaced stops with a clear error instead of running on a DB nobo
 
 from __future__ import annotations
 
+import os
 import re
+import signal
 import subprocess
 import threading
 from pathlib import Path
@@ -123,3 +125,40 @@ def test_reconcile_watch_exits_when_its_db_file_is_deleted_or_replaced(orch, spa
     assert rc == 1, (rc, err)
     one_line_error(err)
     assert "database" in err.lower(), err
+
+
+@pytest.mark.parametrize("how", ["home_through_a_symlink", "home_with_dotdot", "program_cleared_its_env"])
+def test_resubmitting_after_a_lost_db_is_refused_however_the_run_dir_is_spelled(orch, tmp_path, how):
+    """Hostile test: the live check compared the literal ORCH_RUN_DIR string, so the same run dir spelled
+    through a symlinked parent or `x/..`, or a program that cleared its environment, got a second attempt."""
+    prog = ["sh", "-c", "exec env -i /bin/sleep 60" if how == "program_cleared_its_env" else "sleep 60"]
+    p = orch("submit", "--name", "twin", "--", *prog)
+    assert p.returncode == 0, p.stderr
+    run = orch.runs / "twin"
+    wait_for(lambda: live_job_procs(run) or _wrapper_alive(run), 30, "the first attempt running")
+    for f in _db_files(orch.home):
+        f.unlink(missing_ok=True)
+    (tmp_path / "x").mkdir()
+    (tmp_path / "alias").symlink_to(tmp_path)
+    home = {"home_through_a_symlink": tmp_path / "alias" / orch.home.name,
+            "home_with_dotdot": tmp_path / "x" / ".." / orch.home.name}.get(how, orch.home)
+    try:
+        p = orch("submit", "--name", "twin", "--", *prog, env={"ORCH_HOME": str(home)})
+        assert p.returncode == 3, (p.returncode, p.stdout, p.stderr)
+        assert p.stderr.startswith("orch: refused: a live attempt runs in "), p.stderr
+        assert not protocol.attempt_dir(run, 2).exists() and len(_wrappers(run)) == 1
+    finally:
+        for pid in _wrappers(run):
+            os.killpg(pid, signal.SIGKILL)
+
+
+def _wrappers(run: Path) -> list[int]:
+    """Live job wrappers of ``run`` (by real path), each its session's leader."""
+    from orchestrator.backends import proctable
+
+    return [p.pid for p in proctable.all_procs() if not p.zombie
+            and os.path.realpath(proctable.wrapper_run_dir(p.pid) or "/nonexistent") == os.path.realpath(run)]
+
+
+def _wrapper_alive(run: Path) -> bool:
+    return bool(_wrappers(run))

@@ -16,7 +16,7 @@ ESCAPES = "setsid sleep 60 & sleep 0.5; exit 1"  # leaves a process of its own s
 
 
 def _pids(run_dir) -> list[int]:  # noqa: ANN001
-    return [int(e.split()[1]) for e in live_by_run_dir().get(str(run_dir), [])]
+    return [int(e.split()[1]) for e in live_by_run_dir().get(os.path.realpath(run_dir), [])]
 
 
 def _wait_pids(run_dir, want_any: bool, timeout: float = 20) -> list[int]:  # noqa: ANN001
