@@ -24,7 +24,7 @@ What it guarantees:
 from __future__ import annotations
 
 import argparse
-import functools
+import errno
 import glob
 import os
 import signal
@@ -82,8 +82,10 @@ def write_outputs_marker(run_dir: Path, job: str, attempt: int, patterns: list[s
     if not rels:
         return f"--outputs {patterns} matched no file"
     try:
-        ballast.write(functools.partial(protocol.write_done_marker, run_dir, job, attempt, sorted(rels)))
+        protocol.write_done_marker(run_dir, job, attempt, sorted(rels))
     except (OSError, ValueError) as e:
+        # Never retried in the ballast's room: outputs written on a full disk may be truncated.
+        ballast.disk_full |= getattr(e, "errno", None) == errno.ENOSPC
         return f"could not write {protocol.DONE_MARKER}: {e}"
     return None
 
@@ -221,7 +223,13 @@ def main(argv: list[str] | None = None) -> int:
     restart = int(os.environ.get("SLURM_RESTART_COUNT", "0") or 0)
     protocol.set_aside(adir / protocol.EXIT_FILE)
     ballast = Ballast(adir / protocol.EXIT_RESERVE)
+    try:
+        return _attempt(a, run_dir, adir, restart, ballast)
+    finally:
+        ballast.release()  # never left behind, whatever ended the wrapper
 
+
+def _attempt(a: argparse.Namespace, run_dir: Path, adir: Path, restart: int, ballast: Ballast) -> int:
     env = dict(os.environ)
     env.update(protocol.job_env(run_dir, a.job, a.attempt, token=a.token))
     if protocol.ENV_OVERRIDES in os.environ:  # the backend passed the policy's overrides
@@ -233,10 +241,7 @@ def main(argv: list[str] | None = None) -> int:
             protocol.write_exit(adir, protocol.ExitRecord(
                 token=a.token, returncode=rc, ended_at=protocol.now_iso(), restart_count=restart,
                 disk_full=ballast.disk_full, **kw))  # type: ignore[arg-type]
-        try:
-            ballast.write(write)
-        finally:
-            ballast.release()
+        ballast.write(write)
 
     # The one completion predicate, once more at the door: Slurm can rerun a task it requeued while the task
     # was finishing (a prio job's preemption caught it as it exited), after its marker verified. Running the
@@ -259,10 +264,13 @@ def main(argv: list[str] | None = None) -> int:
         for s in FORWARDED:
             signal.signal(s, sup.on_signal)
         watcher = _start_watcher(a, sup)
-        protocol.atomic_write_json(adir / protocol.WRAPPER_FILE, {
-            "token": a.token, "pid": os.getpid(), "child_pid": child.pid, "host": os.uname().nodename,
-            "slurm_job_id": os.environ.get("SLURM_JOB_ID"), "restart_count": restart,
-            "command": a.command, "started_at": protocol.now_iso()})
+        try:  # informative only: a full disk here must not kill the wrapper before exit.json
+            protocol.atomic_write_json(adir / protocol.WRAPPER_FILE, {
+                "token": a.token, "pid": os.getpid(), "child_pid": child.pid, "host": os.uname().nodename,
+                "slurm_job_id": os.environ.get("SLURM_JOB_ID"), "restart_count": restart,
+                "command": a.command, "started_at": protocol.now_iso()})
+        except OSError as e:
+            ballast.disk_full |= e.errno == errno.ENOSPC
         rc, timed_out = sup.wait(a.time_limit, a.kill_grace)
         if watcher is not None:
             watcher.stop()
@@ -273,6 +281,8 @@ def main(argv: list[str] | None = None) -> int:
     if rc == 0 and a.outputs:
         if sup.stop_signal is not None:
             marker_error = f"not written: the program was sent SIG{sup.stop_signal} ({sup.stop_source})"
+        elif ballast.disk_full:  # a truncated output of exit 0 was verified (hostile test)
+            marker_error = "not written: the disk was full during the run (outputs may be truncated)"
         else:
             marker_error = write_outputs_marker(run_dir, a.job, a.attempt, a.outputs, ballast)
     record(rc, signal=sig, time_limit_reached=timed_out, stop_signal=sup.stop_signal,

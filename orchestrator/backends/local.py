@@ -33,6 +33,7 @@ from pathlib import Path
 from orchestrator import protocol
 from orchestrator.backends import proctable
 from orchestrator.backends.base import AttemptRef, Backend, BackendError, Outcome, Phase, SubmitSpec
+from orchestrator.ballast import BALLAST_BYTES
 from orchestrator.protocol import FailureClass
 
 
@@ -229,7 +230,13 @@ class LocalBackend(Backend):
         # (issue 9), but a record read after the job is gone is the last word the job had.
         rec = protocol.read_exit(ref.attempt_dir, ref.token)
         if rec is None:
-            # Gone without an exit record: the wrapper was killed (SIGKILL, OOM killer, reboot).
+            # Gone without an exit record: the wrapper was killed (SIGKILL, OOM killer, reboot), or the
+            # disk was too full for even its ballast (hostile test: such a job waited for a human as unknown).
+            free = _free_bytes(ref.attempt_dir)
+            if free is not None and free < BALLAST_BYTES:
+                return Outcome(Phase.VANISHED, cause=FailureClass.ENOSPC,
+                               reason=f"process gone without an exit record; the run dir's filesystem has "
+                                      f"{free >> 10} KiB free")
             return Outcome(Phase.VANISHED, reason="process gone without an exit record")
         return Outcome(Phase.EXITED, exit_code=rec.returncode, signal=rec.signal,
                        cause=FailureClass.TIMEOUT if rec.time_limit_reached else None,
@@ -280,6 +287,14 @@ class LocalBackend(Backend):
         # One process-table scan for a whole sweep: one per task was 18% of submitting 1,000 (bench P6).
         found = live_by_run_dir() if run_dirs else {}
         return {d: found.get(os.path.realpath(d), []) for d in run_dirs}
+
+
+def _free_bytes(path: Path) -> int | None:
+    try:
+        st = os.statvfs(path)
+    except OSError:
+        return None
+    return st.f_bavail * st.f_frsize
 
 
 def live_by_run_dir() -> dict[str, list[str]]:

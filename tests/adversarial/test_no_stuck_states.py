@@ -6,6 +6,7 @@ closed. After settling, no job is `pending`/`submitted`/`running` without a live
 from __future__ import annotations
 
 import json
+import os
 import re
 import subprocess
 
@@ -186,6 +187,50 @@ def test_a_program_that_fills_the_disk_is_classed_enospc_and_auto_resumed_once_s
         assert (first["failure_class"], (first["action"] or {}).get("auto")) == ("enospc", True), first
         assert "full" in first["detail"], first
         assert not (protocol.attempt_dir(run, 2) / protocol.EXIT_RESERVE).exists()
+    assert_no_stuck(orch)
+
+
+def test_an_exit_0_after_the_disk_filled_is_never_verified_and_reruns_once_space_is_back(orch, tmp_path):
+    """Hostile test: the program's output was truncated by the full disk, it exited 0 anyway, and the
+    wrapper wrote the marker in its ballast's room: a 0-byte result verified, never to be rerun."""
+    with tmpfs(tmp_path / "mnt", "1m") as mnt:
+        (mnt / "runs").mkdir()
+        orch.write_config(f'[runs]\nroot = "{mnt / "runs"}"\n')
+        filler = mnt / "filler"
+        prog = (f'[ "$ORCH_ATTEMPT" = 1 ] && cat /dev/zero > {filler}; '
+                "head -c 100000 /dev/urandom > out.bin; exit 0")
+        assert orch("submit", "--name", "trunc", "--outputs", "out.bin", "--", "sh", "-c", prog).returncode == 0
+        run = mnt / "runs" / "trunc"
+        wait_for(lambda: (protocol.attempt_dir(run, 1) / protocol.EXIT_FILE).exists(), 60, "attempt 1's exit record")
+        rec = protocol.read_exit(protocol.attempt_dir(run, 1))
+        assert rec is not None and rec.returncode == 0 and rec.disk_full and rec.marker_error, rec
+        assert not protocol.verify_done_marker(run).verified
+        filler.unlink()
+        rows = settle(orch, ["trunc"])
+        first = show(orch, "trunc")["attempts"][0]
+        assert rows["trunc"]["state"] == "done_marker_verified" and first["failure_class"] == "enospc", first
+        assert (run / "out.bin").stat().st_size == 100000
+    assert_no_stuck(orch)
+
+
+def test_a_disk_too_full_for_the_wrappers_ballast_still_ends_enospc(orch, tmp_path):
+    """Hostile test: with a few pages free at launch, neither the ballast nor exit.json fit, and the attempt
+    ended `unknown` ("process gone without an exit record"), waiting for a human."""
+    with tmpfs(tmp_path / "mnt", "1m") as mnt:
+        (mnt / "runs").mkdir()
+        orch.write_config(f'[runs]\nroot = "{mnt / "runs"}"\n')
+        orch("status", check=True)
+        fill_fs(mnt / "filler")
+        os.truncate(mnt / "filler", os.path.getsize(mnt / "filler") - 16384)  # 4 pages back
+        orch("submit", "--name", "tight", "--outputs", "out.txt", "--", "sh", "-c", "echo ok > out.txt")
+        run = mnt / "runs" / "tight"
+        wait_no_procs(run, 30, "attempt 1 to end")
+        (mnt / "filler").unlink()
+        rows = settle(orch, ["tight"])
+        attempts = show(orch, "tight")["attempts"]
+        assert rows["tight"]["state"] == "done_marker_verified", attempts
+        assert attempts[0]["failure_class"] == "enospc", attempts[0]
+        assert not list(run.glob(f"attempts/*/{protocol.EXIT_RESERVE}"))
     assert_no_stuck(orch)
 
 
