@@ -55,9 +55,19 @@ def prepare_home(cfg: Config) -> None:
     if stat.S_IMODE(st.st_mode) & 0o077:
         os.chmod(cfg.home, 0o700)
     p = _sqlite_path(cfg.db_url)
-    if p is not None and not p.exists():
+    if p is None:
+        return
+    if p.is_symlink() and p == cfg.home / "orch.db":
+        # A (dangling) link at the default DB path put the DB outside ORCH_HOME (hostile test); a DB
+        # kept elsewhere is what ORCH_DB_URL is for.
+        raise UsageError(f"{p} is a symlink; orch keeps its DB in ORCH_HOME (set ORCH_DB_URL to use one elsewhere)")
+    if not p.exists():
         p.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
         _create_sqlite_file(p)
+    with contextlib.suppress(OSError):  # a DB file made by hand (0644) holds every job's command line
+        st = os.stat(p)
+        if stat.S_ISREG(st.st_mode) and st.st_uid == os.geteuid() and stat.S_IMODE(st.st_mode) & 0o077:
+            os.chmod(p, 0o600)
 
 
 def _create_sqlite_file(path: Path) -> None:
@@ -92,7 +102,7 @@ def _create_sqlite_file(path: Path) -> None:
         raise UsageError(f"cannot create the database {path}: {e}") from None
     finally:
         for leftover in (tmp, tmp.with_name(tmp.name + "-wal"), tmp.with_name(tmp.name + "-shm")):
-            with contextlib.suppress(FileNotFoundError):
+            with contextlib.suppress(OSError):  # its own error must not replace the one being raised
                 os.unlink(leftover)
 
 
@@ -227,7 +237,10 @@ def _migrate_lock(cfg: Config, engine: Engine) -> Iterator[None]:
     concurrent first ``orch status`` failed: duplicate key in pg_type, their CREATE TABLEs racing)."""
     path = _sqlite_path(cfg.db_url)
     if path is not None:
-        fd = os.open(path.with_suffix(".migrate.lock"), os.O_CREAT | os.O_RDWR, 0o600)
+        try:
+            fd = os.open(path.with_suffix(".migrate.lock"), os.O_CREAT | os.O_RDWR | os.O_NOFOLLOW, 0o600)
+        except OSError as e:  # a link or a directory put there: refuse, never follow
+            raise DatabaseProblem(f"cannot open {path.with_suffix('.migrate.lock')}: {e.strerror or e}") from None
         try:
             fcntl.flock(fd, fcntl.LOCK_EX)
             yield
@@ -313,6 +326,8 @@ class Database:
         try:
             yield
         except OperationalError as e:
+            if "disk is full" in str(e):  # SQLITE_FULL: a later pass may find room again
+                raise DatabaseInterrupted(f"database {describe(self.cfg)}: {_short(e)}") from None
             if "locked" in str(e) or "busy" in str(e) or "lock timeout" in str(e):  # SQLite / PostgreSQL
                 raise DatabaseInterrupted(f"database {describe(self.cfg)} is locked by another writer "
                                           f"for longer than {self.cfg.busy_timeout_ms} ms; try again") from None

@@ -174,7 +174,12 @@ def _launch_queued_tasks(db: Database, cfg: Config, backend: Callable[[str], Bac
             Attempt.state == A.PENDING, (Sweep.backend == "local") | (Attempt.created_at < cutoff))
             .distinct()).all()
     for sweep_id, backend_name in queued:
-        _note_launches(launch_queued(db, cfg, backend(backend_name), sweep_id), rep)
+        try:
+            _note_launches(launch_queued(db, cfg, backend(backend_name), sweep_id), rep)
+        except DatabaseProblem:
+            raise
+        except OrchError as e:  # one sweep's trouble (its launch lock unusable) must not stop the pass
+            rep.errors.append(str(e))
 
 
 def _note_launches(results: dict, rep: PassReport) -> None:

@@ -34,7 +34,7 @@ from orchestrator.backends import get_backend
 from orchestrator.backends.base import Backend
 from orchestrator.config import Config
 from orchestrator.db import Database
-from orchestrator.errors import AlreadyVerified, OrchError, Refused, UsageError
+from orchestrator.errors import AlreadyVerified, DatabaseProblem, OrchError, Refused, UsageError
 from orchestrator.jobs import environment_id, names_taken
 from orchestrator.launch import Launched, launch, launch_group
 from orchestrator.lifecycle import ATTEMPT_LIVE, AttemptState, JobState
@@ -87,7 +87,7 @@ def load_params(text: str, source: str) -> list[dict[str, Any]]:
         if not line.strip():
             continue
         try:
-            obj = json.loads(line, parse_constant=_no_constant)
+            obj = json.loads(line, parse_constant=_no_constant, parse_float=_finite_float)
         except (ValueError, RecursionError) as e:
             raise UsageError(f"{source}:{n}: not a JSON object: {str(e)[:80]}") from None
         if not isinstance(obj, dict) or not all(isinstance(k, str) and _KEY_RE.match(k) for k in obj):
@@ -104,6 +104,14 @@ def load_params(text: str, source: str) -> list[dict[str, Any]]:
 
 def _no_constant(name: str) -> Any:
     raise ValueError(f"{name} is not a JSON number")
+
+
+def _finite_float(text: str) -> float:
+    # 1e400 parsed as inf: NaN and Infinity are refused, so their overflowing spelling is too.
+    value = float(text)
+    if value in (float("inf"), float("-inf")):
+        raise ValueError(f"{text} is not a finite JSON number")
+    return value
 
 
 def render(command: list[str], params: dict[str, Any]) -> list[str]:
@@ -241,6 +249,8 @@ def launch_queued(db: Database, cfg: Config, backend: Backend, sweep_id: int,
         for name in pending[:room]:
             try:
                 out[name] = launch(db, cfg, name, backend)
+            except DatabaseProblem:
+                raise  # the DB itself: every other task would fail the same way (one warning per pass)
             except OrchError as e:
                 out[name] = e
     return out

@@ -9,7 +9,18 @@ import sqlite3
 import subprocess
 
 import pytest
-from advkit import PY, ROOT, assert_no_stuck, assert_user_error, db_job_names, job_argv, settle, show
+from advkit import (
+    PY,
+    ROOT,
+    assert_no_stuck,
+    assert_user_error,
+    db_job_names,
+    job_argv,
+    live_job_procs,
+    settle,
+    show,
+    wait_for,
+)
 from orchkit import tree_hash
 
 LONG = "a-job-with-a-long-name-" + "x" * 97  # 120 characters: 600 rows overflow a 64 KiB pipe buffer
@@ -147,3 +158,34 @@ def test_a_misspelt_orch_toml_table_is_a_usage_error_not_silently_ignored(orch):
     assert p.returncode == 2 and len(p.stderr.splitlines()) == 1, p.stderr
     assert "orch.toml: unknown table or key 'polcy'; orch.toml has [metrics], [policy], [reconcile], [runs], " \
            "[spot]" in p.stderr, p.stderr
+
+
+@pytest.mark.parametrize("dangling", [True, False], ids=["dangling", "to-a-file"])
+def test_a_symlink_at_the_db_path_is_refused_and_nothing_is_written_outside_orch_home(orch, tmp_path, dangling):
+    # Hostile test: a dangling orch.db link made every command create the DB at its target.
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    target = outside / "target.db"
+    if not dangling:
+        target.write_bytes(b"")
+    orch.home.mkdir(mode=0o700)
+    (orch.home / "orch.db").symlink_to(target)
+    before = tree_hash(outside)
+    p = orch("status")
+    assert (p.returncode, p.stderr) == (2, f"orch: {orch.home / 'orch.db'} is a symlink; orch keeps its DB in "
+                                           "ORCH_HOME (set ORCH_DB_URL to use one elsewhere)\n")
+    assert tree_hash(outside) == before and target.exists() != dangling
+
+
+def test_an_unusable_sweep_launch_lock_is_one_sweeps_error_and_the_pass_goes_on_for_other_jobs(orch):
+    # Hostile test: a directory at sweep-launch.lock made every reconcile pass exit 1 before the
+    # auto-requeue, so no job was ever requeued again.
+    orch.write_config('[policy]\nauto_requeue = ["marker_missing"]\n')
+    assert orch("submit", "--name", "plain", "--", "true").returncode == 0
+    wait_for(lambda: not live_job_procs(orch.runs / "plain"), 30, "plain's attempt to end")
+    (orch.home / "sweep-launch.lock").mkdir()
+    p = orch("sweep", "--name", "sw", "--grid", "i=1,2", "--throttle", "1", "--", "true")
+    assert p.returncode == 1 and "sweep-launch.lock: Is a directory" in p.stderr, (p.returncode, p.stderr)
+    r = orch("reconcile")
+    assert r.returncode == 0, r.stderr
+    assert "plain: requeued" in r.stdout and "sweep-launch.lock: Is a directory" in r.stderr, (r.stdout, r.stderr)

@@ -179,3 +179,11 @@ def test_bad_db_url_exits_2_with_one_line_without_the_password_and_creates_nothi
                        env=env, timeout=60)
     assert (p.returncode, p.stdout, p.stderr) == (2, "", line + "\n")
     assert not home.exists()
+
+
+def test_a_db_file_made_by_hand_with_a_loose_mode_is_tightened_to_0600(cfg):
+    cfg.home.mkdir(mode=0o700, parents=True)
+    (cfg.home / "orch.db").touch(mode=0o644)
+    os.chmod(cfg.home / "orch.db", 0o644)
+    Database(cfg).engine.dispose()
+    assert stat.S_IMODE((cfg.home / "orch.db").stat().st_mode) == 0o600

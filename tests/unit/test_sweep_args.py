@@ -32,6 +32,7 @@ def test_json_lines_keep_types_and_skip_blank_lines():
 
 @pytest.mark.parametrize("text,why", [
     ("[1, 2]\n", "JSON object"), ('{"lr": NaN}\n', "not a JSON object"), ("{oops\n", "not a JSON object"),
+    ('{"lr": 1e400}\n', "not a finite JSON number"),
     ('{"a b": 1}\n', "keys are words"), ('{"a": [1]}\n', "values must be"), ("\n\n", "no argument sets"),
 ])
 def test_bad_json_lines_name_the_line(text, why):
