@@ -272,7 +272,7 @@ def finish(db: Database, cfg: Config, attempt_id: int, ev: Evidence | None, rep:
         c = classify(ev.outcome, ev.report, ev.verification, stop_reason=a.stop_reason,
                      exit_record=ev.exit_record, exit2_invalid=is_bundled_trainer(job.command))
         cls, step, detail = c.cls, c.step, c.detail
-    d = decide(cfg, job, a, cls, step, ev.report if ev else None)
+    d = decide(cfg, job, a, cls, step, ev.report if ev else None, never_launched=launch_failure is not None)
     plan = d.plan
     with db.write() as s:
         a, job = s.get(Attempt, attempt_id), s.get(Job, job.id)

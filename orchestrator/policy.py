@@ -43,8 +43,10 @@ class Decision:
 
 
 def decide(cfg: Config, job: Job, attempt: Attempt, cls: FailureClass, step: int | None,
-           report: dict | None) -> Decision:
+           report: dict | None, *, never_launched: bool = False) -> Decision:
     """What to do after ``attempt`` of ``job`` ended with class ``cls`` (attempt is the last one).
+
+    ``never_launched``: the attempt failed before it reached the backend (its program never ran).
 
     Hashes checkpoints (NaN, requeue plans): call it outside a DB write transaction.
     """
@@ -62,13 +64,18 @@ def decide(cfg: Config, job: Job, attempt: Attempt, cls: FailureClass, step: int
         # the same step: an attempt that made no progress counts (found by a 3 s --time test that
         # looped through 30 free attempts at step 0).
         counted = True
+    # A launch onto a full disk: the program never ran, so none of its attempts was used. Counted, three
+    # passes burned every attempt within seconds and a retryable failure became permanent (hostile test).
+    full_at_launch = cls is C.ENOSPC and never_launched
+    if full_at_launch:
+        counted = False
     used = sum(1 for a in prior if a.counted) + (1 if counted else 0)
     if counted and used >= job.max_attempts:
         return Decision(JobState.FAILED, RetryPlan.make("give_up", why=f"{used} of {job.max_attempts} attempts used"),
                         counted)
     same = sum(1 for a in prior if a.failure_class == cls) + 1
     cap = cfg.caps.get(cls.value)
-    if cap is not None and same > cap:
+    if cap is not None and same > cap and not full_at_launch:
         return Decision(JobState.FAILED, RetryPlan.make("give_up", why=f"{cls} {same} times (cap {cap})"), counted)
 
     run_dir = Path(job.run_dir)
@@ -81,6 +88,10 @@ def decide(cfg: Config, job: Job, attempt: Attempt, cls: FailureClass, step: int
             return Decision(JobState.FAILED, plan, counted)
     elif cls is C.ENOSPC:
         plan = _enospc(cfg, run_dir, plan)
+        if full_at_launch:  # retried every pass it would hammer a full disk: back off, up to an hour
+            backoff = min(cfg.crash_backoff_s * 2 ** min(same - 1, 20), 3600.0)
+            plan = plan.with_(not_before=utcnow() + timedelta(seconds=backoff),
+                              details={**dict(plan.details), "backoff_s": backoff})
     elif cls is C.CRASH:
         if auto:
             k = sum(1 for a in prior if a.failure_class == C.CRASH)

@@ -150,6 +150,10 @@ def test_enospc_at_launch_fails_cleanly_and_requeue_finishes_after_space_is_free
         p = orch("submit", "--name", "full", *QUICK)
         assert_user_error(p, (1, 3), r"space|ENOSPC|full")
         had_row = _not_left_pending(orch, "full") is not None
+        if had_row:  # hostile test: 3 passes on the full disk used up every attempt, `failed` for good
+            for _ in range(3):
+                reconcile_ok(orch)
+            assert show(orch, "full")["state"] == "retryable_failed", show(orch, "full")
 
         (mnt / "filler").unlink()
         if had_row:

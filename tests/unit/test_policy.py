@@ -206,6 +206,20 @@ def test_enospc_with_few_checkpoints_prunes_nothing(cfg, tmp_path):
     assert decide(cfg, job, a, "enospc", None, None).plan.prune == ()
 
 
+def test_a_launch_onto_a_full_disk_never_uses_up_the_job_and_backs_off(cfg, tmp_path):
+    # Hostile test: three passes of launch failures on a full disk made the job `failed` within seconds.
+    cfg.crash_backoff_s = 30.0
+    history = [("enospc", False)] * 6 + [current("enospc")]
+    job, a = job_with(tmp_path, history, max_attempts=3)
+    d = decide(cfg, job, a, "enospc", None, None, never_launched=True)
+    assert (d.state, d.counted, d.plan.auto) == (JobState.RETRYABLE_FAILED, False, True)
+    assert d.plan.details_dict["backoff_s"] == 1920.0  # 30 s x 2**6
+    assert d.plan.action == "prune_and_resume" and d.plan.not_before is not None
+    # The same class from a program that ran still counts and is capped (enospc cap 2).
+    assert decide(cfg, *job_with(tmp_path, [("enospc", True)] * 2 + [current("enospc")]), "enospc", None,
+                  None).state is JobState.FAILED
+
+
 # ------------------------------------------------------------------------------------------
 # command_for
 # ------------------------------------------------------------------------------------------
