@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import contextlib
 import errno
-import fcntl
 import os
 import sqlite3
 import stat
@@ -25,6 +24,7 @@ from sqlalchemy.engine import Engine
 from sqlalchemy.exc import ArgumentError, DatabaseError, NoSuchModuleError, OperationalError, ProgrammingError
 from sqlalchemy.orm import Session, sessionmaker
 
+from orchestrator import filelock
 from orchestrator.config import Config
 from orchestrator.config import sqlite_path as _sqlite_path
 from orchestrator.errors import DatabaseInterrupted, DatabaseProblem, Refused, UsageError
@@ -237,15 +237,8 @@ def _migrate_lock(cfg: Config, engine: Engine) -> Iterator[None]:
     concurrent first ``orch status`` failed: duplicate key in pg_type, their CREATE TABLEs racing)."""
     path = _sqlite_path(cfg.db_url)
     if path is not None:
-        try:
-            fd = os.open(path.with_suffix(".migrate.lock"), os.O_CREAT | os.O_RDWR | os.O_NOFOLLOW, 0o600)
-        except OSError as e:  # a link or a directory put there: refuse, never follow
-            raise DatabaseProblem(f"cannot open {path.with_suffix('.migrate.lock')}: {e.strerror or e}") from None
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX)
+        with filelock.exclusive(path.with_suffix(".migrate.lock"), DatabaseProblem):
             yield
-        finally:
-            os.close(fd)
     elif engine.dialect.name == "postgresql":
         with engine.connect() as conn:
             conn.execute(text("SELECT pg_advisory_lock(:k)"), {"k": PG_MIGRATE_LOCK})

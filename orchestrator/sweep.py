@@ -17,11 +17,9 @@ question, e.g. the same sweep name resubmitted with other parameters after the D
 from __future__ import annotations
 
 import contextlib
-import fcntl
 import json
 import os
 import re
-from collections.abc import Iterator
 from dataclasses import dataclass, field
 from itertools import product
 from pathlib import Path
@@ -29,7 +27,7 @@ from typing import Any
 
 from sqlalchemy import func, select
 
-from orchestrator import protocol, testhooks
+from orchestrator import filelock, protocol, testhooks
 from orchestrator.backends import get_backend
 from orchestrator.backends.base import Backend
 from orchestrator.config import Config
@@ -270,19 +268,9 @@ def _queue(db: Database, sweep_id: int, names: list[str] | None) -> tuple[list[s
         return pending, running, sweep.throttle, sweep.backend
 
 
-@contextlib.contextmanager
-def _local_launch_lock(cfg: Config) -> Iterator[None]:
+def _local_launch_lock(cfg: Config) -> contextlib.AbstractContextManager[None]:
     """One local sweep launcher at a time on this ORCH_HOME (the local backend's tasks run here)."""
-    path = cfg.home / "sweep-launch.lock"
-    try:
-        fd = os.open(path, os.O_CREAT | os.O_RDWR | os.O_NOFOLLOW, 0o600)
-    except OSError as e:  # a symlink or a directory put there: refuse, never follow
-        raise OrchError(f"cannot open the sweep launch lock {path}: {e.strerror or e}") from None
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX)
-        yield
-    finally:
-        os.close(fd)
+    return filelock.exclusive(cfg.home / "sweep-launch.lock", OrchError, "the sweep launch lock ")
 
 
 def sweep_of(db: Database, name: str) -> Sweep | None:
