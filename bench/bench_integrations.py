@@ -79,7 +79,7 @@ CASES = [
 
 def argv(case: Case, run_dir: Path | None, slow: bool) -> list[str]:
     if case.script is None:
-        a = [C.PY, "-m", "trainer", "--preset", "tiny", "--threads", "1", "--max-steps", str(case.max_steps),
+        a = [C.PY, "-m", "orch_trainer", "--preset", "tiny", "--threads", "1", "--max-steps", str(case.max_steps),
              "--log-interval", "1", "--heartbeat-interval", "0.1", "--save-interval", "100"]
         return a + (["--run-dir", str(run_dir)] if run_dir else [])
     a = [C.PY, str(EXAMPLES / case.script), "--max-steps", str(case.max_steps), *case.args]

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """P4 work lost per signalled preemption (measured) and P7 goodput under a spot trace (simulated).
 
-P4, measured with the real trainer (``python -m trainer --preset tiny``): each trial starts a fresh
+P4, measured with the real trainer (``python -m orch_trainer --preset tiny``): each trial starts a fresh
 run, sends SIGTERM with ``os.kill`` at a uniformly random time during training, lets the trainer
 save and exit, and resumes it (``--resume auto``, attempt 2) to the end. Steps lost = steps redone
 = the last step the first run completed minus the step the second run resumed from (both read
@@ -79,7 +79,7 @@ def run_trainer(run_dir: Path, attempt: int, args: list[str], kill: tuple[int, f
     env = {k: v for k, v in os.environ.items() if not k.startswith(("ORCH_", "SLURM_"))}
     env.update({protocol.ENV_ATTEMPT: str(attempt), protocol.ENV_JOB_NAME: run_dir.name})
     t0 = time.perf_counter()
-    p = subprocess.Popen([C.PY, "-m", "trainer", "--run-dir", str(run_dir), *args], stdout=subprocess.DEVNULL,
+    p = subprocess.Popen([C.PY, "-m", "orch_trainer", "--run-dir", str(run_dir), *args], stdout=subprocess.DEVNULL,
                          stderr=subprocess.PIPE, text=True, env=env, cwd=str(C.ROOT))
     r = Run(rc=0, wall=0.0)
     lines: list[str] = []
@@ -279,7 +279,7 @@ def notes(args: argparse.Namespace, base: dict, term_exit: float, restart: float
     """The section's prose: how P4 was measured, what P7 assumes, and the result in one plain sentence."""
     stall, block = base["stall"] * 1e3, base["stall_block"] * 1e3
     return (
-        f"P4 is measured: `python -m trainer --preset tiny --max-steps {args.max_steps} --save-interval "
+        f"P4 is measured: `python -m orch_trainer --preset tiny --max-steps {args.max_steps} --save-interval "
         f"{args.save_interval}` on this machine, SIGTERM at a uniformly random time during training "
         "(`os.kill`), then the same run dir resumed as attempt 2 with `--resume auto`. \"Steps redone\" = last "
         "step the first run logged − `resumed_from_step` of the second; \"seconds lost\" adds the redone steps "

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """P4 on the real dev Slurm cluster: work lost and time lost per REAL partition preemption.
 
-Each trial submits the bundled trainer (``python -m trainer --preset tiny``) with ``orch submit
+Each trial submits the bundled trainer (``python -m orch_trainer --preset tiny``) with ``orch submit
 --backend slurm`` to ``spot`` (PreemptMode=REQUEUE: Slurm requeues it in place) or ``spot-cancel``
 (PreemptMode=CANCEL: orch classifies the attempt and requeues it), drives ``orch reconcile`` (as cron
 would, every ~1 s) until the trainer passed a uniformly random step, then submits a real ``prio`` job
@@ -159,7 +159,7 @@ def trial(orch: Orch, partition: str, i: int, args: argparse.Namespace, rng: ran
           prio_ids: list[str]) -> dict:
     name = f"p4-{partition}-{i}"
     orch("submit", "--backend", "slurm", "--name", name, "--partition", partition, "--cpus-per-task", "1",
-         "--mem", "1G", "--", C.PY, "-m", "trainer", "--preset", "tiny", "--threads", "1",
+         "--mem", "1G", "--", C.PY, "-m", "orch_trainer", "--preset", "tiny", "--threads", "1",
          "--max-steps", str(args.max_steps), "--save-interval", str(args.save_interval), "--log-interval", "1",
          "--heartbeat-interval", "0.2")
     rd = orch.home / "runs" / name
@@ -321,7 +321,7 @@ def main() -> int:
     notes = (
         f"Real Slurm {sh('sinfo', '-V').stdout.strip()} dev cluster (`deploy/slurm/cluster.sh`: one node, 2 CPUs, "
         f"shared with other work): {slurm_config()}. Each trial: `orch submit --backend slurm --partition "
-        f"<p> --cpus-per-task 1 --mem 1G -- python -m trainer --preset tiny --threads 1 --max-steps "
+        f"<p> --cpus-per-task 1 --mem 1G -- python -m orch_trainer --preset tiny --threads 1 --max-steps "
         f"{args.max_steps} --save-interval {args.save_interval} --log-interval 1 --heartbeat-interval 0.2`; "
         "`orch reconcile` every ~1 s (cron would run it every minute or so: on spot-cancel that delay adds to "
         "orch's share); at a uniformly random step a real `sbatch -p prio -c 2 --mem=200M --wrap 'sleep 2'` "

@@ -87,10 +87,10 @@ def generate(path: Path, live: int, history: int, runs_root: Path, external_id: 
             for i in range(history):
                 st = HIST_STATES[0][0] if i % 20 < 18 else HIST_STATES[1 + i % 2][0]
                 yield (i + 1, f"hist-{i:07d}", st, "local", f"{runs_root}/hist-{i:07d}",
-                       '["python", "-m", "trainer", "--preset", "tiny"]', "{}", "[]", 3, "{}", None, TS, TS)
+                       '["python", "-m", "orch_trainer", "--preset", "tiny"]', "{}", "[]", 3, "{}", None, TS, TS)
             for k in range(live):
                 yield (history + k + 1, f"live-{k:05d}", live_state, "local", f"{runs_root}/live-{k:05d}",
-                       '["python", "-m", "trainer", "--preset", "tiny"]', "{}", "[]", 3, "{}", None, TS, TS)
+                       '["python", "-m", "orch_trainer", "--preset", "tiny"]', "{}", "[]", 3, "{}", None, TS, TS)
 
         def attempts():
             for i in range(history):

@@ -37,7 +37,7 @@ import _common as C  # noqa: E402
 import torch  # noqa: E402
 
 from orchestrator import protocol  # noqa: E402
-from trainer.checkpoint import CheckpointManager  # noqa: E402
+from orchestrator.kit.checkpoint import CheckpointManager  # noqa: E402
 
 TITLE = "Trainer (P3, P5)"
 
@@ -147,9 +147,9 @@ def bench_stall(work: Path, runs: int) -> dict[str, list[float]]:
 
 def _trainer(work: Path, steps: int) -> tuple[object, float]:
     """Set up a real Trainer (no saves during the measured steps) and time its loop."""
-    from trainer.config import parse_args
-    from trainer.loop import Trainer
-    from trainer.preemption import PreemptionFlag
+    from orch_trainer.config import parse_args
+    from orch_trainer.loop import Trainer
+    from orchestrator.kit.preemption import PreemptionFlag
     rd = Path(tempfile.mkdtemp(dir=work))
     args = parse_args(["--run-dir", str(rd), "--max-steps", str(steps), "--batch-size", "8",
                        "--micro-batch-size", "4", "--save-interval", "1000000", "--log-interval", "1000000"])
@@ -170,8 +170,8 @@ def _plain(steps: int) -> float:
     """The same compute as the trainer, written as the plain loop a user would write."""
     import math
 
-    from trainer import data as D
-    from trainer.model import PRESETS, TinyGPT
+    from orch_trainer import data as D
+    from orch_trainer.model import PRESETS, TinyGPT
     torch.manual_seed(0)
     cfg = PRESETS["tiny"]
     corpus = D.encode_corpus(D.generated_corpus(), "generated")

@@ -18,7 +18,7 @@ import signal as _signal
 from dataclasses import dataclass
 
 from orchestrator.backends.base import Outcome, Phase
-from orchestrator.protocol import EXIT_PREEMPTED, EXIT_USAGE, ExitRecord, FailureClass, MarkerStatus, Verification
+from orchestrator.protocol import EXIT_PREEMPTED, ExitRecord, FailureClass, MarkerStatus, Verification
 
 C = FailureClass
 
@@ -31,13 +31,12 @@ class Classification:
 
 
 def classify(outcome: Outcome, report: dict | None, verification: Verification, *,
-             stop_reason: str | None = None, exit_record: ExitRecord | None = None,
-             exit2_invalid: bool = False) -> Classification:
+             stop_reason: str | None = None, exit_record: ExitRecord | None = None) -> Classification:
     """Class of an attempt that ended (EXITED or VANISHED) and whose marker does not verify.
 
     ``stop_reason``: why orch itself was stopping the attempt (``hang``, ``cancel``).
-    ``exit2_invalid``: the program documents exit 2 as a usage error (the bundled trainer, the
-    integrations); for any other program exit 2 is just a failure (a grep missing its input).
+    Exit 2 is just a failure here (a grep missing its input): a program whose exit 2 means "usage error,
+    retrying cannot help" says so in its failure report (class ``invalid``), as the bundled trainer does.
     """
     step = (report or {}).get("step")
     if stop_reason == "cancel":
@@ -78,9 +77,6 @@ def classify(outcome: Outcome, report: dict | None, verification: Verification, 
         return Classification(C.PREEMPTED, None, "terminated by SIGTERM without a report")
     if sig == _signal.SIGKILL or rc == 128 + _signal.SIGKILL:
         return Classification(C.CRASH, None, "killed by SIGKILL (kill -9 or the kernel OOM killer)")
-    if rc == EXIT_USAGE and exit2_invalid:
-        # The program's documented usage error (argparse): retrying the same argv cannot help.
-        return Classification(C.INVALID, None, f"exit {EXIT_USAGE} (usage error)")
     if sig:
         return Classification(C.CRASH, None, f"killed by signal {sig}")
     return Classification(C.CRASH, None, f"exit {rc}")

@@ -22,7 +22,7 @@ from typing import Any, NoReturn
 
 from orchestrator import protocol, testhooks
 from orchestrator.backends import get_backend
-from orchestrator.backends.base import Backend, BackendError, Resources, SubmitSpec
+from orchestrator.backends.base import Backend, BackendError, SubmitSpec
 from orchestrator.config import Config
 from orchestrator.db import Database
 from orchestrator.errors import IllegalTransition, OrchError, Refused
@@ -38,8 +38,9 @@ from orchestrator.lifecycle import (
 )
 from orchestrator.models import Attempt, Job
 from orchestrator.observe import finish
-from orchestrator.policy import command_for, is_bundled_trainer
+from orchestrator.policy import command_for
 from orchestrator.protocol import ENV_SWEEP, ENV_SWEEP_PARAMS, ENV_TASK_INDEX, FailureClass
+from orchestrator.resources import resources_dict, resources_of
 from orchestrator.rundir import check_run_dir, empty_trash, move_to_trash, unverified_leftovers
 
 A, J = AttemptState, JobState
@@ -112,8 +113,7 @@ def _ready(db: Database, cfg: Config, name: str, backend_name: str | None, recla
             env.update(sweep_env(job.sweep.name, job.task_index, job.sweep.params))
         spec = SubmitSpec(job=job.name, attempt=a.n, token=a.token, run_dir=Path(job.run_dir), command=tuple(argv),
                           outputs=tuple(job.outputs), env=env, resources=resources_of(job.resources),
-                          warning_signal=job.resources.get("warning_signal")
-                          or ("USR2" if is_bundled_trainer(argv) else "TERM"), umask=cfg.umask,
+                          warning_signal=job.resources.get("warning_signal") or "TERM", umask=cfg.umask,
                           task=job.task_index, base_env=job.environment.vars if job.environment else None,
                           spot_notice=job.resources.get("spot_notice") or cfg.spot_notice,
                           spot_url=cfg.spot_url, spot_interval_s=cfg.spot_interval_s)
@@ -295,7 +295,7 @@ def _prepare(cfg: Config, spec: SubmitSpec, plan: Any, outputs: list[str], backe
     spec.attempt_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
     protocol.atomic_write_json(spec.attempt_dir / protocol.COMMAND_FILE, {
         "argv": list(spec.command), "overrides": _loads(spec.env.get(protocol.ENV_OVERRIDES)),
-        "backend": backend_name, "token": spec.token, "resources": _resources_dict(spec.resources),
+        "backend": backend_name, "token": spec.token, "resources": resources_dict(spec.resources),
         "at": protocol.now_iso()})
     testhooks.site("after_attempt_row")
     return moved
@@ -344,16 +344,6 @@ def record_submitted(db: Database, attempt_id: int, external_id: str, overrides:
         backend_name = job.backend
     (backend or get_backend(backend_name)).cancel([ref])
     return True
-
-
-def resources_of(r: dict[str, Any]) -> Resources:
-    return Resources(partition=r.get("partition"), gpus=r.get("gpus"), cpus_per_task=r.get("cpus_per_task"),
-                     mem_mb=r.get("mem_mb"), time_s=r.get("time_s"), account=r.get("account"),
-                     extra_sbatch=tuple(r.get("extra_sbatch") or ()))
-
-
-def _resources_dict(r: Resources) -> dict[str, Any]:
-    return {k: v for k, v in r.__dict__.items() if v not in (None, ())}
 
 
 def _dumps(obj: Any) -> str:

@@ -41,7 +41,7 @@ from orchestrator.lifecycle import (
 )
 from orchestrator.models import Attempt, Job
 from orchestrator.plan import RetryPlan
-from orchestrator.policy import decide, is_bundled_trainer
+from orchestrator.policy import decide
 from orchestrator.protocol import FailureClass
 
 A, J = AttemptState, JobState
@@ -270,7 +270,7 @@ def finish(db: Database, cfg: Config, attempt_id: int, ev: Evidence | None, rep:
         cls, step, detail = launch_failure[0], None, launch_failure[1]
     else:
         c = classify(ev.outcome, ev.report, ev.verification, stop_reason=a.stop_reason,
-                     exit_record=ev.exit_record, exit2_invalid=is_bundled_trainer(job.command))
+                     exit_record=ev.exit_record)
         cls, step, detail = c.cls, c.step, c.detail
     d = decide(cfg, job, a, cls, step, ev.report if ev else None, never_launched=launch_failure is not None)
     plan = d.plan

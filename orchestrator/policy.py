@@ -5,8 +5,9 @@ OOM -> more memory; NaN -> roll back to an earlier verified checkpoint, halve th
 suspect batches, quarantine the later checkpoints; disk full -> prune old checkpoints, empty the
 trash; preemption / time limit / node failure -> resume, not counted against --max-attempts.
 
-Overrides reach the bundled trainer as flags appended to its command (argparse: last wins) and any
-program as JSON in ORCH_OVERRIDES. ``plan.overrides`` (lr, micro-batch, data offset) and
+Overrides reach every program, the bundled trainer included, as JSON in ORCH_OVERRIDES; the command
+is never changed (issue 18: the bundled trainer was recognised by ``-m trainer`` in argv, so a user's
+own module named ``trainer`` got ``--lr``/``--resume`` appended). ``plan.overrides`` (lr, micro-batch, data offset) and
 ``plan.resources`` (memory) stay for every later attempt; ``plan.resume`` applies to the next only.
 
 Every checkpoint a plan names has had its sha256 verified here first (issue 9: a bit flip that kept
@@ -29,11 +30,6 @@ from orchestrator.plan import RetryPlan
 from orchestrator.protocol import FailureClass, finite_number
 
 C = FailureClass
-
-# Override keys and the bundled trainer's flag for each.
-FLAGS = {"resume": "--resume", "lr": "--lr", "skip_batches": "--skip-batches",
-         "micro_batch_size": "--micro-batch-size"}
-
 
 @dataclass(frozen=True)
 class Decision:
@@ -164,18 +160,9 @@ def _enospc(cfg: Config, run_dir: Path, plan: RetryPlan) -> RetryPlan:
 
 
 def command_for(job: Job, plan: RetryPlan | None) -> tuple[list[str], dict[str, Any]]:
-    """argv and ORCH_OVERRIDES for the next attempt: the user's command + the policy's flags."""
+    """argv and ORCH_OVERRIDES for the next attempt: the user's command as given, and what the policy
+    changed (sticky overrides, plus this attempt's resume point)."""
     overrides = dict(job.overrides)
     if plan is not None and plan.resume:
         overrides["resume"] = plan.resume
-    argv = list(job.command)
-    if is_bundled_trainer(argv):
-        for key, val in overrides.items():
-            if key in FLAGS:
-                argv += [FLAGS[key], str(val)]
-    return argv, overrides
-
-
-def is_bundled_trainer(argv: list[str]) -> bool:
-    """``python -m trainer ...``: the program whose flags, exit codes and USR2 handling orch knows."""
-    return any(a == "trainer" and i > 0 and argv[i - 1] == "-m" for i, a in enumerate(argv))
+    return list(job.command), overrides

@@ -37,7 +37,6 @@ from orchestrator.jobs import environment_id, names_taken
 from orchestrator.launch import Launched, launch, launch_group
 from orchestrator.lifecycle import ATTEMPT_LIVE, AttemptState, JobState
 from orchestrator.models import Attempt, Event, Job, Sweep
-from orchestrator.policy import FLAGS, is_bundled_trainer
 from orchestrator.rundir import check_run_dir, ensure_runs_root, run_dir_for
 from orchestrator.submit import live_processes, new_token
 
@@ -201,26 +200,14 @@ def submit_sweep(db: Database, cfg: Config, req: SweepRequest) -> Sweep:
 
 
 def command_difference(cmd: list[str], recorded: tuple[int, list[str]] | None) -> str | None:
-    """Why a run dir's last attempt (``recorded``: its number and argv) did not run ``cmd``; None if
-    it did. The bundled trainer records its own argv (its interpreter's path, and the policy's flags
-    such as ``--resume`` appended by orch): for it, the arguments after ``-m trainer`` must be
-    ``cmd``'s, followed by policy flags only."""
+    """Why a run dir's last attempt (``recorded``: its number and the argv orch launched) did not run
+    ``cmd``; None if it did."""
     if recorded is None:
         return "its last attempt has no readable command record"
     n, argv = recorded
     if argv == cmd:
         return None
-    if is_bundled_trainer(cmd) and is_bundled_trainer(argv):
-        mine, theirs = _trainer_args(cmd), _trainer_args(argv)
-        extra = theirs[len(mine):]
-        if theirs[:len(mine)] == mine and len(extra) % 2 == 0 and set(extra[::2]) <= set(FLAGS.values()):
-            return None
     return f"attempt {n} ran {_short(argv)}, this task runs {_short(cmd)}"
-
-
-def _trainer_args(argv: list[str]) -> list[str]:
-    i = next(i for i, a in enumerate(argv) if a == "trainer" and i > 0 and argv[i - 1] == "-m")
-    return argv[i + 1:]
 
 
 def _short(argv: list[str]) -> str:

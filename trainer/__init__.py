@@ -1,10 +1,8 @@
-"""orch's bundled trainer and its reusable pieces.
+"""``python -m trainer``: an alias of ``python -m orch_trainer``, the bundled trainer, kept for scripts
+written before the rename.
 
-Public API for any training script (each a few lines to adopt):
-- ``trainer.preemption.PreemptionFlag``: SIGTERM/SIGUSR2 set a flag, checked at a safe point.
-- ``trainer.checkpoint.CheckpointManager``: crash-safe save (optionally in the background),
-  ``latest_verified``, ``load`` (verifies sha256 first), ``prune``.
-- ``orchestrator.protocol``: ``write_failure``, ``write_progress``, ``write_done_marker``.
-
-``python -m trainer --help`` documents the bundled trainer (flags, exit codes, fault injection).
+The bundled trainer's package is ``orch_trainer`` (a name users' projects do not have; issue 18: a user's
+own ``trainer.py`` shadowed this package and broke orch's integrations). Nothing in orch imports this
+alias, and the in-job kit lives in ``orchestrator.kit``: a user module named ``trainer`` only hides the
+alias, never anything orch needs.
 """

@@ -163,6 +163,11 @@ class Backend(ABC):
         """
         return {spec.token: self.submit(spec) for spec in specs}
 
+    def check_resources(self, resources: Resources) -> None:
+        """Raise BackendError (naming the value) for what this backend would refuse; no I/O. Run at argument
+        parsing, before any row exists. The default accepts everything."""
+        return None
+
     def max_group_size(self) -> int | None:
         """The most tasks one :meth:`submit_group` can take (task indices 0..n-1), None for no limit."""
         return None

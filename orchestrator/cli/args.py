@@ -24,8 +24,8 @@ from orchestrator.spotnotice import CHOICES as SPOT_CHOICES
 # ASCII only: under re.I the Kelvin sign (U+212A) matched [K] and then missed the unit table (a
 # KeyError, exit 1); \d also matched other scripts' digits.
 _MEM_RE = re.compile(r"^(\d{1,20})([KMGT]?)B?$", re.I | re.ASCII)
-MAX_MEM_MB = 2**43  # its size in bytes still fits a signed 64-bit integer (Slurm, the DB)
-MAX_TIME_S = (2**32 - 2) * 60  # Slurm keeps a time limit in minutes in a uint32 (all ones = INFINITE)
+from orchestrator.resources import MAX_MEM_MB, MAX_TIME_S  # noqa: E402 - the bounds every entry point shares
+
 _TIME_RE = re.compile(r"^(?:(\d{1,12})-)?(\d{1,12})(?::(\d{1,12}))?(?::(\d{1,12}))?$", re.ASCII)
 
 
@@ -138,7 +138,7 @@ def job_options(f: Any) -> Any:
         click.option("--sbatch-arg", "sbatch_args", multiple=True, help="Extra sbatch argument, e.g. --qos=high."),
         click.option("--warning-signal", type=click.Choice(["TERM", "USR2", "INT"]), default=None,
                      help="Signal the program gets when the time limit nears (Slurm's early warning). "
-                          "Default TERM; USR2 for the bundled trainer."),
+                          "Default TERM (for every program: none is recognised from its argv)."),
         click.option("--spot-notice", type=click.Choice(SPOT_CHOICES), default=None,
                      help="Watch this cloud's spot interruption notice from inside the job and stop the program "
                           "as for a preemption (SIGTERM) when it comes; auto: whichever answers. "

@@ -39,9 +39,12 @@ import torch
 from transformers import TrainerCallback, TrainerControl, TrainerState, TrainingArguments
 
 from orchestrator import protocol
-from orchestrator.integrations.runtime import Run, any_rank, clean_stale, commit_checkpoint, log, signal_name
-from trainer.heartbeat import Heartbeat
-from trainer.preemption import PreemptionFlag
+from orchestrator.kit.commit import clean_stale, commit_checkpoint
+from orchestrator.kit.dist import any_rank
+from orchestrator.kit.heartbeat import Heartbeat
+from orchestrator.kit.log import log
+from orchestrator.kit.preemption import PreemptionFlag
+from orchestrator.kit.run import Run, signal_name
 
 _HF_CHECKPOINT_RE = re.compile(r"^checkpoint-(\d+)$")
 

@@ -41,16 +41,11 @@ import lightning.pytorch as pl
 from lightning.pytorch.callbacks import Callback
 
 from orchestrator import protocol
-from orchestrator.integrations.runtime import (
-    Run,
-    capture_rng,
-    clean_stale,
-    commit_checkpoint,
-    restore_rng,
-    signal_name,
-)
-from trainer.heartbeat import Heartbeat
-from trainer.preemption import DEFAULT_SIGNALS, PreemptionFlag
+from orchestrator.kit.commit import clean_stale, commit_checkpoint
+from orchestrator.kit.heartbeat import Heartbeat
+from orchestrator.kit.preemption import DEFAULT_SIGNALS, PreemptionFlag
+from orchestrator.kit.rng import capture_rng, restore_rng
+from orchestrator.kit.run import Run, signal_name
 
 CKPT_FILE = "model.ckpt"
 

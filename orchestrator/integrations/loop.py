@@ -38,10 +38,14 @@ from typing import Any
 import torch
 
 from orchestrator import protocol
-from orchestrator.integrations.runtime import Run, any_rank, capture_rng, clean_stale, log, restore_rng, signal_name
-from trainer.checkpoint import CheckpointManager
-from trainer.heartbeat import Heartbeat
-from trainer.preemption import PreemptionFlag
+from orchestrator.kit.checkpoint import CheckpointManager
+from orchestrator.kit.commit import clean_stale
+from orchestrator.kit.dist import any_rank
+from orchestrator.kit.heartbeat import Heartbeat
+from orchestrator.kit.log import log
+from orchestrator.kit.preemption import PreemptionFlag
+from orchestrator.kit.rng import capture_rng, restore_rng
+from orchestrator.kit.run import Run, signal_name
 
 
 class OrchRun:

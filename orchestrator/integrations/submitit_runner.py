@@ -2,8 +2,8 @@
 
 It loads the ``DelayedSubmission`` (the newest verified checkpoint's, else the original whose sha256 the
 command names), installs the stop handlers and calls it; :func:`safe_point` is where a requested stop takes the
-callable's ``checkpoint()``. Kept apart from the executor (orchestrator/integrations/submitit.py, the submitting
-side, which also documents the behaviour) because the two run on different machines: this one in the job.
+callable's ``checkpoint()``. Kept apart from the executor (orchestrator/executor.py, the submitting side,
+which also documents the behaviour) because the two run on different machines: this one in the job.
 """
 
 from __future__ import annotations
@@ -25,7 +25,9 @@ from typing import Any
 import submitit.core.utils as submitit_utils
 
 from orchestrator import protocol
-from orchestrator.integrations.runtime import Run, RunDirError, clean_stale, commit_checkpoint, log, signal_name
+from orchestrator.kit.commit import clean_stale, commit_checkpoint
+from orchestrator.kit.log import log
+from orchestrator.kit.run import Run, RunDirError, signal_name
 
 SUBMISSION_DIR = "submitit"  # <run dir>/submitit/submission-*.pkl: the original call (orch never moves it)
 CHECKPOINT_FILE = "submission.pkl"  # checkpoints/step-<8 digits>/submission.pkl: what checkpoint() returned
@@ -235,7 +237,7 @@ def run_job(submission: str, sha256: str, *, sys_path: Iterable[str] = (), keep_
             sys.stderr.write(tb)
             _report(run, "crash", None, "cannot load the submission: " + _crash_detail(e))
             return 1
-        from trainer.heartbeat import Heartbeat
+        from orchestrator.kit.heartbeat import Heartbeat
 
         runner.heartbeat = Heartbeat(run.run_dir, run.attempt, run.heartbeat_s)
         if run.is_writer:

@@ -22,7 +22,8 @@ RUN_CONFIG = "run_config.json"
 ATTEMPTS_DIR = "attempts"
 CHECKPOINTS_DIR = "checkpoints"
 RESULT_DIR = "result"
-COMMAND_FILE = "command.json"
+COMMAND_FILE = "command.json"  # written by orch before the launch: argv, overrides, token (never by the job)
+PROGRAM_FILE = "program.json"  # written by the program at its start (the bundled trainer): argv, host, pid
 FAILURE_FILE = "failure.json"
 PROGRESS_FILE = "progress.json"
 PROGRESS_HISTORY = "progress.jsonl"  # every heartbeat, appended: the loss curve across a whole attempt
@@ -77,6 +78,12 @@ class FailureClass(enum.StrEnum):
     MARKER_CORRUPT = "marker_corrupt"
     CANCELLED = "cancelled"
     UNKNOWN = "unknown"
+    # Added 2026-12 (issues 16, 17): an input missing at start (maybe an NFS hiccup: retried, and invalid
+    # only when it repeats); the job's own failures without checkpoint progress over N attempts; a
+    # SIGKILL with no record of the program's own (kill -9, an OOM killer that could not be told apart).
+    INPUT_MISSING = "input_missing"
+    NO_PROGRESS = "no_progress"
+    KILLED = "killed"
 
 
 FAILURE_CLASSES = tuple(c.value for c in FailureClass)

@@ -14,7 +14,7 @@ from orchkit import make_checkpoint
 
 from orchestrator import protocol
 
-TRAINER = [PY, "-m", "trainer", "--preset", "tiny", "--max-steps", "40", "--save-interval", "5",
+TRAINER = [PY, "-m", "orch_trainer", "--preset", "tiny", "--max-steps", "40", "--save-interval", "5",
            "--keep-last-k", "4", "--inject-fault", "nan@step=22"]
 
 

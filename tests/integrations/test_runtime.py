@@ -12,7 +12,8 @@ from orchkit import make_checkpoint
 
 from orchestrator import protocol
 from orchestrator.integrations.loop import orch_run
-from orchestrator.integrations.runtime import Run, commit_checkpoint
+from orchestrator.kit.commit import commit_checkpoint
+from orchestrator.kit.run import Run
 
 
 def _fill(tmp, data: bytes = b"weights") -> None:

@@ -198,7 +198,7 @@ def test_cancel_terminates_a_running_job_and_marks_it_cancelled(orch):
 
 
 def test_bundled_trainer_tiny_preset_ends_verified(orch):
-    p = orch("submit", "--name", "tiny", "--wait", "--", sys.executable, "-m", "trainer", "--preset", "tiny",
+    p = orch("submit", "--name", "tiny", "--wait", "--", sys.executable, "-m", "orch_trainer", "--preset", "tiny",
              "--max-steps", "20", timeout=150)
     assert p.returncode == 0, p.stderr
     run = orch.runs / "tiny"
@@ -209,7 +209,7 @@ def test_bundled_trainer_tiny_preset_ends_verified(orch):
     assert cfg["resumed_from_step"] is None and "data_sha256" in cfg
     # Started again on a verified run dir, the trainer writes nothing and says so.
     before = {str(q.relative_to(run)): q.stat().st_mtime_ns for q in run.rglob("*")}
-    again = subprocess.run([sys.executable, "-m", "trainer", "--preset", "tiny", "--run-dir", str(run)],
+    again = subprocess.run([sys.executable, "-m", "orch_trainer", "--preset", "tiny", "--run-dir", str(run)],
                            capture_output=True, text=True, timeout=120, env=orch.env)
     assert again.returncode == 0 and "already complete" in (again.stdout + again.stderr)
     assert {str(q.relative_to(run)): q.stat().st_mtime_ns for q in run.rglob("*")} == before

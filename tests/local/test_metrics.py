@@ -225,7 +225,7 @@ def test_steps_redone_after_a_real_trainer_preemption(orch):
     """The bundled trainer, SIGTERMed mid-run (os.kill, as a scheduler's preemption), resumes as attempt
     2: the metric equals the first attempt's last reported step minus the step run_config.json says
     attempt 2 resumed from (the trainer's own record, which the metric does not read)."""
-    orch("submit", "--name", "tr", "--", sys.executable, "-m", "trainer", "--preset", "tiny", "--max-steps", "400",
+    orch("submit", "--name", "tr", "--", sys.executable, "-m", "orch_trainer", "--preset", "tiny", "--max-steps", "400",
          "--save-interval", "50", "--heartbeat-interval", "0.1", check=True)
     run = orch.runs / "tr"
     deadline = time.time() + 120

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 from PIL import Image
 
-TRAINER = [sys.executable, "-m", "trainer", "--preset", "tiny"]
+TRAINER = [sys.executable, "-m", "orch_trainer", "--preset", "tiny"]
 # Attempt 1 gets SIGTERM in step 12 (saves step 11: preempted), attempt 2 resumes at 11 and hits NaN
 # at step 25 (the policy rolls back to the checkpoint of step 20), attempt 3 resumes at 20 and ends.
 FAULTS = ["--max-steps", "60", "--save-interval", "5", "--heartbeat-interval", "0.02",

@@ -149,7 +149,7 @@ def test_with_the_watcher_off_nothing_is_polled(orch):
 def test_the_bundled_trainer_checkpoints_on_a_notice_and_resumes_from_that_step(orch):
     with FakeMetadata("gcp") as md:
         spot_config(orch, md)
-        orch("submit", "--name", "tr", "--spot-notice", "gcp", "--", sys.executable, "-m", "trainer", "--preset",
+        orch("submit", "--name", "tr", "--spot-notice", "gcp", "--", sys.executable, "-m", "orch_trainer", "--preset",
              "tiny", "--max-steps", "300", "--save-interval", "100000", "--heartbeat-interval", "0.2", check=True)
         run = orch.runs / "tr"
         progress = protocol.attempt_dir(run, 1) / protocol.PROGRESS_FILE

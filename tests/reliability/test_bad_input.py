@@ -528,7 +528,7 @@ def test_reconcile_survives_a_hostile_failure_json(tmp_path: Path, case: str, cl
     cfg = load_config(tmp_path / "home")
     db = Database(cfg)
     for name in ("hostile", "bystander"):
-        submit(db, cfg, SubmitRequest(name=name, command=["python", "-m", "trainer"]))
+        submit(db, cfg, SubmitRequest(name=name, command=["python", "-m", "orch_trainer"]))
     hostile = cfg.runs_root / "hostile"
     (protocol.attempt_dir(hostile, 1) / "failure.json").write_bytes(HOSTILE_FAILURES[case])
     rep = reconcile_pass(db, cfg, backend_for=lambda _n: backend)

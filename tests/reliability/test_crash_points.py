@@ -38,12 +38,12 @@ from orchestrator.backends.base import AttemptRef, Backend, Outcome, Phase, Subm
 from orchestrator.config import load_config
 from orchestrator.db import Database
 from orchestrator.jobs import get_job
+from orchestrator.kit.checkpoint import CheckpointManager
 from orchestrator.protocol import MarkerStatus
 from orchestrator.requeue import RequeueTarget
 from orchestrator.requeue import requeue as requeue_jobs
 from orchestrator.rundir import move_to_trash, unverified_leftovers
 from orchestrator.submit import SubmitRequest, submit
-from trainer.checkpoint import CheckpointManager
 
 ARTIFACTS = ["result/model.pt", "result/metrics.json"]
 
@@ -254,7 +254,7 @@ def _failed_job(home: Path, backend: RecordingBackend, outside: Path) -> None:
 
     cfg = load_config(home)
     db = Database(cfg)
-    submit(db, cfg, SubmitRequest(name="j", command=["python", "-m", "trainer"]))
+    submit(db, cfg, SubmitRequest(name="j", command=["python", "-m", "orch_trainer"]))
     rd = cfg.runs_root / "j"
     m = CheckpointManager(rd, keep_last_k=3)
     m.save(10, ckpt_files(10))

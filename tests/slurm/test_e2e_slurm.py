@@ -27,7 +27,7 @@ from slurmkit import STATE, cluster_up, node_idle, run
 
 from orchestrator import protocol
 
-TRAINER = [sys.executable, "-m", "trainer", "--preset", "tiny", "--threads", "1", "--log-interval", "100",
+TRAINER = [sys.executable, "-m", "orch_trainer", "--preset", "tiny", "--threads", "1", "--log-interval", "100",
            "--heartbeat-interval", "0.5"]
 DONE = "done_marker_verified"
 BAD = {"failed", "cancelled"}

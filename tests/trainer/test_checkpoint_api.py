@@ -12,11 +12,11 @@ import pytest
 import torch
 from trainerkit import committed, tmp_entries
 
+from orch_trainer.data import BatchSampler, generated_corpus
 from orchestrator import protocol
-from trainer.checkpoint import CheckpointCorrupt, CheckpointError, CheckpointManager
-from trainer.data import BatchSampler, generated_corpus
-from trainer.heartbeat import Heartbeat
-from trainer.preemption import PreemptionFlag
+from orchestrator.kit.checkpoint import CheckpointCorrupt, CheckpointError, CheckpointManager
+from orchestrator.kit.heartbeat import Heartbeat
+from orchestrator.kit.preemption import PreemptionFlag
 
 
 def _state(v: float) -> dict:

@@ -44,7 +44,7 @@ def test_lora_with_fork_checkpoint_refused_naming_both_flags(tmp_path):
 
 
 def test_missing_run_dir_is_a_usage_error(tmp_path):
-    p = subprocess.run([sys.executable, "-m", "trainer", "--max-steps", "3"], capture_output=True, text=True,
+    p = subprocess.run([sys.executable, "-m", "orch_trainer", "--max-steps", "3"], capture_output=True, text=True,
                        cwd=str(tmp_path), env=trainer_env(), timeout=60)
     assert p.returncode == protocol.EXIT_USAGE
     assert "--run-dir is required (or set ORCH_RUN_DIR)" in p.stderr
@@ -52,7 +52,7 @@ def test_missing_run_dir_is_a_usage_error(tmp_path):
 
 
 def test_help_documents_exit_codes():
-    p = subprocess.run([sys.executable, "-m", "trainer", "--help"], capture_output=True, text=True,
+    p = subprocess.run([sys.executable, "-m", "orch_trainer", "--help"], capture_output=True, text=True,
                        cwd=str(ROOT), env=trainer_env(), timeout=60)
     assert p.returncode == 0
     for line in ("0    finished", "2    usage error", "3    failure classified", "143  preempted"):
@@ -82,7 +82,7 @@ def test_corrupt_marker_is_not_complete_and_the_run_repairs_it(tmp_path):
 
 
 def scan_data(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "trainer", "scan-data", *args], capture_output=True,
+    return subprocess.run([sys.executable, "-m", "orch_trainer", "scan-data", *args], capture_output=True,
                           text=True, cwd=str(ROOT), env=trainer_env(), timeout=60)
 
 
@@ -107,7 +107,7 @@ def test_scan_data_reports_bad_lines_with_numbers(tmp_path):
 
 
 def test_loader_skips_and_counts_bad_lines_instead_of_crashing(tmp_path):
-    from trainer.data import generated_corpus
+    from orch_trainer.data import generated_corpus
     corpus = tmp_path / "corpus.txt"
     good = generated_corpus().split(b"\n")
     corpus.write_bytes(b"\n".join(good[:50] + [b"\xff\xff broken", b"y" * 50_000] + good[50:]))

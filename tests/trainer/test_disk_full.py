@@ -13,9 +13,9 @@ from pathlib import Path
 from orchkit import unavailable
 from trainerkit import committed, failure, run_config, run_trainer, spawn_trainer, tmp_entries, wait_for
 
+from orch_trainer.model import PRESETS, TinyGPT
 from orchestrator import protocol
-from trainer.checkpoint import CheckpointManager
-from trainer.model import PRESETS, TinyGPT
+from orchestrator.kit.checkpoint import CheckpointManager
 
 ARGS = ("--batch-size", "8", "--micro-batch-size", "8", "--keep-last-k", "1", "--heartbeat-interval", "0.1",
         "--log-interval", "1000")
@@ -101,7 +101,7 @@ def test_free_space_is_checked_before_the_model_loads(tmp_path):
 
 
 def test_when_even_failure_json_does_not_fit_the_class_goes_to_stderr(tmp_path, capsys):
-    from trainer.runfiles import report_failure
+    from orch_trainer.runfiles import report_failure
     with tmpfs(tmp_path / "mnt", "1m") as mnt:
         rd = mnt / "run"
         protocol.attempt_dir(rd, 1).mkdir(parents=True)

@@ -23,10 +23,10 @@ from trainerkit import (
     wait_for,
 )
 
+from orch_trainer.faults import cpu_oom_error
+from orch_trainer.model import PRESETS, TinyGPT
 from orchestrator import protocol
-from trainer.checkpoint import CheckpointManager
-from trainer.faults import cpu_oom_error
-from trainer.model import PRESETS, TinyGPT
+from orchestrator.kit.checkpoint import CheckpointManager
 
 
 # --- OOM ----------------------------------------------------------------------------------------
@@ -207,7 +207,7 @@ def test_resume_with_another_effective_batch_is_refused_unless_allowed(tmp_path)
 def test_resume_on_other_data_is_refused_unless_allowed(tmp_path):
     rd = tmp_path / "run"
     _preempted_run(rd)
-    from trainer.data import generated_corpus
+    from orch_trainer.data import generated_corpus
     other = tmp_path / "other.txt"
     other.write_bytes(generated_corpus(seed=99))
     assert run_inproc(rd, *BASE_ARGS, "--max-steps", "12", "--data", str(other), attempt=2) == 3
@@ -280,9 +280,9 @@ def test_fork_checkpoint_is_listed_in_done_json_and_another_run_resumes_from_it(
 
 def test_fork_with_lora_is_refused_again_before_the_fork_is_written(tmp_path):
     """The late backstop: a script that builds the args itself skips argparse's refusal."""
-    from trainer.config import parse_args
-    from trainer.loop import Trainer
-    from trainer.preemption import PreemptionFlag
+    from orch_trainer.config import parse_args
+    from orch_trainer.loop import Trainer
+    from orchestrator.kit.preemption import PreemptionFlag
     rd = tmp_path / "run"
     args = parse_args(["--run-dir", str(rd), *BASE_ARGS, "--max-steps", "2", "--lora-rank", "2"])
     args.save_fork_checkpoint = True

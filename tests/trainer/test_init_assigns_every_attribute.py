@@ -12,7 +12,9 @@ from __future__ import annotations
 import ast
 from pathlib import Path
 
-TRAINER = Path(__file__).resolve().parents[2] / "trainer"
+ROOT = Path(__file__).resolve().parents[2]
+# The bundled trainer and the in-job kit it is built on.
+SOURCES = (ROOT / "orch_trainer", ROOT / "orchestrator" / "kit")
 _INIT = ("__init__", "__post_init__")
 
 
@@ -72,7 +74,7 @@ def first_assigned_outside_init(source: str) -> list[str]:
 
 def test_every_trainer_class_assigns_all_its_attributes_in_init():
     offences, classes = [], set()
-    for path in sorted(TRAINER.glob("*.py")):
+    for path in sorted(p for d in SOURCES for p in d.glob("*.py")):
         source = path.read_text()
         classes |= {n.name for n in ast.walk(ast.parse(source)) if isinstance(n, ast.ClassDef)}
         offences += [f"{path.name}: {o}" for o in first_assigned_outside_init(source)]

@@ -15,9 +15,9 @@ import time
 
 from trainerkit import BASE_ARGS, committed, run_inproc, tmp_entries
 
+from orch_trainer.model import PRESETS, TinyGPT
 from orchestrator import protocol
-from trainer.checkpoint import CheckpointManager
-from trainer.model import PRESETS, TinyGPT
+from orchestrator.kit.checkpoint import CheckpointManager
 
 TRIALS = 40
 

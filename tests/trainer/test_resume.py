@@ -23,7 +23,7 @@ from trainerkit import (
 )
 
 from orchestrator import protocol
-from trainer.checkpoint import CheckpointManager
+from orchestrator.kit.checkpoint import CheckpointManager
 
 ARGS = (*BASE_ARGS, "--max-steps", "12")
 
@@ -81,7 +81,7 @@ def test_optimizer_and_rng_state_of_a_resumed_checkpoint_match_the_uninterrupted
 
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGUSR2])
 def test_real_signal_saves_last_completed_step_and_loses_at_most_one_step(tmp_path, baseline, sig):
-    """A real signal (os.kill) to `python -m trainer`; then measure the work lost across the two attempts."""
+    """A real signal (os.kill) to `python -m orch_trainer`; then measure the work lost across the two attempts."""
     args = (*BASE_ARGS, "--max-steps", "60", "--micro-batch-size", "2", "--save-interval", "25")
     accum = 4
     rd = tmp_path / "run"
@@ -116,7 +116,7 @@ def test_sigterm_during_startup_is_preempted_not_killed(tmp_path):
     rd = tmp_path / "run"
     proc = spawn_trainer(rd, *BASE_ARGS, "--max-steps", "5")
     try:
-        wait_for(lambda: (protocol.attempt_dir(rd, 1) / protocol.COMMAND_FILE).exists(), what="command.json")
+        wait_for(lambda: (protocol.attempt_dir(rd, 1) / protocol.PROGRAM_FILE).exists(), what="program.json")
         proc.send_signal(signal.SIGTERM)
         _, err = proc.communicate(timeout=60)
     finally:

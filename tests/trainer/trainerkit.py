@@ -1,4 +1,4 @@
-"""Shared helpers of the trainer tests: run `python -m trainer` for real (subprocess) or in-process.
+"""Shared helpers of the trainer tests: run `python -m orch_trainer` for real (subprocess) or in-process.
 
 In-process runs drive the same ``main()`` with a preemption flag the test can set at any micro-batch
 boundary (fast: no interpreter or torch start-up); subprocess runs are used wherever a real signal,
@@ -19,9 +19,9 @@ from typing import Any
 
 import torch
 
+from orch_trainer.__main__ import main as trainer_main
 from orchestrator import protocol
-from trainer.__main__ import main as trainer_main
-from trainer.preemption import PreemptionFlag
+from orchestrator.kit.preemption import PreemptionFlag
 
 ROOT = Path(__file__).resolve().parents[2]
 PY = sys.executable
@@ -41,14 +41,14 @@ def trainer_env(**extra: str) -> dict[str, str]:
 
 def run_trainer(run_dir: Path, *args: str, attempt: int = 1, timeout: float = 120,
                 env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
-    """`python -m trainer --run-dir RUN_DIR ARGS` in a subprocess, as the orchestrator runs it."""
-    return subprocess.run([PY, "-m", "trainer", "--run-dir", str(run_dir), *args], capture_output=True,
+    """`python -m orch_trainer --run-dir RUN_DIR ARGS` in a subprocess, as the orchestrator runs it."""
+    return subprocess.run([PY, "-m", "orch_trainer", "--run-dir", str(run_dir), *args], capture_output=True,
                           text=True, timeout=timeout, cwd=str(ROOT),
                           env=env or trainer_env(ORCH_ATTEMPT=str(attempt)))
 
 
 def spawn_trainer(run_dir: Path, *args: str, attempt: int = 1) -> subprocess.Popen:
-    return subprocess.Popen([PY, "-m", "trainer", "--run-dir", str(run_dir), *args], stdout=subprocess.PIPE,
+    return subprocess.Popen([PY, "-m", "orch_trainer", "--run-dir", str(run_dir), *args], stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True, cwd=str(ROOT),
                             env=trainer_env(ORCH_ATTEMPT=str(attempt)))
 

@@ -103,20 +103,21 @@ def test_classify_row(outcome, report, verification, preset, cls, detail):
 # Rows that need the wrapper's exit record or the program's conventions.
 RECORD_ROWS = [
     # issue 10: a program that exits 0 after SIGTERM is a preempted run, never a missing marker
-    ("exit 0 after a delivered SIGTERM", exited(0), stopped(0), False, "preempted", "SIGTERM"),
-    ("exit 1 after a delivered SIGTERM", exited(1), stopped(1), False, "preempted", "signal"),
-    ("exit 0 after the time-limit warning", exited(0), stopped(0, "warning"), False, "timeout", "warning"),
-    ("exit 0 after the local time limit", exited(0), stopped(0, "time_limit"), False, "timeout", "time_limit"),
-    ("exit 2 of the bundled trainer is invalid", exited(2), None, True, "invalid", "usage"),
-    ("the scheduler's cause beats the wrapper's record", exited(0, state="CANCELLED"), stopped(0), False,
+    ("exit 0 after a delivered SIGTERM", exited(0), stopped(0), "preempted", "SIGTERM"),
+    ("exit 1 after a delivered SIGTERM", exited(1), stopped(1), "preempted", "signal"),
+    ("exit 0 after the time-limit warning", exited(0), stopped(0, "warning"), "timeout", "warning"),
+    ("exit 0 after the local time limit", exited(0), stopped(0, "time_limit"), "timeout", "time_limit"),
+    # issue 18: no program is recognised from argv; an exit 2 without the program's own report is a crash
+    ("exit 2 without a report is a crash", exited(2), None, "crash", "exit 2"),
+    ("the scheduler's cause beats the wrapper's record", exited(0, state="CANCELLED"), stopped(0),
      "cancelled", "CANCELLED"),
 ]
 
 
-@pytest.mark.parametrize("outcome,record,exit2_invalid,cls,detail", [r[1:] for r in RECORD_ROWS],
+@pytest.mark.parametrize("outcome,record,cls,detail", [r[1:] for r in RECORD_ROWS],
                          ids=[r[0] for r in RECORD_ROWS])
-def test_classify_with_the_wrappers_record(outcome, record, exit2_invalid, cls, detail):
-    c = classify(outcome, None, ABSENT, exit_record=record, exit2_invalid=exit2_invalid)
+def test_classify_with_the_wrappers_record(outcome, record, cls, detail):
+    c = classify(outcome, None, ABSENT, exit_record=record)
     assert (c.cls, detail in c.detail) == (cls, True), c
 
 
@@ -140,7 +141,8 @@ def test_every_slurm_state_maps_to_a_contract_class():
 
 
 def test_every_row_class_is_produced_somewhere_by_the_table():
-    # The table above covers every class classify can derive without a report.
-    derived = {r[5] for r in ROWS if r[2] is None} | {r[4] for r in RECORD_ROWS}
+    # The table above covers every class classify can derive without a report ("invalid" comes only from
+    # a program's own report or a refused launch: an exit code alone never proves it).
+    derived = {r[5] for r in ROWS if r[2] is None} | {r[3] for r in RECORD_ROWS}
     assert derived == {"hang", "preempted", "timeout", "oom", "node_fail", "cancelled", "unknown",
-                       "marker_missing", "marker_corrupt", "crash", "invalid"}
+                       "marker_missing", "marker_corrupt", "crash"}

@@ -72,3 +72,27 @@ def test_orchestrator_has_no_import_cycle() -> None:
 def test_the_cycle_finder_finds_a_cycle() -> None:
     assert find_cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}}) == ["a", "b", "c", "a"]
     assert find_cycle({"a": {"b"}, "b": set()}) is None
+
+
+def _all_imports(tree: ast.Module) -> set[str]:
+    """Every module a source file names in an import, at any depth (function-level imports too)."""
+    out: set[str] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            out |= {a.name for a in node.names}
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            out.add(node.module)
+    return out
+
+
+def test_orchestrator_never_imports_the_bundled_trainer() -> None:
+    # Issue 18: the integrations imported the bundled `trainer` package, so a user's own trainer.py (a
+    # very common name) broke them with "'trainer' is not a package". The in-job kit lives in
+    # orchestrator.kit; the bundled trainer (orch_trainer) uses it, never the other way round.
+    offenders = {}
+    for path in PKG.rglob("*.py"):
+        bad = {m for m in _all_imports(ast.parse(path.read_text()))
+               if m.split(".")[0] in ("trainer", "orch_trainer")}
+        if bad:
+            offenders[str(path.relative_to(ROOT))] = sorted(bad)
+    assert offenders == {}

@@ -6,9 +6,9 @@ import json
 import time
 
 from orchestrator import protocol
+from orchestrator.kit.heartbeat import Heartbeat
 from orchestrator.models import Attempt, Job
 from orchestrator.views import status_rows
-from trainer.heartbeat import Heartbeat
 
 
 def _running_job(db, cfg, name: str) -> None:  # noqa: ANN001

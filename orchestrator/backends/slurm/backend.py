@@ -57,7 +57,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from orchestrator import protocol
-from orchestrator.backends.base import AttemptRef, Backend, BackendError, Outcome, Phase, SubmitSpec
+from orchestrator.backends.base import AttemptRef, Backend, BackendError, Outcome, Phase, Resources, SubmitSpec
 from orchestrator.backends.slurm import states as slurm_states
 from orchestrator.backends.slurm.output import batch_dir_of, over_memory_line
 from orchestrator.backends.slurm.sbatch import (
@@ -123,6 +123,12 @@ class SlurmBackend(Backend):
         argv += resource_options(r)
         argv.append(_check_path("batch script", script))
         return argv
+
+    def check_resources(self, resources: Resources) -> None:
+        """Every value that would reach sbatch, validated as ``sbatch_argv`` does (no I/O)."""
+        spec = SubmitSpec(job="check", attempt=1, token="check", run_dir=Path("/check"), command=("true",),
+                          resources=resources)
+        self.sbatch_argv(spec, Path("/check") / SCRIPT_NAME)
 
     def submit(self, spec: SubmitSpec) -> str:
         """sbatch the attempt; return the Slurm job id. Raises BackendError (nothing submitted is

@@ -19,15 +19,15 @@ from typing import Any
 
 import torch
 
-from trainer import data as datamod
-from trainer import runfiles
-from trainer.attempt import Attempt
-from trainer.checkpoint import CheckpointCorrupt, CheckpointManager
-from trainer.config import run_config
-from trainer.model import PRESETS, TinyGPT
-from trainer.preflight import Preflight
-from trainer.runfiles import log
-from trainer.state import restore_rng
+from orch_trainer import data as datamod
+from orch_trainer import runfiles
+from orch_trainer.attempt import Attempt
+from orch_trainer.config import run_config
+from orch_trainer.model import PRESETS, TinyGPT
+from orch_trainer.preflight import Preflight
+from orch_trainer.runfiles import log
+from orch_trainer.state import restore_rng
+from orchestrator.kit.checkpoint import CheckpointCorrupt, CheckpointManager
 
 
 @dataclass(frozen=True)
@@ -78,7 +78,7 @@ def load(args: argparse.Namespace, attempt: Attempt, ckpts: CheckpointManager, p
     corpus = datamod.encode_corpus(pre.corpus_raw, pre.corpus_source)
     if corpus.lines_skipped:
         log(f"skipped {corpus.lines_skipped} of {corpus.lines_total} corpus lines "
-            f"(first: {corpus.skipped_examples[0]}); `python -m trainer scan-data` lists them all")
+            f"(first: {corpus.skipped_examples[0]}); `python -m orch_trainer scan-data` lists them all")
     train_tokens, eval_tokens = datamod.split(corpus)
     # Too little usable text: every window would index past the end (an IndexError mid-step).
     if len(eval_tokens) < mcfg.block_size + 1 or len(train_tokens) < mcfg.block_size + 1:

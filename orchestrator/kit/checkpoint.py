@@ -14,7 +14,7 @@ then picks (seed 002, "kill -9 后 optimism").
 
 Typical use in a plain torch loop::
 
-    from trainer.checkpoint import CheckpointManager
+    from orchestrator.kit.checkpoint import CheckpointManager
     ckpts = CheckpointManager(run_dir, keep_last_k=3)
     ckpts.clean_stale()                                # tmp dirs of a crashed writer
     found = ckpts.latest_verified()                    # (step, path) or None

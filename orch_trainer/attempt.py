@@ -14,11 +14,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from orch_trainer import runfiles
 from orchestrator import protocol
-from trainer import runfiles
 
 if TYPE_CHECKING:
-    from trainer.checkpoint import CheckpointError
+    from orchestrator.kit.checkpoint import CheckpointError
 
 # A full disk, a quota, a file-size limit: all three mean "free space and retry" (class enospc).
 DISK_FULL_ERRNOS = (errno.ENOSPC, errno.EDQUOT, errno.EFBIG)

@@ -32,19 +32,19 @@ from typing import Any
 
 import torch
 
+from orch_trainer import runfiles
+from orch_trainer.attempt import Attempt, TrainerExit
+from orch_trainer.faults import FaultInjector, cpu_oom_error
+from orch_trainer.finish import finish
+from orch_trainer.load import Loaded, RunConfig, load, write_run_config
+from orch_trainer.model import PRESETS
+from orch_trainer.preflight import Preflight, preflight
+from orch_trainer.runfiles import log
+from orch_trainer.state import autocast, capture_rng, checkpoint_meta, progress_fields, restore_rng, state_files
 from orchestrator import protocol
-from trainer import runfiles
-from trainer.attempt import Attempt, TrainerExit
-from trainer.checkpoint import CheckpointError, CheckpointManager
-from trainer.faults import FaultInjector, cpu_oom_error
-from trainer.finish import finish
-from trainer.heartbeat import Heartbeat
-from trainer.load import Loaded, RunConfig, load, write_run_config
-from trainer.model import PRESETS
-from trainer.preemption import PreemptionFlag
-from trainer.preflight import Preflight, preflight
-from trainer.runfiles import log
-from trainer.state import autocast, capture_rng, checkpoint_meta, progress_fields, restore_rng, state_files
+from orchestrator.kit.checkpoint import CheckpointError, CheckpointManager
+from orchestrator.kit.heartbeat import Heartbeat
+from orchestrator.kit.preemption import PreemptionFlag
 
 __all__ = ["BoundaryHook", "Trained", "TrainLoop", "Trainer", "TrainerExit", "is_oom"]
 
@@ -68,7 +68,7 @@ def _largest_divisor_at_most(n: int, limit: int) -> int:
 class Trainer:
     """One attempt of one run. ``run()`` returns the process exit code.
 
-    Called by ``python -m trainer`` (and in-process by tests and the bench) after the argument and
+    Called by ``python -m orch_trainer`` (and in-process by tests and the bench) after the argument and
     "already complete" checks. ``boundary_hook`` is called at every micro-batch boundary with this
     object (tests stop or fail a run there, e.g. ``trainer.preemption.set(...)``).
     """

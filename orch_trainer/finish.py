@@ -17,18 +17,18 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from orch_trainer.attempt import DISK_FULL_ERRNOS, Attempt
+from orch_trainer.load import Loaded
+from orch_trainer.model import PRESETS, TinyGPT
+from orch_trainer.preflight import Preflight
+from orch_trainer.runfiles import log
+from orch_trainer.state import autocast, capture_rng, checkpoint_meta, progress_fields, state_files
 from orchestrator import protocol
-from trainer.attempt import DISK_FULL_ERRNOS, Attempt
-from trainer.checkpoint import CheckpointError, CheckpointManager
-from trainer.heartbeat import Heartbeat
-from trainer.load import Loaded
-from trainer.model import PRESETS, TinyGPT
-from trainer.preflight import Preflight
-from trainer.runfiles import log
-from trainer.state import autocast, capture_rng, checkpoint_meta, progress_fields, state_files
+from orchestrator.kit.checkpoint import CheckpointError, CheckpointManager
+from orchestrator.kit.heartbeat import Heartbeat
 
 if TYPE_CHECKING:
-    from trainer.loop import Trained
+    from orch_trainer.loop import Trained
 
 
 def finish(args: argparse.Namespace, attempt: Attempt, ckpts: CheckpointManager, heartbeat: Heartbeat,

@@ -18,12 +18,12 @@ from typing import Any
 
 import torch
 
+from orch_trainer import data as datamod
+from orch_trainer.attempt import Attempt
+from orch_trainer.model import PRESETS, checkpoint_bytes_estimate
+from orch_trainer.runfiles import log
 from orchestrator import protocol
-from trainer import data as datamod
-from trainer.attempt import Attempt
-from trainer.checkpoint import CheckpointManager
-from trainer.model import PRESETS, checkpoint_bytes_estimate
-from trainer.runfiles import log
+from orchestrator.kit.checkpoint import CheckpointManager
 
 
 @dataclass(frozen=True)

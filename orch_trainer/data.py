@@ -6,7 +6,7 @@ offset set by the orchestrator's NaN policy: batches skipped since step 0) is on
 
 Why the loader skips bad lines instead of failing: one undecodable or absurdly long line in a
 multi-GB corpus should not kill a run hours in; the runbook's bad-data hunt (seed 002, example 5) is
-``python -m trainer scan-data PATH``, and the count of skipped lines is in run_config.json.
+``python -m orch_trainer scan-data PATH``, and the count of skipped lines is in run_config.json.
 """
 
 from __future__ import annotations

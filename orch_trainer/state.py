@@ -18,9 +18,9 @@ from typing import Any
 
 import torch
 
+from orch_trainer import data as datamod
+from orch_trainer.model import PRESETS
 from orchestrator import protocol
-from trainer import data as datamod
-from trainer.model import PRESETS
 
 
 def capture_rng(cuda: bool) -> dict[str, Any]:

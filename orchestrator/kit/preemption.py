@@ -11,7 +11,7 @@ submitit and ``sbatch --signal=USR2@secs`` use SIGUSR2 as the early warning. Bot
 
 Usage from any training script (stdlib only, no torch)::
 
-    from trainer.preemption import PreemptionFlag
+    from orchestrator.kit.preemption import PreemptionFlag
     flag = PreemptionFlag().install()
     for step in ...:
         if flag.requested:

@@ -1,4 +1,4 @@
-"""Command line of ``python -m trainer``: every check that needs only the arguments runs here.
+"""Command line of ``python -m orch_trainer``: every check that needs only the arguments runs here.
 
 Lesson 2 (seed 000): a check that needs only the arguments must fail at parse time, before any
 directory, file or model exists — ``ap.error`` exits 2 and nothing is written. The argparse ``dest``
@@ -11,8 +11,8 @@ import argparse
 import os
 from collections.abc import Sequence
 
+from orch_trainer.faults import FaultSpec, parse_fault
 from orchestrator import protocol
-from trainer.faults import FaultSpec, parse_fault
 
 # Preset names (trainer.model.PRESETS holds their shapes); listed here so that argument parsing and
 # the "already complete" check run without importing torch.
@@ -28,12 +28,13 @@ exit codes:
        failure.json class "preempted"
 
 environment: ORCH_RUN_DIR (default of --run-dir), ORCH_ATTEMPT (attempt number, default 1),
-ORCH_JOB_NAME (job name in done.json, default: the run dir's name).
+ORCH_JOB_NAME (job name in done.json, default: the run dir's name), ORCH_OVERRIDES (JSON: what orch's
+policy changed for this attempt -- resume, lr, skip_batches, micro_batch_size -- over the flags).
 
 fault injection: --inject-fault KIND@step=N, KIND in oom nan enospc sigterm sigkill hang crash;
 each fires at most once per run dir (recorded in {protocol.FAULTS_FIRED}).
 
-subcommand: python -m trainer scan-data PATH [--json]   report lines the loader would skip
+subcommand: python -m orch_trainer scan-data PATH [--json]   report lines the loader would skip
 """
 
 
@@ -69,7 +70,7 @@ def _fault(text: str) -> FaultSpec:
 
 def build_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(
-        prog="python -m trainer",
+        prog="python -m orch_trainer",
         description="Tiny char-level transformer trainer with crash-safe checkpoints, exact resume, "
                     "preemption, in-process OOM recovery and NaN detection.",
         epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -141,6 +142,37 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     if not args.resume.strip():
         ap.error("--resume must be auto, none or a checkpoint path")
     return args
+
+
+# What orch's policy may change for an attempt (ORCH_OVERRIDES) and how each value is checked: the policy
+# reaches the bundled trainer as it reaches any program, never as flags appended to its argv (issue 18).
+_OVERRIDES = {"resume": lambda v: isinstance(v, str) and bool(v.strip()),
+              "lr": lambda v: protocol.finite_number(v) is not None and v > 0,
+              "skip_batches": lambda v: protocol.is_int(v, 0),
+              "micro_batch_size": lambda v: protocol.is_int(v, 1)}
+
+
+def apply_overrides(args: argparse.Namespace, raw: str | None) -> list[str]:
+    """Apply ``ORCH_OVERRIDES`` over the parsed flags (the policy's word wins, as a later flag would);
+    returns what was ignored and why (a value of the wrong type, a micro-batch that does not divide)."""
+    import json
+
+    ignored: list[str] = []
+    try:
+        overrides = json.loads(raw) if raw else {}
+    except ValueError:
+        return [f"{protocol.ENV_OVERRIDES} is not JSON"]
+    if not isinstance(overrides, dict):
+        return [f"{protocol.ENV_OVERRIDES} is not a JSON object"]
+    for key, check in _OVERRIDES.items():
+        if key not in overrides:
+            continue
+        value = overrides[key]
+        if not check(value) or (key == "micro_batch_size" and args.batch_size % value):
+            ignored.append(f"{key}={value!r}")
+            continue
+        setattr(args, key, float(value) if key == "lr" else value)
+    return ignored
 
 
 def run_config(args: argparse.Namespace) -> dict:

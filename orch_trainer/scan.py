@@ -1,4 +1,4 @@
-"""``python -m trainer scan-data PATH``: list the corpus lines the loader would skip, with line numbers.
+"""``python -m orch_trainer scan-data PATH``: list the corpus lines the loader would skip, with line numbers.
 
 The runbook's bad-data hunt (seed 002, example 5) as a command: NaN that keeps coming back after a
 rollback is often one absurdly long or undecodable line. Uses the loader's own predicate
@@ -13,12 +13,12 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from trainer.data import MAX_LINE_CHARS, iter_bad_lines
+from orch_trainer.data import MAX_LINE_CHARS, iter_bad_lines
 
 
 def main(argv: Sequence[str]) -> int:
     """Exit 0: no bad lines; 1: bad lines found (listed); 2: usage error or unreadable file."""
-    ap = argparse.ArgumentParser(prog="python -m trainer scan-data",
+    ap = argparse.ArgumentParser(prog="python -m orch_trainer scan-data",
                                  description="Report corpus lines that fail to encode or are absurdly long.",
                                  epilog="exit codes: 0 clean, 1 bad lines found, 2 usage / unreadable file")
     ap.add_argument("path")

@@ -1,4 +1,4 @@
-"""The run-dir files an attempt writes besides checkpoints: command.json, run_config.json, failure.json.
+"""The run-dir files an attempt writes besides checkpoints: program.json, run_config.json, failure.json.
 
 Everything goes through ``orchestrator.protocol`` (atomic, fsynced writes; the contract's names).
 """
@@ -25,10 +25,11 @@ def log(msg: str) -> None:
     print(f"[trainer] {msg}", file=sys.stderr, flush=True)
 
 
-def write_command(run_dir: Path, attempt: int, argv: Sequence[str], environ: dict[str, str]) -> None:
-    """attempts/<n>/command.json: what this attempt ran. A record only, never a guard (seed 000)."""
-    protocol.atomic_write_json(protocol.attempt_dir(run_dir, attempt) / protocol.COMMAND_FILE, {
-        "argv": [sys.executable, "-m", "trainer", *argv],
+def write_program(run_dir: Path, attempt: int, argv: Sequence[str], environ: dict[str, str]) -> None:
+    """attempts/<n>/program.json: how this attempt's program started. A record only, never a guard
+    (seed 000); orch's own command.json (what it launched, with the attempt's token) is left as it is."""
+    protocol.atomic_write_json(protocol.attempt_dir(run_dir, attempt) / protocol.PROGRAM_FILE, {
+        "argv": [sys.executable, "-m", "orch_trainer", *argv],
         "env": {k: environ[k] for k in _ENV_KEYS if k in environ},
         "time": protocol.now_iso(), "pid": os.getpid(), "host": socket.gethostname(), "cwd": os.getcwd(),
     })

@@ -1,0 +1,14 @@
+"""orch's in-job kit: what a training program uses to keep orch's promises from the inside.
+
+Part of the ``orchestrator`` distribution and importable on a compute node; nothing here imports the
+bundled trainer (``orch_trainer``), which is the kit's first user, never its provider. Modules:
+
+- :mod:`.preemption`: ``PreemptionFlag``, set by SIGTERM/SIGUSR2 and acted on at a safe point;
+- :mod:`.heartbeat`: ``Heartbeat``, ``attempts/<n>/progress.json`` from a helper thread;
+- :mod:`.checkpoint`: ``CheckpointManager``, crash-safe save / latest verified / load / prune (torch);
+- :mod:`.commit`: commit a framework's own checkpoint files in orch's format (no torch);
+- :mod:`.run`: ``Run``, one attempt as the environment describes it: resume point, stop report, the end;
+- :mod:`.rng`, :mod:`.dist`: RNG capture/restore, ranks and their agreement on a stop.
+
+The done marker and the failure report are the run-dir protocol's (``orchestrator.protocol``).
+"""

@@ -1,0 +1,174 @@
+"""One attempt of one run, as the job's environment describes it: where it lives, what to resume, how it ends.
+
+Framework-free (stdlib + ``orchestrator.protocol``), so the Lightning and Hugging Face callbacks, the
+plain-loop context manager and the submitit runner behave alike: resume only from a checkpoint whose
+manifest verifies; a stop after a signal is reported with :meth:`Run.preempted` (``failure.json`` class
+``preempted``, exit 143) and never writes ``done.json``; a normal end writes ``result/`` and then the
+marker (:meth:`Run.finish`).
+
+Who may call: every rank may construct a :class:`Run`; only ``is_writer`` (global rank 0) writes.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from orchestrator import protocol
+from orchestrator.kit.dist import global_rank
+from orchestrator.kit.log import log
+
+ENV_HEARTBEAT_S = "ORCH_HEARTBEAT_S"  # how often progress.json is rewritten (seconds, default 2)
+DEFAULT_HEARTBEAT_S = 2.0
+
+
+class RunDirError(ValueError):
+    """No usable run dir: neither ``ORCH_RUN_DIR`` nor a ``run_dir`` argument, or an unsafe one."""
+
+
+@dataclass
+class Run:
+    """One attempt of one run, as the job's environment describes it (or a ``run_dir`` without orch)."""
+
+    run_dir: Path
+    job: str
+    attempt: int
+    overrides: dict[str, Any] = field(default_factory=dict)
+    is_writer: bool = True
+
+    @classmethod
+    def from_env(cls, run_dir: str | os.PathLike[str] | None = None) -> Run:
+        """``run_dir`` argument > ``$ORCH_RUN_DIR``; attempt from ``$ORCH_ATTEMPT`` (1 without orch)."""
+        raw = run_dir if run_dir is not None else os.environ.get(protocol.ENV_RUN_DIR)
+        if not raw:
+            raise RunDirError(f"no run dir: run under orch (it sets {protocol.ENV_RUN_DIR}) or pass run_dir=...")
+        path = Path(raw).absolute()
+        # orch refuses a symlinked run dir (it could point anywhere); so do its integrations.
+        if path.is_symlink() or (path.exists() and not path.is_dir()):
+            raise RunDirError(f"run dir {path} is a symlink or not a directory")
+        raw_attempt = os.environ.get(protocol.ENV_ATTEMPT, "1")
+        if not raw_attempt.isdigit() or int(raw_attempt) < 1:
+            raise RunDirError(f"{protocol.ENV_ATTEMPT}={raw_attempt!r}: attempts are numbered from 1")
+        try:
+            overrides = json.loads(os.environ.get(protocol.ENV_OVERRIDES) or "{}")
+        except ValueError:
+            overrides = {}
+        return cls(run_dir=path, job=os.environ.get(protocol.ENV_JOB_NAME) or path.name, attempt=int(raw_attempt),
+                   overrides=overrides if isinstance(overrides, dict) else {}, is_writer=global_rank() == 0)
+
+    # --- paths and ids ----------------------------------------------------------------------------
+    @property
+    def result_dir(self) -> Path:
+        return self.run_dir / protocol.RESULT_DIR
+
+    @property
+    def tensorboard_dir(self) -> Path:
+        """One TensorBoard log dir for every attempt: steps continue in it instead of a new version dir."""
+        return Path(os.environ.get(protocol.ENV_TENSORBOARD_DIR) or self.run_dir / protocol.TENSORBOARD_DIR)
+
+    @property
+    def run_id(self) -> str:
+        """The tracker run id orch gives every attempt (``WANDB_RUN_ID`` unless the user set their own)."""
+        return (os.environ.get("WANDB_RUN_ID") or os.environ.get(protocol.ENV_RUN_ID)
+                or protocol.stable_run_id(self.run_dir, self.job))
+
+    @property
+    def heartbeat_s(self) -> float:
+        try:
+            return max(0.05, float(os.environ.get(ENV_HEARTBEAT_S, DEFAULT_HEARTBEAT_S)))
+        except ValueError:
+            return DEFAULT_HEARTBEAT_S
+
+    # --- the start of an attempt -------------------------------------------------------------------
+    def already_complete(self) -> bool:
+        """THE completion predicate: a verified run is never trained or touched again (seed 000)."""
+        v = protocol.verify_done_marker(self.run_dir)
+        if v.verified:
+            log(f"already complete: {self.run_dir} (verified done.json); nothing written")
+        return v.verified
+
+    def begin(self) -> None:
+        """Create the attempt dir; keep (renamed) a failure.json an earlier run of this attempt left.
+
+        A Slurm in-place requeue reruns the same attempt number: its first run's ``preempted`` report
+        must not be read as this run's outcome (nor lost).
+        """
+        if not self.is_writer:
+            return
+        adir = protocol.attempt_dir(self.run_dir, self.attempt)
+        adir.mkdir(parents=True, exist_ok=True)
+        stale = protocol.set_aside(adir / protocol.FAILURE_FILE)
+        if stale is not None:
+            log(f"attempt {self.attempt} restarted in place: previous failure.json kept as {stale.name}")
+
+    def resume_checkpoint(self) -> tuple[int, Path] | None:
+        """(step, dir) to resume from: the policy's ``resume`` override, else the newest verified one.
+
+        ``ORCH_OVERRIDES`` ``{"resume": PATH}`` is a rollback (e.g. after a NaN): the checkpoints after
+        it belong to the abandoned timeline and are renamed aside, since their names will be written
+        again. ``{"resume": "none"}`` starts fresh.
+        """
+        wanted = self.overrides.get("resume")
+        if wanted == "none":
+            self._set_aside_newer_than(-1)
+            return None
+        if isinstance(wanted, str) and wanted:
+            path = Path(wanted) if Path(wanted).is_absolute() else self.run_dir / wanted
+            problem = protocol.verify_checkpoint(path)
+            if problem is not None:
+                # An explicit resume point that does not verify is never silently replaced by another.
+                raise RunDirError(f"resume override {wanted}: {problem}")
+            step = protocol.checkpoint_step(path) or 0
+            self._set_aside_newer_than(step)
+            return step, path
+        for path in protocol.iter_checkpoint_dirs(self.run_dir):
+            problem = protocol.verify_checkpoint(path)
+            if problem is None:
+                return protocol.checkpoint_step(path) or 0, path
+            log(f"skipping checkpoint that does not verify: {problem}")
+        return None
+
+    def _set_aside_newer_than(self, step: int) -> None:
+        if not self.is_writer:
+            return
+        for path in protocol.iter_checkpoint_dirs(self.run_dir):
+            if (protocol.checkpoint_step(path) or 0) > step:
+                dest = path.with_name(f"{path.name}.abandoned-{os.urandom(4).hex()}")
+                os.rename(path, dest)
+                protocol.fsync_dir(path.parent)
+                log(f"{path.name} is newer than the resume point: moved aside to {dest.name}")
+
+    # --- the end of an attempt ---------------------------------------------------------------------
+    def preempted(self, step: int | None, reason: str, checkpoint: Path | None) -> SystemExit:
+        """Report a stop on a signal; return the ``SystemExit(143)`` for the caller to raise.
+
+        Never writes done.json: an attempt that got a termination signal is not a finished run, whatever
+        the framework would have exited with (Lightning's own SIGTERM path exits 0).
+        """
+        if self.is_writer:
+            rel = str(checkpoint.relative_to(self.run_dir)) if checkpoint is not None else None
+            protocol.write_failure(self.run_dir, self.attempt, "preempted", step,
+                                   f"{reason}: checkpoint of step {step} saved, exiting",
+                                   checkpoint=rel)
+            log(f"preempted ({reason}) at step {step}; checkpoint {rel}; exit {protocol.EXIT_PREEMPTED}")
+        return SystemExit(protocol.EXIT_PREEMPTED)
+
+    def finish(self, metrics: dict[str, Any]) -> dict | None:
+        """``result/metrics.json``, then ``done.json`` over every file under ``result/``: the LAST write."""
+        if not self.is_writer:
+            return None
+        self.result_dir.mkdir(parents=True, exist_ok=True)
+        protocol.atomic_write_json(self.result_dir / "metrics.json", metrics)
+        files = sorted(str(p.relative_to(self.run_dir)) for p in self.result_dir.rglob("*")
+                       if p.is_file() and not p.is_symlink())
+        marker = protocol.write_done_marker(self.run_dir, self.job, self.attempt, files)
+        log(f"done: {protocol.DONE_MARKER} lists {len(files)} file(s) under {protocol.RESULT_DIR}/")
+        return marker
+
+
+def signal_name(signum: int | None) -> str:
+    return signal.Signals(signum).name if signum else "stop requested"
