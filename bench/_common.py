@@ -34,6 +34,13 @@ are measured against a baseline in the same run of the same script.
 """
 
 
+def add_quick(ap: object) -> None:
+    """``--quick``: what CI runs (tests/bench/test_bench_quick.py) so that no bench script rots unseen: every
+    code path once at tiny sizes, nothing written to BENCHMARKS.md; its figures mean nothing."""
+    ap.add_argument("--quick", action="store_true",  # type: ignore[attr-defined]
+                    help="smoke run for CI: tiny sizes, one repetition, BENCHMARKS.md left alone")
+
+
 def machine() -> str:
     """One line: CPU model, cores, memory, OS, Python; from lscpu / nproc / /proc/meminfo."""
     model = platform.processor() or "?"

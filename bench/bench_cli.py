@@ -100,7 +100,10 @@ def main() -> int:
     ap.add_argument("--runs", type=int, default=15)
     ap.add_argument("--jobs", type=int, default=1000)
     ap.add_argument("--no-write", action="store_true")
+    C.add_quick(ap)
     args = ap.parse_args()
+    if args.quick:
+        args.runs, args.jobs, args.no_write = 2, 20, True
     home = Path(tempfile.mkdtemp(prefix="orch-bench-cli-"))
     load = os.getloadavg()
     orch = [C.ORCH] if Path(C.ORCH).exists() else [C.PY, "-m", "orchestrator.cli"]

@@ -192,7 +192,10 @@ def main() -> None:
     ap.add_argument("--only", default=None, help="run only the cases whose name contains this")
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--no-write", action="store_true")
+    C.add_quick(ap)
     a = ap.parse_args()
+    if a.quick:  # one case runs the whole machinery; tests/integrations covers every framework
+        a.preemptions, a.no_write, a.only = 1, True, a.only or "plain loop"
     rng = random.Random(a.seed)
     rows = []
     for case in CASES:

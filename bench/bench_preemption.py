@@ -332,7 +332,10 @@ def main() -> int:
     ap.add_argument("--seed", type=int, default=7)
     ap.add_argument("--sim-seeds", type=int, default=25)
     ap.add_argument("--no-write", action="store_true")
+    C.add_quick(ap)
     args = ap.parse_args()
+    if args.quick:
+        args.trials, args.max_steps, args.save_interval, args.sim_seeds, args.no_write = 1, 40, 10, 2, True
     rng = random.Random(args.seed)
     targs = ["--preset", "tiny", "--max-steps", str(args.max_steps), "--save-interval", str(args.save_interval),
              "--log-interval", "1", "--keep-last-k", "2"]
@@ -341,7 +344,7 @@ def main() -> int:
     try:
         print(f"P4: baseline (uninterrupted, {args.max_steps} steps, save every {args.save_interval}; "
               "background and blocking saves)", flush=True)
-        base = measure_baseline(work, targs, 5, args.save_interval)
+        base = measure_baseline(work, targs, 1 if args.quick else 5, args.save_interval)
         print(f"  step {base['t_step'] * 1e3:.1f} ms, save stall {base['stall'] * 1e3:.1f} ms (blocking "
               f"{base['stall_block'] * 1e3:.1f} ms), checkpoint {base['ckpt_mb']:.1f} MB", flush=True)
         trials = measure_trials(work, targs, args.trials, base["train_span"], base["t_step"], rng)

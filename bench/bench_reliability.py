@@ -151,7 +151,11 @@ def main() -> int:
     ap.add_argument("--long", action="store_true", help="ORCH_LONG=1: the long random-kill and hypothesis runs")
     ap.add_argument("--no-write", action="store_true", help="print the section, leave BENCHMARKS.md alone")
     ap.add_argument("--from-junit", type=Path, help="JUnit XML (xunit1) of a finished run that included both suites")
+    C.add_quick(ap)
     a = ap.parse_args()
+    if a.quick and a.from_junit is None:
+        ap.error("--quick needs --from-junit (CI tallies its own run's report: scripts/test.sh)")
+    a.no_write = a.no_write or a.quick
     if a.from_junit is not None:
         root = ET.parse(a.from_junit).getroot()
         suite = root if root.tag == "testsuite" else root.find("testsuite")

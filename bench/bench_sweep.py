@@ -348,7 +348,10 @@ def main() -> int:
     ap.add_argument("--per-array", type=int, default=1000, help="tasks per array (dev cluster MaxArraySize 1001)")
     ap.add_argument("--skip-cluster", action="store_true", help="only the reconcile part (never writes)")
     ap.add_argument("--no-write", action="store_true", help="print only; leave BENCHMARKS.md alone")
+    C.add_quick(ap)
     args = ap.parse_args()
+    if args.quick:
+        args.tasks, args.blocks, args.runs, args.live, args.per_array, args.no_write = 10, 1, 1, 100, 10, True
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     work = Path(tempfile.mkdtemp(prefix="orch-bench-sweep-"))
     try:

@@ -15,7 +15,7 @@
     Goal: <= 3 %.
 
 Each figure is the median of ``--runs`` (>= 5) interleaved repetitions, with the min-max range.
-Usage: ``.venv/bin/python bench/bench_trainer.py [--runs N] [--dir DIR] [--no-write]``.
+Usage: ``.venv/bin/python bench/bench_trainer.py [--runs N] [--dir DIR] [--no-write] [--quick]``.
 """
 
 from __future__ import annotations
@@ -153,16 +153,22 @@ def _trainer(work: Path, steps: int) -> tuple[object, float]:
     rd = Path(tempfile.mkdtemp(dir=work))
     args = parse_args(["--run-dir", str(rd), "--max-steps", str(steps), "--batch-size", "8",
                        "--micro-batch-size", "4", "--save-interval", "1000000", "--log-interval", "1000000"])
+    from orch_trainer.load import load, write_run_config
+    from orch_trainer.preflight import preflight
+
     t = Trainer(args, rd, 1, "bench", PreemptionFlag())
     t.heartbeat.start()
-    t._preflight()
-    t._load()
-    t._write_run_config()
-    t0 = time.perf_counter()
-    t._train()
-    dt = time.perf_counter() - t0
-    t.heartbeat.stop()
-    shutil.rmtree(rd)
+    try:
+        # The phases Trainer.run() runs, with only the step loop timed (what a user's loop would do).
+        pre = preflight(args, t.this_attempt, t.ckpts)
+        loaded = load(args, t.this_attempt, t.ckpts, pre)
+        loop = t.train_loop(pre, loaded, write_run_config(args, t.this_attempt, pre, loaded))
+        t0 = time.perf_counter()
+        loop.run()
+        dt = time.perf_counter() - t0
+    finally:
+        t.heartbeat.stop()
+        shutil.rmtree(rd)
     return t, dt
 
 
@@ -212,8 +218,11 @@ def main() -> int:
     ap.add_argument("--runs", type=int, default=7)
     ap.add_argument("--dir", default=None, help="where to write (default: a tmp dir on the repo's disk)")
     ap.add_argument("--no-write", action="store_true", help="print only; leave BENCHMARKS.md alone")
+    C.add_quick(ap)
     a = ap.parse_args()
-    if a.runs < 5:
+    if a.quick:  # CI: every code path once, tiny sizes, nothing written (a smoke test, not a measurement)
+        a.runs, a.no_write = 1, True
+    elif a.runs < 5:
         ap.error("--runs must be >= 5 (medians of fewer runs are noise)")
     load_before = os.getloadavg()[0]
     work = Path(tempfile.mkdtemp(prefix="bench-trainer-", dir=a.dir or str(C.ROOT)))
@@ -223,7 +232,7 @@ def main() -> int:
         print("(b) stall per checkpoint, 84 MB MLP ...", flush=True)
         stall = bench_stall(work, a.runs)
         print("(c) step overhead, tiny preset ...", flush=True)
-        over = bench_overhead(work, a.runs)
+        over = bench_overhead(work, a.runs, steps=40 if a.quick else 400)
     finally:
         shutil.rmtree(work, ignore_errors=True)
 

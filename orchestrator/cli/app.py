@@ -93,7 +93,7 @@ def _show(db: Any, name: str) -> dict[str, Any]:
 
 
 @click.group(cls=OrchGroup, context_settings={"help_option_names": ["-h", "--help"]})
-@click.version_option("0.1.0", prog_name="orch")
+@click.version_option(package_name="orch", prog_name="orch")  # the version in pyproject.toml, said once
 def main() -> None:
     """orch: run long training jobs on Slurm or this machine; never lose or rerun a finished one.
 
