@@ -51,6 +51,7 @@ class FakeMetadata:
         self.mode = "quiet"
         self.requests: list[Seen] = []
         self.first_notice_at: float | None = None  # when a notice was first served
+        self.trickles_completed = 0  # trickled answers sent to the end (a client that waits for them all)
         self._closing = threading.Event()
         fake = self
 
@@ -142,6 +143,7 @@ class FakeMetadata:
                     return None
                 h.wfile.write(body[i:i + 1])
                 h.wfile.flush()
+            self.trickles_completed += 1  # the whole answer went out: the client waited for all of it
         except OSError:
             pass
         return None

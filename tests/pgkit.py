@@ -18,7 +18,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 PG_SH = ROOT / "deploy" / "postgres" / "pg.sh"
-IN_CI = os.environ.get("CI", "").lower() == "true"
+from orchkit import IN_CI  # noqa: E402,F401 - the one reading of CI=true
 
 
 class Unavailable(Exception):

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-from orchkit import tree_hash, unavailable
+from orchkit import IN_CI, tree_hash, unavailable
 
 PY = sys.executable
 ROOT = Path(__file__).resolve().parents[2]
@@ -37,7 +37,7 @@ def need_root() -> None:
     """Root-only tests: a failure under CI (a skip there would hide the test), a skip elsewhere."""
     if os.geteuid() == 0:
         return
-    if os.environ.get("CI") == "true":
+    if IN_CI:
         pytest.fail("this test needs root (mount namespaces / tmpfs); CI=true must not skip it")
     pytest.skip("needs root (mount namespaces / tmpfs)")
 

@@ -70,11 +70,10 @@ def test_eight_concurrent_reconcilers_and_requeuers_make_exactly_one_new_attempt
     assert db_rows(orch.home, "SELECT DISTINCT failure_class FROM attempts") == [("crash",)]
 
     argvs = [["requeue", "--failed"], ["reconcile"]] * 4
-    t0 = time.time()
     procs = [subprocess.Popen([sys.executable, "-m", "orchestrator.cli", *a], env=orch.env, text=True,
                               stdout=subprocess.PIPE, stderr=subprocess.PIPE) for a in argvs]
+    # Bounded by the timeout, never asserted on wall-clock time (issue 18): the claim is exactly-once.
     outs = [(a, p, *p.communicate(timeout=120)) for a, p in zip(argvs, procs, strict=True)]
-    elapsed = time.time() - t0
 
     for a, p, _out, err in outs:
         assert "locked" not in err and "Traceback" not in err and "unexpected error" not in err, (a, err)
@@ -100,4 +99,3 @@ def test_eight_concurrent_reconcilers_and_requeuers_make_exactly_one_new_attempt
         assert (run / "ran.log").read_text() == "attempt=2\n", run
         assert not list(protocol.attempt_dir(run, 2).glob("exit.prev-*"))
         assert protocol.verify_done_marker(run).verified
-    assert elapsed < 90, f"8 processes over {N_JOBS} jobs took {elapsed:.0f}s"

@@ -15,7 +15,7 @@ from orchestrator.backends.slurm import SlurmBackend
 ROOT = Path(__file__).resolve().parents[2]
 CLUSTER_SH = ROOT / "deploy" / "slurm" / "cluster.sh"
 STATE = Path(os.environ.get("ORCH_SLURM_STATE", "/var/lib/orch-slurm"))
-IN_CI = os.environ.get("CI", "").lower() == "true"
+from orchkit import IN_CI  # noqa: E402,F401 - the one reading of CI=true
 
 
 def cluster_status() -> subprocess.CompletedProcess:

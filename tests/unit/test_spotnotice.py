@@ -109,23 +109,23 @@ def test_an_expired_aws_token_is_asked_for_again():
                                           ("trickle", "no complete answer within 0.6 s"),
                                           ("hang", "no complete answer within 0.6 s")])
 def test_a_huge_slow_or_silent_answer_is_trouble_within_the_deadline(mode, message):
+    # No wall-clock assert (issue 18): the client must give up while the server is still answering. A
+    # trickled answer takes the fake server seconds to send in full (one byte every 0.2 s), so a client that
+    # kept reading byte by byte past its 0.6 s would have let it complete.
     with FakeMetadata("gcp") as md:
         md.set(mode)
-        t0 = time.monotonic()
         with pytest.raises(Trouble, match=message):
             sn.request(md.url, sn.Gcp.PATH, headers=sn.Gcp.HEADERS, timeout_s=0.6)
-        assert time.monotonic() - t0 < 3  # trickle: 0.6 s in all, though each byte came within 0.2 s
+        assert md.trickles_completed == 0
 
 
 def test_nothing_listening_is_trouble_at_once():
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         url = f"http://127.0.0.1:{s.getsockname()[1]}"  # bound, not listening: connection refused
-        t0 = time.monotonic()
         with pytest.raises(Trouble, match="ConnectionRefused"):
             sn.request(url, "/latest/api/token", method="PUT")
         assert sn.detect(url) is None
-        assert time.monotonic() - t0 < 2
 
 
 def test_a_proxy_in_the_environment_is_never_used(monkeypatch):
