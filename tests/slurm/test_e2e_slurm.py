@@ -192,7 +192,12 @@ def test_e2e_time_limit_checkpoints_on_the_warning_and_resumes(orch, slurm_clean
 
 def test_e2e_memory_limit_is_oom_and_the_retry_gets_more_memory(orch, slurm_cleanup) -> None:
     # The trainer's RSS is ~300 MB: 200M is exceeded at once; the policy doubles it for attempt 2.
-    submit(orch, "mem", "--mem", "200M", steps=40, save=20)
+    # Issue 18's flake (attempt 1 with backend_state OUT_OF_MEMORY and no class): slurmstepd samples memory
+    # every 2 s (JobAcctGatherFrequency), and a 40-step run could finish its loop -- and, before issue 17,
+    # write its own done.json -- before the sample that killed it: the attempt then "succeeded" with
+    # Slurm's OUT_OF_MEMORY beside it. Now only orch's wrapper writes the marker, after an exit 0, and the
+    # run lasts many samples, so the kill always lands first.
+    submit(orch, "mem", "--mem", "200M", steps=400, save=100)
     log: list = []
     rows = drive(orch, ["mem"], lambda r: r["mem"]["state"] in {DONE} | BAD
                  or (r["mem"]["attempts"] >= 2 and r["mem"]["state"] == "retryable_failed"),
