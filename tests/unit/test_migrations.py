@@ -187,3 +187,62 @@ def test_a_db_file_made_by_hand_with_a_loose_mode_is_tightened_to_0600(cfg):
     os.chmod(cfg.home / "orch.db", 0o644)
     Database(cfg).engine.dispose()
     assert stat.S_IMODE((cfg.home / "orch.db").stat().st_mode) == 0o600
+
+
+def test_migration_0002_rewrites_every_row_in_the_old_encodings(tmp_path, monkeypatch):
+    """0002's data rewrites, each on a row in 0001's encoding (issue 16: removing any of them passed the suite).
+
+    0001 kept a launcher's claim in a pending attempt's submitted_at, a hang stop in backend_state
+    ("hang-stop@<unix time>") and decisions as nested dicts; 0002 turns each into its own column or the flat
+    RetryPlan, so the code reads one shape only."""
+    import json
+
+    from sqlalchemy import create_engine
+
+    from orchestrator.db import alembic_config, make_engine
+    from orchestrator.plan import RetryPlan
+
+    monkeypatch.setenv("ORCH_HOME", str(tmp_path / "home"))
+    monkeypatch.delenv("ORCH_DB_URL", raising=False)
+    cfg = load_config()
+    cfg.home.mkdir()
+    engine = make_engine(cfg)
+    acfg = alembic_config(engine)
+    with engine.begin() as conn:
+        acfg.attributes["connection"] = conn
+        command.upgrade(acfg, "0001")
+    engine.dispose()
+    ts = "2026-11-30 12:00:00"
+    old_plan = {"one_shot": {"resume": "checkpoints/step-00000010"}, "quarantine": ["checkpoints/step-00000012"],
+                "prune": [], "empty_trash": False}
+    raw = create_engine(cfg.db_url)
+    with raw.begin() as conn:
+        job = ("INSERT INTO jobs (id, name, state, backend, run_dir, command_json, resources_json, outputs_json, "
+               "max_attempts, overrides_json, created_at, updated_at) VALUES (:id, :name, :state, 'local', '/r', "
+               "'[\"true\"]', '{}', '[]', 3, '{}', :ts, :ts)")
+        for jid, name, state in ((1, "claimed", "pending"), (2, "hung", "running"), (3, "planned", "pending")):
+            conn.execute(text(job), {"id": jid, "name": name, "state": state, "ts": ts})
+        att = ("INSERT INTO attempts (id, job_id, n, token, state, backend, backend_state, overrides_json, plan_json, "
+               "counted, restarts, submitted_at, created_at) VALUES (:id, :job, 1, :tok, :state, 'local', :bs, '{}', "
+               ":plan, 1, 0, :sub, :ts)")
+        conn.execute(text(att), {"id": 1, "job": 1, "tok": "t1", "state": "pending", "bs": None, "plan": None,
+                                 "sub": ts, "ts": ts})
+        conn.execute(text(att), {"id": 2, "job": 2, "tok": "t2", "state": "running", "bs": "hang-stop@1764504000",
+                                 "plan": None, "sub": ts, "ts": ts})
+        conn.execute(text(att), {"id": 3, "job": 3, "tok": "t3", "state": "pending", "bs": None,
+                                 "plan": json.dumps(old_plan), "sub": None, "ts": ts})
+    raw.dispose()
+
+    db = Database(cfg)  # what any command does first: upgrade to head
+    with db.engine.connect() as conn:
+        rows = {r.id: r for r in conn.execute(text(
+            "SELECT id, state, claimed_at, submitted_at, stop_reason, stop_requested_at, backend_state, plan_json "
+            "FROM attempts ORDER BY id"))}
+    db.engine.dispose()
+    claimed, hung, planned = rows[1], rows[2], rows[3]
+    assert (claimed.state, str(claimed.claimed_at)[:19], claimed.submitted_at) == ("launching", ts, None)
+    assert (hung.state, hung.stop_reason, hung.backend_state) == ("stopping", "hang", None)
+    assert str(hung.stop_requested_at)[:19] == "2025-11-30 12:00:00"  # 1764504000, UTC
+    plan = RetryPlan.from_dict(json.loads(planned.plan_json))
+    assert (plan.resume, plan.quarantine) == ("checkpoints/step-00000010", ("checkpoints/step-00000012",))
+    assert "one_shot" not in json.loads(planned.plan_json)
