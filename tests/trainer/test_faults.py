@@ -218,12 +218,19 @@ def test_resume_on_other_data_is_refused_unless_allowed(tmp_path):
     assert run_config(rd)["data_sha256"] != ""
 
 
-def test_unreadable_corpus_is_refused_before_the_model_loads(tmp_path):
+def test_a_missing_corpus_is_input_missing_and_an_unreadable_one_invalid_before_the_model_loads(tmp_path):
+    # Issue 16: missing may be an NFS hiccup (orch retries it); a directory given as --data never reads.
     rd = tmp_path / "run"
     assert run_inproc(rd, *BASE_ARGS, "--data", str(tmp_path / "missing.txt")) == 3
     f = failure(rd)
-    assert f["class"] == "invalid" and "unreadable" in f["detail"]
+    assert f["class"] == "input_missing" and str(tmp_path / "missing.txt") in f["detail"]
+    assert f["path"] == str(tmp_path / "missing.txt")
     assert not (rd / "run_config.json").exists()
+    rd2 = tmp_path / "run2"
+    assert run_inproc(rd2, *BASE_ARGS, "--data", str(tmp_path)) == 3
+    f = failure(rd2)
+    assert f["class"] == "invalid" and "unreadable" in f["detail"]
+    assert not (rd2 / "run_config.json").exists()
 
 
 def test_checkpoint_of_another_model_shape_is_refused_before_the_first_step(tmp_path):
