@@ -68,7 +68,6 @@ def _decide(cfg: Config, job: Job, attempt: Attempt, cls: FailureClass, step: in
     # Preemptions and node failures never count, whatever policy.uncounted says: the README's table is
     # the contract (issue 16: preempted 3 times at one step with --max-attempts 2 ended failed).
     counted = cls.value not in cfg.uncounted and cls not in TRANSIENT
-    auto = cls.value in cfg.auto_requeue
     if cls is C.CANCELLED:
         return done(JobState.CANCELLED, RetryPlan.make("none", why="cancelled"), False)
     if cls is C.INVALID:
@@ -80,56 +79,70 @@ def _decide(cfg: Config, job: Job, attempt: Attempt, cls: FailureClass, step: in
     full_at_launch = cls is C.ENOSPC and never_launched
     if full_at_launch:
         counted = False
+    proven = _proven_permanent(cfg, job, cls, prior, history, counted, full_at_launch)
+    if proven is not None:
+        return done(JobState.FAILED, RetryPlan.make("give_up", why=proven[1]), counted, proven[0])
+    plan = _next_plan(cfg, job, cls, step, report, prior, history, full_at_launch)
+    if plan.action == "give_up":
+        return done(JobState.FAILED, plan, counted)
+    return done(JobState.RETRYABLE_FAILED, plan, counted)
+
+
+def _proven_permanent(cfg: Config, job: Job, cls: FailureClass, prior: list[Attempt],
+                      history: list[tuple[FailureClass | None, object]], counted: bool,
+                      full_at_launch: bool) -> tuple[FailureClass | None, str] | None:
+    """(class to record instead, or None; why) when the job has now failed for good, else None."""
     used = sum(1 for a in prior if a.counted) + (1 if counted else 0)
     if counted and used >= job.max_attempts:
-        return done(JobState.FAILED, RetryPlan.make("give_up", why=f"{used} of {job.max_attempts} attempts used"),
-                    counted)
+        return None, f"{used} of {job.max_attempts} attempts used"
+    ckpt = history[-1][1]
     stalled = _own_failures_without_progress(history)
     if cls in OWN_FAILURES and cfg.no_progress_attempts and stalled >= cfg.no_progress_attempts:
         # A 1 s time limit never gets past start-up: free resumes looped for ever (then counted, which made
         # preemptions count too). Now the job's own failures end it once the checkpoint stops advancing.
         at = f"at step {ckpt}" if ckpt is not None else "none"
-        why = (f"no_progress: the newest checkpoint stayed {at} over the last {stalled} attempts "
-               f"(policy.no_progress_attempts = {cfg.no_progress_attempts})")
-        return done(JobState.FAILED, RetryPlan.make("give_up", why=why), counted, C.NO_PROGRESS)
+        return C.NO_PROGRESS, (f"no_progress: the newest checkpoint stayed {at} over the last {stalled} attempts "
+                               f"(policy.no_progress_attempts = {cfg.no_progress_attempts})")
+    if cls is C.INPUT_MISSING and (n := _trailing(history, {C.INPUT_MISSING})) >= cfg.input_missing_attempts:
+        # Proven now: missing at start on N attempts in a row, each with its own evidence (the path) in its
+        # detail. One observation is not proof: an NFS hiccup made a resuming job failed for good (issue 16).
+        return C.INVALID, (f"invalid: an input was missing at start on {n} consecutive attempts "
+                           f"(policy.input_missing_attempts = {cfg.input_missing_attempts})")
     same = sum(1 for a in prior if a.failure_class == cls) + 1
     cap = cfg.caps.get(cls.value)
     if cap is not None and same > cap and not full_at_launch:
-        return done(JobState.FAILED, RetryPlan.make("give_up", why=f"{cls} {same} times (cap {cap})"), counted)
+        return None, f"{cls} {same} times (cap {cap})"
+    return None
 
+
+def _next_plan(cfg: Config, job: Job, cls: FailureClass, step: int | None, report: dict | None,
+               prior: list[Attempt], history: list[tuple[FailureClass | None, object]],
+               full_at_launch: bool) -> RetryPlan:
+    """What the next attempt does differently (a ``give_up`` plan when nothing can help, e.g. OOM at the cap)."""
+    auto = cls.value in cfg.auto_requeue
     run_dir = Path(job.run_dir)
     plan = RetryPlan.make("resume", auto=auto)
     if cls is C.NAN:
-        plan = _nan(cfg, job, run_dir, step, report, plan)
-    elif cls is C.OOM:
-        plan = _oom(cfg, job, plan)
-        if plan.action == "give_up":
-            return done(JobState.FAILED, plan, counted)
-    elif cls is C.ENOSPC:
+        return _nan(cfg, job, run_dir, step, report, plan)
+    if cls is C.OOM:
+        return _oom(cfg, job, plan)
+    if cls is C.ENOSPC:
         plan = _enospc(cfg, run_dir, plan)
         if full_at_launch:  # retried every pass it would hammer a full disk: back off, up to an hour
-            plan = _backoff(cfg, plan, same)
-    elif cls is C.CRASH:
-        if auto:
-            k = sum(1 for a in prior if a.failure_class == C.CRASH)
-            backoff = cfg.crash_backoff_s * 2 ** k
-            plan = plan.with_(not_before=utcnow() + timedelta(seconds=backoff), details={"backoff_s": backoff})
-        else:
-            plan = plan.with_(why="waits for `orch requeue`")
-    elif cls is C.INPUT_MISSING:
-        n = _trailing(history, {C.INPUT_MISSING})
-        if n >= cfg.input_missing_attempts:
-            # Proven now: missing at start on N attempts in a row, each with its own evidence (the path)
-            # in its detail. One observation is not proof: an NFS hiccup made a resuming job failed for good.
-            why = (f"invalid: an input was missing at start on {n} consecutive attempts "
-                   f"(policy.input_missing_attempts = {cfg.input_missing_attempts})")
-            return done(JobState.FAILED, RetryPlan.make("give_up", why=why), counted, C.INVALID)
-        plan = _backoff(cfg, plan, n)
-    elif cls in TRANSIENT:
-        k = _transient_without_progress(history)
-        if k:  # preempted again and again at one step (a busy partition): wait, never give up for it
-            plan = _backoff(cfg, plan, k)
-    return done(JobState.RETRYABLE_FAILED, plan, counted)
+            plan = _backoff(cfg, plan, sum(1 for a in prior if a.failure_class == cls) + 1)
+        return plan
+    if cls is C.CRASH:
+        if not auto:
+            return plan.with_(why="waits for `orch requeue`")
+        k = sum(1 for a in prior if a.failure_class == C.CRASH)
+        backoff = cfg.crash_backoff_s * 2 ** k
+        return plan.with_(not_before=utcnow() + timedelta(seconds=backoff), details={"backoff_s": backoff})
+    if cls is C.INPUT_MISSING:
+        return _backoff(cfg, plan, _trailing(history, {C.INPUT_MISSING}))
+    if cls in TRANSIENT and (k := _transient_without_progress(history)):
+        # preempted again and again at one step (a busy partition): wait longer each time, never give up for it
+        return _backoff(cfg, plan, k)
+    return plan
 
 
 def newest_checkpoint_step(run_dir: Path) -> int | None:
