@@ -10,6 +10,7 @@ Only manifests and ``meta.json`` files are read; no tensor is loaded.
 from __future__ import annotations
 
 import argparse
+import errno
 import hashlib
 import shutil
 from dataclasses import dataclass
@@ -24,6 +25,9 @@ from orch_trainer.model import PRESETS, checkpoint_bytes_estimate
 from orch_trainer.runfiles import log
 from orchestrator import protocol
 from orchestrator.kit.checkpoint import CheckpointManager
+
+# An input that is not there (ENOENT) or whose NFS handle went stale (ESTALE): maybe back in a moment.
+MISSING_ERRNOS = frozenset({errno.ENOENT, errno.ESTALE})
 
 
 @dataclass(frozen=True)
@@ -52,6 +56,11 @@ def preflight(args: argparse.Namespace, attempt: Attempt, ckpts: CheckpointManag
     try:
         raw, source = datamod.read_corpus_bytes(args.data)
     except OSError as e:
+        if e.errno in MISSING_ERRNOS:
+            # Missing may be transient (an NFS hiccup during a resume): orch retries it with back-off and
+            # calls it invalid only when it repeats (issue 16: one observation made the job failed for good).
+            raise attempt.fail("input_missing", None, f"corpus {args.data} missing: {e}",
+                               path=str(args.data)) from None
         raise attempt.fail("invalid", None, f"corpus {args.data} unreadable: {e}") from None
     data_sha256 = hashlib.sha256(raw).hexdigest()
     device = _pick_device(args, attempt)
@@ -91,17 +100,46 @@ def _select_checkpoint(args: argparse.Namespace, attempt: Attempt, ckpts: Checkp
         found = ckpts.latest_verified(on_corrupt=report)
         return (found[1], _read_meta(attempt, found[1])) if found else (None, None)
     path = Path(args.resume)
-    if not path.is_absolute() and (attempt.run_dir / path).exists():
-        path = attempt.run_dir / path  # failure.json names checkpoints relative to the run dir
+    if not path.is_absolute() and ((attempt.run_dir / path).exists() or path.parts[:1] == (protocol.CHECKPOINTS_DIR,)):
+        path = attempt.run_dir / path  # failure.json and orch's policy name checkpoints relative to the run dir
     problem = protocol.verify_checkpoint(path)
+    own = path.parent.resolve() == ckpts.root.resolve()
+    if problem is not None and own and protocol.checkpoint_step(path) is not None:
+        # A rollback target corrupted after orch's policy verified it (issue 16: the attempt was invalid and
+        # the job failed for good): set it aside and resume from the next OLDER verified one, never a newer
+        # one (a rollback must not resume past the bad step); none left: a fresh start.
+        log(f"--resume {args.resume} does not verify ({problem}): set aside; resuming from an older checkpoint")
+        skipped.append({"name": path.name, "reason": problem})
+        step = protocol.checkpoint_step(path) or 0
+        if path.is_dir():  # a target gone altogether is a problem too: fall back the same way
+            ckpts.set_aside(path, "corrupt")
+        older = _newest_verified_before(ckpts, step, skipped)
+        if older is None:
+            _set_aside_newer_than(attempt, ckpts, -1)
+            return None, None
+        path, problem = older, None
     if problem is not None:
-        # An explicit resume point that does not verify is not replaced by another one silently.
+        # A path outside this run's checkpoints/ (another run's fork): not ours to replace or set aside.
         raise attempt.fail("invalid", None, f"--resume {args.resume}: {problem}")
-    if path.parent.resolve() == ckpts.root.resolve():
+    if own:
         # A rollback: the later checkpoints belong to the abandoned timeline and their names
         # will be written again.
         _set_aside_newer_than(attempt, ckpts, protocol.checkpoint_step(path) or 0)
     return path, _read_meta(attempt, path)
+
+
+def _newest_verified_before(ckpts: CheckpointManager, step: int, skipped: list[dict[str, str]]) -> Path | None:
+    """The newest checkpoint older than ``step`` whose manifest verifies; corrupt ones met are set aside."""
+    for p in protocol.iter_checkpoint_dirs(ckpts.run_dir):
+        if (protocol.checkpoint_step(p) or 0) >= step:
+            continue
+        problem = protocol.verify_checkpoint(p)
+        if problem is None:
+            return p
+        log(f"skipping corrupt checkpoint {p.name}: {problem}")
+        skipped.append({"name": p.name, "reason": problem})
+        ckpts.set_aside(p, "corrupt")
+    return None
 
 
 def _set_aside_newer_than(attempt: Attempt, ckpts: CheckpointManager, step: int) -> None:

@@ -13,18 +13,27 @@ from pathlib import Path
 from typing import Any
 
 from orchestrator.errors import UsageError
+from orchestrator.settings import KNOWN_KEYS, MAX_COUNT, NUMERIC, unknown_key_message
 
 # The defaults of the design's policy section: which classes reconcile requeues by itself,
 # which count against --max-attempts, and per-class caps.
-AUTO_REQUEUE = frozenset({"preempted", "timeout", "node_fail", "oom", "hang", "nan", "enospc"})
-UNCOUNTED = frozenset({"preempted", "timeout", "node_fail"})
+AUTO_REQUEUE = frozenset({"preempted", "timeout", "node_fail", "oom", "hang", "nan", "enospc", "input_missing"})
+# input_missing is bounded by policy.input_missing_attempts instead (an NFS hiccup is not the job's fault).
+UNCOUNTED = frozenset({"preempted", "timeout", "node_fail", "input_missing"})
 # Uncounted classes get generous caps too: an endless preemption loop is a bug to surface, not to hide.
 CLASS_CAPS = {"oom": 3, "nan": 3, "enospc": 2, "hang": 3, "crash": 3, "preempted": 100, "timeout": 50,
               "node_fail": 20}
 
+# Always uncounted, whatever policy.uncounted says: neither is the job's fault, and the README's policy
+# table promises it (issue 16: preempted 3 times at one step with --max-attempts 2 ended failed).
+NEVER_COUNTED = frozenset({"preempted", "node_fail"})
 
-MAX_NUMBER = 10**9  # seconds, MB, factors: generous, and far from datetime/SQLite overflow
-MAX_COUNT = 10**6
+
+def _d(name: str) -> Any:
+    """The schema's default of ``table.key`` (orchestrator.settings declares each setting once)."""
+    from orchestrator.settings import setting
+
+    return setting(name).default
 
 
 @dataclass
@@ -36,17 +45,21 @@ class Config:
     auto_requeue: frozenset[str] = AUTO_REQUEUE
     uncounted: frozenset[str] = UNCOUNTED
     caps: dict[str, int] = field(default_factory=lambda: dict(CLASS_CAPS))
-    max_attempts: int = 3
-    nan_rollback_steps: int = 1  # resume from the newest checkpoint at least this many steps before the NaN
-    nan_lr_factor: float = 0.5
-    oom_mem_factor: float = 2.0
-    oom_mem_cap_mb: int = 512 * 1024
-    crash_backoff_s: float = 30.0
-    hang_timeout_s: float = 600.0
-    slow_factor: float = 0.3  # flag jobs whose tokens/s falls below this fraction of their own median
-    lease_ttl_s: float = 120.0
-    busy_timeout_ms: int = 30000
-    keep_last_k: int = 2  # what an enospc prune keeps
+    # The numeric settings: bounds, defaults and meaning in orchestrator/settings.py.
+    max_attempts: int = _d("policy.max_attempts")
+    nan_rollback_steps: int = _d("policy.nan_rollback_steps")
+    nan_lr_factor: float = _d("policy.nan_lr_factor")
+    oom_mem_factor: float = _d("policy.oom_mem_factor")
+    oom_mem_cap_mb: int = _d("policy.oom_mem_cap_mb")
+    crash_backoff_s: float = _d("policy.crash_backoff_s")
+    backoff_cap_s: float = _d("policy.backoff_cap_s")
+    hang_timeout_s: float = _d("policy.hang_timeout_s")
+    slow_factor: float = _d("policy.slow_factor")
+    keep_last_k: int = _d("policy.keep_last_k")
+    input_missing_attempts: int = _d("policy.input_missing_attempts")
+    no_progress_attempts: int = _d("policy.no_progress_attempts")
+    lease_ttl_s: float = _d("reconcile.lease_ttl_s")
+    busy_timeout_ms: int = _d("reconcile.busy_timeout_ms")
     group_shared: bool = False  # run dirs 0750 / files 0640 instead of 0700 / 0600
     spot_notice: str = "off"  # whose spot interruption notices job wrappers watch (submit --spot-notice)
     spot_url: str | None = None  # the metadata service's base URL; None: the clouds' 169.254.169.254
@@ -127,7 +140,19 @@ def _absolute_dir(raw: str, what: str) -> Path:
     return p
 
 
-TABLES = frozenset({"runs", "policy", "reconcile", "metrics", "spot"})  # what orch.toml may hold at top level
+TABLES = frozenset(KNOWN_KEYS)  # what orch.toml may hold at top level
+
+
+def _table(data: dict, name: str, path: Path) -> dict:
+    """``[name]`` of orch.toml ({} when absent); a usage error if it is not a table or holds an unknown key."""
+    tbl = data.get(name, {})
+    if not isinstance(tbl, dict):
+        raise UsageError(f"{path}: [{name}] must be a table")
+    # A misspelt key ([policy] max_atempts) was silently ignored, and its setting with it (issue 16).
+    unknown = sorted(set(tbl) - KNOWN_KEYS[name])
+    if unknown:
+        raise UsageError(f"{path}: {unknown_key_message(name, unknown[0], KNOWN_KEYS[name])}")
+    return tbl
 
 
 def _overlay_file(cfg: Config, path: Path) -> None:
@@ -139,16 +164,29 @@ def _overlay_file(cfg: Config, path: Path) -> None:
     unknown = sorted(set(data) - TABLES)
     if unknown:
         raise UsageError(f"{path}: unknown table or key {unknown[0]!r}; orch.toml has [{'], ['.join(sorted(TABLES))}]")
-    runs = data.get("runs", {})
-    if not isinstance(runs, dict):
-        raise UsageError(f"{path}: [runs] must be a table")
+    tables = {name: _table(data, name, path) for name in sorted(TABLES)}
+    runs = tables["runs"]
     if "root" in runs:
         cfg.runs_root = _absolute_dir(_get(runs, "root", str, "runs."), f"{path}: runs.root")
     if "group_shared" in runs:
         cfg.group_shared = _get(runs, "group_shared", bool, "runs.")
-    pol = data.get("policy", {})
-    if not isinstance(pol, dict):
-        raise UsageError(f"{path}: [policy] must be a table")
+    _load_policy_classes(cfg, tables["policy"], path)
+    for s in NUMERIC:  # one schema: the CLI's --max-attempts checks the same bounds (orchestrator.settings)
+        if s.key in tables[s.table]:
+            v = tables[s.table][s.key]
+            problem = s.problem(v)
+            if problem is not None:
+                raise UsageError(f"{path}: {problem}")
+            setattr(cfg, s.key, float(v) if s.kind is float else v)
+    _load_spot(cfg, data, path)
+    met = tables["metrics"]
+    if "textfile_dir" in met:
+        cfg.metrics_textfile_dir = _absolute_dir(_get(met, "textfile_dir", str, "metrics."),
+                                                 f"{path}: metrics.textfile_dir")
+
+
+def _load_policy_classes(cfg: Config, pol: dict, path: Path) -> None:
+    """``[policy]`` auto_requeue, uncounted and ``[policy.caps]``: keys and values that name failure classes."""
     from orchestrator.protocol import FAILURE_CLASSES
 
     for key in ("auto_requeue", "uncounted"):
@@ -160,37 +198,13 @@ def _overlay_file(cfg: Config, path: Path) -> None:
             setattr(cfg, key, frozenset(classes))
     if "caps" in pol:
         caps = _get(pol, "caps", dict, "policy.")
+        unknown = sorted(c for c in caps if c not in FAILURE_CLASSES)
+        if unknown:  # [policy.caps] nan2 = 1 was refused with a message that did not say which key was wrong
+            raise UsageError(f"{path}: {unknown_key_message('policy.caps', unknown[0], set(FAILURE_CLASSES))}")
         for cls, n in caps.items():
-            if cls not in FAILURE_CLASSES or not isinstance(n, int) or isinstance(n, bool) or not 0 <= n <= MAX_COUNT:
-                raise UsageError(f"{path}: policy.caps.{cls} must be a known class with an integer 0..{MAX_COUNT}")
+            if not isinstance(n, int) or isinstance(n, bool) or not 0 <= n <= MAX_COUNT:
+                raise UsageError(f"{path}: policy.caps.{cls} must be an integer 0..{MAX_COUNT}, got {n!r}")
             cfg.caps[cls] = n
-    for key, typ in (("max_attempts", int), ("nan_rollback_steps", int), ("nan_lr_factor", (int, float)),
-                     ("oom_mem_factor", (int, float)), ("oom_mem_cap_mb", int), ("crash_backoff_s", (int, float)),
-                     ("hang_timeout_s", (int, float)), ("slow_factor", (int, float)), ("keep_last_k", int)):
-        if key in pol:
-            v = _get(pol, key, typ, "policy.")
-            # also refuses nan (hang_timeout_s = nan silently disabled hang detection) and numbers so
-            # large that date arithmetic overflows mid-pass (crash_backoff_s = 1e300 crashed reconcile)
-            if not 0 <= v <= MAX_NUMBER:
-                raise UsageError(f"{path}: policy.{key} must be a number 0..{MAX_NUMBER:g}, got {v!r}")
-            setattr(cfg, key, v)
-    _load_spot(cfg, data, path)
-    rec = data.get("reconcile", {})
-    if not isinstance(rec, dict):
-        raise UsageError(f"{path}: [reconcile] must be a table")
-    for key, typ in (("lease_ttl_s", (int, float)), ("busy_timeout_ms", int)):
-        if key in rec:
-            v = _get(rec, key, typ, "reconcile.")
-            if not 0 <= v <= MAX_NUMBER:  # a negative lease TTL let overlapping passes both run; huge ones crashed
-                raise UsageError(f"{path}: reconcile.{key} must be a number 0..{MAX_NUMBER:g}, got {v!r}")
-            setattr(cfg, key, v)
-    met = data.get("metrics", {})
-    if not isinstance(met, dict):
-        raise UsageError(f"{path}: [metrics] must be a table")
-    if "textfile_dir" in met:
-        cfg.metrics_textfile_dir = _absolute_dir(_get(met, "textfile_dir", str, "metrics."),
-                                                 f"{path}: metrics.textfile_dir")
-    return cfg
 
 
 def _load_spot(cfg: Config, data: dict, path: Path) -> None:
@@ -199,9 +213,7 @@ def _load_spot(cfg: Config, data: dict, path: Path) -> None:
 
     from orchestrator.spotnotice import CHOICES
 
-    spot = data.get("spot", {})
-    if not isinstance(spot, dict):
-        raise UsageError(f"{path}: [spot] must be a table")
+    spot = _table(data, "spot", path)
     if "notice" in spot:
         v = _get(spot, "notice", str, "spot.")
         if v not in CHOICES:

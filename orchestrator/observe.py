@@ -274,6 +274,8 @@ def finish(db: Database, cfg: Config, attempt_id: int, ev: Evidence | None, rep:
         cls, step, detail = c.cls, c.step, c.detail
     d = decide(cfg, job, a, cls, step, ev.report if ev else None, never_launched=launch_failure is not None)
     plan = d.plan
+    if d.cls is not None:  # the policy proved more than this attempt shows (no_progress; invalid after N)
+        detail, cls = f"{cls.value}: {detail}", d.cls
     with db.write() as s:
         a, job = s.get(Attempt, attempt_id), s.get(Job, job.id)
         end = A.CANCELLED if cls is FailureClass.CANCELLED else A.FAILED

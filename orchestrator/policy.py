@@ -31,11 +31,20 @@ from orchestrator.protocol import FailureClass, finite_number
 
 C = FailureClass
 
+# The job's own failures: the no-progress guard applies to them (issue 16; NVIDIA's resiliency tools stop after 3).
+OWN_FAILURES = frozenset({C.TIMEOUT, C.CRASH, C.HANG, C.OOM, C.KILLED})
+# Not the job's fault: never counted against --max-attempts, and no break in a run of own failures.
+TRANSIENT = frozenset({C.PREEMPTED, C.NODE_FAIL})
+STEP_KEY = "checkpoint_step"  # plan details: the newest committed checkpoint step when the attempt ended
+_UNKNOWN = object()  # an attempt decided before STEP_KEY was recorded: it proves nothing either way
+
+
 @dataclass(frozen=True)
 class Decision:
     state: JobState  # retryable_failed, failed or cancelled
     plan: RetryPlan  # recorded on the attempt (orch show: action) and carried to the next one
     counted: bool  # counts against --max-attempts
+    cls: FailureClass | None = None  # the attempt's class when the policy concluded another (no_progress, invalid)
 
 
 def decide(cfg: Config, job: Job, attempt: Attempt, cls: FailureClass, step: int | None,
@@ -43,59 +52,166 @@ def decide(cfg: Config, job: Job, attempt: Attempt, cls: FailureClass, step: int
     """What to do after ``attempt`` of ``job`` ended with class ``cls`` (attempt is the last one).
 
     ``never_launched``: the attempt failed before it reached the backend (its program never ran).
+    Every plan records the newest committed checkpoint step (names only, no hashing) in its details,
+    so later decisions can tell whether the attempts in between made progress.
 
     Hashes checkpoints (NaN, requeue plans): call it outside a DB write transaction.
     """
-    cls = C(cls)
-    counted = cls.value not in cfg.uncounted
-    auto = cls.value in cfg.auto_requeue
+    return _decide(cfg, job, attempt, C(cls), step, report, never_launched, newest_checkpoint_step(Path(job.run_dir)))
+
+
+def _decide(cfg: Config, job: Job, attempt: Attempt, cls: FailureClass, step: int | None, report: dict | None,
+            never_launched: bool, ckpt: int | None) -> Decision:
+    def done(state: JobState, plan: RetryPlan, counted: bool, as_cls: FailureClass | None = None) -> Decision:
+        return Decision(state, plan.with_(details={**plan.details_dict, STEP_KEY: ckpt}), counted, as_cls)
+
+    # Preemptions and node failures never count, whatever policy.uncounted says: the README's table is
+    # the contract (issue 16: preempted 3 times at one step with --max-attempts 2 ended failed).
+    counted = cls.value not in cfg.uncounted and cls not in TRANSIENT
     if cls is C.CANCELLED:
-        return Decision(JobState.CANCELLED, RetryPlan.make("none", why="cancelled"), counted=False)
+        return done(JobState.CANCELLED, RetryPlan.make("none", why="cancelled"), False)
     if cls is C.INVALID:
-        return Decision(JobState.FAILED, RetryPlan.make("give_up", why="invalid: retrying cannot help"), counted)
+        return done(JobState.FAILED, RetryPlan.make("give_up", why="invalid: retrying cannot help"), counted)
     prior = [a for a in job.attempts if a.id != attempt.id and a.n < attempt.n]
-    if (not counted and step is not None and prior and prior[-1].failure_class == cls
-            and prior[-1].failure_step == step):
-        # Uncounted classes resume for free, but a time limit shorter than start-up never gets past
-        # the same step: an attempt that made no progress counts (found by a 3 s --time test that
-        # looped through 30 free attempts at step 0).
-        counted = True
+    history = [(C(a.failure_class) if a.failure_class else None, _recorded_step(a)) for a in prior] + [(cls, ckpt)]
     # A launch onto a full disk: the program never ran, so none of its attempts was used. Counted, three
     # passes burned every attempt within seconds and a retryable failure became permanent (hostile test).
     full_at_launch = cls is C.ENOSPC and never_launched
     if full_at_launch:
         counted = False
+    proven = _proven_permanent(cfg, job, cls, prior, history, counted, full_at_launch)
+    if proven is not None:
+        return done(JobState.FAILED, RetryPlan.make("give_up", why=proven[1]), counted, proven[0])
+    plan = _next_plan(cfg, job, cls, step, report, prior, history, full_at_launch)
+    if plan.action == "give_up":
+        return done(JobState.FAILED, plan, counted)
+    return done(JobState.RETRYABLE_FAILED, plan, counted)
+
+
+def _proven_permanent(cfg: Config, job: Job, cls: FailureClass, prior: list[Attempt],
+                      history: list[tuple[FailureClass | None, object]], counted: bool,
+                      full_at_launch: bool) -> tuple[FailureClass | None, str] | None:
+    """(class to record instead, or None; why) when the job has now failed for good, else None."""
     used = sum(1 for a in prior if a.counted) + (1 if counted else 0)
     if counted and used >= job.max_attempts:
-        return Decision(JobState.FAILED, RetryPlan.make("give_up", why=f"{used} of {job.max_attempts} attempts used"),
-                        counted)
+        return None, f"{used} of {job.max_attempts} attempts used"
+    ckpt = history[-1][1]
+    stalled = _own_failures_without_progress(history)
+    if cls in OWN_FAILURES and cfg.no_progress_attempts and stalled >= cfg.no_progress_attempts:
+        # A 1 s time limit never gets past start-up: free resumes looped for ever (then counted, which made
+        # preemptions count too). Now the job's own failures end it once the checkpoint stops advancing.
+        at = f"at step {ckpt}" if ckpt is not None else "none"
+        return C.NO_PROGRESS, (f"no_progress: the newest checkpoint stayed {at} over the last {stalled} attempts "
+                               f"(policy.no_progress_attempts = {cfg.no_progress_attempts})")
+    if cls is C.INPUT_MISSING and (n := _trailing(history, {C.INPUT_MISSING})) >= cfg.input_missing_attempts:
+        # Proven now: missing at start on N attempts in a row, each with its own evidence (the path) in its
+        # detail. One observation is not proof: an NFS hiccup made a resuming job failed for good (issue 16).
+        return C.INVALID, (f"invalid: an input was missing at start on {n} consecutive attempts "
+                           f"(policy.input_missing_attempts = {cfg.input_missing_attempts})")
     same = sum(1 for a in prior if a.failure_class == cls) + 1
     cap = cfg.caps.get(cls.value)
     if cap is not None and same > cap and not full_at_launch:
-        return Decision(JobState.FAILED, RetryPlan.make("give_up", why=f"{cls} {same} times (cap {cap})"), counted)
+        return None, f"{cls} {same} times (cap {cap})"
+    return None
 
+
+def _next_plan(cfg: Config, job: Job, cls: FailureClass, step: int | None, report: dict | None,
+               prior: list[Attempt], history: list[tuple[FailureClass | None, object]],
+               full_at_launch: bool) -> RetryPlan:
+    """What the next attempt does differently (a ``give_up`` plan when nothing can help, e.g. OOM at the cap)."""
+    auto = cls.value in cfg.auto_requeue
     run_dir = Path(job.run_dir)
     plan = RetryPlan.make("resume", auto=auto)
     if cls is C.NAN:
-        plan = _nan(cfg, job, run_dir, step, report, plan)
-    elif cls is C.OOM:
-        plan = _oom(cfg, job, plan)
-        if plan.action == "give_up":
-            return Decision(JobState.FAILED, plan, counted)
-    elif cls is C.ENOSPC:
+        return _nan(cfg, job, run_dir, step, report, plan)
+    if cls is C.OOM:
+        return _oom(cfg, job, plan)
+    if cls is C.ENOSPC:
         plan = _enospc(cfg, run_dir, plan)
         if full_at_launch:  # retried every pass it would hammer a full disk: back off, up to an hour
-            backoff = min(cfg.crash_backoff_s * 2 ** min(same - 1, 20), 3600.0)
-            plan = plan.with_(not_before=utcnow() + timedelta(seconds=backoff),
-                              details={**dict(plan.details), "backoff_s": backoff})
-    elif cls is C.CRASH:
-        if auto:
-            k = sum(1 for a in prior if a.failure_class == C.CRASH)
-            backoff = cfg.crash_backoff_s * 2 ** k
-            plan = plan.with_(not_before=utcnow() + timedelta(seconds=backoff), details={"backoff_s": backoff})
-        else:
-            plan = plan.with_(why="waits for `orch requeue`")
-    return Decision(JobState.RETRYABLE_FAILED, plan, counted)
+            plan = _backoff(cfg, plan, sum(1 for a in prior if a.failure_class == cls) + 1)
+        return plan
+    if cls is C.CRASH:
+        if not auto:
+            return plan.with_(why="waits for `orch requeue`")
+        k = sum(1 for a in prior if a.failure_class == C.CRASH)
+        backoff = cfg.crash_backoff_s * 2 ** k
+        return plan.with_(not_before=utcnow() + timedelta(seconds=backoff), details={"backoff_s": backoff})
+    if cls is C.INPUT_MISSING:
+        return _backoff(cfg, plan, _trailing(history, {C.INPUT_MISSING}))
+    if cls in TRANSIENT and (k := _transient_without_progress(history)):
+        # preempted again and again at one step (a busy partition): wait longer each time, never give up for it
+        return _backoff(cfg, plan, k)
+    return plan
+
+
+def newest_checkpoint_step(run_dir: Path) -> int | None:
+    """The newest committed checkpoint's step, from directory names only (no hashing: every attempt's
+    end calls this); None when there is none (or checkpoints/ cannot be read)."""
+    try:
+        newest = next(protocol.iter_checkpoint_dirs(run_dir), None)
+    except OSError:
+        return None
+    return protocol.checkpoint_step(newest) if newest is not None else None
+
+
+def _recorded_step(a: Attempt) -> object:
+    details = a.action.details_dict if a.action is not None else {}
+    v = details.get(STEP_KEY, _UNKNOWN)
+    return v if v is None or v is _UNKNOWN or protocol.is_int(v, 0) else _UNKNOWN
+
+
+def _advanced(history: list[tuple[FailureClass | None, object]], i: int) -> bool | None:
+    """Whether attempt ``i`` ended with a newer checkpoint than attempt ``i - 1`` (the first: than none);
+    None when either step was not recorded (that proves nothing)."""
+    end = history[i][1]
+    before = history[i - 1][1] if i > 0 else None
+    if end is _UNKNOWN or before is _UNKNOWN:
+        return None
+    return end is not None and (before is None or end > before)  # type: ignore[operator]
+
+
+def _own_failures_without_progress(history: list[tuple[FailureClass | None, object]]) -> int:
+    """How many of the job's own failures in a row, newest first, ended without a newer checkpoint.
+    Preemptions and node failures in between are skipped; any other class, or progress, ends the run."""
+    n = 0
+    for i in range(len(history) - 1, -1, -1):
+        cls = history[i][0]
+        if _advanced(history, i) is not False:
+            break
+        if cls in OWN_FAILURES:
+            n += 1
+        elif cls not in TRANSIENT:
+            break
+    return n
+
+
+def _transient_without_progress(history: list[tuple[FailureClass | None, object]]) -> int:
+    """How many preemptions/node failures in a row, newest first, ended without a newer checkpoint than
+    the attempt before; the first attempt has no earlier one to compare with and never counts."""
+    n = 0
+    for i in range(len(history) - 1, 0, -1):
+        if history[i][0] not in TRANSIENT or _advanced(history, i) is not False:
+            break
+        n += 1
+    return n
+
+
+def _trailing(history: list[tuple[FailureClass | None, object]], classes: set[FailureClass]) -> int:
+    """How many attempts in a row, newest first, ended with one of ``classes``."""
+    n = 0
+    for cls, _step in reversed(history):
+        if cls not in classes:
+            break
+        n += 1
+    return n
+
+
+def _backoff(cfg: Config, plan: RetryPlan, k: int) -> RetryPlan:
+    """No auto-requeue before crash_backoff_s x 2**(k-1), at most policy.backoff_cap_s (k >= 1)."""
+    backoff = min(cfg.crash_backoff_s * 2 ** min(k - 1, 40), cfg.backoff_cap_s)
+    return plan.with_(not_before=utcnow() + timedelta(seconds=backoff),
+                      details={**plan.details_dict, "backoff_s": backoff})
 
 
 def verified_checkpoints(run_dir: Path) -> tuple[list[tuple[int, Path]], list[str]]:

@@ -15,6 +15,7 @@ from typing import Any
 import click
 
 from orchestrator.protocol import layout
+from orchestrator.settings import setting
 from orchestrator.spotnotice import CHOICES as SPOT_CHOICES
 
 # ------------------------------------------------------------------------------------------
@@ -119,6 +120,9 @@ def _default_name(cmd: tuple[str, ...]) -> str:
 
 
 
+_MAX_ATTEMPTS = setting("policy.max_attempts")
+
+
 def job_options(f: Any) -> Any:
     """The options every job (``orch submit``) and every sweep task (``orch sweep``) takes."""
     opts = [
@@ -129,9 +133,9 @@ def job_options(f: Any) -> Any:
         click.option("--cpus-per-task", type=click.IntRange(1, 4096), help="CPUs per task."),
         click.option("--mem", help="Memory, Slurm style: 500M, 16G."),
         click.option("--time", "time_", help="Time limit, Slurm style: 30, 4:00:00, 2-00:00:00."),
-        click.option("--max-attempts", type=click.IntRange(1, 1000), default=None,
-                     help="Attempts that count (preemptions, time limits and node failures do not); "
-                          "default: policy.max_attempts in orch.toml, else 3."),
+        # One schema with orch.toml's policy.max_attempts (orchestrator.settings): orch.toml accepted 0.
+        click.option("--max-attempts", type=click.IntRange(int(_MAX_ATTEMPTS.lo), int(_MAX_ATTEMPTS.hi)), default=None,
+                     help=_MAX_ATTEMPTS.help),
         click.option("--outputs", multiple=True, callback=_outputs_cb,
                      help="Glob (relative to the run dir) of result files; orch writes done.json after exit 0. "
                           "For programs that do not write their own marker."),

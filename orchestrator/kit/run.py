@@ -110,7 +110,8 @@ class Run:
 
         ``ORCH_OVERRIDES`` ``{"resume": PATH}`` is a rollback (e.g. after a NaN): the checkpoints after
         it belong to the abandoned timeline and are renamed aside, since their names will be written
-        again. ``{"resume": "none"}`` starts fresh.
+        again. A rollback target in this run's checkpoints/ that no longer verifies is set aside too, and
+        the next OLDER verified one is used (none: a fresh start). ``{"resume": "none"}`` starts fresh.
         """
         wanted = self.overrides.get("resume")
         if wanted == "none":
@@ -119,10 +120,22 @@ class Run:
         if isinstance(wanted, str) and wanted:
             path = Path(wanted) if Path(wanted).is_absolute() else self.run_dir / wanted
             problem = protocol.verify_checkpoint(path)
-            if problem is not None:
-                # An explicit resume point that does not verify is never silently replaced by another.
+            step = protocol.checkpoint_step(path)
+            own = step is not None and path.parent.resolve() == (self.run_dir / protocol.CHECKPOINTS_DIR).resolve()
+            if problem is not None and not own:
+                # Another run's checkpoint (a fork): not ours to replace or set aside.
                 raise RunDirError(f"resume override {wanted}: {problem}")
-            step = protocol.checkpoint_step(path) or 0
+            if problem is not None:
+                # Corrupted after orch's policy verified it (issue 16: RunDirError failed the attempt, then
+                # the job). Never a newer one than asked for: a rollback must not resume past the bad step.
+                log(f"resume override {wanted} does not verify ({problem}): set aside; using an older checkpoint")
+                self._set_aside(path, "corrupt")
+                found = self._newest_verified_before(step or 0)
+                if found is None:
+                    self._set_aside_newer_than(-1)
+                    return None
+                step, path = found
+            step = step or 0
             self._set_aside_newer_than(step)
             return step, path
         for path in protocol.iter_checkpoint_dirs(self.run_dir):
@@ -132,15 +145,32 @@ class Run:
             log(f"skipping checkpoint that does not verify: {problem}")
         return None
 
-    def _set_aside_newer_than(self, step: int) -> None:
-        if not self.is_writer:
+    def _newest_verified_before(self, step: int) -> tuple[int, Path] | None:
+        """(step, dir) of the newest checkpoint older than ``step`` that verifies; corrupt ones are set aside."""
+        for path in protocol.iter_checkpoint_dirs(self.run_dir):
+            s = protocol.checkpoint_step(path) or 0
+            if s >= step:
+                continue
+            problem = protocol.verify_checkpoint(path)
+            if problem is None:
+                return s, path
+            log(f"skipping checkpoint that does not verify: {problem}")
+            self._set_aside(path, "corrupt")
+        return None
+
+    def _set_aside(self, path: Path, why: str) -> None:
+        """Rename a committed checkpoint to ``<name>.<why>-<hex>`` (the writer only; requeue trashes it later)."""
+        if not self.is_writer or not path.is_dir():
             return
+        dest = path.with_name(f"{path.name}.{why}-{os.urandom(4).hex()}")
+        os.rename(path, dest)
+        protocol.fsync_dir(path.parent)
+        log(f"{path.name} moved aside to {dest.name}")
+
+    def _set_aside_newer_than(self, step: int) -> None:
         for path in protocol.iter_checkpoint_dirs(self.run_dir):
             if (protocol.checkpoint_step(path) or 0) > step:
-                dest = path.with_name(f"{path.name}.abandoned-{os.urandom(4).hex()}")
-                os.rename(path, dest)
-                protocol.fsync_dir(path.parent)
-                log(f"{path.name} is newer than the resume point: moved aside to {dest.name}")
+                self._set_aside(path, "abandoned")
 
     # --- the end of an attempt ---------------------------------------------------------------------
     def preempted(self, step: int | None, reason: str, checkpoint: Path | None) -> SystemExit:

@@ -160,6 +160,18 @@ def test_a_misspelt_orch_toml_table_is_a_usage_error_not_silently_ignored(orch):
            "[spot]" in p.stderr, p.stderr
 
 
+def test_a_misspelt_key_in_a_known_orch_toml_table_is_a_usage_error(orch):
+    # Issue 16: `[policy] max_atempts = 2` was silently ignored, and the job got 3 attempts.
+    orch.write_config("[policy]\nmax_atempts = 2\n")
+    p = orch("status")
+    assert (p.returncode, p.stdout) == (2, ""), p.stderr
+    assert p.stderr == (f"orch: {orch.home / 'orch.toml'}: unknown key 'max_atempts' in [policy]; [policy] has "
+                        "auto_requeue, backoff_cap_s, caps, crash_backoff_s, hang_timeout_s, input_missing_attempts, "
+                        "keep_last_k, max_attempts, nan_lr_factor, nan_rollback_steps, no_progress_attempts, "
+                        "oom_mem_cap_mb, oom_mem_factor, slow_factor, uncounted\n"), p.stderr
+    assert not (orch.home / "orch.db").exists()
+
+
 @pytest.mark.parametrize("dangling", [True, False], ids=["dangling", "to-a-file"])
 def test_a_symlink_at_the_db_path_is_refused_and_nothing_is_written_outside_orch_home(orch, tmp_path, dangling):
     # Hostile test: a dangling orch.db link made every command create the DB at its target.

@@ -13,7 +13,7 @@ from orchkit import make_checkpoint
 from orchestrator import protocol
 from orchestrator.integrations.loop import orch_run
 from orchestrator.kit.commit import commit_checkpoint
-from orchestrator.kit.run import Run
+from orchestrator.kit.run import Run, RunDirError
 
 
 def _fill(tmp, data: bytes = b"weights") -> None:
@@ -57,6 +57,32 @@ def test_resume_skips_a_checkpoint_that_does_not_verify_and_follows_a_rollback_o
     assert Run.from_env(tmp_path).resume_checkpoint()[0] == 10
     names = sorted(p.name for p in (tmp_path / "checkpoints").iterdir())
     assert names[0] == "step-00000010" and all(".abandoned-" in n for n in names[1:]), names
+
+
+def test_a_rollback_override_that_does_not_verify_falls_back_to_an_older_verified_one(tmp_path, monkeypatch):
+    # Issue 16: a NaN rollback target corrupted after orch's policy chose it raised RunDirError (the attempt
+    # failed, then the job): it is set aside and the next OLDER verified checkpoint is used, never a newer one.
+    for step in (5, 10, 15, 20):
+        make_checkpoint(tmp_path, step, {"model.pt": bytes([step]) * 64})
+    (tmp_path / "checkpoints" / "step-00000010" / "model.pt").write_bytes(b"\xff" * 64)  # same size, other bytes
+    (tmp_path / "checkpoints" / "step-00000015" / "model.pt").write_bytes(b"\xfe" * 64)
+    monkeypatch.setenv(protocol.ENV_OVERRIDES, json.dumps({"resume": "checkpoints/step-00000015"}))
+    assert Run.from_env(tmp_path).resume_checkpoint() == (5, tmp_path / "checkpoints" / "step-00000005")
+    names = sorted(p.name for p in (tmp_path / "checkpoints").iterdir())
+    assert names[0] == "step-00000005" and [n.split(".")[1].split("-")[0] for n in names[1:]] == \
+        ["corrupt", "corrupt", "abandoned"], names
+    # nothing older verifies: a fresh start, and nothing is left that could be resumed later by mistake
+    (tmp_path / "checkpoints" / "step-00000005" / "model.pt").write_bytes(b"\xfd" * 64)
+    monkeypatch.setenv(protocol.ENV_OVERRIDES, json.dumps({"resume": "checkpoints/step-00000005"}))
+    assert Run.from_env(tmp_path).resume_checkpoint() is None
+    assert not list(protocol.iter_checkpoint_dirs(tmp_path))
+    # a path outside this run's checkpoints/ (another run's fork) is never replaced: still an error
+    other = tmp_path / "elsewhere"
+    make_checkpoint(other, 7, {"model.pt": b"x"})
+    (other / "checkpoints" / "step-00000007" / "model.pt").write_bytes(b"y")
+    monkeypatch.setenv(protocol.ENV_OVERRIDES, json.dumps({"resume": str(other / "checkpoints" / "step-00000007")}))
+    with pytest.raises(RunDirError, match="sha256 mismatch|does not verify|size"):
+        Run.from_env(tmp_path).resume_checkpoint()
 
 
 def _train(run_dir, max_steps: int, signal_at: int | None = None, signum: int = signal.SIGUSR2) -> int:

@@ -167,11 +167,14 @@ def test_local_time_limit_checkpoints_and_resumes_as_timeout(orch):
 
 def test_time_limit_shorter_than_startup_gives_up_instead_of_looping(orch):
     # Found the hard way: a 1 s limit never gets past step 0, and free (uncounted) resumes looped forever.
+    # Issue 16: time limits never count; the no-progress guard (policy.no_progress_attempts, default 3) ends
+    # it as no_progress once the newest checkpoint stops advancing over 3 attempts.
     submit(orch, "tl0", "--max-steps", "400", opts=("--time", "0:01", "--max-attempts", "2"))
     assert orch.wait("tl0", SETTLED - {"retryable_failed"}, timeout=120) == "failed"
     att = attempts(orch, "tl0")
-    assert [a["failure_class"] for a in att] == ["timeout"] * len(att) and len(att) <= 3
-    assert att[-1]["action"]["action"] == "give_up"
+    assert [a["failure_class"] for a in att] == ["timeout"] * (len(att) - 1) + ["no_progress"], att
+    assert 3 <= len(att) <= 4 and not any(a["counted"] for a in att), att
+    assert att[-1]["action"]["action"] == "give_up" and "no_progress" in att[-1]["action"]["why"]
 
 
 def test_invalid_goes_to_failed_at_once(orch):

@@ -218,12 +218,39 @@ def test_resume_on_other_data_is_refused_unless_allowed(tmp_path):
     assert run_config(rd)["data_sha256"] != ""
 
 
-def test_unreadable_corpus_is_refused_before_the_model_loads(tmp_path):
+def test_a_missing_corpus_is_input_missing_and_an_unreadable_one_invalid_before_the_model_loads(tmp_path):
+    # Issue 16: missing may be an NFS hiccup (orch retries it); a directory given as --data never reads.
     rd = tmp_path / "run"
     assert run_inproc(rd, *BASE_ARGS, "--data", str(tmp_path / "missing.txt")) == 3
     f = failure(rd)
-    assert f["class"] == "invalid" and "unreadable" in f["detail"]
+    assert f["class"] == "input_missing" and str(tmp_path / "missing.txt") in f["detail"]
+    assert f["path"] == str(tmp_path / "missing.txt")
     assert not (rd / "run_config.json").exists()
+    rd2 = tmp_path / "run2"
+    assert run_inproc(rd2, *BASE_ARGS, "--data", str(tmp_path)) == 3
+    f = failure(rd2)
+    assert f["class"] == "invalid" and "unreadable" in f["detail"]
+    assert not (rd2 / "run_config.json").exists()
+
+
+def test_a_rollback_target_that_no_longer_verifies_falls_back_to_an_older_one_never_a_newer_one(tmp_path):
+    # Issue 16: a NaN rollback target bit-flipped after orch's policy chose it was refused (invalid): the job
+    # failed for good. Now it is set aside and the next OLDER verified checkpoint is resumed.
+    rd = tmp_path / "run"
+    assert run_inproc(rd, *BASE_ARGS, "--keep-last-k", "4", "--max-steps", "12", stop_at=(11, 1)) == \
+        protocol.EXIT_PREEMPTED
+    assert [p.name for p in protocol.iter_checkpoint_dirs(rd)] == ["step-00000010", "step-00000008", "step-00000004"]
+    target = rd / "checkpoints" / "step-00000008"
+    biggest = max((p for p in target.iterdir() if p.name != "manifest.json"), key=lambda p: p.stat().st_size)
+    data = bytearray(biggest.read_bytes())
+    data[len(data) // 2] ^= 0xFF  # same size: only the sha256 can tell
+    biggest.write_bytes(bytes(data))
+    assert run_inproc(rd, *BASE_ARGS, "--keep-last-k", "4", "--max-steps", "12",
+                      "--resume", "checkpoints/step-00000008", attempt=2) == 0
+    assert run_config(rd)["resumed_from_step"] == 4  # not 10: a rollback never resumes past the bad step
+    aside = sorted(p.name.split("-")[1] for p in (rd / "checkpoints").iterdir() if "." in p.name)
+    assert aside == ["00000008.corrupt", "00000010.abandoned"], sorted(os.listdir(rd / "checkpoints"))
+    assert protocol.verify_done_marker(rd).verified
 
 
 def test_checkpoint_of_another_model_shape_is_refused_before_the_first_step(tmp_path):

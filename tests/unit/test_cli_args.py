@@ -97,7 +97,7 @@ def test_malformed_orch_toml_exits_2_naming_the_file_without_a_traceback(orch):
 
 
 @pytest.mark.parametrize("toml,message", [
-    ("[policy]\nmax_attempts = 'three'\n", "policy.max_attempts must be int"),
+    ("[policy]\nmax_attempts = 'three'\n", "policy.max_attempts must be an integer 1..1000, got 'three'"),
     ("[policy]\nauto_requeue = ['crash', 'bogus']\n", "unknown classes ['bogus']"),
     ("[runs]\nroot = 'relative/path'\n", "runs.root must be an absolute path"),
     ("policy = 3\n", "[policy] must be a table"),

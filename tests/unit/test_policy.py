@@ -13,6 +13,7 @@ from orchestrator.lifecycle import JobState
 from orchestrator.models import Attempt, Job
 from orchestrator.plan import RetryPlan
 from orchestrator.policy import command_for, decide
+from orchestrator.protocol import FailureClass
 
 
 def job_with(run_dir: Path, history: list[tuple[str, bool]], *, max_attempts: int = 3,
@@ -28,6 +29,14 @@ def job_with(run_dir: Path, history: list[tuple[str, bool]], *, max_attempts: in
               command=command or ["bash", "-c", "true"], resources=resources or {}, overrides=overrides or {},
               outputs=[], max_attempts=max_attempts, attempts=attempts)
     return job, attempts[-1]
+
+
+def job_stepped(run_dir: Path, history: list[tuple[str, int | None]], **kw: object) -> tuple[Job, Attempt]:
+    """A job whose attempts ended with ``history`` [(class, newest checkpoint step the policy recorded)]."""
+    job, last = job_with(run_dir, [(cls, False) for cls, _ in history], **kw)  # type: ignore[arg-type]
+    for a, (_cls, step) in zip(job.attempts[:-1], history, strict=False):
+        a.action = RetryPlan.make("resume", details={"checkpoint_step": step})
+    return job, last
 
 
 def current(cls: str) -> tuple[str, bool]:
@@ -46,12 +55,100 @@ def test_uncounted_classes_that_made_progress_never_consume_max_attempts(cfg, tm
     assert d.plan.auto is True  # requeued by reconcile itself
 
 
-@pytest.mark.parametrize("cls", ["preempted", "timeout", "node_fail"])
-def test_uncounted_class_ending_at_the_same_step_as_the_last_attempt_counts(cfg, tmp_path, cls):
-    # A time limit shorter than start-up would otherwise loop forever at the same step for free.
-    job, a = job_with(tmp_path, [(cls, False), current(cls)], max_attempts=1)
-    d = decide(cfg, job, a, cls, 0, None)  # attempt 1 also ended at step 0
-    assert d.counted is True and d.state is JobState.FAILED
+@pytest.mark.parametrize("cls", ["preempted", "node_fail"])
+def test_preemptions_never_count_even_without_progress_they_back_off_instead(cfg, tmp_path, cls):
+    # Issue 16: preempted 3 times at the same step with --max-attempts 2 ended failed, "2 of 2 attempts
+    # used", though the README's policy table says preemptions never count.
+    cfg.crash_backoff_s, cfg.backoff_cap_s = 10.0, 35.0
+    _ckpts(tmp_path, [5])
+    backoffs = []
+    for n in range(1, 6):
+        job, a = job_stepped(tmp_path, [(cls, 5)] * (n - 1) + [(cls, None)], max_attempts=1)
+        d = decide(cfg, job, a, cls, 7, None)
+        assert (d.state, d.counted, d.plan.auto) == (JobState.RETRYABLE_FAILED, False, True), n
+        assert d.plan.details_dict["checkpoint_step"] == 5
+        backoffs.append(d.plan.details_dict.get("backoff_s"))
+        assert (d.plan.not_before is None) == (backoffs[-1] is None)
+    # 1: no earlier attempt to compare with; 2: none since attempt 1 ... growing, capped at backoff_cap_s
+    assert backoffs == [None, 10.0, 20.0, 35.0, 35.0]
+
+
+def test_a_preemption_after_progress_resumes_at_once(cfg, tmp_path):
+    cfg.crash_backoff_s = 10.0
+    _ckpts(tmp_path, [10])
+    job, a = job_stepped(tmp_path, [("preempted", 5), ("preempted", 5), ("preempted", None)], max_attempts=1)
+    d = decide(cfg, job, a, "preempted", 12, None)
+    assert (d.counted, d.plan.not_before, d.plan.details_dict.get("backoff_s")) == (False, None, None)
+
+
+def test_preemptions_are_uncounted_whatever_policy_uncounted_says(cfg, tmp_path):
+    cfg.uncounted = frozenset()
+    for cls in ("preempted", "node_fail"):
+        job, a = job_with(tmp_path, [current(cls)], max_attempts=1)
+        assert decide(cfg, job, a, cls, None, None).counted is False, cls
+
+
+@pytest.mark.parametrize("cls", ["timeout", "crash", "hang", "oom", "killed"])
+def test_own_failures_without_a_newer_checkpoint_over_n_attempts_end_no_progress(cfg, tmp_path, cls):
+    # A 1 s time limit at step 0 used to loop for free (then counted); now the no-progress guard ends it.
+    cfg.no_progress_attempts = 3
+    res = {"mem_mb": 1024}
+    _ckpts(tmp_path, [5])
+    job, a = job_stepped(tmp_path, [(cls, 5), (cls, None)], max_attempts=100, resources=res)
+    assert decide(cfg, job, a, cls, 5, None).state is JobState.RETRYABLE_FAILED  # 1 attempt without progress
+    # attempt 1 ended at 5 (progress from nothing); attempts 2, 3 and 4 ended at 5 again
+    job, a = job_stepped(tmp_path, [(cls, 5), (cls, 5), (cls, 5), (cls, None)], max_attempts=100, resources=res)
+    d = decide(cfg, job, a, cls, 5, None)
+    assert (d.state, d.cls, d.plan.action) == (JobState.FAILED, FailureClass.NO_PROGRESS, "give_up")
+    assert d.plan.why == "no_progress: the newest checkpoint stayed at step 5 over the last 3 attempts " \
+                         "(policy.no_progress_attempts = 3)"
+
+
+def test_no_progress_counts_from_nothing_on_the_first_attempts(cfg, tmp_path):
+    cfg.no_progress_attempts = 3
+    job, a = job_stepped(tmp_path, [("timeout", None), ("timeout", None), ("timeout", None)], max_attempts=2)
+    d = decide(cfg, job, a, "timeout", 0, None)
+    assert (d.state, d.cls, d.counted) == (JobState.FAILED, FailureClass.NO_PROGRESS, False)
+    assert "the newest checkpoint stayed none over the last 3 attempts" in d.plan.why
+
+
+def test_a_newer_checkpoint_or_another_class_resets_the_no_progress_count(cfg, tmp_path):
+    cfg.no_progress_attempts = 3
+    _ckpts(tmp_path, [10])
+    job, a = job_stepped(tmp_path, [("timeout", 5), ("timeout", 5), ("timeout", None)], max_attempts=9)
+    assert decide(cfg, job, a, "timeout", 10, None).state is JobState.RETRYABLE_FAILED  # 5 -> 10
+    job, a = job_stepped(tmp_path, [("timeout", 10), ("nan", 10), ("timeout", 10), ("timeout", None)], max_attempts=9)
+    assert decide(cfg, job, a, "timeout", 10, None).state is JobState.RETRYABLE_FAILED  # the nan rollback breaks it
+    # preemptions in between neither count nor break it
+    job, a = job_stepped(tmp_path, [("timeout", 10), ("timeout", 10), ("preempted", 10), ("timeout", 10),
+                                    ("timeout", None)], max_attempts=9)
+    assert decide(cfg, job, a, "timeout", 10, None).cls is FailureClass.NO_PROGRESS
+    cfg.no_progress_attempts = 0  # off
+    assert decide(cfg, job, a, "timeout", 10, None).state is JobState.RETRYABLE_FAILED
+
+
+def test_attempts_recorded_before_the_checkpoint_step_was_kept_never_prove_no_progress(cfg, tmp_path):
+    job, a = job_with(tmp_path, [("timeout", False)] * 5 + [current("timeout")], max_attempts=1)
+    assert decide(cfg, job, a, "timeout", 0, None).state is JobState.RETRYABLE_FAILED
+
+
+def test_input_missing_backs_off_uncounted_and_is_invalid_only_after_n_in_a_row(cfg, tmp_path):
+    # Issue 16: a data file missing for a moment (NFS) at the start of a resume made the job failed for good.
+    cfg.crash_backoff_s, cfg.input_missing_attempts = 10.0, 3
+    for n, want in ((1, 10.0), (2, 20.0)):
+        job, a = job_stepped(tmp_path, [("input_missing", None)] * (n - 1) + [("input_missing", None)], max_attempts=1)
+        d = decide(cfg, job, a, "input_missing", None, None)
+        assert (d.state, d.counted, d.plan.auto, d.cls) == (JobState.RETRYABLE_FAILED, False, True, None), n
+        assert d.plan.details_dict["backoff_s"] == want and d.plan.not_before is not None
+    job, a = job_stepped(tmp_path, [("input_missing", None)] * 3, max_attempts=1)
+    d = decide(cfg, job, a, "input_missing", None, None)
+    assert (d.state, d.cls, d.plan.action) == (JobState.FAILED, FailureClass.INVALID, "give_up")
+    assert d.plan.why == "invalid: an input was missing at start on 3 consecutive attempts " \
+                         "(policy.input_missing_attempts = 3)"
+    # an attempt that ran in between starts the count again
+    job, a = job_stepped(tmp_path, [("input_missing", None), ("input_missing", None), ("preempted", None),
+                                    ("input_missing", None)], max_attempts=1)
+    assert decide(cfg, job, a, "input_missing", None, None).state is JobState.RETRYABLE_FAILED
 
 
 @pytest.mark.parametrize("cls", ["crash", "unknown", "marker_missing", "marker_corrupt"])
@@ -171,7 +268,7 @@ def test_oom_doubles_memory(cfg, tmp_path):
     d = decide(cfg, job, a, "oom", None, None)
     assert d.state is JobState.RETRYABLE_FAILED and d.plan.auto
     assert d.plan.resources_dict == {"mem_mb": 8192}
-    assert (d.plan.action, d.plan.details_dict) == ("more_memory", {"mem_mb_before": 4096})
+    assert (d.plan.action, d.plan.details_dict) == ("more_memory", {"mem_mb_before": 4096, "checkpoint_step": None})
 
 
 def test_oom_memory_is_capped_then_gives_up_at_the_cap(cfg, tmp_path):

@@ -542,3 +542,44 @@ def test_show_names_each_restart_with_its_class_and_step() -> None:
     history = [{"restart": 1, "class": "preempted", "step": 1358}, {"restart": 2, "class": "timeout", "step": None}]
     assert _restarts_note(history) == " (preempted at step 1358, timeout)"
     assert _restarts_note([]) == ""
+
+
+def test_the_done_marker_fsyncs_every_artifact_its_dirs_the_marker_tmp_and_the_run_dir_in_order(tmp_path,
+                                                                                              monkeypatch):
+    """Issue 16 (mutation discipline): removing any one fsync of write_done_marker left every test passing.
+    A recording shim around os.fsync/os.replace sees which path is made durable at which commit point:
+    (1) each artifact's bytes and (2) its directory entry before the marker exists, (3) the marker's tmp
+    file before its rename, (4) the run dir after the rename (the marker's own directory entry)."""
+    run = tmp_path / "run"
+    (run / "result" / "sub").mkdir(parents=True)
+    (run / "result" / "a.bin").write_bytes(b"a" * 100)
+    (run / "result" / "sub" / "b.bin").write_bytes(b"b" * 100)
+    events: list[tuple[str, str]] = []
+    real_fsync, real_replace = os.fsync, os.replace
+
+    def fsync(fd: int) -> None:
+        events.append(("fsync", os.readlink(f"/proc/self/fd/{fd}")))
+        real_fsync(fd)
+
+    def replace(src, dst, **kw):  # noqa: ANN001, ANN202
+        events.append(("replace", f"{src} -> {dst}"))
+        return real_replace(src, dst, **kw)
+
+    monkeypatch.setattr(os, "fsync", fsync)
+    monkeypatch.setattr(os, "replace", replace)
+    protocol.write_done_marker(run, "j", 1, ["result/sub/b.bin", "result/a.bin"])
+    monkeypatch.undo()
+    assert protocol.verify_done_marker(run).verified
+
+    def at(kind: str, pred) -> int:  # noqa: ANN001
+        hits = [i for i, (k, what) in enumerate(events) if k == kind and pred(what)]
+        assert len(hits) == 1, (kind, events)
+        return hits[0]
+
+    rename = at("replace", lambda w: w.endswith(f" -> {run / protocol.DONE_MARKER}"))
+    tmp = at("fsync", lambda w: Path(w).name.startswith(f"{protocol.DONE_MARKER}.tmp-"))
+    for artifact in ("result/a.bin", "result/sub/b.bin"):
+        assert at("fsync", lambda w, a=artifact: w == str(run / a)) < tmp, (artifact, events)
+    for d in ("result", "result/sub"):
+        assert at("fsync", lambda w, d=d: w == str(run / d)) < tmp, (d, events)
+    assert tmp < rename < at("fsync", lambda w: w == str(run)), events
