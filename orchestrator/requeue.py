@@ -85,9 +85,10 @@ class RequeueResult:
 def _targets(db: Database, target: RequeueTarget) -> list[str]:
     with db.read() as s:
         if target.names is not None:
-            # Unknown names fail before anything happens; a sweep's name means its tasks that ended
-            # without a verified marker.
-            return expand_names(s, list(target.names), skip=(J.DONE, J.PENDING, J.SUBMITTED, J.RUNNING))
+            # Unknown names fail before anything happens; a sweep's name means its tasks that ended, the
+            # done ones too: their markers are verified again, as a named job's is (a damaged output of a
+            # done task was never noticed by `orch requeue SWEEP`).
+            return expand_names(s, list(target.names), skip=(J.PENDING, J.SUBMITTED, J.RUNNING))
         q = select(Job.name).where(Job.state == J.RETRYABLE_FAILED)
         if target.auto_only:
             # In SQL: every reconcile pass runs this, and verifying a marker hashes every artifact.
@@ -221,6 +222,9 @@ def _requeue_one(db: Database, cfg: Config, name: str, target: RequeueTarget, dr
     check_run_dir(cfg, run_dir)
     verification = protocol.verify_done_marker(run_dir)
     if verification.verified:
+        if state is J.DONE and name not in (target.names or ()):
+            # a done task of a named sweep, still verified: nothing to do, and nothing refused
+            return RequeueResult(name, "skipped", "verified: its done marker still verifies")
         if state is J.DONE:
             return RequeueResult(name, "refused", "verified: done_marker_verified jobs are never rerun")
         if not dry_run:
