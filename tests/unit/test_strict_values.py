@@ -155,3 +155,15 @@ def test_show_text_escapes_control_characters():
 
     assert printable("ok \u00e9") == "ok \u00e9"
     assert printable("a\x1b[2Jb\r\n\x9b\x07") == "a\\x1b[2Jb\\r\\n\\x9b\\x07"
+
+
+def test_status_flags_ignore_extreme_heartbeat_fields(tmp_path: Path):
+    """A running job's heartbeat of time -1e308 flagged it hung, and 1e308 tok/s was shown as measured."""
+    from orchestrator.config import Config
+    from orchestrator.statusview import _progress_flags
+
+    protocol.write_progress(tmp_path, 1, step=5, time=-1e308, tokens_per_s=1e308)
+    cfg = Config(home=tmp_path, runs_root=tmp_path, trash=tmp_path, db_url="")
+    row: dict = {"flags": []}
+    _progress_flags(cfg, tmp_path, 1, row)
+    assert (row["step"], row["tokens_per_s"], row["flags"]) == (5, None, [])
