@@ -76,6 +76,8 @@ def parse_grid(axes: list[str]) -> list[dict[str, Any]]:
         values.append(vals.split(","))
         for v in values[-1]:
             _check_value(v, f"--grid {key}")
+    # the largest ORCH_SWEEP_PARAMS any task gets: each axis's longest value (as JSON) together
+    _check_set({k: max(vs, key=lambda v: len(json.dumps(v))) for k, vs in zip(keys, values, strict=True)}, "--grid")
     sets = [dict(zip(keys, combo, strict=True)) for combo in product(*values)]
     if len(sets) > MAX_TASKS:
         raise UsageError(f"--grid makes {len(sets)} tasks; at most {MAX_TASKS}")

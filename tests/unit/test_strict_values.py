@@ -54,6 +54,12 @@ def test_an_argument_set_too_large_for_one_environment_string_is_refused():
         load_params(json.dumps(row) + "\n", "f")
 
 
+def test_a_grid_whose_largest_set_is_too_large_for_one_environment_string_is_refused():
+    axes = [f"k{i}=a," + "y" * 20_000 for i in range(7)]
+    with pytest.raises(UsageError, match="--grid: the argument set is .* ORCH_SWEEP_PARAMS"):
+        parse_grid(axes)
+
+
 def test_values_at_the_limit_are_accepted():
     assert load_params(json.dumps({"x": "y" * 60_000}) + "\n", "f") == [{"x": "y" * 60_000}]
 
