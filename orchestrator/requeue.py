@@ -104,7 +104,8 @@ def requeue(db: Database, cfg: Config, target: RequeueTarget, dry_run: bool = Fa
     live = _LiveScan()
     for name in _targets(db, target):
         try:
-            results.append(_requeue_one(db, cfg, name, target, dry_run, live))
+            if (result := _requeue_one(db, cfg, name, target, dry_run, live)) is not None:
+                results.append(result)
         except IllegalTransition:
             results.append(RequeueResult(name, "skipped", "another process requeued or changed it first"))
         except Refused as e:
@@ -207,7 +208,8 @@ def _hold(db: Database, name: str, reason: str) -> None:
 
 
 def _requeue_one(db: Database, cfg: Config, name: str, target: RequeueTarget, dry_run: bool,
-                 live: _LiveScan) -> RequeueResult:
+                 live: _LiveScan) -> RequeueResult | None:
+    """Requeue one job; None for a done task of a named sweep whose marker still verifies."""
     with db.read() as s:
         job = get_job(s, name)
         state, run_dir, outputs = job.state, Path(job.run_dir), list(job.outputs)
@@ -223,8 +225,7 @@ def _requeue_one(db: Database, cfg: Config, name: str, target: RequeueTarget, dr
     verification = protocol.verify_done_marker(run_dir)
     if verification.verified:
         if state is J.DONE and name not in (target.names or ()):
-            # a done task of a named sweep, still verified: nothing to do, and nothing refused
-            return RequeueResult(name, "skipped", "verified: its done marker still verifies")
+            return None  # a done task of a named sweep, still verified: nothing to do, nothing to say
         if state is J.DONE:
             return RequeueResult(name, "refused", "verified: done_marker_verified jobs are never rerun")
         if not dry_run:

@@ -189,9 +189,11 @@ def submit_sweep(db: Database, cfg: Config, req: SweepRequest) -> Sweep:
         check_run_dir(cfg, run_dir)
         if protocol.verify_done_marker(run_dir).verified:
             recorded = protocol.last_attempt_command(run_dir)
-            if diff := (command_difference(cmd, recorded) or params_difference(params, run_dir, recorded)):
-                raise Refused(f"refused: {n}: {run_dir} holds a verified result of another command or "
-                              f"argument set ({diff}); "
+            if diff := command_difference(cmd, recorded):
+                raise Refused(f"refused: {n}: {run_dir} holds a verified result of another command ({diff}); "
+                              "use another sweep name, or move that run dir away")
+            if diff := params_difference(params, run_dir, recorded):
+                raise Refused(f"refused: {n}: {run_dir} holds a verified result of another argument set ({diff}); "
                               "use another sweep name, or move that run dir away")
             verified.add(n)  # a finished task of an earlier sweep (a lost DB): recorded done, never rerun
         else:
