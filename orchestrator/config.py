@@ -116,6 +116,12 @@ def load_config(home: Path | None = None) -> Config:
                                                          or ":memory:" in url):
         raise UsageError("ORCH_DB_URL names no SQLite file (in-memory or empty): the job table would vanish at "
                          "exit; name a file, e.g. sqlite:////home/me/orch.db")
+    if url is not None and url.startswith("sqlite") and "///" in url:
+        # sqlite:///relative.db made a DB in whatever directory orch happened to run from: one job table per cwd.
+        rel = url.split("///", 1)[1].split("?", 1)[0]
+        if rel and not rel.startswith("/"):
+            raise UsageError(f"ORCH_DB_URL names a relative SQLite path {rel[:200]!r}: it would depend on the "
+                             "current directory; use an absolute one, e.g. sqlite:////home/me/orch.db")
     cfg = Config(home=home, runs_root=home / "runs", trash=home / "trash",
                  db_url=os.environ.get("ORCH_DB_URL") or f"sqlite:///{home / 'orch.db'}")
     path = home / "orch.toml"

@@ -293,10 +293,14 @@ def _prepare(cfg: Config, spec: SubmitSpec, plan: Any, outputs: list[str], backe
         # failure.json would classify this new attempt (an old "invalid" failed it for good).
         moved += move_to_trash(cfg, run_dir, [f"{protocol.ATTEMPTS_DIR}/{spec.attempt}"], spec.job)
     spec.attempt_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
-    protocol.atomic_write_json(spec.attempt_dir / protocol.COMMAND_FILE, {
-        "argv": list(spec.command), "overrides": _loads(spec.env.get(protocol.ENV_OVERRIDES)),
-        "backend": backend_name, "token": spec.token, "resources": resources_dict(spec.resources),
-        "at": protocol.now_iso()})
+    record = {"argv": list(spec.command), "overrides": _loads(spec.env.get(protocol.ENV_OVERRIDES)),
+              "backend": backend_name, "token": spec.token, "resources": resources_dict(spec.resources),
+              "at": protocol.now_iso()}
+    if ENV_SWEEP_PARAMS in spec.env:
+        # A sweep resubmitted after a lost DB adopts this task's verified result only for the same argument
+        # set: a program reading ORCH_SWEEP_PARAMS (no {key} in argv) ran the same argv for other parameters.
+        record["sweep_params"] = _loads(spec.env[ENV_SWEEP_PARAMS])
+    protocol.atomic_write_json(spec.attempt_dir / protocol.COMMAND_FILE, record)
     testhooks.site("after_attempt_row")
     return moved
 

@@ -21,6 +21,7 @@ from typing import Any
 from orchestrator import protocol
 from orchestrator.db import Database
 from orchestrator.jobs import get_job
+from orchestrator.progressvalues import plausible
 from orchestrator.protocol import FailureClass
 
 MARK_KINDS = ("resume", "rollback", "preemption", "failure")
@@ -41,7 +42,8 @@ def loss_curve(db: Database, name: str) -> dict[str, Any]:
     earlier: list[Point] = []  # every point of the attempts before, in order
     prev_action = None
     for n, cls, failure_step, action in attempts:
-        records = [r for r in protocol.read_progress_history(run_dir, n) if "step" in r]
+        # plausible(): a job's loss of 1e308 made the plot's axis 2e308 wide (LinAlgError, exit 1)
+        records = [r for r in map(plausible, protocol.read_progress_history(run_dir, n)) if "step" in r]
         runs = _split_at_restarts(records)
         if n > 1 and (prev_action is not None or runs):
             step = _resume_step(prev_action, runs)

@@ -13,6 +13,7 @@ must never fail or restart a healthy job (SkyPilot #10155).
 
 from __future__ import annotations
 
+import contextlib
 import os
 import time
 from collections.abc import Callable
@@ -195,20 +196,42 @@ def _hung(cfg: Config, ref: AttemptRef) -> bool:
     """No heartbeat progress for hang_timeout_s. Jobs that never write a heartbeat are not judged."""
     if not protocol.read_progress(ref.run_dir, ref.attempt):
         return False
-    try:
-        # When the heartbeat was last written, by the file's mtime: the filesystem's clock, not the "time"
-        # the job writes. A node whose clock ran 60 s behind had a healthy job stopped as hung on every
-        # attempt until it failed for good, and a heartbeat without "time" was never judged (hostile test).
-        beat = os.lstat(ref.attempt_dir / protocol.PROGRESS_FILE).st_mtime
-    except OSError:
+    now = time.time()
+    # When the heartbeat was last written, by the file's mtime: the filesystem's clock, not the "time"
+    # the job writes. A node whose clock ran 60 s behind had a healthy job stopped as hung on every
+    # attempt until it failed for good, and a heartbeat without "time" was never judged (hostile test).
+    beat = _seen_at(ref.attempt_dir / protocol.PROGRESS_FILE, now)
+    if beat is None:
         return False
+    # A Slurm in-place requeue restarts the wrapper (rewriting wrapper.json) long after the last
+    # heartbeat of the previous run: count from the later of the two.
+    started = _seen_at(ref.attempt_dir / protocol.WRAPPER_FILE, now) or 0.0
+    return now - max(beat, started) > cfg.hang_timeout_s
+
+
+FUTURE_SKEW_S = 60.0  # an mtime this far ahead of our clock is a clock error (or a forgery), not news
+
+
+def _seen_at(path: Path, now: float) -> float | None:
+    """The time ``path`` was last written, for judging a hang; None when it cannot be read.
+
+    A heartbeat dated in the future (a node clock ahead, `touch -d`) counted as fresh for ever, so a hung
+    job was never stopped. Such an mtime is re-dated to ``now``, the first pass that saw it: the file
+    itself keeps when orch first saw that heartbeat, with no DB column and nothing beside it. A job that
+    still writes puts a new (future) mtime there, which the next pass re-dates again: it stays fresh, as it
+    should; a job that stopped writing keeps the re-dated time and is judged hung hang_timeout_s later. A
+    rename racing the re-dating only dates a just-written heartbeat to now: still fresh. If the time cannot
+    be set, ``now`` is used for this pass (fresh), as before the re-dating existed.
+    """
     try:
-        # A Slurm in-place requeue restarts the wrapper (rewriting wrapper.json) long after the last
-        # heartbeat of the previous run: count from the later of the two.
-        started = (ref.attempt_dir / protocol.WRAPPER_FILE).stat().st_mtime
+        mtime = os.lstat(path).st_mtime
     except OSError:
-        started = 0.0
-    return time.time() - max(beat, started) > cfg.hang_timeout_s
+        return None
+    if mtime <= now + FUTURE_SKEW_S:
+        return mtime
+    with contextlib.suppress(OSError):
+        os.utime(path, (now, now), follow_symlinks=False)
+    return now
 
 
 # ------------------------------------------------------------------------------------------

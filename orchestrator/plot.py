@@ -7,6 +7,7 @@ nothing else in the picture, so a person (and a test reading the PNG back) can f
 
 from __future__ import annotations
 
+import contextlib
 import os
 from pathlib import Path
 from typing import Any
@@ -76,6 +77,9 @@ def draw(curve: dict[str, Any], path: Path, width_px: int = 1000, height_px: int
         os.replace(tmp, path)
     except ValueError as e:  # an image format matplotlib does not know
         raise UsageError(f"cannot write {path.name}: {e}") from None
+    except OSError as e:  # `-o /proc/x.png` ended in a FileNotFoundError traceback (exit 1): a usage error
+        raise UsageError(f"cannot write {str(path)[:200]}: {e.strerror or e}") from None
     finally:
-        tmp.unlink(missing_ok=True)
+        with contextlib.suppress(OSError):
+            tmp.unlink(missing_ok=True)
     return path

@@ -8,6 +8,7 @@ snapshot to a view. No click, no terminal library: the renderers live in ``orche
 
 from __future__ import annotations
 
+import math
 import threading
 from collections import deque
 from collections.abc import Callable
@@ -19,8 +20,10 @@ from orchestrator.config import Config
 from orchestrator.db import Database
 from orchestrator.jobs import get_job
 from orchestrator.lifecycle import JOB_SETTLED, JobState
+from orchestrator.progressvalues import plausible
 
 VERIFIED = JobState.DONE.value
+CLOCK_MAX_S = 999 * 86400  # an ETA beyond this shows as ">999d"
 RATE_WINDOW_S = 120.0  # the ETA follows the recent speed, not the average since step 0
 
 
@@ -57,7 +60,7 @@ def snapshot(db: Database, name: str) -> Snapshot:
         a_state = last.state.value if last else None
         restarts = sum(a.restarts or 0 for a in job.attempts)
     settled = state in JOB_SETTLED and not (state is JobState.RETRYABLE_FAILED and auto)
-    p = (protocol.read_progress(run_dir, n) if n else None) or {}
+    p = plausible(protocol.read_progress(run_dir, n) if n else None)  # a job's 1e308 is dropped, field by field
     return Snapshot(name=name, state=state.value, attempt=n, attempt_state=a_state, restarts=restarts,
                     settled=settled, step=p.get("step"), max_steps=p.get("max_steps"), loss=p.get("loss"),
                     tokens_per_s=p.get("tokens_per_s"), tokens_per_step=p.get("tokens_per_step"),
@@ -94,9 +97,10 @@ class RateMeter:
                 rate = (s1 - s0) / (t1 - t0)
         if rate is None and snap.tokens_per_s and snap.tokens_per_step:
             rate = snap.tokens_per_s / snap.tokens_per_step
-        if not rate:
+        if not rate or not math.isfinite(rate):
             return None
-        return max(0, snap.max_steps - snap.step) / rate
+        eta = max(0, snap.max_steps - snap.step) / rate
+        return eta if math.isfinite(eta) else None
 
 
 class View:
@@ -196,7 +200,10 @@ def human(x: float) -> str:
 
 
 def clock(seconds: float) -> str:
-    s = int(round(seconds))
+    # An ETA of inf seconds (a job's extreme heartbeat) made round() raise OverflowError: watch exited 1.
+    if not math.isfinite(seconds) or seconds >= CLOCK_MAX_S:
+        return f">{CLOCK_MAX_S // 86400}d"
+    s = int(round(max(0.0, seconds)))
     if s >= 100 * 3600:
         return f"{s // 86400}d"
     return f"{s // 3600}:{s % 3600 // 60:02d}:{s % 60:02d}"

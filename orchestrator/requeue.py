@@ -85,9 +85,10 @@ class RequeueResult:
 def _targets(db: Database, target: RequeueTarget) -> list[str]:
     with db.read() as s:
         if target.names is not None:
-            # Unknown names fail before anything happens; a sweep's name means its tasks that ended
-            # without a verified marker.
-            return expand_names(s, list(target.names), skip=(J.DONE, J.PENDING, J.SUBMITTED, J.RUNNING))
+            # Unknown names fail before anything happens; a sweep's name means its tasks that ended, the
+            # done ones too: their markers are verified again, as a named job's is (a damaged output of a
+            # done task was never noticed by `orch requeue SWEEP`).
+            return expand_names(s, list(target.names), skip=(J.PENDING, J.SUBMITTED, J.RUNNING))
         q = select(Job.name).where(Job.state == J.RETRYABLE_FAILED)
         if target.auto_only:
             # In SQL: every reconcile pass runs this, and verifying a marker hashes every artifact.
@@ -103,7 +104,8 @@ def requeue(db: Database, cfg: Config, target: RequeueTarget, dry_run: bool = Fa
     live = _LiveScan()
     for name in _targets(db, target):
         try:
-            results.append(_requeue_one(db, cfg, name, target, dry_run, live))
+            if (result := _requeue_one(db, cfg, name, target, dry_run, live)) is not None:
+                results.append(result)
         except IllegalTransition:
             results.append(RequeueResult(name, "skipped", "another process requeued or changed it first"))
         except Refused as e:
@@ -206,7 +208,8 @@ def _hold(db: Database, name: str, reason: str) -> None:
 
 
 def _requeue_one(db: Database, cfg: Config, name: str, target: RequeueTarget, dry_run: bool,
-                 live: _LiveScan) -> RequeueResult:
+                 live: _LiveScan) -> RequeueResult | None:
+    """Requeue one job; None for a done task of a named sweep whose marker still verifies."""
     with db.read() as s:
         job = get_job(s, name)
         state, run_dir, outputs = job.state, Path(job.run_dir), list(job.outputs)
@@ -221,6 +224,8 @@ def _requeue_one(db: Database, cfg: Config, name: str, target: RequeueTarget, dr
     check_run_dir(cfg, run_dir)
     verification = protocol.verify_done_marker(run_dir)
     if verification.verified:
+        if state is J.DONE and name not in (target.names or ()):
+            return None  # a done task of a named sweep, still verified: nothing to do, nothing to say
         if state is J.DONE:
             return RequeueResult(name, "refused", "verified: done_marker_verified jobs are never rerun")
         if not dry_run:

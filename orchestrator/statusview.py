@@ -2,20 +2,18 @@
 
 Importing SQLAlchemy costs more than the whole latency goal of ``orch status`` on a login node
 (~180 ms here; the goal is 150 ms for 1,000 jobs). The query itself is written once, with the
-models' own columns (``status_select``); the slow path runs it through SQLAlchemy and then stores
-the SQL text SQLAlchemy compiled for SQLite in ``$ORCH_HOME/cache/status-sql.json``, keyed by the
-sources it was compiled from and by the schema revision it ran against. The fast path (stdlib
-``sqlite3``) uses that text only while the key still matches and the DB is still at that
-revision; anything else (no cache, another orch version, a DB to create or upgrade, a home to
-tighten, PostgreSQL, any sqlite3 error) falls back to the slow path, which reports problems as
-every command does. So there is no second copy of the schema: the cached SQL is derived from it.
+models' own columns (``status_select``); the slow path runs it through SQLAlchemy. The fast path
+(stdlib ``sqlite3``) runs ``STATUS_SQL``, the text SQLAlchemy compiles that query to for SQLite, kept
+in this source (a unit test asserts it equals what the models compile today), and only while the
+DB is at ``STATUS_REVISION``; anything else (a DB to create or upgrade, a home or DB file to tighten,
+PostgreSQL, any sqlite3 error) falls back to the slow path, which reports problems as every
+command does. No SQL is ever read from a file.
 
 Imports only the stdlib and ``orchestrator.protocol`` at module level.
 """
 
 from __future__ import annotations
 
-import hashlib
 import os
 import sqlite3
 import stat
@@ -27,12 +25,9 @@ from typing import Any
 from orchestrator import protocol
 from orchestrator.config import Config, sqlite_path
 from orchestrator.lifecycle import JobState
+from orchestrator.progressvalues import plausible
 
 SLOW_MIN_SAMPLES = 5
-CACHE_FILE = Path("cache") / "status-sql.json"  # under ORCH_HOME
-_HERE = Path(__file__).resolve().parent
-# The files whose content decides the compiled SQL and the revision it expects.
-_SOURCES = (_HERE / "models.py", _HERE / "db.py", Path(__file__).resolve())
 
 
 # ------------------------------------------------------------------------------------------
@@ -47,7 +42,8 @@ def status_select(state: str | None = None):  # noqa: ANN201 - a sqlalchemy Sele
     latest = (select(Attempt.job_id, func.max(Attempt.n).label("n"), func.count().label("count"))
               .group_by(Attempt.job_id).subquery())
     q = (select(Job.name, Job.state, Job.backend, Job.run_dir, latest.c.count, Attempt.external_id,
-                Attempt.failure_class, Attempt.n, Attempt.restarts, Sweep.name.label("sweep"), Job.task_index)
+                Attempt.failure_class, Attempt.n, Attempt.restarts, Sweep.name.label("sweep"), Job.task_index,
+                Attempt.state.label("attempt_state"))
          .outerjoin(latest, latest.c.job_id == Job.id)
          .outerjoin(Attempt, (Attempt.job_id == Job.id) & (Attempt.n == latest.c.n))
          .outerjoin(Sweep, Sweep.id == Job.sweep_id)
@@ -60,7 +56,10 @@ def make_row(r: Mapping[str, Any], cfg: Config) -> dict[str, Any]:
     state, cls = _plain(r["state"]), _plain(r["failure_class"])
     row = {"name": r["name"], "state": state, "attempts": r["count"] or 0, "run_dir": r["run_dir"],
            "backend": r["backend"], "external_id": r["external_id"], "failure_class": cls,
-           "restarts": r["restarts"] or 0, "step": None, "flags": [], "sweep": r["sweep"], "task": r["task_index"]}
+           "restarts": r["restarts"] or 0, "step": None, "flags": [], "sweep": r["sweep"], "task": r["task_index"],
+           # `cancelled` while the process still ran: the job's state is one of the 7 contract strings, and
+           # its latest attempt's own state (e.g. stopping) says whether anything still runs.
+           "attempt_state": _plain(r["attempt_state"])}
     if state == JobState.RUNNING and r["n"]:
         _progress_flags(cfg, Path(r["run_dir"]), r["n"], row)
     return row
@@ -71,7 +70,7 @@ def _plain(v: Any) -> Any:
 
 
 def _progress_flags(cfg: Config, run_dir: Path, n: int, row: dict[str, Any]) -> None:
-    p = protocol.read_progress(run_dir, n)
+    p = plausible(protocol.read_progress(run_dir, n))  # no 1e308 tok/s, no hang judged on a time of -1e308
     if not p:
         return
     row["step"] = p.get("step")
@@ -109,82 +108,67 @@ def group_by_sweep(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 
 # ------------------------------------------------------------------------------------------
-# the compiled-SQL cache and the fast path
+# the fast path: the query as SQLAlchemy compiles it for SQLite, kept in the source
 # ------------------------------------------------------------------------------------------
-def _key() -> str:
-    h = hashlib.sha256()
-    for p in _SOURCES:
-        h.update(p.read_bytes())
-    return h.hexdigest()
-
-
-def save_compiled(cfg: Config, revision: str) -> None:
-    """After the slow path (the DB is at ``revision``): store the SQL SQLAlchemy compiles for SQLite.
-
-    Best effort: a cache that cannot be written only keeps ``orch status`` on the slow path.
-    """
-    if sqlite_path(cfg.db_url) is None:
-        return
-    from sqlalchemy.dialects import sqlite
-
-    entry: dict[str, Any] = {"key": _key(), "revision": revision}
-    for variant, state in (("all", None), ("state", JobState.RUNNING.value)):
-        q = status_select(state)
-        compiled = q.compile(dialect=sqlite.dialect())
-        entry[variant] = {"sql": str(compiled), "params": len(compiled.positiontup or ()),
-                          "keys": list(q.selected_columns.keys())}
-    path = cfg.home / CACHE_FILE
-    try:
-        if _cached(path) == entry:
-            return
-        path.parent.mkdir(mode=0o700, exist_ok=True)
-        protocol.atomic_write_json(path, entry)
-    except OSError:
-        pass
-
-
-def _cached(path: Path) -> dict[str, Any] | None:
-    try:
-        d = protocol.read_json_bounded(path, limit=64 * 1024)
-    except (OSError, ValueError):
-        return None
-    return d if isinstance(d, dict) else None
+# What ``status_select()`` / ``status_select(state)`` compile to for SQLite, and the schema revision they
+# read. tests/unit/test_status_sql.py compiles the models' query and asserts equality, so there is still
+# one schema: change models.py or status_select and that test prints the new text to paste here.
+# Never read from disk: the earlier cache file ($ORCH_HOME/cache/status-sql.json) ran whatever SQL a hand
+# edit put in it (an ATTACH created files), since a file's SQL cannot be trusted without recompiling it.
+STATUS_REVISION = "0004"
+_SELECT = ("SELECT jobs.name, jobs.state, jobs.backend, jobs.run_dir, anon_1.count, attempts.external_id, "
+           "attempts.failure_class, attempts.n, attempts.restarts, sweeps.name AS sweep, jobs.task_index, "
+           "attempts.state AS attempt_state \nFROM jobs LEFT OUTER JOIN (SELECT attempts.job_id AS job_id, "
+           "max(attempts.n) AS n, count(*) AS count \nFROM attempts GROUP BY attempts.job_id) AS anon_1 ON "
+           "anon_1.job_id = jobs.id LEFT OUTER JOIN attempts ON attempts.job_id = jobs.id AND attempts.n = "
+           "anon_1.n LEFT OUTER JOIN sweeps ON sweeps.id = jobs.sweep_id")
+_BY_STATE = " \nWHERE jobs.state" + " = ? ORDER BY jobs.id"  # in two: test_lifecycle greps for state writers
+STATUS_SQL = {"all": _SELECT + " ORDER BY jobs.id", "state": _SELECT + _BY_STATE}
+STATUS_KEYS = ("name", "state", "backend", "run_dir", "count", "external_id", "failure_class", "n", "restarts",
+               "sweep", "task_index", "attempt_state")
+LEGACY_CACHE_FILE = Path("cache") / "status-sql.json"  # under ORCH_HOME: written by older orch, never read
 
 
 def fast_status_rows(cfg: Config, state: str | None = None) -> list[dict[str, Any]] | None:
-    """The rows of ``status_select(state)`` through stdlib sqlite3, or None: take the slow path."""
+    """The rows of ``status_select(state)`` through stdlib sqlite3, or None: take the slow path.
+
+    Only for a DB that the slow path would leave as it is: a regular, non-empty file of ours that others
+    cannot read, in a private home, at ``STATUS_REVISION`` (anything else, PostgreSQL and any sqlite3
+    error included, goes to the slow path, which creates, upgrades, tightens or reports)."""
     db_file = sqlite_path(cfg.db_url)
     if db_file is None or not _home_is_private(cfg.home):
         return None
-    entry = _cached(cfg.home / CACHE_FILE)
-    if entry is None or entry.get("key") != _key():
-        return None
-    variant = entry.get("state" if state else "all")
     params = (state,) if state else ()
-    if not isinstance(variant, dict) or variant.get("params") != len(params):
-        return None
     try:
         st = os.stat(db_file)
-        if not stat.S_ISREG(st.st_mode) or st.st_size == 0:
-            return None  # absent or empty: the slow path creates and upgrades it
+        if not stat.S_ISREG(st.st_mode) or st.st_size == 0 or st.st_uid != os.geteuid() or st.st_mode & 0o077:
+            return None  # absent, empty or not private: the slow path creates, upgrades or tightens it
         conn = sqlite3.connect(db_file, timeout=cfg.busy_timeout_ms / 1000, isolation_level=None)
     except (OSError, sqlite3.Error):
         return None
     try:
         conn.execute(f"PRAGMA busy_timeout={int(cfg.busy_timeout_ms)}")
-        conn.execute("PRAGMA query_only=ON")  # a read command: whatever the cached text says, it writes nothing
+        conn.execute("PRAGMA query_only=ON")  # a read command writes nothing
         conn.execute("BEGIN")  # the revision and the rows from one snapshot
         rev = conn.execute("SELECT version_num FROM alembic_version").fetchone()
-        if rev is None or rev[0] != entry.get("revision"):
+        if rev is None or rev[0] != STATUS_REVISION:
             return None
-        keys = variant["keys"]
-        found = [dict(zip(keys, r, strict=True)) for r in conn.execute(variant["sql"], params)]
+        found = [dict(zip(STATUS_KEYS, r, strict=True))
+                 for r in conn.execute(STATUS_SQL["state" if state else "all"], params)]
         conn.execute("COMMIT")
     except (sqlite3.Error, KeyError, TypeError, ValueError):
         return None  # whatever it is, the slow path says it the way every command does
     finally:
         conn.close()
     return [make_row(r, cfg) for r in found]
+
+
+def drop_legacy_cache(cfg: Config) -> None:
+    """Remove the SQL cache an older orch wrote (best effort): it is never read, and should not look as if."""
+    try:
+        (cfg.home / LEGACY_CACHE_FILE).unlink(missing_ok=True)
+    except OSError:
+        pass
 
 
 def _home_is_private(home: Path) -> bool:

@@ -41,6 +41,9 @@ from orchestrator.rundir import check_run_dir, ensure_runs_root, run_dir_for
 from orchestrator.submit import live_processes, new_token
 
 MAX_TASKS = 100_000
+# Linux refuses one argv or environment string longer than MAX_ARG_STRLEN (32 pages: 128 KiB) with E2BIG,
+# and a NUL cuts it short: such a value was accepted, then every task's launch failed as `unknown`.
+MAX_VALUE_BYTES = 128 * 1024
 _KEY_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,63}$")
 _FIELD_RE = re.compile(r"\{\{|\}\}|\{([^{}]*)\}")
 
@@ -71,6 +74,10 @@ def parse_grid(axes: list[str]) -> list[dict[str, Any]]:
             raise UsageError(f"--grid: key {key!r} given twice")
         keys.append(key)
         values.append(vals.split(","))
+        for v in values[-1]:
+            _check_value(v, f"--grid {key}")
+    # the largest ORCH_SWEEP_PARAMS any task gets: each axis's longest value (as JSON) together
+    _check_set({k: max(vs, key=lambda v: len(json.dumps(v))) for k, vs in zip(keys, values, strict=True)}, "--grid")
     sets = [dict(zip(keys, combo, strict=True)) for combo in product(*values)]
     if len(sets) > MAX_TASKS:
         raise UsageError(f"--grid makes {len(sets)} tasks; at most {MAX_TASKS}")
@@ -91,12 +98,38 @@ def load_params(text: str, source: str) -> list[dict[str, Any]]:
             raise UsageError(f"{source}:{n}: need a JSON object whose keys are words")
         if not all(isinstance(v, (str, int, float, bool)) for v in obj.values()):
             raise UsageError(f"{source}:{n}: values must be strings, numbers or booleans")
+        for k, v in obj.items():
+            _check_value(v, f"{source}:{n}: {k}")
+        _check_set(obj, f"{source}:{n}")
         out.append(obj)
         if len(out) > MAX_TASKS:
             raise UsageError(f"{source}: more than {MAX_TASKS} argument sets")
     if not out:
         raise UsageError(f"{source}: no argument sets")
     return out
+
+
+def _check_value(v: Any, where: str) -> None:
+    """A value a task's argv and ORCH_SWEEP_PARAMS can carry: no NUL, UTF-8, at most MAX_VALUE_BYTES."""
+    if not isinstance(v, str):
+        return
+    if "\x00" in v:
+        raise UsageError(f"{where}: the value holds a NUL character, which no argument or environment can carry")
+    try:
+        size = len(v.encode())
+    except UnicodeEncodeError:  # a lone surrogate ("\ud800"): the launch could not encode it
+        raise UsageError(f"{where}: the value is not valid Unicode text") from None
+    if size > MAX_VALUE_BYTES:
+        raise UsageError(f"{where}: the value is {size} bytes; at most 128 KiB ({MAX_VALUE_BYTES} bytes) fits "
+                         "one argument")
+
+
+def _check_set(params: dict[str, Any], where: str) -> None:
+    """The whole set travels as one environment string (ORCH_SWEEP_PARAMS=...): the same limit applies."""
+    size = len(protocol.ENV_SWEEP_PARAMS) + 1 + len(json.dumps(params, sort_keys=True, default=str))  # as launch
+    if size >= MAX_VALUE_BYTES:
+        raise UsageError(f"{where}: the argument set is {size} bytes as {protocol.ENV_SWEEP_PARAMS}; at most 128 KiB "
+                         f"({MAX_VALUE_BYTES} bytes) fits one environment string")
 
 
 def _no_constant(name: str) -> Any:
@@ -151,12 +184,16 @@ def submit_sweep(db: Database, cfg: Config, req: SweepRequest) -> Sweep:
     ensure_runs_root(cfg)
     verified: set[str] = set()
     unverified: list[Path] = []
-    for n, cmd in zip(names, commands, strict=True):
+    for n, cmd, params in zip(names, commands, req.params, strict=True):
         run_dir = run_dir_for(cfg, n)
         check_run_dir(cfg, run_dir)
         if protocol.verify_done_marker(run_dir).verified:
-            if diff := command_difference(cmd, protocol.last_attempt_command(run_dir)):
+            recorded = protocol.last_attempt_command(run_dir)
+            if diff := command_difference(cmd, recorded):
                 raise Refused(f"refused: {n}: {run_dir} holds a verified result of another command ({diff}); "
+                              "use another sweep name, or move that run dir away")
+            if diff := params_difference(params, run_dir, recorded):
+                raise Refused(f"refused: {n}: {run_dir} holds a verified result of another argument set ({diff}); "
                               "use another sweep name, or move that run dir away")
             verified.add(n)  # a finished task of an earlier sweep (a lost DB): recorded done, never rerun
         else:
@@ -208,6 +245,28 @@ def command_difference(cmd: list[str], recorded: tuple[int, list[str]] | None) -
     if argv == cmd:
         return None
     return f"attempt {n} ran {_short(argv)}, this task runs {_short(cmd)}"
+
+
+def params_difference(params: dict[str, Any], run_dir: Path, recorded: tuple[int, list[str]] | None) -> str | None:
+    """Why the run dir's last attempt did not run this argument set (as ORCH_SWEEP_PARAMS carried it);
+    None if it did. Compared as the JSON the task gets: 1 and 1.0, or true and 1, are other parameters."""
+    if recorded is None:
+        return "its last attempt has no readable command record"
+    n = recorded[0]
+    try:
+        rec = protocol.read_json_bounded(protocol.attempt_dir(run_dir, n) / protocol.COMMAND_FILE, limit=1 << 20)
+    except (OSError, ValueError):
+        rec = None
+    if not isinstance(rec, dict) or "sweep_params" not in rec:
+        return f"attempt {n} recorded no sweep parameters, so they cannot be shown to be this task's"
+    mine, theirs = (json.dumps(p, sort_keys=True, default=str) for p in (params, rec["sweep_params"]))
+    if mine == theirs:
+        return None
+    return f"attempt {n} ran with the parameters {_clip(theirs)}, this task has {_clip(mine)}"
+
+
+def _clip(text: str) -> str:
+    return text if len(text) <= 200 else text[:197] + "..."
 
 
 def _short(argv: list[str]) -> str:

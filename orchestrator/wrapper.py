@@ -77,7 +77,9 @@ def write_outputs_marker(run_dir: Path, job: str, attempt: int, patterns: list[s
     for pat in patterns:
         for hit in glob.glob(pat, root_dir=run_dir, recursive=True):
             p = run_dir / hit
-            if p.is_file() and not p.is_symlink():
+            # A late backstop behind the parse-time refusal: a glob of a job submitted before it (`**`)
+            # listed attempts/<n>/exit.reserve, which changes after the marker: marker_corrupt for ever.
+            if p.is_file() and not p.is_symlink() and not protocol.is_orch_owned(os.path.normpath(hit)):
                 rels.add(os.path.normpath(hit))
     if not rels:
         return f"--outputs {patterns} matched no file"

@@ -31,6 +31,26 @@ EXIT_BROKEN_PIPE = 128 + 13  # SIGPIPE's: what `seq 9 | head -1` reports under p
 class OrchGroup(click.Group):
     """Maps domain errors to exit codes with one line on stderr; no tracebacks for users."""
 
+    def main(self, *args: Any, **kwargs: Any) -> Any:
+        """The console script's entry: stdout is flushed here, inside the handler, so a reader that went
+        away is exit 141 wherever it shows (`orch --help | true` exited 1 through click's own EPIPE
+        handling, and output still buffered at exit surfaced only in the interpreter's final flush)."""
+        try:
+            rv = super().main(*args, **kwargs)
+        except SystemExit as e:
+            _flush_stdout(e.code)
+            raise
+        _flush_stdout(0)
+        return rv
+
+    def make_context(self, *args: Any, **kwargs: Any) -> click.Context:
+        # `orch --help` / `orch --version` print while the top-level arguments are parsed, outside invoke.
+        try:
+            return super().make_context(*args, **kwargs)
+        except BrokenPipeError:
+            _quiet_stdout()
+            raise click.exceptions.Exit(EXIT_BROKEN_PIPE) from None
+
     def invoke(self, ctx: click.Context) -> Any:
         from orchestrator.errors import OrchError
 
@@ -61,6 +81,45 @@ class OrchGroup(click.Group):
 def _one_line(msg: str) -> str:
     msg = " ".join(msg.split())
     return msg if msg.isprintable() else msg.encode("unicode_escape").decode()
+
+
+def _flush_stdout(code: Any) -> None:
+    """Flush what is still buffered for stdout; a reader that went away is exit 141.
+
+    Three ways it shows: click met EPIPE itself (it swaps in a wrapper that pacifies flushes and
+    exits 1); the flush raises; or nothing raises at all, because CPython's buffered writer reports a
+    large write that the kernel took only in part before EPIPE as complete (`orch status --tasks |
+    head -1` exited 0): for a pipe, poll says POLLERR once its reader has closed. The last is asked only
+    of a command that would exit 0; one that already failed keeps its own code.
+    """
+    if type(sys.stdout).__name__ == "_PacifyFlushWrapper":  # click met EPIPE and chose exit 1
+        sys.exit(EXIT_BROKEN_PIPE)
+    try:
+        sys.stdout.flush()
+    except BrokenPipeError:
+        _quiet_stdout()
+        sys.exit(EXIT_BROKEN_PIPE)
+    except (OSError, ValueError, AttributeError):  # stdout closed or absent: nothing more to say
+        return
+    if code in (0, None) and _reader_gone():
+        _quiet_stdout()
+        sys.exit(EXIT_BROKEN_PIPE)
+
+
+def _reader_gone() -> bool:
+    """Whether stdout is a pipe (or FIFO) whose every reader has closed it."""
+    import select
+    import stat
+
+    try:
+        fd = sys.stdout.fileno()
+        if not stat.S_ISFIFO(os.fstat(fd).st_mode):
+            return False
+        poller = select.poll()
+        poller.register(fd, select.POLLOUT)
+        return any(ev & select.POLLERR for _fd, ev in poller.poll(0))
+    except (OSError, ValueError, AttributeError):
+        return False
 
 
 def _quiet_stdout() -> None:

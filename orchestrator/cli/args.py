@@ -89,7 +89,29 @@ def _outputs_cb(_ctx: click.Context, _param: click.Parameter, value: tuple[str, 
         if first in (".", layout.ATTEMPTS_DIR, layout.CHECKPOINTS_DIR) or os.path.normpath(g) == layout.DONE_MARKER:
             raise click.BadParameter(f"{g!r} names the run dir itself or orch's own files; name result files",
                                      param_hint="--outputs")
+        # `--outputs '**'` (or '**/*', '[a]ttempts/**', '*') listed attempts/1/exit.reserve, so every
+        # attempt ended marker_corrupt: the glob is tried, by glob itself, on a sample of orch's files.
+        if hit := orch_owned_match(g):
+            raise click.BadParameter(f"{g!r} matches orch's own {hit}; name result files only (e.g. 'out/**', "
+                                     "'*.pt')", param_hint="--outputs")
     return value
+
+
+def orch_owned_match(pattern: str) -> str | None:
+    """The first of orch's own run-dir files (``layout.ORCH_OWNED_SAMPLES``) that ``pattern`` matches,
+    found with the very call the job wrapper lists outputs with (recursive ``**``, ``*`` not crossing
+    ``/``, hidden names only for a pattern that names a dot); None when it matches none."""
+    import glob
+    import tempfile
+
+    with tempfile.TemporaryDirectory(prefix="orch-outputs-") as tmp:
+        root = Path(tmp)
+        for rel in layout.ORCH_OWNED_SAMPLES:
+            (root / rel).parent.mkdir(parents=True, exist_ok=True)
+            (root / rel).touch()
+        hits = sorted(os.path.normpath(h) for h in glob.glob(pattern, root_dir=root, recursive=True)
+                      if (root / h).is_file())
+    return hits[0] if hits else None
 
 
 def _plain_cb(_ctx: click.Context, param: click.Parameter, value: str | None) -> str | None:

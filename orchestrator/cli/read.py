@@ -35,23 +35,28 @@ def status(state: str | None, tasks: bool, as_json: bool) -> None:
         return
     cols = [("NAME", "name"), ("STATE", "state"), ("ATT", "attempts"), ("BACKEND", "backend"),
             ("JOB ID", "external_id"), ("STEP", "step"), ("CLASS", "failure_class"), ("FLAGS", "flags")]
-    table = [[h for h, _ in cols]] + [[_cell(r.get(k)) for _, k in cols] for r in rows]
+    table = [[h for h, _ in cols]] + [[_cell(_state_cell(r) if k == "state" else r.get(k)) for _, k in cols]
+                                      for r in rows]
     widths = [max(len(row[i]) for row in table) for i in range(len(cols))]
     # one write: click.echo per row cost ~20 ms for 1,000 jobs (it checks the stream on every call)
     click.echo("\n".join("  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)).rstrip() for row in table))
 
 
 def _status_slow_path(state: str | None) -> list[dict[str, Any]]:
-    """Through SQLAlchemy (creates or upgrades the DB, tightens ORCH_HOME, names any problem); then
-    stores the compiled query so that the next ``orch status`` can take the fast path."""
-    from orchestrator.db import SCHEMA_HEAD
-    from orchestrator.statusview import save_compiled
+    """Through SQLAlchemy (creates or upgrades the DB, tightens ORCH_HOME, names any problem), after
+    which the next ``orch status`` can take the fast path."""
+    from orchestrator.statusview import drop_legacy_cache
     from orchestrator.views import status_rows
 
     cfg, db = _ctx()
     rows = status_rows(db, cfg, state)
-    save_compiled(cfg, SCHEMA_HEAD)
+    drop_legacy_cache(cfg)
     return rows
+
+
+def _state_cell(r: dict[str, Any]) -> str:
+    """The job's state, and ``(stopping)`` while its latest attempt was asked to stop and may still run."""
+    return r["state"] + (" (stopping)" if r.get("attempt_state") == "stopping" else "")
 
 
 def _cell(v: Any) -> str:
@@ -76,40 +81,55 @@ def show(name: str, as_json: bool) -> None:
         if as_json:
             _emit(sw)
             return
-        click.echo(f"{sw['name']}: sweep of {sw['tasks']} tasks on {sw['backend']}"
+        _say(f"{sw['name']}: sweep of {sw['tasks']} tasks on {sw['backend']}"
                    + (f", at most {sw['throttle']} at once" if sw["throttle"] else ""))
-        click.echo("  " + ", ".join(f"{n} {st}" for st, n in sw["states"].items()))
+        _say("  " + ", ".join(f"{n} {st}" for st, n in sw["states"].items()))
         for t in sw["task_list"]:
-            click.echo(f"  {t['name']}: {t['state']}  {json.dumps(sw['params'][t['task']], sort_keys=True)}")
+            _say(f"  {t['name']}: {t['state']}  {json.dumps(sw['params'][t['task']], sort_keys=True)}")
         return
     d = _show(db, name)
     if as_json:
         _emit(d)
         return
-    click.echo(f"{d['name']}: {d['state']}  backend={d['backend']}  run_dir={d['run_dir']}")
-    click.echo(f"  command: {' '.join(d['command'])}")
+    _say(f"{d['name']}: {d['state']}  backend={d['backend']}  run_dir={d['run_dir']}")
+    _say(f"  command: {' '.join(d['command'])}")
     if d.get("last_step") is not None:
-        click.echo(f"  last step: {d['last_step']}")
+        _say(f"  last step: {d['last_step']}")
     if d.get("held"):
-        click.echo(f"  {d['held']}")
+        _say(f"  {d['held']}")
     if d.get("overrides"):
-        click.echo(f"  overrides for the next attempt: {json.dumps(d['overrides'], sort_keys=True)}")
+        _say(f"  overrides for the next attempt: {json.dumps(d['overrides'], sort_keys=True)}")
     for a in d["attempts"]:
         fields = [f"id={_cell(a['external_id'])}", f"class={_cell(a['failure_class'])}",
                   f"step={_cell(a['failure_step'])}", f"exit={_cell(a['exit_code'])}",
                   f"restarts={a['restarts']}" + _restarts_note(a.get("restart_history") or [])]
-        click.echo(f"  attempt {a['n']}: {a['state']}  " + "  ".join(fields))
+        _say(f"  attempt {a['n']}: {a['state']}  " + "  ".join(fields))
         if a.get("detail"):
-            click.echo(f"    detail: {a['detail']}")
+            _say(f"    detail: {a['detail']}")
         if a.get("stop_reason") and a["state"] == "stopping":
-            click.echo(f"    stopping since {a['stop_requested_at']} ({a['stop_reason']})")
+            _say(f"    stopping since {a['stop_requested_at']} ({a['stop_reason']})")
         if a.get("action"):
             act = {k: v for k, v in a["action"].items() if v not in (None, "", [], {}, False)}
-            click.echo(f"    action: {json.dumps(act, sort_keys=True)}")
+            _say(f"    action: {json.dumps(act, sort_keys=True)}")
     if d.get("foreign_checkpoint_files"):
-        click.echo(f"  left in place (not orch's): checkpoints/{', checkpoints/'.join(d['foreign_checkpoint_files'])}")
+        _say(f"  left in place (not orch's): checkpoints/{', checkpoints/'.join(d['foreign_checkpoint_files'])}")
     for problem in d.get("problems") or []:
-        click.echo(f"  problem: {problem}")
+        _say(f"  problem: {problem}")
+
+
+def _say(line: str) -> None:
+    """One line of ``orch show``'s text, job-written parts included (failure.json's detail, exit.json's
+    fields, the backend's state): every non-printable character escaped. A detail holding ESC [2J
+    cleared the reader's terminal, and a CR overwrote the line before it."""
+    click.echo(printable(line))
+
+
+def printable(text: str) -> str:
+    """``text`` with each non-printable character (control characters, C1 codes such as U+009B, newlines)
+    written as its Python escape, so it shows as text and never acts on a terminal."""
+    if text.isprintable():
+        return text
+    return "".join(c if c.isprintable() else repr(c)[1:-1] for c in text)
 
 
 @main.command()
@@ -132,7 +152,7 @@ def verify(target: str) -> None:
     else:
         run_dir = _run_dir_of(target)
     v = verify_done_marker(run_dir)
-    click.echo(str(v))
+    click.echo(printable(str(v)))  # its reasons quote done.json, which the job wrote
     sys.exit(0 if v.verified else EXIT_NOT_VERIFIED)
 
 

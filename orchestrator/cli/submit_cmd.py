@@ -12,7 +12,9 @@ from orchestrator.cli.args import _absolute_program, _default_name, _name_cb, jo
 from orchestrator.cli.watch_cmd import EXIT_INTERRUPTED, follow_job
 
 
-@main.command(context_settings={"ignore_unknown_options": True, "allow_interspersed_args": False})
+# No ignore_unknown_options: a misspelt orch option (--max-atempts) before the command used to become part
+# of the command (exit 0); the first positional still ends orch's options, `--` or not.
+@main.command(context_settings={"allow_interspersed_args": False})
 @click.option("--name", callback=_name_cb, help="Job name (letters, digits, . _ -); default from the command.")
 @job_options
 @click.option("--wait", is_flag=True, help="Wait for the job to end (runs reconcile passes meanwhile).")

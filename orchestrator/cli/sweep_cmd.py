@@ -10,7 +10,9 @@ from orchestrator.cli.app import _ctx, _emit, main
 from orchestrator.cli.args import _absolute_program, _name_cb, job_options, job_settings
 
 
-@main.command(context_settings={"ignore_unknown_options": True, "allow_interspersed_args": False})
+# No ignore_unknown_options: a misspelt orch option (--max-atempts) before the command used to become part
+# of the command (exit 0); the first positional still ends orch's options, `--` or not.
+@main.command(context_settings={"allow_interspersed_args": False})
 @click.option("--name", required=True, callback=_name_cb, help="Sweep name; task I is the job <name>.<I>.")
 @click.option("--grid", "grid", multiple=True, metavar="KEY=V1,V2,...",
               help="An axis of the grid (repeatable): every combination is one task.")

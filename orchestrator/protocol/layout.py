@@ -47,6 +47,26 @@ CHECKPOINT_RE = re.compile(r"^step-(\d{8})$")
 # checkpoints/ckpt.pt was trashed and the run restarted from step 0).
 OWN_CHECKPOINT_RE = re.compile(r"^step-\d{8}(?:$|\.tmp-|\.(?:corrupt|abandoned)-)")
 
+# What orch (its wrapper, its kit, the bundled trainer) writes in a run dir: never a result. An --outputs
+# glob matching any of it (`**` listed attempts/1/exit.reserve) made every attempt end marker_corrupt.
+ORCH_OWNED_TOP_DIRS = (ATTEMPTS_DIR, CHECKPOINTS_DIR, TENSORBOARD_DIR)
+ORCH_OWNED_TOP_FILES = (DONE_MARKER, RUN_CONFIG, FAULTS_FIRED)
+# One representative path of each kind, for testing a glob with glob's own semantics.
+ORCH_OWNED_SAMPLES = (DONE_MARKER, RUN_CONFIG, FAULTS_FIRED, f"{ATTEMPTS_DIR}/1/{EXIT_FILE}",
+                      f"{ATTEMPTS_DIR}/1/{EXIT_RESERVE}", f"{ATTEMPTS_DIR}/1/{COMMAND_FILE}",
+                      f"{CHECKPOINTS_DIR}/step-00000001/{MANIFEST}", f"{TENSORBOARD_DIR}/x")
+
+
+def is_orch_owned(rel: str) -> bool:
+    """Whether the run-dir-relative path ``rel`` names something orch owns (see ORCH_OWNED_SAMPLES), or a
+    temporary of one of its atomic writes (``.done.json.tmp-...``)."""
+    parts = [p for p in rel.split("/") if p not in ("", ".")]
+    if not parts:
+        return True  # the run dir itself
+    if parts[0] in ORCH_OWNED_TOP_DIRS or (len(parts) == 1 and parts[0] in ORCH_OWNED_TOP_FILES):
+        return True
+    return len(parts) == 1 and any(parts[0].startswith(f".{f}") for f in ORCH_OWNED_TOP_FILES)
+
 # --- environment a job command receives (contract) -----------------------------------------
 ENV_RUN_DIR = "ORCH_RUN_DIR"
 ENV_JOB_NAME = "ORCH_JOB_NAME"
