@@ -61,6 +61,7 @@ from typing import Any
 
 from orchestrator import protocol
 from orchestrator.integrations.submitit_runner import RESULT_FILE, SUBMISSION_DIR
+from orchestrator.settings import setting
 
 __all__ = ["OrchExecutor", "OrchJob"]
 
@@ -149,9 +150,13 @@ class OrchExecutor:
             raise ValueError(f"name={p['name']!r}: must be a non-empty string")
         if p.get("orch_name") is not None:
             protocol.validate_job_name(p["orch_name"])  # UnsafePath (a ValueError) names the rule
-        for key in ("orch_max_attempts", "orch_keep_last_k"):
-            if p.get(key) is not None:
-                _number(key, p[key], integer=True, minimum=1)
+        if p.get("orch_max_attempts") is not None:
+            # One schema with orch.toml and --max-attempts: only a minimum was checked here (10**12 passed).
+            problem = setting("policy.max_attempts").problem(p["orch_max_attempts"])
+            if problem is not None:
+                raise ValueError(f"orch_max_attempts={p['orch_max_attempts']!r}: {problem}")
+        if p.get("orch_keep_last_k") is not None:
+            _number("orch_keep_last_k", p["orch_keep_last_k"], integer=True, minimum=1)
         if self.backend == "slurm":
             # slurm_* parameters are ignored on the local backend, as submitit's AutoExecutor ignores another
             # cluster's: the same script runs locally for debugging.

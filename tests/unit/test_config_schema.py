@@ -94,3 +94,13 @@ def test_the_cli_option_and_orch_toml_share_the_bounds():
 def test_every_numeric_setting_is_a_known_key_of_its_table():
     for s in NUMERIC:
         assert s.key in KNOWN_KEYS[s.table], s.name
+
+
+@pytest.mark.parametrize("value", [0, 1001, 10**12, True])
+def test_the_submitit_executor_checks_orch_max_attempts_against_the_same_schema(value):
+    # orch_max_attempts=10**12 passed (only a minimum was checked) and reached the DB row.
+    from orchestrator.executor import OrchExecutor
+
+    with pytest.raises(ValueError) as e:
+        OrchExecutor(backend="local").update_parameters(orch_max_attempts=value)
+    assert str(e.value) == f"orch_max_attempts={value!r}: policy.max_attempts must be an integer 1..1000, got {value!r}"
