@@ -278,7 +278,9 @@ def _close_verified(db: Database, attempt_id: int, job_id: int) -> None:
 def _prepare(cfg: Config, spec: SubmitSpec, plan: Any, outputs: list[str], backend_name: str) -> list[str]:
     """Clear what the next attempt must not see, then write its command record."""
     run_dir = spec.run_dir
-    run_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
+    # 0o770 under the umask orch set from orch.toml: 0700, or 0750 with [runs] group_shared (a fixed 0o700
+    # made every run dir private although the README promised the group 0750: found by its first test).
+    run_dir.mkdir(mode=0o770, parents=True, exist_ok=True)
     check_run_dir(cfg, run_dir)  # again: it may have been created as a symlink meanwhile
     # A symlinked attempts/ or a glob through a symlinked dir would make orch write or move things
     # outside its runs root: refused, for this job only.
@@ -292,7 +294,7 @@ def _prepare(cfg: Config, spec: SubmitSpec, plan: Any, outputs: list[str], backe
         # attempts/<n>/ left by an earlier run of this name (fresh DB, same runs root): its
         # failure.json would classify this new attempt (an old "invalid" failed it for good).
         moved += move_to_trash(cfg, run_dir, [f"{protocol.ATTEMPTS_DIR}/{spec.attempt}"], spec.job)
-    spec.attempt_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
+    spec.attempt_dir.mkdir(mode=0o770, parents=True, exist_ok=True)
     record = {"argv": list(spec.command), "overrides": _loads(spec.env.get(protocol.ENV_OVERRIDES)),
               "backend": backend_name, "token": spec.token, "resources": resources_dict(spec.resources),
               "at": protocol.now_iso()}

@@ -38,7 +38,7 @@ def ensure_runs_root(cfg: Config) -> None:
     cannot be created, used to leave the job row ``pending`` for ever (issue 9)."""
     root = cfg.runs_root
     try:
-        root.mkdir(mode=0o700, parents=True, exist_ok=True)
+        root.mkdir(mode=0o770, parents=True, exist_ok=True)  # the umask decides: 0700, or 0750 when group_shared
         st = os.stat(root)
     except OSError as e:
         raise UsageError(f"runs root {root} is unusable: {e.strerror or e}") from None
