@@ -181,9 +181,10 @@ def test_a_submission_made_after_the_reclaimers_first_lookup_is_adopted_not_doub
         gate2.touch()
         out, err = rec.communicate(timeout=60)
         assert rec.returncode == 0, (out, err)
-        assert "found by token after its re-claim" in out, out
-        assert json.loads((run / "attempts" / "1" / "fence.json").read_text())["fence"] == 1
+        fence = json.loads((run / "attempts" / "1" / "fence.json").read_text())["fence"]
         _finish_and_check(orch, run, sampler)
+        assert "found by token after its re-claim" in out, out
+        assert fence == 1, "the fence file was not restored to the adopted launch's generation"
     finally:
         sampler.stop()
         if sub.poll() is None:
