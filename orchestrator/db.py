@@ -30,7 +30,7 @@ from orchestrator.config import sqlite_path as _sqlite_path
 from orchestrator.errors import DatabaseInterrupted, DatabaseProblem, Refused, UsageError
 
 SQLITE_APPLICATION_ID = 0x6F726368  # "orch" in the header of a DB file orch created
-SCHEMA_HEAD = "0004"  # a test checks this equals Alembic's head revision
+SCHEMA_HEAD = "0005"  # a test checks this equals Alembic's head revision
 MIGRATIONS = Path(__file__).resolve().parent / "migrations"
 # PostgreSQL advisory lock keys ("orch", "orcn"): schema upgrades of one DB; creators of job/sweep names.
 PG_MIGRATE_LOCK = 0x6F726368

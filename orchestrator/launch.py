@@ -7,6 +7,19 @@ the job; a launcher that died inside the backend call leaves a ``launching`` att
 expires, and the reconciler then asks the backend for the token before it launches again
 (``reconcile``): it submits only if the backend answered that it has no trace.
 
+Fencing, not timers (a launcher slowed by hashing a big checkpoint, or stopped with Ctrl-Z, outlived
+the grace and then submitted a second live copy beside the re-claimer's). Every claim and re-claim
+increments ``attempts.fence`` in the same compare-and-set UPDATE; the winner writes the generation to
+``attempts/<n>/fence.json`` and calls the backend only after re-checking, in the DB, that the attempt
+is still ``launching`` under its generation (else outcome ``lost_claim``). The job wrapper gets its
+generation (``--fence``) and runs the program only if the fence file still names it. A re-claimer
+looks the token up AGAIN after writing its fence: a submission the old launcher made meanwhile, whose
+wrapper may have read the old fence, is adopted (its id recorded, the fence file restored to its
+generation) instead of being joined by a second one. Residual: a wrapper of that adopted submission
+that read the NEW fence in that instant exits without running the program; the attempt then ends
+without an exit record and is retried — never two copies. A healthy launcher renews its claim while
+it prepares (``_ClaimKeeper``), so only a stopped or dead one loses it: the grace is a recovery delay.
+
 Every way a launch can fail ends the attempt with a reason, so no job is left ``pending`` for ever
 (issue 9): a refusal (a symlinked ``attempts/``, a scheduler that will never take the submission)
 fails it ``invalid``; a filesystem error (ENOSPC, a file where a directory must be) fails it as a
@@ -15,14 +28,18 @@ retryable class; only a transient scheduler error keeps the claim, for the recon
 
 from __future__ import annotations
 
+import dataclasses
 import errno
+import threading
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, NoReturn
 
+from sqlalchemy import update
+
 from orchestrator import protocol, testhooks
 from orchestrator.backends import get_backend
-from orchestrator.backends.base import Backend, BackendError, SubmitSpec
+from orchestrator.backends.base import AttemptRef, Backend, BackendError, SubmitSpec
 from orchestrator.config import Config
 from orchestrator.db import Database
 from orchestrator.errors import IllegalTransition, OrchError, Refused
@@ -63,24 +80,84 @@ class Launched:
 
     external_id: str | None = None
     moved: list[str] = field(default_factory=list)
-    outcome: str = "submitted"  # submitted | lost_claim | verified | stopped
+    outcome: str = "submitted"  # submitted | adopted | lost_claim | verified | stopped
+    detail: str = ""
 
 
-def _claim(db: Database, attempt_id: int, reclaim: bool) -> bool:
-    """pending -> launching (or, ``reclaim``, an expired launching claim -> a new one)."""
+def _claim(db: Database, attempt_id: int, reclaim: bool) -> int | None:
+    """pending -> launching (or, ``reclaim``, an expired launching claim -> a new one); the claim's
+    fencing generation, taken in the same compare-and-set UPDATE, or None when another has it."""
     now = utcnow()
     try:
         with db.write() as s:
             a = s.get(Attempt, attempt_id)
+            fence = (a.fence or 0) + 1
             if a.state is A.PENDING:
-                move_attempt(s, a, A.LAUNCHING, claimed_at=now)
+                move_attempt(s, a, A.LAUNCHING, where=Attempt.fence == a.fence, claimed_at=now, fence=fence)
             elif reclaim and a.state is A.LAUNCHING and claim_expired(a.claimed_at, now, launch_grace_s()):
-                move_attempt(s, a, A.LAUNCHING, where=Attempt.claimed_at == a.claimed_at, claimed_at=now)
+                move_attempt(s, a, A.LAUNCHING, where=Attempt.fence == a.fence, claimed_at=now, fence=fence)
             else:
-                return False
+                return None
     except IllegalTransition:
-        return False
-    return True
+        return None
+    return fence
+
+
+class _ClaimKeeper:
+    """Renews this launcher's claims (``claimed_at``, compare-and-set on the fence) from a small
+    thread while it prepares, so a healthy but slow launcher (hashing a multi-GB checkpoint) keeps
+    them; a stopped or dead one stops renewing and loses them after the launch grace."""
+
+    def __init__(self, db: Database) -> None:
+        self.db = db
+        self._claims: dict[int, int] = {}
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def __enter__(self) -> _ClaimKeeper:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    def add(self, attempt_id: int, fence: int) -> None:
+        with self._lock:
+            self._claims[attempt_id] = fence
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._loop, name="orch claim keeper", daemon=True)
+                self._thread.start()
+
+    def _loop(self) -> None:
+        interval = max(0.05, launch_grace_s() / 4)
+        while not self._stop.wait(interval):
+            self.renew()
+
+    def renew(self) -> None:
+        with self._lock:
+            claims = list(self._claims.items())
+        for attempt_id, fence in claims:
+            try:
+                held = renew_claim(self.db, attempt_id, fence)
+            except Exception:  # noqa: BLE001 - a busy DB now: the next renewal tries again
+                continue
+            if not held:
+                with self._lock:
+                    self._claims.pop(attempt_id, None)
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=60)
+
+
+def renew_claim(db: Database, attempt_id: int, fence: int) -> bool:
+    """claimed_at = now while the attempt is still ``launching`` under ``fence``; False once lost."""
+    with db.write() as s:
+        res = s.execute(update(Attempt).where(Attempt.id == attempt_id, Attempt.state == A.LAUNCHING,
+                                              Attempt.fence == fence)
+                        .values(claimed_at=utcnow()).execution_options(synchronize_session=False))
+        return res.rowcount == 1
 
 
 @dataclass
@@ -94,9 +171,13 @@ class _Ready:
     spec: SubmitSpec
     overrides: dict[str, Any]
     moved: list[str]
+    fence: int  # this launcher's claim generation
+    reclaimed: bool = False  # a re-claim of an expired launch: look the token up again before submitting
+    lookup_key: str = ""  # what that look-up asks for (the old group's token for a sweep task)
 
 
-def _ready(db: Database, cfg: Config, name: str, backend_name: str | None, reclaim: bool) -> _Ready | Launched:
+def _ready(db: Database, cfg: Config, name: str, backend_name: str | None, reclaim: bool,
+           keeper: _ClaimKeeper) -> _Ready | Launched:
     """Read, claim, check and prepare the job's pending attempt (``reclaim``: its expired launching one).
 
     Returns a Launched when there is nothing to submit (another launcher has it; the marker verifies).
@@ -119,8 +200,12 @@ def _ready(db: Database, cfg: Config, name: str, backend_name: str | None, recla
                           spot_url=cfg.spot_url, spot_interval_s=cfg.spot_interval_s)
         job_id, attempt_id, plan, outputs, env_id = job.id, a.id, a.plan, list(job.outputs), job.env_id
         backend_name = backend_name or job.backend
-    if not _claim(db, attempt_id, reclaim):
+        reclaimed, lookup_key = a.state is A.LAUNCHING, a.batch_token or a.token
+    fence = _claim(db, attempt_id, reclaim)
+    if fence is None:
         return Launched(outcome="lost_claim")  # another process is launching this attempt right now
+    keeper.add(attempt_id, fence)
+    spec = dataclasses.replace(spec, fence=fence)
     run_dir = spec.run_dir
     try:
         check_run_dir(cfg, run_dir)
@@ -136,7 +221,7 @@ def _ready(db: Database, cfg: Config, name: str, backend_name: str | None, recla
         _fail(db, cfg, attempt_id, cls, f"launch failed: {e}")
         raise OrchError(f"{name}: launch failed: {e.strerror or e}"
                         + (f": {e.filename}" if getattr(e, "filename", None) else "")) from None
-    return _Ready(name, job_id, attempt_id, env_id, spec, overrides, moved)
+    return _Ready(name, job_id, attempt_id, env_id, spec, overrides, moved, fence, reclaimed, lookup_key)
 
 
 def launch(db: Database, cfg: Config, name: str, backend: Backend | None = None, *,
@@ -147,21 +232,36 @@ def launch(db: Database, cfg: Config, name: str, backend: Backend | None = None,
     OrchError for a launch that failed (the attempt is ended with its class, or, for a transient
     scheduler error, left to the reconciler).
     """
-    r = _ready(db, cfg, name, backend.name if backend else None, reclaim)
-    if isinstance(r, Launched):
-        return r
-    if backend is None:
-        with db.read() as s:
-            backend = get_backend(s.get(Job, r.job_id).backend)
-    testhooks.site("before_backend_submit")
-    if _cancelled_meanwhile(db, r.attempt_id):
-        return Launched(moved=r.moved, outcome="stopped")  # orch cancel came first: start nothing
+    with _ClaimKeeper(db) as keeper:
+        r = _ready(db, cfg, name, backend.name if backend else None, reclaim, keeper)
+        if isinstance(r, Launched):
+            return r
+        if backend is None:
+            with db.read() as s:
+                backend = get_backend(s.get(Job, r.job_id).backend)
+        testhooks.site("before_backend_submit")
+        adopted = _adopt_if_submitted(db, backend, r) if r.reclaimed else None
+        if adopted is not None:
+            return adopted
+    lost = _check_claim(db, r.attempt_id, r.fence)
+    if lost is not None:
+        return Launched(moved=r.moved, outcome=lost)
+    testhooks.site("fence_checked")
     try:
         external_id = backend.submit(r.spec)
+
     except (BackendError, OSError) as e:
         _submission_failed(db, cfg, [r], e)
     testhooks.site("after_backend_submit")
-    stopped = record_submitted(db, r.attempt_id, external_id, r.overrides, backend=backend)
+    return _record_own(db, backend, r, external_id)
+
+
+def _record_own(db: Database, backend: Backend, r: _Ready, external_id: str) -> Launched:
+    """Record this launcher's submission, if its claim still stands (compare-and-set on its fence)."""
+    try:
+        stopped = record_submitted(db, r.attempt_id, external_id, r.overrides, backend=backend, fence=r.fence)
+    except LostClaim as e:
+        return Launched(external_id, r.moved, "lost_claim", str(e))
     return Launched(external_id, r.moved, "stopped" if stopped else "submitted")
 
 
@@ -176,23 +276,35 @@ def launch_group(db: Database, cfg: Config, names: list[str], backend: Backend, 
     """
     results: dict[str, Launched | OrchError] = {}
     ready: list[_Ready] = []
-    for name in names:
-        try:
-            r = _ready(db, cfg, name, backend.name, reclaim)
-        except OrchError as e:
-            results[name] = e
-            continue
-        if isinstance(r, Launched):
-            results[name] = r
-        else:
-            ready.append(r)
-    testhooks.site("before_backend_submit")
+    with _ClaimKeeper(db) as keeper:  # every member's claim is renewed until all are prepared
+        for name in names:
+            try:
+                r = _ready(db, cfg, name, backend.name, reclaim, keeper)
+            except OrchError as e:
+                results[name] = e
+                continue
+            if isinstance(r, Launched):
+                results[name] = r
+            else:
+                ready.append(r)
+        testhooks.site("before_backend_submit")
+        for r in list(ready):
+            try:
+                adopted = _adopt_if_submitted(db, backend, r) if r.reclaimed else None
+            except OrchError as e:
+                results[r.name], adopted = e, None
+                ready.remove(r)
+            if adopted is not None:
+                results[r.name] = adopted
+                ready.remove(r)
     groups: dict[tuple, list[_Ready]] = {}
     for r in ready:
-        if _cancelled_meanwhile(db, r.attempt_id):
-            results[r.name] = Launched(moved=r.moved, outcome="stopped")
+        lost = _check_claim(db, r.attempt_id, r.fence)
+        if lost is not None:
+            results[r.name] = Launched(moved=r.moved, outcome=lost)
         else:
             groups.setdefault((r.spec.resources, r.spec.warning_signal, r.env_id), []).append(r)
+    testhooks.site("fence_checked")
     for members in groups.values():
         batch = new_batch_token()
         members = [r for r in members if _mark_batch(db, r.attempt_id, batch)]
@@ -207,14 +319,63 @@ def launch_group(db: Database, cfg: Config, names: list[str], backend: Backend, 
             continue
         testhooks.site("after_backend_submit")
         for r in members:
-            stopped = record_submitted(db, r.attempt_id, ids[r.spec.token], r.overrides, backend=backend)
-            results[r.name] = Launched(ids[r.spec.token], r.moved, "stopped" if stopped else "submitted")
+            results[r.name] = _record_own(db, backend, r, ids[r.spec.token])
     return results
 
 
 def _mark_batch(db: Database, attempt_id: int, batch: str) -> bool:
     with db.write() as s:
         return set_attempt_fields(s, s.get(Attempt, attempt_id), A.LAUNCHING, batch_token=batch)
+
+
+class LostClaim(OrchError):
+    """This launcher's claim was taken over (it stopped or stalled past the launch grace)."""
+
+
+def _check_claim(db: Database, attempt_id: int, fence: int) -> str | None:
+    """Right before the backend call: None while the attempt is still ``launching`` under this
+    launcher's fence (the claim is renewed, and the generation noted as the one that may have called
+    the backend), else the outcome: ``stopped`` (orch cancel came first: closed unlaunched) or
+    ``lost_claim`` (a re-claimer has it: this launcher must not submit a second copy)."""
+    with db.write() as s:
+        a = s.get(Attempt, attempt_id)
+        if a.fence != fence:
+            return "lost_claim"
+        if a.state is A.STOPPING:  # a cancel that landed while this launcher prepared the run dir
+            move_attempt(s, a, A.CANCELLED, where=Attempt.fence == fence, failure_class=FailureClass.CANCELLED,
+                         detail="cancelled during its launch, before the backend call")
+            return "stopped"
+        res = s.execute(update(Attempt).where(Attempt.id == attempt_id, Attempt.state == A.LAUNCHING,
+                                              Attempt.fence == fence)
+                        .values(claimed_at=utcnow(), launched_fence=fence)
+                        .execution_options(synchronize_session=False))
+        return None if res.rowcount == 1 else "lost_claim"
+
+
+def _adopt_if_submitted(db: Database, backend: Backend, r: _Ready) -> Launched | None:
+    """A re-claim, after its new fence is on disk: look the token up AGAIN. The old launcher may have
+    submitted after the reconciler's first look-up found nothing, and its wrapper may have read the
+    old fence before the new one was written: that submission is adopted (its id recorded, the fence
+    file restored to its generation) instead of a second one being started beside it."""
+    key = r.lookup_key or r.spec.token
+    try:
+        found = backend.find_by_token([AttemptRef(None, key, r.spec.run_dir, r.spec.attempt)])
+    except BackendError as e:  # unknown is not "absent": the claim lapses and a later pass asks again
+        raise OrchError(f"{r.name}: cannot look its launch up again before submitting: {e}") from None
+    ext = found.get(key)
+    if ext is None:
+        return None
+    if key != r.spec.token and r.spec.task is not None:
+        ext = f"{ext}_{r.spec.task}"  # the old array's id + this task's index
+    with db.read() as s:
+        old = s.get(Attempt, r.attempt_id).launched_fence
+    try:
+        stopped = record_submitted(db, r.attempt_id, ext, backend=backend, fence=r.fence)
+    except LostClaim:
+        return Launched(ext, r.moved, "lost_claim")
+    if old is not None:
+        protocol.write_fence(r.spec.attempt_dir, r.spec.token, old)  # its wrapper runs (again, on a requeue)
+    return Launched(ext, r.moved, "stopped" if stopped else "adopted")
 
 
 def _submission_failed(db: Database, cfg: Config, members: list[_Ready], e: Exception) -> NoReturn:
@@ -250,18 +411,6 @@ def sweep_env(sweep: str, index: int, params: list[dict[str, Any]]) -> dict[str,
     """What a sweep task gets besides ORCH_*: its sweep, its index and its argument set (JSON)."""
     return {ENV_SWEEP: sweep, ENV_TASK_INDEX: str(index),
             ENV_SWEEP_PARAMS: _dumps(params[index] if 0 <= index < len(params) else {})}
-
-
-def _cancelled_meanwhile(db: Database, attempt_id: int) -> bool:
-    """A cancel that landed while this launcher prepared the run dir: close the attempt unlaunched.
-    (One that lands during the backend call itself is handled by ``record_submitted``.)"""
-    with db.write() as s:
-        a = s.get(Attempt, attempt_id)
-        if a.state is not A.STOPPING:
-            return False
-        move_attempt(s, a, A.CANCELLED, failure_class=FailureClass.CANCELLED,
-                     detail="cancelled during its launch, before the backend call")
-    return True
 
 
 def _close_verified(db: Database, attempt_id: int, job_id: int) -> None:
@@ -303,6 +452,8 @@ def _prepare(cfg: Config, spec: SubmitSpec, plan: Any, outputs: list[str], backe
         # set: a program reading ORCH_SWEEP_PARAMS (no {key} in argv) ran the same argv for other parameters.
         record["sweep_params"] = _loads(spec.env[ENV_SWEEP_PARAMS])
     protocol.atomic_write_json(spec.attempt_dir / protocol.COMMAND_FILE, record)
+    # After the claim, before the backend call: the wrapper runs the program only under this generation.
+    protocol.write_fence(spec.attempt_dir, spec.token, spec.fence)
     testhooks.site("after_attempt_row")
     return moved
 
@@ -327,27 +478,40 @@ def _fail(db: Database, cfg: Config, attempt_id: int, cls: FailureClass, detail:
 
 
 def record_submitted(db: Database, attempt_id: int, external_id: str, overrides: dict[str, Any] | None = None,
-                     *, backend: Backend | None = None) -> bool:
+                     *, backend: Backend | None = None, fence: int | None = None) -> bool:
     """launching -> submitted with the backend's id (job pending -> submitted).
 
     If ``orch cancel`` overtook the launch (the attempt is already ``stopping``), the id is recorded
     and the new job stopped at once; returns True then (issue 9: a cancel that landed during the
-    launch left the job running).
+    launch left the job running). ``fence``: only while the attempt is still under this launcher's
+    claim; raises LostClaim otherwise (a re-claimer's launch or adoption is the attempt's).
     """
+    orphan = None
     with db.write() as s:
         a = s.get(Attempt, attempt_id)
         job = s.get(Job, a.job_id)
-        if a.state is A.LAUNCHING:
+        backend_name = job.backend
+        if fence is not None and a.fence != fence:
+            lost = (f"lost its launch claim (generation {fence}, now {a.fence}) during the backend call; "
+                    f"its submission {external_id} runs nothing (its wrapper's fence is stale)")
+            if a.external_id in (None, external_id):
+                raise LostClaim(lost)  # the re-claimer may yet adopt it: left alone
+            orphan = attempt_ref(a, job, external_id)  # the attempt runs under another id: ours is dropped
+        elif a.state is A.LAUNCHING:
             extra = {"overrides": overrides} if overrides is not None else {}
-            move_attempt(s, a, A.SUBMITTED, external_id=external_id, submitted_at=utcnow(), **extra)
+            move_attempt(s, a, A.SUBMITTED, where=Attempt.fence == a.fence, external_id=external_id,
+                         submitted_at=utcnow(), **extra)
             if job.state is J.PENDING:
                 move_job(s, job, J.SUBMITTED, f"attempt {a.n} submitted as {external_id}")
             return False
-        if a.state is not A.STOPPING or a.external_id is not None:
+        elif a.state is not A.STOPPING or a.external_id is not None:
             return False
-        set_attempt_fields(s, a, A.STOPPING, external_id=external_id, submitted_at=utcnow())
-        ref = attempt_ref(a, job, external_id)
-        backend_name = job.backend
+        else:
+            set_attempt_fields(s, a, A.STOPPING, external_id=external_id, submitted_at=utcnow())
+            ref = attempt_ref(a, job, external_id)
+    if orphan is not None:
+        (backend or get_backend(backend_name)).cancel([orphan])
+        raise LostClaim(lost + "; it was cancelled")
     (backend or get_backend(backend_name)).cancel([ref])
     return True
 

@@ -133,6 +133,13 @@ class Attempt(Base):
     counted: Mapped[bool] = mapped_column(default=True)  # counts against --max-attempts
     restarts: Mapped[int] = mapped_column(default=0)  # Slurm in-place requeues
     claimed_at: Mapped[datetime | None] = mapped_column(default=None)  # a launcher's claim (launching)
+    # The fencing generation of that claim: +1 in the same compare-and-set as every (re-)claim. Only
+    # the launcher holding the current one may call the backend, and only a wrapper started with it
+    # runs the program (two live copies ran when a slow launcher outlived the launch grace).
+    fence: Mapped[int] = mapped_column(default=0, server_default="0")
+    # The generation whose launcher last passed its final check and so may have called the backend:
+    # what a re-claimer that finds that submission by token restores the fence file to.
+    launched_fence: Mapped[int | None] = mapped_column(default=None)
     # Set when the attempt was launched as one task of a group submission (a Slurm array): the
     # group's token, which names the array (orch-<batch_token>) and finds it again after a crash.
     batch_token: Mapped[str | None] = mapped_column(String(64), index=True, default=None)

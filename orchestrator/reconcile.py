@@ -24,6 +24,7 @@ from pathlib import Path
 from sqlalchemy import select, update
 from sqlalchemy.exc import IntegrityError
 
+from orchestrator import testhooks
 from orchestrator.backends import get_backend
 from orchestrator.backends.base import AttemptRef, Backend, BackendError
 from orchestrator.config import Config
@@ -145,6 +146,7 @@ def _settle_launches(db: Database, cfg: Config, backend: Callable[[str], Backend
             rep.errors.append(f"{backend_name}: {e}")
             rep.query_failures += 1
             continue
+        testhooks.site("tokens_looked_up")
         relaunch: dict[int | None, list[str]] = {}
         for r in rows:
             ext = found.get(r.batch_token or r.token)
@@ -188,6 +190,8 @@ def _note_launches(results: dict, rep: PassReport) -> None:
             rep.errors.append(str(res))
         elif res.outcome == "submitted":
             rep.changed.append({"name": name, "to": "submitted", "why": "launched"})
+        elif res.outcome == "adopted":
+            rep.changed.append({"name": name, "to": "submitted", "why": "found by token after its re-claim"})
 
 
 def _launch(db: Database, cfg: Config, name: str, b: Backend, rep: PassReport, *, reclaim: bool) -> None:
@@ -195,6 +199,8 @@ def _launch(db: Database, cfg: Config, name: str, b: Backend, rep: PassReport, *
         done = launch(db, cfg, name, b, reclaim=reclaim)
         if done.outcome == "submitted":
             rep.changed.append({"name": name, "to": "submitted", "why": "submission was lost"})
+        elif done.outcome == "adopted":  # the old launcher submitted after all, while this pass re-claimed
+            rep.changed.append({"name": name, "to": "submitted", "why": "found by token after its re-claim"})
     except DatabaseProblem:
         raise
     except OrchError as e:

@@ -24,7 +24,7 @@ from orchestrator.config import Config
 from orchestrator.db import Database
 from orchestrator.errors import AlreadyVerified, Refused
 from orchestrator.jobs import environment_id, get_job, names_taken
-from orchestrator.launch import launch
+from orchestrator.launch import Launched, launch
 from orchestrator.lifecycle import AttemptState, JobState
 from orchestrator.models import Attempt, Job
 from orchestrator.rundir import check_run_dir, ensure_runs_root, run_dir_for
@@ -38,6 +38,7 @@ class SubmitRequest:
     resources: dict[str, Any] = field(default_factory=dict)
     max_attempts: int = 3
     outputs: list[str] = field(default_factory=list)
+    launched: Launched | None = None  # what the launch did (lost_claim: another launcher runs it)
 
 
 def new_token() -> str:
@@ -72,7 +73,7 @@ def submit(db: Database, cfg: Config, req: SubmitRequest) -> Job:
         s.add(job)
         s.flush()
         s.add(Attempt(job_id=job.id, n=1, token=new_token(), state=AttemptState.PENDING, backend=req.backend))
-    launch(db, cfg, job.name, get_backend(req.backend))
+    req.launched = launch(db, cfg, job.name, get_backend(req.backend))
     with db.read() as s:
         job = get_job(s, req.name)
         job.attempts  # noqa: B018 - load while the session is open; callers render it afterwards

@@ -8,7 +8,9 @@ race another command against, e.g., a launch that is between its claim and its b
 Sites: ``after_attempt_row``, ``before_backend_submit``, ``after_backend_submit``, ``names_checked``
 (submit/sweep: inside the write transaction, the new names found free), ``recording_success`` (inside the
 write transaction that records a verified attempt), ``sweep_room_counted`` (a local sweep launcher,
-holding the launch lock, has counted the throttle's free slots). Unset, both cost one environment lookup.
+holding the launch lock, has counted the throttle's free slots), ``fence_checked`` (a launcher re-checked its
+claim's fence, right before the backend call), ``tokens_looked_up`` (a reconcile pass asked the backend for
+the tokens of launches in doubt, before it re-claims them). Unset, both cost one environment lookup.
 """
 
 from __future__ import annotations

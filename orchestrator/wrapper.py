@@ -16,6 +16,11 @@ What it guarantees:
   with its batch script), so "the job is alive" and "the program is alive" mean the same;
 - with ``--spot-notice``, a cloud's spot interruption notice (``orchestrator/spotnotice.py``) reaches
   the program as the SIGTERM of a preemption, minutes before the VM goes (issue 13);
+- fencing: with ``--fence G``, the program runs only if ``attempts/<n>/fence.json`` (written by the
+  launcher that won the claim, before its backend call) still names generation G; a wrapper of a
+  launcher that lost its claim exits without running it, writes ``superseded.json`` (never exit.json,
+  which belongs to the current launch) and says why. A Slurm in-place requeue reruns the same wrapper
+  with the same fence, so it runs again;
 - ``exit.json`` records the exit status and any stop delivered; an ``--outputs`` marker is written
   only after exit 0 of a program that was never asked to stop (issue 10: a program that exits 0
   after SIGTERM had its half-trained model verified).
@@ -48,6 +53,8 @@ def _parse(argv: list[str]) -> argparse.Namespace:
     ap.add_argument("--job", required=True)
     ap.add_argument("--attempt", type=int, required=True)
     ap.add_argument("--token", required=True)
+    ap.add_argument("--fence", type=int, default=None,
+                    help="the launch claim's generation: run only while attempts/<n>/fence.json names it")
     ap.add_argument("--outputs", action="append", default=[])
     ap.add_argument("--warning-signal", choices=("TERM", "USR2", "INT"), default="TERM",
                     help="what the program gets when the scheduler warns of the time limit (SIGUSR2 to us)")
@@ -223,12 +230,42 @@ def main(argv: list[str] | None = None) -> int:
     adir = protocol.attempt_dir(run_dir, a.attempt)
     adir.mkdir(parents=True, exist_ok=True)
     restart = int(os.environ.get("SLURM_RESTART_COUNT", "0") or 0)
+    # Before anything of the current launch is touched (its exit.json set aside, its ballast): a
+    # launcher that lost its claim still called the backend, and two copies ran (the fence's failure).
+    stale = _stale_fence(a, adir)
+    if stale:
+        _superseded(a, adir, restart, stale)
+        return 0
     protocol.set_aside(adir / protocol.EXIT_FILE)
     ballast = Ballast(adir / protocol.EXIT_RESERVE)
     try:
         return _attempt(a, run_dir, adir, restart, ballast)
     finally:
         ballast.release()  # never left behind, whatever ended the wrapper
+
+
+def _stale_fence(a: argparse.Namespace, adir: Path) -> str:
+    """Why this wrapper's launch is not the attempt's current one ('' when it is, or unfenced)."""
+    if a.fence is None:
+        return ""  # launched by an orch from before fencing
+    current = protocol.read_fence(adir)
+    if current is None:
+        return f"no readable {protocol.FENCE_FILE} in {adir}"
+    token, fence = current
+    if token != a.token or fence != a.fence:
+        return f"launch generation {a.fence} is not the attempt's current one ({fence}, token {token})"
+    return ""
+
+
+def _superseded(a: argparse.Namespace, adir: Path, restart: int, why: str) -> None:
+    """Note, outside exit.json, that this wrapper ran nothing, and why."""
+    print(f"orch wrapper: superseded: {why}; the program was not run", file=sys.stderr, flush=True)
+    try:
+        protocol.atomic_write_json(adir / protocol.SUPERSEDED_FILE, {
+            "token": a.token, "fence": a.fence, "why": why, "pid": os.getpid(), "host": os.uname().nodename,
+            "slurm_job_id": os.environ.get("SLURM_JOB_ID"), "restart_count": restart, "at": protocol.now_iso()})
+    except OSError as e:
+        print(f"orch wrapper: cannot write {protocol.SUPERSEDED_FILE}: {e}", file=sys.stderr, flush=True)
 
 
 def _attempt(a: argparse.Namespace, run_dir: Path, adir: Path, restart: int, ballast: Ballast) -> int:

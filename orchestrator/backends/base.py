@@ -67,6 +67,9 @@ class SubmitSpec:
     spot_notice: str = "off"
     spot_url: str | None = None
     spot_interval_s: float = 5.0
+    # The launch claim's fencing generation: the wrapper runs the program only while the attempt dir's
+    # fence file names it (None: launched by an orch from before fencing, no check).
+    fence: int | None = None
 
     def job_environ(self) -> dict[str, str]:
         """The attempt's process environment before orch's own variables are added."""
@@ -84,6 +87,8 @@ class SubmitSpec:
         argv = [python or sys.executable, "-m", "orchestrator.wrapper", "--run-dir", str(self.run_dir),
                 "--job", self.job, "--attempt", str(self.attempt), "--token", self.token,
                 "--warning-signal", self.warning_signal, "--umask", f"{self.umask:04o}"]
+        if self.fence is not None:
+            argv += ["--fence", str(self.fence)]
         for g in self.outputs:
             argv += ["--outputs", g]
         if time_limit_s:

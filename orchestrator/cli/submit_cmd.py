@@ -11,6 +11,9 @@ from orchestrator.cli.app import EXIT_NOT_VERIFIED, _ctx, _emit, _show, main
 from orchestrator.cli.args import _absolute_program, _default_name, _name_cb, job_options, job_settings
 from orchestrator.cli.watch_cmd import EXIT_INTERRUPTED, follow_job
 
+LOST_BEFORE_SUBMIT = ("this launch lost its claim before its backend call (it was stopped or stalled past "
+                      "the launch grace) and submitted nothing; the process that re-claimed it launches the job")
+
 
 # No ignore_unknown_options: a misspelt orch option (--max-atempts) before the command used to become part
 # of the command (exit 0); the first positional still ends orch's options, `--` or not.
@@ -38,6 +41,9 @@ def submit(name: str | None, wait: bool, as_json: bool, command: tuple[str, ...]
     if max_attempts is None:
         req.max_attempts = cfg.max_attempts
     job = do_submit(db, cfg, req)
+    if req.launched is not None and req.launched.outcome == "lost_claim":
+        # Stopped (Ctrl-Z) or stalled past the launch grace: a reconciler re-claimed the launch (fencing).
+        click.echo(f"orch: {job.name}: {req.launched.detail or LOST_BEFORE_SUBMIT}", err=True)
     if not as_json:
         a = job.attempts[-1]
         if a.external_id:

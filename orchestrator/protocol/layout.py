@@ -30,6 +30,10 @@ PROGRESS_HISTORY = "progress.jsonl"  # every heartbeat, appended: the loss curve
 EXIT_FILE = "exit.json"  # written by orch's job wrapper when the command exits
 EXIT_RESERVE = "exit.reserve"  # the wrapper's ballast: freed to make room for exit.json on a full disk
 WRAPPER_FILE = "wrapper.json"  # written by orch's job wrapper when the command starts (informative only)
+# Written by orch (atomically) after it won an attempt's launch claim and before the backend call: the
+# claim's fencing generation. A wrapper started with another generation does not run the program.
+FENCE_FILE = "fence.json"
+SUPERSEDED_FILE = "superseded.json"  # written by a wrapper that found its fence stale (it ran nothing)
 WRAPPER_LOG = "wrapper.log"  # the wrapper's own stdout/stderr (local backend)
 STDOUT_LOG = "stdout.log"
 STDERR_LOG = "stderr.log"

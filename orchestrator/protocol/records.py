@@ -30,6 +30,7 @@ from orchestrator.protocol.layout import (
     EXIT_FILE,
     FAILURE_CLASSES,
     FAILURE_FILE,
+    FENCE_FILE,
     OWN_CHECKPOINT_RE,
     PROGRESS_FILE,
     PROGRESS_HISTORY,
@@ -258,6 +259,26 @@ class ExitRecord:
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
+
+
+FENCE_LIMIT = 4096
+
+
+def write_fence(attempt_path: Path, token: str, fence: int) -> None:
+    """Record which launch claim of the attempt is the current one (atomic: a wrapper reads the old
+    record or the new one, never a torn one)."""
+    atomic_write_json(attempt_path / FENCE_FILE, {"token": token, "fence": fence, "at": now_iso()})
+
+
+def read_fence(attempt_path: Path) -> tuple[str, int] | None:
+    """(token, fence) of the attempt dir's fence record; None if absent or malformed."""
+    try:
+        r = read_json_bounded(attempt_path / FENCE_FILE, limit=FENCE_LIMIT)
+    except (OSError, ValueError):
+        return None
+    if not isinstance(r, dict) or not isinstance(r.get("token"), str) or not is_int(r.get("fence")):
+        return None
+    return r["token"], int(r["fence"])
 
 
 def write_exit(attempt_path: Path, record: ExitRecord) -> None:
