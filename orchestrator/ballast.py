@@ -19,16 +19,31 @@ T = TypeVar("T")
 BALLAST_BYTES = 256 << 10  # an exit.json is ~1 KiB; a done.json ~150 bytes per output file
 
 
+def allocate(path: Path, size: int = BALLAST_BYTES) -> None:
+    """Create ``path`` holding ``size`` real blocks, or raise the OSError (ENOSPC on a full disk).
+
+    The launcher calls it before the backend call, so a disk already too full for the ballast is a launch
+    that never ran the program (class enospc, uncounted, backed off), not a program that ran with nowhere to
+    record its end: with 4 pages free, exit.json no longer fit beside the attempt's other records and the
+    attempt ended `unknown`, waiting for a human (found when the launch gained one more record, fence.json).
+    """
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+    try:
+        os.posix_fallocate(fd, 0, size)  # real blocks: a sparse file would free nothing
+    except OSError:
+        os.close(fd)
+        with contextlib.suppress(OSError):
+            os.unlink(path)
+        raise
+    os.close(fd)
+
+
 class Ballast:
     def __init__(self, path: Path, size: int = BALLAST_BYTES) -> None:
         self.path = path
         self.disk_full = False  # a write hit ENOSPC (the ballast, if held, was then freed)
         try:
-            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
-            try:
-                os.posix_fallocate(fd, 0, size)  # real blocks: a sparse file would free nothing
-            finally:
-                os.close(fd)
+            allocate(path, size)  # the launcher's, adopted as it is (fallocate of held blocks adds none)
         except OSError as e:
             self.disk_full = e.errno == errno.ENOSPC  # already full at the start: go on without it
             self.release()

@@ -40,6 +40,7 @@ from sqlalchemy import update
 from orchestrator import protocol, testhooks
 from orchestrator.backends import get_backend
 from orchestrator.backends.base import AttemptRef, Backend, BackendError, SubmitSpec
+from orchestrator.ballast import allocate as allocate_ballast
 from orchestrator.config import Config
 from orchestrator.db import Database
 from orchestrator.errors import IllegalTransition, OrchError, Refused
@@ -444,6 +445,9 @@ def _prepare(cfg: Config, spec: SubmitSpec, plan: Any, outputs: list[str], backe
         # failure.json would classify this new attempt (an old "invalid" failed it for good).
         moved += move_to_trash(cfg, run_dir, [f"{protocol.ATTEMPTS_DIR}/{spec.attempt}"], spec.job)
     spec.attempt_dir.mkdir(mode=0o770, parents=True, exist_ok=True)
+    # The wrapper's ballast, taken here first: a disk too full for it fails this launch as enospc (never ran)
+    # rather than running a program whose end could not be recorded (orchestrator/ballast.py).
+    allocate_ballast(spec.attempt_dir / protocol.EXIT_RESERVE)
     record = {"argv": list(spec.command), "overrides": _loads(spec.env.get(protocol.ENV_OVERRIDES)),
               "backend": backend_name, "token": spec.token, "resources": resources_dict(spec.resources),
               "at": protocol.now_iso()}

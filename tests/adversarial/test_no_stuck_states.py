@@ -222,7 +222,8 @@ def test_a_disk_too_full_for_the_wrappers_ballast_still_ends_enospc(orch, tmp_pa
     ended `unknown` ("process gone without an exit record"), waiting for a human."""
     with tmpfs(tmp_path / "mnt", "1m") as mnt:
         (mnt / "runs").mkdir()
-        orch.write_config(f'[runs]\nroot = "{mnt / "runs"}"\n')
+        # A launch onto a full disk backs off by crash_backoff_s: kept short here, the claim is the class.
+        orch.write_config(f'[runs]\nroot = "{mnt / "runs"}"\n[policy]\ncrash_backoff_s = 1\n')
         orch("status", check=True)
         fill_fs(mnt / "filler")
         os.truncate(mnt / "filler", os.path.getsize(mnt / "filler") - 16384)  # 4 pages back
