@@ -97,10 +97,15 @@ def test_a_sweep_tasks_escaped_process_holds_its_throttle_slot(orch):
 
 def test_a_stopped_sweep_holding_the_launch_lock_stalls_no_reconcile_pass(orch, spawned, tmp_path):
     """`orch sweep` stopped with Ctrl-Z while it holds $ORCH_HOME/sweep-launch.lock: a reconcile pass
-    finishes within its bound, names the holder once, and still requeues a preempted plain job."""
-    p = orch("submit", "--name", "p", "--", *job_argv("--no-gate", "--failure", "preempted", "--exit-code", "143"))
+    finishes within its bound, names the holder once (however many sweeps it blocks), and still requeues
+    a preempted plain job; a preempted task of another sweep is requeued, its launch left for later."""
+    preempted = ("--", *job_argv("--no-gate", "--failure", "preempted", "--exit-code", "143"))
+    p = orch("submit", "--name", "p", *preempted)
     assert p.returncode == 0, p.stderr
-    wait_no_procs(orch.runs / "p", 30, "job p to be preempted")
+    p = orch("sweep", "--name", "t", "--grid", "i=0,1", "--throttle", "1", *preempted)
+    assert p.returncode == 0, p.stderr
+    for run in (orch.runs / "p", orch.runs / "t.0000"):
+        wait_no_procs(run, 30, f"{run.name} to be preempted")
     gate = tmp_path / "gate"
     sw = orch_popen(orch, "sweep", "--name", "s", "--grid", "i=0,1", "--throttle", "1", "--", "sleep", "0",
                     env={"ORCH_PAUSE_AT": "sweep_room_counted", "ORCH_PAUSE_UNTIL": str(gate), "ORCH_PAUSE_S": "300"})
@@ -111,9 +116,11 @@ def test_a_stopped_sweep_holding_the_launch_lock_stalls_no_reconcile_pass(orch, 
         r = reconcile_ok(orch, env={"ORCH_LOCK_TIMEOUT_S": "2"}, timeout=60)
         out = r.stdout + r.stderr
         assert len(re.findall(r"sweep-launch\.lock is held by", out)) == 1, out
-        assert f"pid {sw.pid} (" in out and "stopped" in out, out
+        assert re.search(rf"held by pid {sw.pid} \([^\n]*orchestrator\.cli sweep --name s [^\n]*, stopped\)", out), out
         d = show(orch, "p")
         assert len(d["attempts"]) == 2, ("the preempted job was not requeued while the lock was held", d)
+        d = show(orch, "t.0000")
+        assert len(d["attempts"]) == 2 and d["attempts"][-1]["state"] == "pending", d["attempts"]
     finally:
         os.kill(sw.pid, signal.SIGCONT)
         gate.touch()
@@ -131,3 +138,52 @@ def test_a_fifo_at_orch_toml_is_a_usage_error_not_a_hang(orch):
     one_line_error(p.stderr)
     assert "orch.toml" in p.stderr and "not a regular file" in p.stderr, p.stderr
     assert sorted(x.name for x in orch.home.iterdir()) == ["orch.toml"], "something was written"
+
+
+def test_a_lock_wait_gives_up_at_its_bound_naming_a_stopped_holder_from_its_record_or_proc_locks(tmp_path):
+    """filelock.exclusive against a real process holding the lock, stopped: an error within the bound that
+    names the holder's pid and command, from the holder's record and from /proc/locks alone."""
+    from orchestrator import filelock
+    from orchestrator.errors import OrchError
+
+    lock = tmp_path / "x.lock"
+    holder_src = ("import sys, time; from pathlib import Path; from orchestrator import filelock\n"
+                  "from orchestrator.errors import OrchError\n"
+                  "with filelock.exclusive(Path(sys.argv[1]), OrchError):\n"
+                  "    Path(sys.argv[1] + '.held').touch(); time.sleep(300)\n")
+    h = subprocess.Popen([sys.executable, "-c", holder_src, str(lock)], cwd=str(ROOT),
+                         env={**os.environ, "PYTHONPATH": str(ROOT)})
+    try:
+        wait_for(Path(str(lock) + ".held").exists, 30, "the holder to take the lock")
+        os.kill(h.pid, signal.SIGSTOP)
+        try:
+            with filelock.exclusive(lock, OrchError, "the test lock ", timeout_s=0.5):
+                raise AssertionError("got a lock a stopped process holds")
+        except filelock.LockTimeout as e:
+            msg = str(e)
+        assert re.search(rf"held by pid {h.pid} \(.*-c import sys.*, stopped\) on \S+ since \S+; gave up after 0.5 s",
+                         msg), msg
+        # Without its record (a holder that died before writing it, a foreign tool): /proc/locks names it.
+        assert filelock.holder(lock).startswith(f"pid {h.pid} ("), filelock.holder(lock)
+    finally:
+        h.kill()
+        h.wait(timeout=30)
+
+
+def test_database_is_locked_names_the_writer(orch):
+    p = orch("status")
+    assert p.returncode == 0, p.stderr
+    (orch.home / "orch.toml").write_text("[reconcile]\nbusy_timeout_ms = 300\n")
+    src = ("import sqlite3, sys, time; c = sqlite3.connect(sys.argv[1], isolation_level=None)\n"
+           "c.execute('BEGIN IMMEDIATE'); open(sys.argv[1] + '.held', 'w').close(); time.sleep(300)\n")
+    w = subprocess.Popen([sys.executable, "-c", src, str(orch.home / "orch.db")])
+    try:
+        wait_for(Path(str(orch.home / "orch.db") + ".held").exists, 30, "the writer to hold the DB")
+        p = orch("cancel", "nosuchjob", timeout=60)
+        q = orch("submit", "--name", "a", "--", "true", timeout=60)
+        out = p.stderr + q.stderr
+        assert f"is locked by pid {w.pid} (" in out, (p.returncode, p.stderr, q.returncode, q.stderr)
+    finally:
+        w.kill()
+        w.wait(timeout=30)
+        Path(str(orch.home / "orch.db") + ".held").unlink(missing_ok=True)
