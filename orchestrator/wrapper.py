@@ -294,6 +294,7 @@ def _attempt(a: argparse.Namespace, run_dir: Path, adir: Path, restart: int, bal
         stop_leftovers()
         sig = -rc if rc < 0 else None
         marker_error, aside = _end_of_run(a, run_dir, adir, rc, sup, ballast, marker_before)
+        testhooks.site("wrapper_end_decided")  # a stop from here on came after the decision: held, not recorded
         record(rc, signal=sig, time_limit_reached=timed_out, stop_signal=sup.stop_signal,
                stop_source=sup.stop_source, notice=sup.notice, marker_error=marker_error, marker_set_aside=aside)
     finally:

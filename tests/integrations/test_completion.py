@@ -124,3 +124,27 @@ def test_bundled_trainer_then_an_export_into_result_is_listed(orch):
     assert p.returncode == 0, p.stdout + p.stderr
     v = protocol.verify_done_marker(orch.runs / "trok")
     assert v.verified and {"result/export.txt", "result/model.pt", "result/metrics.json"} <= set(v.marker["artifacts"])
+
+
+STOP_IN_LAST_STEP = """
+import os, signal, torch
+from orchestrator.integrations.loop import orch_run
+model = torch.nn.Linear(2, 1)
+opt = torch.optim.SGD(model.parameters(), lr=0.1)
+with orch_run(model, opt, save_every=None) as run:
+    for step in run.steps(3):
+        with open("steps.log", "a") as f:
+            f.write(f"{os.environ['ORCH_ATTEMPT']} {step}\\n")
+        if step == 3 and os.environ["ORCH_ATTEMPT"] == "1":
+            os.kill(os.getpid(), signal.SIGTERM)   # during the last step: it stopped nothing, but it is a stop
+"""
+
+
+def test_a_stop_during_the_last_step_is_a_stop_and_the_next_attempt_only_finishes(orch):
+    p = orch("submit", "--wait", "--name", "last", "--", sys.executable, "-c", STOP_IN_LAST_STEP, timeout=120)
+    assert p.returncode == 0, p.stdout + p.stderr
+    first, second = attempts(orch, "last")
+    assert (first["failure_class"], first["exit_code"]) == ("preempted", 143), first
+    assert failure(orch.runs / "last", 1)["checkpoint"] == "checkpoints/step-00000003"
+    assert step_log(orch.runs / "last" / "steps.log") == [(1, 1), (1, 2), (1, 3)]  # attempt 2: 0 steps
+    assert second["state"] == "succeeded"

@@ -133,6 +133,28 @@ def test_a_term_to_the_wrapper_while_it_writes_the_marker_undoes_it(tmp_path):
     assert rec["stop_signal"] == "TERM" and rec["marker_error"].startswith("set aside"), rec
 
 
+def test_a_term_after_the_decision_is_held_and_exit_json_agrees_with_the_marker(tmp_path):
+    # Stops are blocked from the program's exit to exit.json: one that comes after the marker decision is
+    # neither a reason to keep a marker nor recorded beside one (exit.json never says "stopped" next to a
+    # marker that stands).
+    rd = tmp_path / "j"
+    rd.mkdir()
+    gate = tmp_path / "gate"
+    env = _env(ORCH_PAUSE_AT="wrapper_end_decided", ORCH_PAUSE_UNTIL=str(gate), ORCH_PAUSE_S="60")
+    w = subprocess.Popen(_argv(rd, "t1", "sh", "-c", "mkdir -p result && echo done > result/out.txt",
+                               outputs=("result/*",)), cwd=str(ROOT), env=env)
+    try:
+        deadline_wait(lambda: Path(str(gate) + ".reached").exists(), w)
+        os.kill(w.pid, signal.SIGTERM)
+        gate.touch()
+        w.wait(timeout=30)
+    finally:
+        if w.poll() is None:
+            w.kill()
+    rec = json.loads((protocol.attempt_dir(rd, 1) / protocol.EXIT_FILE).read_text())
+    assert protocol.verify_done_marker(rd).verified and rec["stop_signal"] is None, rec
+
+
 def deadline_wait(cond, proc: subprocess.Popen, timeout: float = 30) -> None:
     import time
 
@@ -141,3 +163,15 @@ def deadline_wait(cond, proc: subprocess.Popen, timeout: float = 30) -> None:
         assert proc.poll() is None, f"wrapper exited {proc.returncode} before the pause"
         assert time.monotonic() - t0 < timeout, "the wrapper never reached wrapper_marker_decided"
         time.sleep(0.02)
+
+
+def test_a_stale_completion_record_of_an_in_place_rerun_is_not_this_runs(tmp_path):
+    # Slurm reruns the same attempt (same token) in place: the first run's complete.json must not vouch for
+    # a rerun that exited 0 without completing.
+    rd = tmp_path / "j"
+    (rd / "result").mkdir(parents=True)
+    (rd / "result" / "half.txt").write_text("x")
+    protocol.write_completion(rd, 1, "t1", 5, [])
+    rec = _wrapper(rd, "t1", "true")
+    assert rec["returncode"] == 0 and not (rd / protocol.DONE_MARKER).exists(), rec
+    assert (protocol.attempt_dir(rd, 1) / "complete.prev-1.json").exists()
