@@ -8,7 +8,9 @@ race another command against, e.g., a launch that is between its claim and its b
 Sites: ``after_attempt_row``, ``before_backend_submit``, ``after_backend_submit``, ``names_checked``
 (submit/sweep: inside the write transaction, the new names found free), ``recording_success`` (inside the
 write transaction that records a verified attempt), ``sweep_room_counted`` (a local sweep launcher,
-holding the launch lock, has counted the throttle's free slots). Unset, both cost one environment lookup.
+holding the launch lock, has counted the throttle's free slots), ``wrapper_marker_decided`` (the job wrapper,
+its program exited, has written or refused done.json; stop signals held), ``wrapper_end_decided`` (... and
+is about to write exit.json). Unset, both cost one environment lookup.
 """
 
 from __future__ import annotations
