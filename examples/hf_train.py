@@ -58,6 +58,10 @@ def main() -> None:
     ap.add_argument("--run-dir", default=None, help="without orch (orch sets ORCH_RUN_DIR)")
     ap.add_argument("--step-log", default=None)
     ap.add_argument("--sleep-per-step", type=float, default=0.0)
+    ap.add_argument("--export", action="store_true", help="write result/export.txt after training")
+    ap.add_argument("--fail-after-train", action="store_true", help="raise after training (a failed export): a crash")
+    ap.add_argument("--jit-checkpoint", action="store_true",
+                    help="HF's enable_jit_checkpoint (its own SIGTERM handler; orch's takes over and records the stop)")
     ap.add_argument("--wandb", action="store_true", help="also report to W&B (WANDB_MODE=offline stays local)")
     a = ap.parse_args()
     torch.set_num_threads(1)
@@ -68,10 +72,21 @@ def main() -> None:
         learning_rate=3e-3, lr_scheduler_type="linear", warmup_steps=10, logging_steps=1,
         save_strategy="steps" if a.save_steps else "no", save_steps=a.save_steps or 500,
         report_to=["tensorboard"] + (["wandb"] if a.wandb else []), seed=0, use_cpu=True,
-        dataloader_num_workers=0, disable_tqdm=True)
+        dataloader_num_workers=0, disable_tqdm=True, enable_jit_checkpoint=a.jit_checkpoint)
     trainer = Trainer(model=model, args=args, train_dataset=CharDataset(),
                       callbacks=[StepLog(a.step_log, a.sleep_per_step), orch.OrchCallback(run_dir=a.run_dir)])  # orch
     trainer.train(resume_from_checkpoint=orch.resume_path(a.run_dir))  # orch
+    after_training(a, os.path.join(a.run_dir or ".", "result"))
+
+
+def after_training(a: argparse.Namespace, result_dir: str) -> None:
+    """What a script does once training ended: an export into result/ (listed in done.json), or a failure."""
+    if a.fail_after_train:
+        raise RuntimeError("export failed after training (--fail-after-train)")
+    if a.export:
+        os.makedirs(result_dir, exist_ok=True)
+        with open(os.path.join(result_dir, "export.txt"), "w") as f:
+            f.write("exported after training\n")
 
 
 if __name__ == "__main__":

@@ -79,6 +79,8 @@ def main() -> None:
     ap.add_argument("--run-dir", default=None, help="without orch (orch sets ORCH_RUN_DIR)")
     ap.add_argument("--step-log", default=None)
     ap.add_argument("--sleep-per-step", type=float, default=0.0)
+    ap.add_argument("--export", action="store_true", help="write result/export.txt after training")
+    ap.add_argument("--fail-after-train", action="store_true", help="raise after training (a failed export): a crash")
     ap.add_argument("--wandb", action="store_true", help="also log to W&B (set WANDB_MODE=offline to stay local)")
     a = ap.parse_args()
     torch.set_num_threads(1)
@@ -95,6 +97,17 @@ def main() -> None:
                         enable_checkpointing=False, accelerator="cpu", deterministic=True,
                         callbacks=[orch.OrchCallback(run_dir=a.run_dir)])  # orch
     trainer.fit(model, train, val, ckpt_path=orch.resume_path(a.run_dir))  # orch
+    after_training(a, os.path.join(a.run_dir or ".", "result"))
+
+
+def after_training(a: argparse.Namespace, result_dir: str) -> None:
+    """What a script does once training ended: an export into result/ (listed in done.json), or a failure."""
+    if a.fail_after_train:
+        raise RuntimeError("export failed after training (--fail-after-train)")
+    if a.export:
+        os.makedirs(result_dir, exist_ok=True)
+        with open(os.path.join(result_dir, "export.txt"), "w") as f:
+            f.write("exported after training\n")
 
 
 if __name__ == "__main__":

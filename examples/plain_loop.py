@@ -51,6 +51,8 @@ def main() -> None:
     ap.add_argument("--run-dir", default=None, help="without orch (orch sets ORCH_RUN_DIR)")
     ap.add_argument("--step-log", default=None)
     ap.add_argument("--sleep-per-step", type=float, default=0.0)
+    ap.add_argument("--export", action="store_true", help="write result/export.txt after training")
+    ap.add_argument("--fail-after-train", action="store_true", help="raise after training (a failed export): a crash")
     a = ap.parse_args()
     torch.set_num_threads(1)
     torch.manual_seed(0)
@@ -73,6 +75,17 @@ def main() -> None:
             if step_log:
                 step_log.write(f"{os.environ.get('ORCH_ATTEMPT', '1')} {step}\n")
                 step_log.flush()
+    after_training(a, str(run.result_dir))
+
+
+def after_training(a: argparse.Namespace, result_dir: str) -> None:
+    """What a script does once training ended: an export into result/ (listed in done.json), or a failure."""
+    if a.fail_after_train:
+        raise RuntimeError("export failed after training (--fail-after-train)")
+    if a.export:
+        os.makedirs(result_dir, exist_ok=True)
+        with open(os.path.join(result_dir, "export.txt"), "w") as f:
+            f.write("exported after training\n")
 
 
 if __name__ == "__main__":

@@ -1,9 +1,11 @@
-"""Last phase of an attempt: the eval loss, result/ and the done marker (lesson 1).
+"""Last phase of an attempt: the eval loss, result/ and the completion (lesson 1).
 
-The marker is written last, atomically, listing every result file with its size and sha256: a run is
-done only when ``orchestrator.protocol.verify_done_marker`` says so, never because result/ exists. If
-anything before it fails, the failure is classified (a full disk is ``enospc``, retryable) and no
-marker is written.
+The end is the kit's ``record_completion``, the same as every integration's: under orch's wrapper, the
+completion record (``attempts/<n>/complete.json``; the wrapper writes done.json once the trainer exits 0);
+run by hand (``python -m orch_trainer --run-dir X``), done.json at once, written last, atomically, listing
+every result file with its size and sha256: a run is done only when
+``orchestrator.protocol.verify_done_marker`` says so, never because result/ exists. If anything before it
+fails, the failure is classified (a full disk is ``enospc``, retryable) and nothing is marked complete.
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ from orch_trainer.state import autocast, capture_rng, checkpoint_meta, progress_
 from orchestrator import protocol
 from orchestrator.kit.checkpoint import CheckpointError, CheckpointManager
 from orchestrator.kit.heartbeat import Heartbeat
+from orchestrator.kit.run import record_completion
 
 if TYPE_CHECKING:
     from orch_trainer.loop import Trained
@@ -70,7 +73,7 @@ def finish(args: argparse.Namespace, attempt: Attempt, ckpts: CheckpointManager,
                    "micro_batch_size": trained.micro, "batch_size": args.batch_size,
                    "oom_events": len(trained.oom_events), "data_lines_skipped": loaded.corpus.lines_skipped}
         protocol.atomic_write_json(result / "metrics.json", metrics)
-        protocol.write_done_marker(attempt.run_dir, attempt.job, attempt.n, artifacts)  # the very last step
+        record_completion(attempt.run_dir, attempt.job, attempt.n, artifacts, step=trained.step)  # the very last step
     except CheckpointError as e:
         raise attempt.save_failed(e) from e
     except OSError as e:
@@ -80,7 +83,7 @@ def finish(args: argparse.Namespace, attempt: Attempt, ckpts: CheckpointManager,
     heartbeat.post(**progress_fields(args, step=trained.step, last_loss=trained.last_loss, tok_s=trained.tok_s,
                                      tokens_per_step=args.batch_size * PRESETS[args.preset].block_size,
                                      resumed_from=loaded.start_step))
-    log(f"finished {trained.step} steps; eval loss {eval_loss:.4f}; done.json written")
+    log(f"finished {trained.step} steps; eval loss {eval_loss:.4f}; completion recorded")
     return protocol.EXIT_OK
 
 

@@ -104,6 +104,11 @@ class Trainer:
             config = write_run_config(self.args, self.this_attempt, pre, self.loaded)
             self.loop = self.train_loop(pre, self.loaded, config)
             trained = self.loop.run()
+            if self.preemption.requested:
+                # A stop during the last step is never completion (issue 17): that step is checkpointed and
+                # the next attempt, with 0 steps left, writes the result.
+                self.loop._rng_at_step_start = capture_rng(self.loop._cuda)  # the RNG after the last step
+                self.loop._preempt()
             return finish(self.args, self.this_attempt, self.ckpts, self.heartbeat, pre, self.loaded, trained)
         except TrainerExit as e:
             return e.code
@@ -331,6 +336,7 @@ class TrainLoop:
             # The RNG as it was when the discarded step began = as it was after the last completed one.
             self._save(self.step, background=False, rng=self._rng_at_step_start)
             saved = self.ckpts.last_committed[1] if self.ckpts.last_committed else None
+        self.preemption.record_step(self.step)
         raise self.attempt.fail("preempted", self.step,
                                 f"{self.preemption.reason} during step {self._computing_step}: saved the last "
                                 f"completed step {self.step}", code=protocol.EXIT_PREEMPTED,

@@ -8,7 +8,10 @@ Evidence, strongest first:
 4. the wrapper's record of a stop it delivered (``exit.json``): an attempt that was sent SIGTERM or
    the time-limit warning was stopped, whatever its exit code — exit 0 after SIGTERM is a preempted
    run, never a finished one (issue 10);
-5. the exit status.
+5. the program's own record of a stop signal it received (``stop.json``, written by orch's kit): a
+   SIGTERM that never passed through the wrapper (a user's kill, a container stop, a VM shutdown) is
+   a stop too, whatever the exit code and whoever sent it (issue 17);
+6. the exit status.
 Pure function: no I/O, no DB, unit-tested on every row.
 """
 
@@ -18,7 +21,7 @@ import signal as _signal
 from dataclasses import dataclass
 
 from orchestrator.backends.base import Outcome, Phase
-from orchestrator.protocol import EXIT_PREEMPTED, ExitRecord, FailureClass, MarkerStatus, Verification
+from orchestrator.protocol import EXIT_PREEMPTED, ExitRecord, FailureClass, MarkerStatus, StopRecord, Verification
 
 C = FailureClass
 
@@ -31,7 +34,8 @@ class Classification:
 
 
 def classify(outcome: Outcome, report: dict | None, verification: Verification, *,
-             stop_reason: str | None = None, exit_record: ExitRecord | None = None) -> Classification:
+             stop_reason: str | None = None, exit_record: ExitRecord | None = None,
+             stop_record: StopRecord | None = None) -> Classification:
     """Class of an attempt that ended (EXITED or VANISHED) and whose marker does not verify.
 
     ``stop_reason``: why orch itself was stopping the attempt (``hang``, ``cancel``).
@@ -62,6 +66,13 @@ def classify(outcome: Outcome, report: dict | None, verification: Verification, 
         why = str(exit_record.stop_source) + (f" {exit_record.notice}" if exit_record.notice else "")
         rc = outcome.exit_code if outcome.exit_code is not None else "?"
         return Classification(cls, None, f"stopped by SIG{exit_record.stop_signal} ({why}); exit {rc}")
+    if stop_record is not None:
+        cls = C.TIMEOUT if exit_record is not None and exit_record.time_limit_reached else C.PREEMPTED
+        rc = outcome.exit_code if outcome.exit_code is not None else (f"signal {outcome.signal}" if outcome.signal
+                                                                      else "?")
+        at = f" at step {stop_record.step}" if stop_record.step is not None else ""
+        return Classification(cls, stop_record.step, f"the program received SIG{stop_record.signal}{at} "
+                              f"(recorded in stop.json; not sent through orch's wrapper); exit {rc}")
     if exit_record is not None and exit_record.disk_full:
         # The wrapper's own exit.json write hit ENOSPC: whatever the program said, it ran on a full disk.
         rc = outcome.exit_code if outcome.exit_code is not None else "?"

@@ -13,8 +13,10 @@ from pathlib import Path
 from typing import Any
 
 from orchestrator.errors import UsageError
+from orchestrator.protocol.durable import BadRecord, read_bounded
 from orchestrator.settings import KNOWN_KEYS, MAX_COUNT, NUMERIC, unknown_key_message
 
+CONFIG_LIMIT = 1 << 20  # orch.toml is a few lines; a bigger one is not a config file
 # The defaults of the design's policy section: which classes reconcile requeues by itself,
 # which count against --max-attempts, and per-class caps.
 AUTO_REQUEUE = frozenset({"preempted", "timeout", "node_fail", "oom", "hang", "nan", "enospc", "input_missing"})
@@ -163,8 +165,15 @@ def _table(data: dict, name: str, path: Path) -> dict:
 
 def _overlay_file(cfg: Config, path: Path) -> None:
     try:
-        data = tomllib.loads(path.read_text())
-    except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError, ValueError) as e:
+        # Non-blocking, a regular file only, size-capped: a FIFO here hung every command (hostile test).
+        text = read_bounded(path, CONFIG_LIMIT, follow=True).decode()
+    except BadRecord as e:
+        raise UsageError(f"{path}: {e} (orch.toml must be a small regular file)") from None
+    except (OSError, UnicodeDecodeError) as e:
+        raise UsageError(f"cannot read {path}: {e}") from None
+    try:
+        data = tomllib.loads(text)
+    except (tomllib.TOMLDecodeError, ValueError) as e:
         raise UsageError(f"cannot read {path}: {e}") from None
     # A misspelt table ([polcy]) was silently ignored, and its settings with it (a hostile test).
     unknown = sorted(set(data) - TABLES)

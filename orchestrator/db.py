@@ -31,6 +31,7 @@ from orchestrator.errors import DatabaseInterrupted, DatabaseProblem, Refused, U
 
 SQLITE_APPLICATION_ID = 0x6F726368  # "orch" in the header of a DB file orch created
 SCHEMA_HEAD = "0005"  # a test checks this equals Alembic's head revision
+MIGRATE_LOCK_TIMEOUT_S = 300.0  # how long a first command waits for another one's schema upgrade
 MIGRATIONS = Path(__file__).resolve().parent / "migrations"
 # PostgreSQL advisory lock keys ("orch", "orcn"): schema upgrades of one DB; creators of job/sweep names.
 PG_MIGRATE_LOCK = 0x6F726368
@@ -237,7 +238,10 @@ def _migrate_lock(cfg: Config, engine: Engine) -> Iterator[None]:
     concurrent first ``orch status`` failed: duplicate key in pg_type, their CREATE TABLEs racing)."""
     path = _sqlite_path(cfg.db_url)
     if path is not None:
-        with filelock.exclusive(path.with_suffix(".migrate.lock"), DatabaseProblem):
+        # Bounded like every lock (a stopped upgrader hung every first command), but long: an upgrade
+        # of a big history may take minutes.
+        with filelock.exclusive(path.with_suffix(".migrate.lock"), DatabaseProblem, "the migrate lock ",
+                                timeout_s=MIGRATE_LOCK_TIMEOUT_S):
             yield
     elif engine.dialect.name == "postgresql":
         with engine.connect() as conn:
@@ -314,6 +318,12 @@ class Database:
                 s.rollback()
                 raise
 
+    def _writer(self) -> str:
+        """Who holds the write lock, where it can be found (a stopped writer was named by nobody)."""
+        path = _sqlite_path(self.cfg.db_url)
+        who = filelock.sqlite_writer(path) if path is not None else ""
+        return who or "another writer"
+
     @contextlib.contextmanager
     def _guard(self) -> Iterator[None]:
         try:
@@ -322,7 +332,7 @@ class Database:
             if "disk is full" in str(e):  # SQLITE_FULL: a later pass may find room again
                 raise DatabaseInterrupted(f"database {describe(self.cfg)}: {_short(e)}") from None
             if "locked" in str(e) or "busy" in str(e) or "lock timeout" in str(e):  # SQLite / PostgreSQL
-                raise DatabaseInterrupted(f"database {describe(self.cfg)} is locked by another writer "
+                raise DatabaseInterrupted(f"database {describe(self.cfg)} is locked by {self._writer()} "
                                           f"for longer than {self.cfg.busy_timeout_ms} ms; try again") from None
             if e.connection_invalidated:  # the dialect saw a disconnect: the next checkout reconnects
                 raise DatabaseInterrupted(f"database {describe(self.cfg)}: connection lost ({_short(e)})") from None

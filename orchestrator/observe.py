@@ -245,6 +245,7 @@ class Evidence:
     report: dict | None
     outcome: Outcome
     exit_record: protocol.ExitRecord | None
+    stop: protocol.StopRecord | None = None  # the program's kit received a stop signal (stop.json)
 
 
 def evidence_of_end(r: Row, out: Outcome) -> Evidence:
@@ -256,7 +257,8 @@ def evidence_of_end(r: Row, out: Outcome) -> Evidence:
         # The wrapper's own record is exact; sacct reports exit 143 as 15 (it drops the 128).
         rc = rec.returncode
         out = replace(out, exit_code=rc if rc >= 0 else None, signal=-rc if rc < 0 else out.signal)
-    return Evidence(verification, report, out, rec)
+    stop = None if verification.verified else protocol.read_stop(ref.attempt_dir, ref.token)
+    return Evidence(verification, report, out, rec, stop)
 
 
 def finish(db: Database, cfg: Config, attempt_id: int, ev: Evidence | None, rep: PassReport | None = None,
@@ -293,7 +295,7 @@ def finish(db: Database, cfg: Config, attempt_id: int, ev: Evidence | None, rep:
         cls, step, detail = launch_failure[0], None, launch_failure[1]
     else:
         c = classify(ev.outcome, ev.report, ev.verification, stop_reason=a.stop_reason,
-                     exit_record=ev.exit_record)
+                     exit_record=ev.exit_record, stop_record=ev.stop)
         cls, step, detail = c.cls, c.step, c.detail
     d = decide(cfg, job, a, cls, step, ev.report if ev else None, never_launched=launch_failure is not None)
     plan = d.plan

@@ -30,6 +30,7 @@ from orchestrator.backends.base import AttemptRef, Backend, BackendError
 from orchestrator.config import Config
 from orchestrator.db import Database
 from orchestrator.errors import DatabaseProblem, IllegalTransition, OrchError
+from orchestrator.filelock import LockTimeout
 from orchestrator.launch import launch, launch_grace_s, launch_group, record_submitted
 from orchestrator.lifecycle import AttemptState, JobState, move_attempt, set_attempt_fields, utcnow
 from orchestrator.metrics import export_after_pass, record_pass
@@ -175,11 +176,17 @@ def _launch_queued_tasks(db: Database, cfg: Config, backend: Callable[[str], Bac
         queued = s.execute(select(Sweep.id, Sweep.backend).join(Job).join(Attempt).where(
             Attempt.state == A.PENDING, (Sweep.backend == "local") | (Attempt.created_at < cutoff))
             .distinct()).all()
+    lock_held = False
     for sweep_id, backend_name in queued:
+        if lock_held and backend_name == "local":
+            continue  # the launch lock's holder was named once; its sweeps wait for the next pass
         try:
             _note_launches(launch_queued(db, cfg, backend(backend_name), sweep_id), rep)
         except DatabaseProblem:
             raise
+        except LockTimeout as e:  # a stopped `orch sweep` holds it: skip what it blocks, go on with the rest
+            lock_held = True
+            rep.errors.append(f"local sweep tasks not launched this pass: {e}")
         except OrchError as e:  # one sweep's trouble (its launch lock unusable) must not stop the pass
             rep.errors.append(str(e))
 

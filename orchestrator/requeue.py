@@ -22,6 +22,7 @@ from orchestrator.backends import get_backend
 from orchestrator.config import Config
 from orchestrator.db import Database
 from orchestrator.errors import DatabaseProblem, IllegalTransition, OrchError, Refused
+from orchestrator.filelock import LockTimeout
 from orchestrator.jobs import expand_names, get_job
 from orchestrator.launch import launch
 from orchestrator.lifecycle import (
@@ -101,8 +102,9 @@ def requeue(db: Database, cfg: Config, target: RequeueTarget, dry_run: bool = Fa
     """Requeue the target's jobs: first every next attempt is created, then they are launched —
     sweep tasks of one sweep together (one array on Slurm), other jobs one by one."""
     results = []
-    live = _LiveScan()
-    for name in _targets(db, target):
+    names = _targets(db, target)
+    live = _LiveScan(db, names)
+    for name in names:
         try:
             if (result := _requeue_one(db, cfg, name, target, dry_run, live)) is not None:
                 results.append(result)
@@ -147,7 +149,20 @@ def _launch_created(db: Database, cfg: Config, created: list[RequeueResult]) -> 
             r.outcome, r.reason = "error", str(e)[:300]
     for sweep_id, members in by_sweep.items():
         backend_name = rows[members[0].name][1]
-        done = launch_queued(db, cfg, get_backend(backend_name), sweep_id, [m.name for m in members])
+        try:
+            done = launch_queued(db, cfg, get_backend(backend_name), sweep_id, [m.name for m in members])
+        except LockTimeout as e:
+            # A stopped `orch sweep` holds the launch lock: the attempts exist and a later pass launches
+            # them; this must not stop the other sweeps' and jobs' requeues (it stalled them all).
+            for r in members:
+                r.reason = f"{r.reason}; not launched yet: {e}"
+            continue
+        except DatabaseProblem:
+            raise
+        except OrchError as e:
+            for r in members:
+                r.outcome, r.reason = "error", str(e)[:300]
+            continue
         for r in members:
             res = done.get(r.name)
             if isinstance(res, Refused):
@@ -183,14 +198,17 @@ class _LiveScan:
     1,000 failed jobs reads the process table once, not 1,000 times), and only if some job gets
     as far as needing it."""
 
-    def __init__(self) -> None:
+    def __init__(self, db: Database, names: list[str]) -> None:
+        self._db, self._names = db, names
         self._map: dict[str, list[str]] | None = None
 
     def in_run_dir(self, run_dir: Path) -> list[str]:
         if self._map is None:
             from orchestrator.backends.local import live_by_run_dir
 
-            self._map = live_by_run_dir()
+            with self._db.read() as s:  # every target's run dir: cwd and open files are matched by path
+                dirs = list(s.scalars(select(Job.run_dir).where(Job.name.in_(self._names))))
+            self._map = live_by_run_dir([*dirs, run_dir])
         return self._map.get(os.path.realpath(run_dir), [])
 
 

@@ -9,7 +9,8 @@ DB is at ``STATUS_REVISION``; anything else (a DB to create or upgrade, a home o
 PostgreSQL, any sqlite3 error) falls back to the slow path, which reports problems as every
 command does. No SQL is ever read from a file.
 
-Imports only the stdlib and ``orchestrator.protocol`` at module level.
+Imports only the stdlib, ``orchestrator.protocol`` and stdlib-only orch modules (config, lifecycle,
+progressvalues) at module level.
 """
 
 from __future__ import annotations

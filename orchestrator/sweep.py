@@ -288,6 +288,8 @@ def launch_queued(db: Database, cfg: Config, backend: Backend, sweep_id: int,
     # the same free slot and together ran more tasks than the throttle.
     with _local_launch_lock(cfg):
         pending, running, throttle, _ = _queue(db, sweep_id, names)  # as the previous holder left it
+        if throttle is not None:
+            running += _escaped(db, sweep_id)
         room = len(pending) if throttle is None else max(0, throttle - running)
         testhooks.site("sweep_room_counted")
         for name in pending[:room]:
@@ -312,6 +314,21 @@ def _queue(db: Database, sweep_id: int, names: list[str] | None) -> tuple[list[s
         running = s.scalar(select(func.count()).select_from(Attempt).join(Job).where(
             Job.sweep_id == sweep_id, Attempt.state.in_(ATTEMPT_LIVE))) or 0
         return pending, running, sweep.throttle, sweep.backend
+
+
+def _escaped(db: Database, sweep_id: int) -> int:
+    """Tasks with no live attempt in the DB whose run dir still holds a live process (one that cleared
+    its environment and left its session, found by cwd or open file): each holds its throttle slot,
+    or the throttle was exceeded beside them (hostile test). One process-table scan."""
+    from orchestrator.backends.local import live_by_run_dir
+
+    with db.read() as s:
+        live_jobs = select(Attempt.job_id).where(Attempt.state.in_(ATTEMPT_LIVE))
+        dirs = list(s.scalars(select(Job.run_dir).where(Job.sweep_id == sweep_id, Job.id.not_in(live_jobs))))
+    if not dirs:
+        return 0
+    found = live_by_run_dir(dirs)
+    return sum(1 for d in dirs if found.get(os.path.realpath(d)))
 
 
 def _local_launch_lock(cfg: Config) -> contextlib.AbstractContextManager[None]:

@@ -10,7 +10,9 @@ Sites: ``after_attempt_row``, ``before_backend_submit``, ``after_backend_submit`
 write transaction that records a verified attempt), ``sweep_room_counted`` (a local sweep launcher,
 holding the launch lock, has counted the throttle's free slots), ``fence_checked`` (a launcher re-checked its
 claim's fence, right before the backend call), ``tokens_looked_up`` (a reconcile pass asked the backend for
-the tokens of launches in doubt, before it re-claims them). Unset, both cost one environment lookup.
+the tokens of launches in doubt, before it re-claims them), ``wrapper_marker_decided`` (the job wrapper,
+its program exited, has written or refused done.json; stop signals held), ``wrapper_end_decided`` (... and
+is about to write exit.json). Unset, each costs one environment lookup.
 """
 
 from __future__ import annotations

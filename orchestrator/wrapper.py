@@ -21,9 +21,16 @@ What it guarantees:
   launcher that lost its claim exits without running it, writes ``superseded.json`` (never exit.json,
   which belongs to the current launch) and says why. A Slurm in-place requeue reruns the same wrapper
   with the same fence, so it runs again;
-- ``exit.json`` records the exit status and any stop delivered; an ``--outputs`` marker is written
-  only after exit 0 of a program that was never asked to stop (issue 10: a program that exits 0
-  after SIGTERM had its half-trained model verified).
+- ``exit.json`` records the exit status and any stop delivered;
+- done.json is written by this wrapper, after the program exited, and only when the exit is 0, no stop
+  signal reached the wrapper or was recorded by the program (``attempts/<n>/stop.json``), the disk did
+  not fill, and the program's kit recorded completion (``attempts/<n>/complete.json`` of this token) or
+  ``--outputs`` were given. It lists, at that moment, everything under ``result/``, the record's outputs
+  and the ``--outputs`` matches (issue 17: a callback's done.json, written when fit ended, verified a
+  script whose export then raised; issue 10: a program that exits 0 after SIGTERM was verified). A
+  done.json the program wrote itself and then exited non-zero or was stopped is set aside
+  (``done.rejected-<k>.json``), never verified. Stop signals are blocked from the program's exit until
+  exit.json is written, and any that arrived meanwhile undo the marker: no TERM is ever followed by one.
 """
 
 from __future__ import annotations
@@ -39,10 +46,11 @@ import threading
 import time
 from pathlib import Path
 
-from orchestrator import protocol, spotnotice
+from orchestrator import protocol, spotnotice, testhooks
 from orchestrator.ballast import Ballast
 
 FORWARDED = (signal.SIGTERM, signal.SIGUSR2, signal.SIGINT, signal.SIGUSR1)
+STOPS = frozenset({signal.SIGTERM, signal.SIGINT, signal.SIGUSR2})  # what makes an attempt "stopped"
 WRAPPER_FILE = protocol.WRAPPER_FILE  # back-compat name
 LEFTOVER_GRACE_S = 5.0  # what a program's leftover processes get between SIGTERM and SIGKILL
 
@@ -237,6 +245,9 @@ def main(argv: list[str] | None = None) -> int:
         _superseded(a, adir, restart, stale)
         return 0
     protocol.set_aside(adir / protocol.EXIT_FILE)
+    # A Slurm in-place rerun of this attempt (same token): the earlier run's completion or stop is not this one's.
+    protocol.set_aside(adir / protocol.COMPLETE_FILE)
+    protocol.set_aside(adir / protocol.STOP_FILE)
     ballast = Ballast(adir / protocol.EXIT_RESERVE)
     try:
         return _attempt(a, run_dir, adir, restart, ballast)
@@ -274,6 +285,7 @@ def _attempt(a: argparse.Namespace, run_dir: Path, adir: Path, restart: int, bal
     if protocol.ENV_OVERRIDES in os.environ:  # the backend passed the policy's overrides
         env[protocol.ENV_OVERRIDES] = os.environ[protocol.ENV_OVERRIDES]
     env.update(protocol.tracker_env(os.environ, run_dir, a.job))
+    env[protocol.ENV_MARKER_WRITER] = protocol.MARKER_WRITER_WRAPPER  # the kit records completion; we mark
 
     def record(rc: int | None, **kw: object) -> None:
         def write() -> None:
@@ -289,6 +301,7 @@ def _attempt(a: argparse.Namespace, run_dir: Path, adir: Path, restart: int, bal
         record(0, error="already complete: the run dir's done marker verifies; the program was not run again")
         return 0
 
+    marker_before = _marker_identity(run_dir)
     flags = os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_NOFOLLOW
     with open(os.open(adir / protocol.STDOUT_LOG, flags, 0o666), "ab") as out, \
             open(os.open(adir / protocol.STDERR_LOG, flags, 0o666), "ab") as err:
@@ -311,22 +324,88 @@ def _attempt(a: argparse.Namespace, run_dir: Path, adir: Path, restart: int, bal
         except OSError as e:
             ballast.disk_full |= e.errno == errno.ENOSPC
         rc, timed_out = sup.wait(a.time_limit, a.kill_grace)
+        # From the program's exit until exit.json is written, a stop stays pending instead of running
+        # the handler: the marker decision below sees every stop that arrived before it commits.
+        signal.pthread_sigmask(signal.SIG_BLOCK, STOPS)
         if watcher is not None:
             watcher.stop()
-    stop_leftovers()
-
-    sig = -rc if rc < 0 else None
-    marker_error = None
-    if rc == 0 and a.outputs:
-        if sup.stop_signal is not None:
-            marker_error = f"not written: the program was sent SIG{sup.stop_signal} ({sup.stop_source})"
-        elif ballast.disk_full:  # a truncated output of exit 0 was verified (hostile test)
-            marker_error = "not written: the disk was full during the run (outputs may be truncated)"
-        else:
-            marker_error = write_outputs_marker(run_dir, a.job, a.attempt, a.outputs, ballast)
-    record(rc, signal=sig, time_limit_reached=timed_out, stop_signal=sup.stop_signal,
-           stop_source=sup.stop_source, notice=sup.notice, marker_error=marker_error)
+    try:
+        stop_leftovers()
+        sig = -rc if rc < 0 else None
+        marker_error, aside = _end_of_run(a, run_dir, adir, rc, sup, ballast, marker_before)
+        testhooks.site("wrapper_end_decided")  # a stop from here on came after the decision: held, not recorded
+        record(rc, signal=sig, time_limit_reached=timed_out, stop_signal=sup.stop_signal,
+               stop_source=sup.stop_source, notice=sup.notice, marker_error=marker_error, marker_set_aside=aside)
+    finally:
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, STOPS)
     return 128 + sig if sig else rc
+
+
+def _marker_identity(run_dir: Path) -> tuple[int, int, int] | None:
+    """(inode, mtime_ns, size) of done.json, or None: tells a marker the program wrote during the attempt."""
+    try:
+        st = os.lstat(run_dir / protocol.DONE_MARKER)
+    except OSError:
+        return None
+    return st.st_ino, st.st_mtime_ns, st.st_size
+
+
+def _note_pending_stops(sup: Supervisor) -> None:
+    """Stops that arrived while blocked count as delivered (their handler runs only after exit.json)."""
+    pending = signal.sigpending() & STOPS
+    for s in sorted(pending):
+        if s == signal.SIGUSR2:
+            sup._note(sup.warning, "warning")
+        else:
+            sup._note(s, "signal")
+
+
+def _refusal(rc: int, sup: Supervisor, stop: protocol.StopRecord | None, disk_full: bool) -> str | None:
+    """Why this attempt must not be marked done (None: it may be): exit, stops from anywhere, a full disk."""
+    if rc != 0:
+        return f"the program exited {rc}" if rc > 0 else f"the program was killed by signal {-rc}"
+    if sup.stop_signal is not None:
+        return f"the program was sent SIG{sup.stop_signal} ({sup.stop_source})"
+    if stop is not None:  # a SIGTERM that never passed through us: a user's kill, a container stop (issue 17)
+        return f"the program recorded a stop (SIG{stop.signal}) in {protocol.STOP_FILE}"
+    if disk_full:  # a truncated output of exit 0 was verified (hostile test)
+        return "the disk was full during the run (outputs may be truncated)"
+    return None
+
+
+def _end_of_run(a: argparse.Namespace, run_dir: Path, adir: Path, rc: int, sup: Supervisor, ballast: Ballast,
+                marker_before: tuple[int, int, int] | None) -> tuple[str | None, str | None]:
+    """The marker decision, after the program exited: (marker_error, where a refused done.json was set aside)."""
+    _note_pending_stops(sup)
+    stop = protocol.read_stop(adir, a.token)
+    completion = protocol.read_completion(adir, a.token)
+    programs_marker = _marker_identity(run_dir) not in (None, marker_before)  # it wrote done.json itself
+    why = _refusal(rc, sup, stop, ballast.disk_full)
+    stopped_or_failed = rc != 0 or sup.stop_signal is not None or stop is not None
+    marker_error, wrote = None, False
+    if completion is not None or a.outputs:
+        if why is None:
+            patterns = [f"{protocol.RESULT_DIR}/**", *(completion.patterns() if completion else []), *a.outputs]
+            marker_error = write_outputs_marker(run_dir, a.job, a.attempt, patterns, ballast)
+            wrote = marker_error is None
+        else:
+            marker_error = f"not written: {why}"
+    testhooks.site("wrapper_marker_decided")
+    _note_pending_stops(sup)
+    if why is None and sup.stop_signal is not None:
+        # A TERM that came while the marker was written (a VM shutdown signals every process): never a
+        # marker after a stop, so the one just written goes aside.
+        why = f"the wrapper was sent SIG{sup.stop_signal} ({sup.stop_source}) as the program ended"
+        stopped_or_failed = True
+    # A done.json of the program's own stands only on exit 0 unstopped (a full disk alone leaves it to
+    # verify_done_marker, which checks every byte it lists).
+    if not (stopped_or_failed and (wrote or programs_marker)):
+        return marker_error, None
+    try:
+        aside = protocol.set_aside_marker(run_dir)
+    except OSError as e:
+        return f"not verified: {why}; could not set {protocol.DONE_MARKER} aside: {e}", None
+    return f"set aside: {why}", (f"{aside.name} ({why})" if aside else None)
 
 
 def read_exit(attempt_dir: Path) -> protocol.ExitRecord | None:

@@ -26,7 +26,7 @@ import os
 import re
 import signal
 import sys
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -281,11 +281,11 @@ class LocalBackend(Backend):
 
     def live_in_run_dir(self, run_dir: Path) -> list[str]:
         """Live processes (by kernel-held environment) running in ``run_dir`` as some orch attempt."""
-        return live_by_run_dir().get(os.path.realpath(run_dir), [])
+        return live_by_run_dir([run_dir]).get(os.path.realpath(run_dir), [])
 
     def live_in_run_dirs(self, run_dirs: Sequence[Path]) -> dict[Path, list[str]]:
         # One process-table scan for a whole sweep: one per task was 18% of submitting 1,000 (bench P6).
-        found = live_by_run_dir() if run_dirs else {}
+        found = live_by_run_dir(run_dirs) if run_dirs else {}
         return {d: found.get(os.path.realpath(d), []) for d in run_dirs}
 
 
@@ -297,7 +297,7 @@ def _free_bytes(path: Path) -> int | None:
     return st.f_bavail * st.f_frsize
 
 
-def live_by_run_dir() -> dict[str, list[str]]:
+def live_by_run_dir(run_dirs: Iterable[Path | str] = ()) -> dict[str, list[str]]:
     """run dir -> the live processes whose kernel-held environment names it (``ORCH_RUN_DIR``), as
     "pid N (attempt K)": ONE scan of the process table for any number of run dirs (a requeue pass
     asks about every job it would launch). A process that left its attempt's session (``setsid``)
@@ -306,7 +306,15 @@ def live_by_run_dir() -> dict[str, list[str]]:
     Keys are real paths (look up ``os.path.realpath(run_dir)``): the same run dir spelled through a
     symlinked parent or ``x/..`` was taken for another one, and a second attempt started beside the
     first (hostile test). A job wrapper counts by its ``--run-dir`` (its program may have cleared
-    its environment)."""
+    its environment).
+
+    For the ``run_dirs`` given, also every process whose cwd or an open file lies under one of them
+    (``/proc/PID/cwd``, ``/proc/PID/fd/*``): one that cleared its environment AND left the session
+    (``env -i setsid ... &``) carries nothing else, and ``orch requeue`` started attempt 2 beside it
+    (hostile test). This process and its ancestors (the user's shell that runs orch, maybe in the run
+    dir) are not counted."""
+    roots = sorted({os.path.realpath(d) for d in run_dirs})
+    mine = _self_and_ancestors() if roots else set()
     out: dict[str, list[str]] = {}
     for p in proctable.all_procs():
         if p.zombie:
@@ -315,4 +323,29 @@ def live_by_run_dir() -> dict[str, list[str]]:
         if run_dir is not None:
             attempt = proctable.environ_value(p.pid, protocol.ENV_ATTEMPT) or "?"
             out.setdefault(os.path.realpath(run_dir), []).append(f"pid {p.pid} (attempt {attempt})")
+        elif roots and p.pid not in mine:
+            hit = _root_of(roots, proctable.paths_in_use(p.pid))
+            if hit is not None:
+                out.setdefault(hit, []).append(f"pid {p.pid} (its cwd or an open file is in the run dir)")
+    return out
+
+
+def _root_of(roots: list[str], paths: Iterable[str]) -> str | None:
+    """The first of ``roots`` (real paths) that one of ``paths`` lies in, else None."""
+    for path in paths:
+        for root in roots:
+            if path == root or path.startswith(root.rstrip("/") + "/"):
+                return root
+    return None
+
+
+def _self_and_ancestors() -> set[int]:
+    """This process and its parents up to init: the shell that runs orch may well sit in a run dir."""
+    out, pid = set(), os.getpid()
+    while pid > 1 and pid not in out:
+        out.add(pid)
+        p = proctable.read_proc(pid)
+        if p is None:
+            break
+        pid = p.ppid
     return out

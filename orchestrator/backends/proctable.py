@@ -140,3 +140,23 @@ def environ_value(pid: int, key: str) -> str | None:
         if item.startswith(prefix):
             return item[len(prefix):].decode(errors="replace")
     return None
+
+
+def paths_in_use(pid: int) -> Iterator[str]:
+    """The cwd and the paths of the open files of ``pid`` (the kernel's real paths; sockets, pipes and
+    unreadable entries skipped). What ties a process that cleared its environment to a run dir."""
+    try:
+        yield os.readlink(f"{PROC}/{pid}/cwd")
+    except OSError:
+        return  # gone, or another user's: nothing more is readable either
+    try:
+        fds = os.listdir(f"{PROC}/{pid}/fd")
+    except OSError:
+        return
+    for fd in fds:
+        try:
+            target = os.readlink(f"{PROC}/{pid}/fd/{fd}")
+        except OSError:
+            continue
+        if target.startswith("/"):
+            yield target

@@ -11,7 +11,12 @@ What it does, with the public ``TrainerCallback`` API only:
 * SIGTERM / SIGUSR2 set a flag; at the next ``on_step_end`` (an optimizer step just completed) the callback
   sets ``control.should_save`` and ``control.should_training_stop``: HF saves ``checkpoint-N`` of that step
   and leaves its loop; ``train()`` then raises ``SystemExit(143)`` from ``on_train_end`` with
-  ``failure.json`` = ``preempted`` (HF's own ``enable_jit_checkpoint`` path exits 0 instead).
+  ``failure.json`` = ``preempted``. Every such signal, whoever sent it, is recorded in
+  ``attempts/<n>/stop.json``: orch never verifies that attempt, whatever the exit code.
+  ``enable_jit_checkpoint``: HF installs its SIGTERM handler in ``Trainer.__init__`` (its
+  ``JITCheckpointCallback.set_trainer``) and exits 0 after its save; this callback's handler replaces it
+  at ``on_init_end`` (so the stop is recorded and the save happens at the next step boundary), and is
+  not replaced by JIT's again at train end.
 * every ``checkpoint-N`` HF writes (on a signal or by ``save_steps``) is committed in ``on_save`` as
   ``checkpoints/step-<N>``: moved out of ``output_dir``, each file fsynced and hashed, ``manifest.json``
   last, renamed into place. HF writes in place without fsync, so a kill -9 mid-save leaves a
@@ -19,7 +24,10 @@ What it does, with the public ``TrainerCallback`` API only:
   ``resume_path()`` only returns a verified ``step-N`` (HF loads it like any checkpoint dir); a
   ``checkpoint-N`` found in ``output_dir`` at the start of training is unfinished and renamed aside.
 * when training ends normally: ``result/`` (``save_pretrained`` of the model, ``metrics.json``), then
-  ``done.json``. A signal that arrives after the last step stops nothing, so the run still finishes.
+  training is recorded complete (``attempts/<n>/complete.json``); orch writes ``done.json`` only after the
+  script exits 0, listing everything under ``result/`` then (an exception after ``train()`` is a crash).
+  Without orch: ``done.json`` at train end. A signal after the last step is a stop (exit 143), never
+  completion.
 * trackers: ``report_to="tensorboard"`` logs to the run's one TensorBoard dir for every attempt (the
   callback sets ``TENSORBOARD_LOGGING_DIR`` when constructed, unless set); ``report_to="wandb"`` continues
   one W&B run through orch's ``WANDB_RUN_ID``/``WANDB_RESUME=allow``.
@@ -125,6 +133,7 @@ class OrchCallback(TrainerCallback):
             control.should_save = True
             control.should_training_stop = True
             self._stopping = True
+            self.flag.record_step(state.global_step)
         return control
 
     @staticmethod
@@ -149,12 +158,15 @@ class OrchCallback(TrainerCallback):
     def on_train_end(self, args: TrainingArguments, state: TrainerState, control: TrainerControl,
                      model: torch.nn.Module | None = None, **kwargs: Any) -> None:
         self._close()
-        if self._stopping and state.global_step < state.max_steps:
+        if self._stopping or self.flag.requested:
+            # A stop is never completion (issue 17), also when it came with the last step.
+            self.flag.record_step(state.global_step)
             raise self.run.preempted(state.global_step, signal_name(self.flag.signum), self._committed)
         if self.run.is_writer:
             self._save_result(model)
             last = next((e for e in reversed(state.log_history) if "train_loss" in e or "loss" in e), {})
-            self.run.finish({"global_step": state.global_step, "epoch": state.epoch, **last})
+            self.run.finish({"global_step": state.global_step, "epoch": state.epoch, **last},
+                            step=state.global_step)
 
     def _save_result(self, model: torch.nn.Module | None) -> None:
         out = self.run.result_dir

@@ -22,9 +22,13 @@ What it does, with public Lightning API only (``Callback`` hooks, ``Trainer.save
   train dataloader is resumable (``state_dict``/``load_state_dict``, e.g. torchdata's
   ``StatefulDataLoader``): with a plain ``DataLoader`` Lightning restarts the interrupted epoch's iterator
   (its own warning says so) — 0 optimizer steps redone, but other batches.
+* Every stop signal, whoever sent it, is recorded in ``attempts/<n>/stop.json`` (with the step it was acted
+  on): orch never verifies such an attempt, whatever the exit code. A signal after the last step is a stop
+  too: that step is checkpointed, exit 143, and the next attempt (0 steps left) writes the result.
 * When ``fit`` ends normally (max_steps/max_epochs, early stopping): ``result/model.ckpt`` (weights) and
-  ``result/metrics.json``, then ``done.json`` (also when a signal came after the last step: it stopped
-  nothing).
+  ``result/metrics.json``, then training is recorded complete (``attempts/<n>/complete.json``); orch writes
+  ``done.json`` only after the script exits 0, listing everything under ``result/`` then (an exception
+  after ``fit``, e.g. in an export, is a crash). Without orch: ``done.json`` when ``fit`` ends.
 * ``tensorboard_logger()`` logs to the run's one TensorBoard dir for every attempt (Lightning's default
   logger starts a new ``version_N`` dir each time); ``WandbLogger`` needs nothing: orch's
   ``WANDB_RUN_ID``/``WANDB_RESUME=allow`` make every attempt continue one W&B run.
@@ -110,17 +114,11 @@ class OrchCallback(Callback):
         # Lightning installed its SIGTERM handler just before training (it stops the loop and exits 0);
         # from here on only ours runs. Lightning's teardown restores the handlers it found before fit.
         for s in DEFAULT_SIGNALS:
-            signal.signal(s, self._on_signal)
+            signal.signal(s, self.flag._handle)  # the flag's own handler: it records the stop (stop.json)
         self._last_step = self._resumed_from = trainer.global_step
         if self._heartbeat is not None:  # the attempt's first heartbeat names the resume step at once
             self._heartbeat.post(step=self._resumed_from, resumed_from=self._resumed_from)
             self._heartbeat.write_now()
-
-    def _on_signal(self, signum: int, _frame: object) -> None:
-        # Attribute assignments only: safe wherever the main thread was interrupted.
-        if not self.flag.requested:
-            self.flag.signum = signum
-            self.flag.set(signal.Signals(signum).name)
 
     # --- resume ------------------------------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:
@@ -152,10 +150,15 @@ class OrchCallback(Callback):
                                  **({"loss": float(loss)} if loss is not None else {}))
         stop = trainer.strategy.reduce_boolean_decision(self.flag.requested, all=False)
         if stop:
-            path = self._save(trainer, step)
-            self._stop = self.run.preempted(step, signal_name(self.flag.signum), path)
+            self._stop_at(trainer, step)
         elif self.every_n_steps and step % self.every_n_steps == 0:
             self._save(trainer, step)
+
+    def _stop_at(self, trainer: pl.Trainer, step: int) -> None:
+        """Checkpoint ``step``, record the stop's step; the next hook raises exit 143."""
+        path = self._save(trainer, step)
+        self.flag.record_step(step)
+        self._stop = self.run.preempted(step, signal_name(self.flag.signum), path)
 
     def _save(self, trainer: pl.Trainer, step: int) -> Path:
         if self._saved is not None and self._saved[0] == step:
@@ -184,13 +187,17 @@ class OrchCallback(Callback):
     # --- the end -----------------------------------------------------------------------------------
     def on_train_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         self._raise_if_stopping()
-        # A signal after the last step's on_train_batch_end stopped nothing (Lightning's handler is no
-        # longer installed): fit is complete, so it is marked complete.
+        if trainer.strategy.reduce_boolean_decision(self.flag.requested, all=False):
+            # A signal after the last step's on_train_batch_end: a stop is never completion (issue 17).
+            # The last step is checkpointed; the next attempt (0 steps left) writes the result.
+            self._stop_at(trainer, trainer.global_step)
+            self._raise_if_stopping()
         if self.run.is_writer:
             self.run.result_dir.mkdir(parents=True, exist_ok=True)
         trainer.save_checkpoint(self.run.result_dir / CKPT_FILE, weights_only=True)
         metrics = {k: float(v) for k, v in trainer.callback_metrics.items() if getattr(v, "numel", lambda: 0)() == 1}
-        self.run.finish({"global_step": trainer.global_step, "epoch": trainer.current_epoch, **metrics})
+        self.run.finish({"global_step": trainer.global_step, "epoch": trainer.current_epoch, **metrics},
+                        step=trainer.global_step)
 
     def on_exception(self, trainer: pl.Trainer, pl_module: pl.LightningModule, exception: BaseException) -> None:
         if isinstance(exception, SystemExit) and self.flag.requested and exception is not self._stop:
@@ -198,6 +205,7 @@ class OrchCallback(Callback):
             # no step ran since the checkpoint this attempt resumed from, so that one is the resume point.
             exception.code = protocol.EXIT_PREEMPTED
             if self._stop is None:
+                self.flag.record_step(trainer.global_step)
                 found = self.run.resume_checkpoint()
                 self.run.preempted(trainer.global_step, signal_name(self.flag.signum), found and found[1])
         self._close()

@@ -16,11 +16,15 @@ What it guarantees (measured in tests/integrations/test_loop.py):
   batches depend on the step or on the global RNG continues bit for bit;
 * every ``save_every`` steps a checkpoint is written in a background thread (the loop waits only for a
   copy of the state to CPU memory);
-* on SIGTERM or SIGUSR2 the step in flight completes, the last completed step is checkpointed at the
-  step boundary, ``failure.json`` says ``preempted`` and the process exits 143: 0 steps are redone
-  (a signal during the last step stops nothing: the run finishes);
-* when the ``with`` body ends normally, ``result/model.pt`` (the model's state dict),
-  ``result/metrics.json`` and whatever you wrote to ``run.result_dir`` are listed in ``done.json``.
+* on SIGTERM or SIGUSR2 (from orch or from anywhere: ``attempts/<n>/stop.json`` records it) the step in
+  flight completes, the last completed step is checkpointed at the step boundary, ``failure.json`` says
+  ``preempted`` and the process exits 143: 0 steps are redone. A signal during the last step is a stop
+  too (never completion): the last step is checkpointed and the next attempt only writes the result;
+* when the ``with`` body ends normally, ``result/model.pt`` (the model's state dict) and
+  ``result/metrics.json`` are written and training is recorded complete (``attempts/<n>/complete.json``);
+  orch writes ``done.json`` only once the script exits 0, listing everything under ``result/`` then, so
+  files the script writes to ``run.result_dir`` after the ``with`` block are listed too, and an
+  exception after it (an export, an eval) is a crash, never verified. Without orch: ``done.json`` at once.
 
 Step numbering: ``steps(n)`` yields 1..n; when the body for step ``s`` returns, step ``s`` is complete and
 ``checkpoints/step-<s>`` holds the state after it. Without orch pass ``run_dir=``.
@@ -129,9 +133,14 @@ class OrchRun:
         """Between two steps: the only place a signal is acted on (the state is one completed step)."""
         self.ckpts.poll()  # a failed background save surfaces here, not silently at the end
         if any_rank(self.flag.requested):
-            path = self._save(background=False)
-            self._stopped = True
-            raise self.run.preempted(self.step, signal_name(self.flag.signum), path)
+            self._stop()
+
+    def _stop(self) -> None:
+        """Checkpoint the last completed step, record the stop's step, exit 143."""
+        path = self._save(background=False)
+        self._stopped = True
+        self.flag.record_step(self.step)
+        raise self.run.preempted(self.step, signal_name(self.flag.signum), path)
 
     def _save(self, background: bool) -> Path | None:
         if self.step == 0 or self.step == self._saved_step:
@@ -154,15 +163,17 @@ class OrchRun:
                  tb: TracebackType | None) -> bool:
         try:
             if exc_type is None:
-                if self.flag.requested:
-                    # A signal during the last step or while results were written stopped nothing: the
-                    # run is complete, and its marker costs milliseconds of the grace period.
-                    log(f"{signal_name(self.flag.signum)} after the last step: finishing")
+                if any_rank(self.flag.requested):
+                    # A stop is never completion (issue 17): the last step is checkpointed and the next
+                    # attempt, with 0 steps left, only writes the result.
+                    log(f"{signal_name(self.flag.signum)} during the last step: stopping, not finishing")
+                    self._stop()
                 self.ckpts.wait()
                 if self.run.is_writer:
                     self.run.result_dir.mkdir(parents=True, exist_ok=True)
                     torch.save(self.model.state_dict(), self.run.result_dir / "model.pt")
-                    self.run.finish({"step": self.step, "resumed_from": self.resumed_from, **self._fields})
+                    self.run.finish({"step": self.step, "resumed_from": self.resumed_from, **self._fields},
+                                    step=self.step)
             elif not self._stopped and not issubclass(exc_type, SystemExit | KeyboardInterrupt):
                 try:
                     self.ckpts.wait()  # an in-flight save still commits: the next attempt loses less

@@ -27,6 +27,7 @@ import submitit.core.utils as submitit_utils
 from orchestrator import protocol
 from orchestrator.kit.commit import clean_stale, commit_checkpoint
 from orchestrator.kit.log import log
+from orchestrator.kit.preemption import StopRecorder, attempt_dir_from_env
 from orchestrator.kit.run import Run, RunDirError, signal_name
 
 SUBMISSION_DIR = "submitit"  # <run dir>/submitit/submission-*.pkl: the original call (orch never moves it)
@@ -88,6 +89,8 @@ class _Runner:
         self.checkpoint: Path | None = None  # the newest committed checkpoint (resumed from, or written)
         self.resumed_from: int | None = None
         self.heartbeat: Any = None
+        # Every stop signal, whoever sent it, lands in attempts/<n>/stop.json: never verified (issue 17).
+        self.recorder = StopRecorder(attempt_dir_from_env())
 
     # --- loading ---------------------------------------------------------------------------------
     def load(self, submission: str, sha256: str) -> Any:
@@ -113,6 +116,7 @@ class _Runner:
 
     # --- stops -----------------------------------------------------------------------------------
     def on_signal(self, signum: int, _frame: FrameType | None) -> None:
+        self.recorder.notify(signum)
         if self.signum is None:
             self.signum = signum
         if self.phase != "calling" or self.safe_points or self.busy:
@@ -143,6 +147,7 @@ class _Runner:
     def stop(self, how: str) -> None:
         self.busy = True
         committed = self.commit()
+        self.recorder.record_step(self.step)
         raise _StopAttempt(f"checkpoint() {how}; committed {committed.relative_to(self.run.run_dir)}"
                            if committed is not None else
                            f"{type(self.delayed.function).__name__} has no checkpoint(): nothing committed")
@@ -217,6 +222,7 @@ def run_job(submission: str, sha256: str, *, sys_path: Iterable[str] = (), keep_
     if run.already_complete():
         return protocol.EXIT_OK
     runner = _Runner(run, keep_last_k)
+    runner.recorder.start()
     # First, before the (possibly long) unpickling: a stop from here on ends as a clean preemption.
     previous = {s: signal.signal(s, runner.on_signal) for s in STOP_SIGNALS}
     try:
@@ -269,19 +275,21 @@ def run_job(submission: str, sha256: str, *, sys_path: Iterable[str] = (), keep_
             _current = None
             runner.heartbeat.stop()
         if runner.signum is not None:
-            # The callable returned: its result is complete, and the marker costs milliseconds of the grace.
-            log(f"{signal_name(runner.signum)} after the callable returned: finishing")
+            # The callable returned, but a stop is never completion (issue 17): its result is written and the
+            # stop recorded; orch does not verify this attempt, and the next one reruns from the last checkpoint.
+            log(f"{signal_name(runner.signum)} after the callable returned: result written, the stop is recorded")
         if run.is_writer:
             import cloudpickle
 
             run.result_dir.mkdir(parents=True, exist_ok=True)
             protocol.atomic_write(run.result_dir / RESULT_FILE, cloudpickle.dumps(result, pickle.HIGHEST_PROTOCOL))
             run.finish({"attempt": run.attempt, "resumed_from": runner.resumed_from, "step": runner.step,
-                        "safe_points": runner.safe_points})
+                        "safe_points": runner.safe_points}, step=runner.step)
         return protocol.EXIT_OK
     finally:
         for s, h in previous.items():
             signal.signal(s, h if h is not None else signal.SIG_DFL)
+        runner.recorder.close()
 
 
 def _report(run: Run, cls: str, step: int | None, detail: str, **extra: Any) -> None:

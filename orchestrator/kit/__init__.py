@@ -3,11 +3,13 @@
 Part of the ``orchestrator`` distribution and importable on a compute node; nothing here imports the
 bundled trainer (``orch_trainer``), which is the kit's first user, never its provider. Modules:
 
-- :mod:`.preemption`: ``PreemptionFlag``, set by SIGTERM/SIGUSR2 and acted on at a safe point;
+- :mod:`.preemption`: ``PreemptionFlag``, set by SIGTERM/SIGUSR2 and acted on at a safe point; under orch it
+  also records every stop in ``attempts/<n>/stop.json`` (``StopRecorder``), whoever sent the signal;
 - :mod:`.heartbeat`: ``Heartbeat``, ``attempts/<n>/progress.json`` from a helper thread;
 - :mod:`.checkpoint`: ``CheckpointManager``, crash-safe save / latest verified / load / prune (torch);
 - :mod:`.commit`: commit a framework's own checkpoint files in orch's format (no torch);
-- :mod:`.run`: ``Run``, one attempt as the environment describes it: resume point, stop report, the end;
+- :mod:`.run`: ``Run``, one attempt as the environment describes it: resume point, stop report, the end
+  (``record_completion``: ``complete.json`` under orch's wrapper, which marks done after exit 0; else done.json);
 - :mod:`.rng`, :mod:`.dist`: RNG capture/restore, ranks and their agreement on a stop.
 
 The done marker and the failure report are the run-dir protocol's (``orchestrator.protocol``).

@@ -3,8 +3,9 @@
 Framework-free (stdlib + ``orchestrator.protocol``), so the Lightning and Hugging Face callbacks, the
 plain-loop context manager and the submitit runner behave alike: resume only from a checkpoint whose
 manifest verifies; a stop after a signal is reported with :meth:`Run.preempted` (``failure.json`` class
-``preempted``, exit 143) and never writes ``done.json``; a normal end writes ``result/`` and then the
-marker (:meth:`Run.finish`).
+``preempted``, exit 143) and never writes ``done.json``; a normal end writes ``result/`` and then, through
+:func:`record_completion`, either the completion record (under orch's wrapper, which writes the marker
+only after the program exits 0) or the marker itself (a script run by hand) (:meth:`Run.finish`).
 
 Who may call: every rank may construct a :class:`Run`; only ``is_writer`` (global rank 0) writes.
 """
@@ -187,17 +188,43 @@ class Run:
             log(f"preempted ({reason}) at step {step}; checkpoint {rel}; exit {protocol.EXIT_PREEMPTED}")
         return SystemExit(protocol.EXIT_PREEMPTED)
 
-    def finish(self, metrics: dict[str, Any]) -> dict | None:
-        """``result/metrics.json``, then ``done.json`` over every file under ``result/``: the LAST write."""
+    def finish(self, metrics: dict[str, Any], step: int | None = None) -> dict | None:
+        """``result/metrics.json``, then :func:`record_completion` over every file under ``result/``: the LAST
+        write of the integration. Under orch, what the script writes into ``result/`` after this is listed
+        too (the wrapper lists ``result/`` when the program exits 0)."""
         if not self.is_writer:
             return None
         self.result_dir.mkdir(parents=True, exist_ok=True)
         protocol.atomic_write_json(self.result_dir / "metrics.json", metrics)
         files = sorted(str(p.relative_to(self.run_dir)) for p in self.result_dir.rglob("*")
                        if p.is_file() and not p.is_symlink())
-        marker = protocol.write_done_marker(self.run_dir, self.job, self.attempt, files)
-        log(f"done: {protocol.DONE_MARKER} lists {len(files)} file(s) under {protocol.RESULT_DIR}/")
-        return marker
+        return record_completion(self.run_dir, self.job, self.attempt, files, step=step)
+
+
+def marker_written_by_wrapper() -> bool:
+    """True under orch's job wrapper: it writes done.json once the program has exited 0 (ORCH_MARKER_WRITER)."""
+    return os.environ.get(protocol.ENV_MARKER_WRITER) == protocol.MARKER_WRITER_WRAPPER
+
+
+def record_completion(run_dir: Path, job: str, attempt: int, artifacts: list[str], *, step: int | None = None,
+                      outputs: list[str] | None = None) -> dict:
+    """THE end of a program that completed training (the integrations' and the bundled trainer's one copy).
+
+    Under orch's wrapper: ``attempts/<n>/complete.json`` {token, step, at, outputs}; the wrapper writes
+    done.json over ``result/``, these outputs and ``--outputs`` only if the program then exits 0 unstopped
+    (issue 17: a callback's done.json, written before the script's export raised, verified an exit 1).
+    Without orch: done.json over ``artifacts`` at once, as the last write. Returns what was written.
+    """
+    if marker_written_by_wrapper():
+        token = os.environ.get(protocol.ENV_TOKEN, "")
+        outs = [f"{protocol.RESULT_DIR}/", *(outputs or []), *artifacts]
+        path = protocol.write_completion(run_dir, attempt, token, step, list(dict.fromkeys(outs)))
+        log(f"training complete: {path.relative_to(run_dir)} written; orch writes {protocol.DONE_MARKER} "
+            "once this program exits 0")
+        return protocol.read_json_bounded(path)
+    marker = protocol.write_done_marker(run_dir, job, attempt, artifacts)
+    log(f"done: {protocol.DONE_MARKER} lists {len(artifacts)} file(s)")
+    return marker
 
 
 def signal_name(signum: int | None) -> str:

@@ -28,6 +28,9 @@ FAILURE_FILE = "failure.json"
 PROGRESS_FILE = "progress.json"
 PROGRESS_HISTORY = "progress.jsonl"  # every heartbeat, appended: the loss curve across a whole attempt
 EXIT_FILE = "exit.json"  # written by orch's job wrapper when the command exits
+COMPLETE_FILE = "complete.json"  # the kit's completion record under orch's wrapper: training completed, what it made
+STOP_FILE = "stop.json"  # the kit's record of a stop signal the program received (whoever sent it)
+REJECTED_MARKER_PREFIX = "done.rejected-"  # done.rejected-<k>.json: a program's own done.json the wrapper refused
 EXIT_RESERVE = "exit.reserve"  # the wrapper's ballast: freed to make room for exit.json on a full disk
 WRAPPER_FILE = "wrapper.json"  # written by orch's job wrapper when the command starts (informative only)
 # Written by orch (atomically) after it won an attempt's launch claim and before the backend call: the
@@ -79,6 +82,11 @@ ENV_OVERRIDES = "ORCH_OVERRIDES"
 ENV_TOKEN = "ORCH_SUBMIT_TOKEN"
 ENV_RUN_ID = "ORCH_RUN_ID"  # stable across attempts: one tracker curve per run dir
 ENV_TENSORBOARD_DIR = "ORCH_TENSORBOARD_DIR"
+# Set by orch's job wrapper: it writes done.json after the program exits 0 (issue 17: a callback's
+# done.json, written before the script's own export raised, verified a run that exited 1); the kit
+# then writes attempts/<n>/complete.json instead. Unset (a script run by hand), the kit writes done.json.
+ENV_MARKER_WRITER = "ORCH_MARKER_WRITER"
+MARKER_WRITER_WRAPPER = "wrapper"
 ENV_SWEEP = "ORCH_SWEEP"  # a sweep task's sweep name
 ENV_TASK_INDEX = "ORCH_TASK_INDEX"  # ... its index in the sweep
 ENV_SWEEP_PARAMS = "ORCH_SWEEP_PARAMS"  # ... and its argument set, as a JSON object

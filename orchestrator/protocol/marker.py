@@ -16,6 +16,7 @@ from orchestrator.protocol.layout import (
     CHECKPOINTS_DIR,
     DONE_MARKER,
     MANIFEST,
+    REJECTED_MARKER_PREFIX,
     SCHEMA,
     UnsafePath,
     now_iso,
@@ -148,6 +149,23 @@ def write_done_marker(run_dir: Path | str, job: str, attempt: int, artifacts: It
     }
     atomic_write_json(run_dir / DONE_MARKER, marker)
     return marker
+
+
+def set_aside_marker(run_dir: Path | str) -> Path | None:
+    """Rename ``done.json`` to the first free ``done.rejected-<k>.json`` (never the marker's name); None if absent.
+
+    orch's wrapper does this to a done.json the program wrote itself and then exited non-zero or was
+    stopped (issue 17): kept for the user to read, never verified.
+    """
+    path = Path(run_dir) / DONE_MARKER
+    if not (path.exists() or path.is_symlink()):
+        return None
+    k = 1
+    while (aside := path.with_name(f"{REJECTED_MARKER_PREFIX}{k}.json")).exists() or aside.is_symlink():
+        k += 1
+    os.replace(path, aside)
+    fsync_dir(path.parent)
+    return aside
 
 
 # =========================================================================================

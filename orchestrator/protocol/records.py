@@ -27,6 +27,7 @@ from orchestrator.protocol.layout import (
     ATTEMPTS_DIR,
     CHECKPOINTS_DIR,
     COMMAND_FILE,
+    COMPLETE_FILE,
     EXIT_FILE,
     FAILURE_CLASSES,
     FAILURE_FILE,
@@ -34,9 +35,13 @@ from orchestrator.protocol.layout import (
     OWN_CHECKPOINT_RE,
     PROGRESS_FILE,
     PROGRESS_HISTORY,
+    RESULT_DIR,
     RUN_CONFIG,
+    STOP_FILE,
+    UnsafePath,
     attempt_dir,
     now_iso,
+    safe_relpath,
 )
 
 # =========================================================================================
@@ -256,6 +261,8 @@ class ExitRecord:
     marker_error: str | None = None
     error: str | None = None
     disk_full: bool = False  # the wrapper's own writes hit ENOSPC: the run dir's filesystem was full
+    # Where the wrapper moved a done.json the program wrote itself and then exited non-zero or was stopped.
+    marker_set_aside: str | None = None
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -322,7 +329,115 @@ def _read_exit_at(path: Path, token: str | None) -> ExitRecord | None:
         marker_error=text("marker_error"),
         error=text("error"),
         disk_full=r.get("disk_full") is True,
+        marker_set_aside=text("marker_set_aside"),
     )
+
+
+# =========================================================================================
+# the kit's completion record and stop record (the job writes both; orch's wrapper and classify read them)
+# =========================================================================================
+COMPLETE_LIMIT = 256 * 1024
+STOP_LIMIT = 16 * 1024
+MAX_OUTPUTS = 1000
+
+
+@dataclass(frozen=True)
+class CompletionRecord:
+    """``attempts/<n>/complete.json``: the program's kit says training completed and what it produced.
+
+    Written instead of done.json under orch's wrapper, which writes the marker only after the program
+    exits 0 (issue 17: the callbacks' done.json verified a script that raised in its export right after).
+    ``outputs``: run-dir-relative paths or globs; one ending in ``/`` is everything under that dir.
+    """
+
+    token: str
+    step: int | None
+    at: str
+    outputs: tuple[str, ...]
+
+    def patterns(self) -> list[str]:
+        """The outputs as ``glob`` patterns (a dir ``x/`` becomes ``x/**``)."""
+        return [o + "**" if o.endswith("/") else o for o in self.outputs]
+
+
+def write_completion(run_dir: Path | str, attempt: int, token: str, step: int | None,
+                     outputs: list[str]) -> Path:
+    """Record that training completed: ``attempts/<n>/complete.json`` (atomic). ``result/`` is always listed."""
+    outs = [f"{RESULT_DIR}/"] + [o for o in outputs if o != f"{RESULT_DIR}/"]
+    d = attempt_dir(run_dir, attempt)
+    d.mkdir(parents=True, exist_ok=True)
+    path = d / COMPLETE_FILE
+    atomic_write_json(path, {"token": token, "step": step, "at": now_iso(), "outputs": outs})
+    return path
+
+
+def _clean_output(o: Any) -> str | None:
+    """A record's output path/glob if it stays inside the run dir (no ``/``-rooted, ``..``, NUL), else None."""
+    if not isinstance(o, str) or len(o) > 500:
+        return None
+    try:
+        safe_relpath(o[:-1] if o.endswith("/") else o)
+    except UnsafePath:
+        return None
+    return o
+
+
+def read_completion(attempt_path: Path, token: str) -> CompletionRecord | None:
+    """This attempt's completion record (the token must match), validated; None when absent or bad.
+
+    The job writes it: outputs that could leave the run dir are dropped, never followed.
+    """
+    try:
+        r = read_json_bounded(attempt_path / COMPLETE_FILE, limit=COMPLETE_LIMIT)
+    except (OSError, ValueError):
+        return None
+    if not isinstance(r, dict) or r.get("token") != token or not isinstance(r.get("outputs"), list):
+        return None
+    outs = tuple(o for o in (_clean_output(x) for x in r["outputs"][:MAX_OUTPUTS]) if o is not None)
+    step = r.get("step")
+    at = r.get("at")
+    return CompletionRecord(token=token, step=step if is_int(step, 0, MAX_DB_INT) else None,
+                            at=at[:64] if isinstance(at, str) else "", outputs=outs)
+
+
+@dataclass(frozen=True)
+class StopRecord:
+    """``attempts/<n>/stop.json``: the program's kit received a stop signal (from orch, Slurm, a user's kill,
+    a container stop, a VM shutdown) at ``at``; ``step``: the last completed step, filled at the next step
+    boundary. An attempt with this record is never verified, whatever its exit code (issue 17: an HF
+    script with enable_jit_checkpoint exited 0 after SIGTERM and was verified half-trained)."""
+
+    signal: str
+    at: str
+    step: int | None = None
+
+
+def write_stop(attempt_path: Path, signal_name: str, at: str, step: int | None, token: str | None) -> None:
+    attempt_path.mkdir(parents=True, exist_ok=True)
+    atomic_write_json(attempt_path / STOP_FILE, {"signal": signal_name, "at": at, "step": step, "token": token})
+
+
+def read_stop(attempt_path: Path, token: str | None = None) -> StopRecord | None:
+    """The attempt's stop record, validated (and of ``token`` when given); None when absent or bad.
+
+    A stop.json that exists but does not parse is still a stop: the kit writes it atomically, so garbage
+    there came from elsewhere, and "stopped" is the safe reading (never verified, retried).
+    """
+    path = attempt_path / STOP_FILE
+    try:
+        r = read_json_bounded(path, limit=STOP_LIMIT)
+    except FileNotFoundError:
+        return None
+    except (OSError, ValueError):
+        return StopRecord(signal="unknown", at="", step=None) if (path.exists() or path.is_symlink()) else None
+    if not isinstance(r, dict):
+        return StopRecord(signal="unknown", at="", step=None)
+    if token is not None and isinstance(r.get("token"), str) and r["token"] != token:
+        return None  # another attempt's (a run dir reused under a fresh DB)
+    sig, at, step = r.get("signal"), r.get("at"), r.get("step")
+    return StopRecord(signal=sig[:32] if isinstance(sig, str) and sig.isprintable() else "unknown",
+                      at=at[:64] if isinstance(at, str) else "",
+                      step=step if is_int(step, 0, MAX_DB_INT) else None)
 
 
 MAX_RESTARTS_SHOWN = 1000  # a job could set aside files forever; orch show reads a bounded number

@@ -80,7 +80,8 @@ def test_fifos_named_like_job_files_never_block_any_pass(orch):
     """Issue 9: 'a FIFO named done.json/failure.json/progress.json blocks forever' (also exit.json,
     wrapper.json)."""
     _run_hostile(orch, {f"bad-{f.split('.')[0]}": _job_args(f, "fifo")
-                        for f in ("done.json", "failure.json", "progress.json", "exit.json", "wrapper.json")})
+                        for f in ("done.json", "failure.json", "progress.json", "exit.json", "wrapper.json",
+                                  "complete.json", "stop.json")})  # issue 17: the kit's records, read at exit
 
 
 @pytest.mark.parametrize("fname", ["exit.json", "progress.json", "run_config.json", "failure.json"])

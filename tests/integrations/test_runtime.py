@@ -112,9 +112,15 @@ def test_loop_sigusr2_time_limit_warning_checkpoints_the_step_in_flight_and_exit
     assert protocol.read_json_bounded(tmp_path / "result" / "metrics.json")["resumed_from"] == 5  # ... untouched
 
 
-def test_loop_signal_during_the_last_step_still_finishes(tmp_path):
-    assert _train(tmp_path, 6, signal_at=6, signum=signal.SIGTERM) == 0
-    assert protocol.verify_done_marker(tmp_path).verified
+def test_loop_signal_during_the_last_step_is_a_stop_and_the_next_run_only_finishes(tmp_path):
+    # Issue 17: a stop is never completion, even one that came with the last step. That step is checkpointed
+    # (exit 143, no marker); the next run has 0 steps left and only writes the result.
+    assert _train(tmp_path, 6, signal_at=6, signum=signal.SIGTERM) == protocol.EXIT_PREEMPTED
+    report = protocol.read_failure(tmp_path, 1)
+    assert (report["class"], report["step"], report["checkpoint"]) == ("preempted", 6, "checkpoints/step-00000006")
+    assert not (tmp_path / "done.json").exists()
+    assert _train(tmp_path, 6) == 0 and protocol.verify_done_marker(tmp_path).verified
+    assert protocol.read_json_bounded(tmp_path / "result" / "metrics.json")["resumed_from"] == 6
 
 
 def test_loop_crash_is_reported_with_its_traceback_and_no_marker(tmp_path):
