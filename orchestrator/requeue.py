@@ -37,6 +37,7 @@ from orchestrator.lifecycle import (
 from orchestrator.models import Attempt, Event, Job
 from orchestrator.observe import PassReport, observe, polled_rows
 from orchestrator.protocol import FailureClass
+from orchestrator.resumestate import keep_globs
 from orchestrator.rundir import check_run_dir, unverified_leftovers
 from orchestrator.submit import new_token
 
@@ -210,6 +211,7 @@ def _requeue_one(db: Database, cfg: Config, name: str, target: RequeueTarget, dr
     with db.read() as s:
         job = get_job(s, name)
         state, run_dir, outputs = job.state, Path(job.run_dir), list(job.outputs)
+        keep = keep_globs(job.resources)
     if state is J.DONE and not target.explicit:
         return RequeueResult(name, "refused", "verified: done_marker_verified jobs are never rerun")
     if state in REQUEUEABLE:
@@ -248,7 +250,7 @@ def _requeue_one(db: Database, cfg: Config, name: str, target: RequeueTarget, dr
             _hold(db, name, reason)
         return RequeueResult(name, "refused", reason)
     if dry_run:
-        clears = unverified_leftovers(run_dir, outputs, plan.quarantine if plan else ())
+        clears = unverified_leftovers(run_dir, outputs, plan.quarantine if plan else (), keep)
         clears += [p for p in (plan.prune if plan else ()) if p not in clears]
         return RequeueResult(name, "would_requeue", action, (last.n + 1) if last else 1, clears)
     with db.write() as s:

@@ -14,6 +14,7 @@ from orchestrator.db import Database
 from orchestrator.jobs import attempt_ref, attempt_view, get_job
 from orchestrator.lifecycle import ATTEMPT_LIVE, AttemptState, JobState
 from orchestrator.models import Attempt, Event, Job
+from orchestrator.resumestate import launch_record
 from orchestrator.statusview import group_by_sweep, make_row, status_select
 
 __all__ = ["status_rows", "group_by_sweep", "show_job", "show_sweep", "log_paths"]
@@ -51,6 +52,9 @@ def show_job(db: Database, name: str) -> dict[str, Any]:
     for a in d["attempts"]:
         # A Slurm in-place requeue keeps the attempt; what stopped each earlier run was set aside in its dir.
         a["restart_history"] = protocol.restart_history(d["run_dir"], a["n"], a["token"]) if a["restarts"] else []
+        # What this attempt's launch moved to the trash and set aside as torn, and why (issue 17: a
+        # requeue trashed HF's checkpoints and show said nothing).
+        a.update(launch_record(d["run_dir"], a["n"]))
     if last is not None:
         prog = protocol.read_progress(d["run_dir"], last) or {}
         d["last_step"] = prog.get("step")

@@ -106,6 +106,10 @@ def show(name: str, as_json: bool) -> None:
         if a.get("action"):
             act = {k: v for k, v in a["action"].items() if v not in (None, "", [], {}, False)}
             click.echo(f"    action: {json.dumps(act, sort_keys=True)}")
+        for t in a.get("trashed") or []:
+            click.echo(f"    moved to trash at launch: {t.get('path')} ({t.get('why') or 'no reason recorded'})")
+        for t in a.get("set_aside") or []:
+            click.echo(f"    set aside at launch: {t.get('path')} -> {t.get('as')} ({t.get('why')})")
     if d.get("foreign_checkpoint_files"):
         click.echo(f"  left in place (not orch's): checkpoints/{', checkpoints/'.join(d['foreign_checkpoint_files'])}")
     for problem in d.get("problems") or []:
