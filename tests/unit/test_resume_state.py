@@ -44,7 +44,7 @@ def test_torch_zip_checks_tell_whole_from_cut_and_empty(tmp_path):
     cut = _torch_file(tmp_path / "b.pt")
     _cut(cut)
     assert "central directory" in resumestate.file_problem(cut)
-    with pytest.raises(RuntimeError):  # what the script's own resume would do with it
+    with pytest.raises((RuntimeError, OSError)):  # what the script's own resume would do with it
         torch.load(cut)
     empty = tmp_path / "c.ckpt"
     empty.write_bytes(b"")
