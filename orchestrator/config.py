@@ -16,10 +16,10 @@ from orchestrator.errors import UsageError
 
 # The defaults of the design's policy section: which classes reconcile requeues by itself,
 # which count against --max-attempts, and per-class caps.
-AUTO_REQUEUE = frozenset({"preempted", "timeout", "node_fail", "oom", "hang", "nan", "enospc"})
+AUTO_REQUEUE = frozenset({"preempted", "timeout", "node_fail", "oom", "hang", "nan", "enospc", "killed"})
 UNCOUNTED = frozenset({"preempted", "timeout", "node_fail"})
 # Uncounted classes get generous caps too: an endless preemption loop is a bug to surface, not to hide.
-CLASS_CAPS = {"oom": 3, "nan": 3, "enospc": 2, "hang": 3, "crash": 3, "preempted": 100, "timeout": 50,
+CLASS_CAPS = {"oom": 3, "nan": 3, "enospc": 2, "hang": 3, "crash": 3, "killed": 3, "preempted": 100, "timeout": 50,
               "node_fail": 20}
 
 

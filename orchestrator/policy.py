@@ -88,9 +88,9 @@ def decide(cfg: Config, job: Job, attempt: Attempt, cls: FailureClass, step: int
             backoff = min(cfg.crash_backoff_s * 2 ** min(same - 1, 20), 3600.0)
             plan = plan.with_(not_before=utcnow() + timedelta(seconds=backoff),
                               details={**dict(plan.details), "backoff_s": backoff})
-    elif cls is C.CRASH:
-        if auto:
-            k = sum(1 for a in prior if a.failure_class == C.CRASH)
+    elif cls in (C.CRASH, C.KILLED):
+        if auto:  # killed: auto by default (issue 17), backed off like crash, counted, capped
+            k = sum(1 for a in prior if a.failure_class == cls)
             backoff = cfg.crash_backoff_s * 2 ** k
             plan = plan.with_(not_before=utcnow() + timedelta(seconds=backoff), details={"backoff_s": backoff})
         else:

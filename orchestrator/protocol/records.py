@@ -255,6 +255,7 @@ class ExitRecord:
     marker_error: str | None = None
     error: str | None = None
     disk_full: bool = False  # the wrapper's own writes hit ENOSPC: the run dir's filesystem was full
+    oom_kill: int | None = None  # OOM kills the attempt's memory cgroup counted (None: no cgroup; memlimit.py)
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -301,6 +302,7 @@ def _read_exit_at(path: Path, token: str | None) -> ExitRecord | None:
         marker_error=text("marker_error"),
         error=text("error"),
         disk_full=r.get("disk_full") is True,
+        oom_kill=r["oom_kill"] if is_int(r.get("oom_kill"), 0, 10**9) else None,
     )
 
 

@@ -25,7 +25,7 @@ def test_hf_killed_mid_save_is_requeued_and_resumes_from_the_last_complete_check
     (pid,) = program_pids(run_dir, "hf_kill_mid_save.py")
     os.kill(pid, signal.SIGKILL)
     assert orch.wait("hfkill", {"retryable_failed", DONE}, timeout=60) == "retryable_failed"
-    assert orch.show("hfkill")["attempts"][0]["failure_class"] == "crash"
+    assert orch.show("hfkill")["attempts"][0]["failure_class"] == "killed"
 
     # What the kill left: HF's own pick (resume_from_checkpoint=True) would be the torn checkpoint-30,
     # whose optimizer.pt holds half its bytes: every requeue would crash on it. orch's are 10 and 20.
