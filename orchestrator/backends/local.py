@@ -164,7 +164,7 @@ class LocalBackend(Backend):
 
     def submit(self, spec: SubmitSpec) -> str:
         spec.attempt_dir.mkdir(parents=True, exist_ok=True)
-        argv = spec.wrapper_argv(time_limit_s=spec.resources.time_s)
+        argv = spec.wrapper_argv(time_limit_s=spec.resources.time_s, mem_mb=spec.resources.mem_mb)
         env = spec.job_environ()
         env.update(spec.env)
         env[protocol.ENV_TOKEN] = spec.token  # the wrapper's own environment names its attempt too
