@@ -58,7 +58,21 @@ def show_job(db: Database, name: str) -> dict[str, Any]:
     if last is not None:
         prog = protocol.read_progress(d["run_dir"], last) or {}
         d["last_step"] = prog.get("step")
+    d["preemptions"] = _preemptions(d["attempts"])
     return d
+
+
+def _preemptions(attempts: list[dict[str, Any]]) -> dict[str, int]:
+    """Preemptions of the job: attempts that ended ``preempted`` plus in-place restarts by the scheduler whose
+    run was preempted (issue 17: a Slurm requeue in place was counted nowhere). A restart without a record of
+    why counts as a preemption: Slurm requeues in place on preemption (or a node failure)."""
+    requeued = sum(1 for a in attempts if a["failure_class"] == "preempted")
+    in_place = 0
+    for a in attempts:
+        hist = a.get("restart_history") or []
+        unrecorded = max(0, a["restarts"] - len(hist))
+        in_place += sum(1 for h in hist[:a["restarts"]] if h["class"] == "preempted") + unrecorded
+    return {"total": requeued + in_place, "in_place": in_place}
 
 
 def _held(s: Any, job: Job) -> str | None:

@@ -90,6 +90,10 @@ def show(name: str, as_json: bool) -> None:
     click.echo(f"  command: {' '.join(d['command'])}")
     if d.get("last_step") is not None:
         click.echo(f"  last step: {d['last_step']}")
+    pre = d.get("preemptions") or {}
+    if pre.get("total"):
+        click.echo(f"  preemptions: {pre['total']}" + (f" ({pre['in_place']} requeued in place by the scheduler)"
+                                                      if pre.get("in_place") else ""))
     if d.get("held"):
         click.echo(f"  {d['held']}")
     if d.get("overrides"):
