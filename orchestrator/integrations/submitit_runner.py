@@ -132,7 +132,9 @@ class _Runner:
         if step is not None:
             self.step = int(step)
         if self.heartbeat is not None:
-            self.heartbeat.post(**({"step": self.step} if self.step is not None else {}), **progress)
+            # resumed_from: where this attempt began (`orch metrics` measures the steps redone after a preemption)
+            at = {"step": self.step, "resumed_from": self.resumed_from or 0} if self.step is not None else {}
+            self.heartbeat.post(**at, **progress)
         if self.busy or self.phase != "calling":
             return
         if self.signum is not None:

@@ -102,6 +102,9 @@ def test_checkpointable_preempted_twice_resumes_at_its_safe_points_and_ends_bit_
     reference = TrainLoop(max_steps)()
     assert out["steps"] == max_steps and out["loss"] == reference["loss"]
     assert state_dicts_equal(out["state_dict"], reference["state_dict"])
+    # Both preemptions measured (issue 17: the submitit runner's heartbeats carried no resumed_from).
+    metrics = orch("metrics", check=True).stdout
+    assert "orch_preemption_steps_redone_count 2" in metrics and "orch_preemptions_unmeasured 0" in metrics, metrics
 
 
 def test_exception_in_the_callable_is_a_crash_with_its_traceback_and_result_raises(orch, executor):
