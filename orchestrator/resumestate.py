@@ -231,17 +231,9 @@ def candidates(run_dir: Path, keep: Iterable[str] = ()) -> list[str]:
 
 
 def kept(run_dir: Path, keep: Iterable[str] = ()) -> set[str]:
-    """What a requeue must leave in place: resume state that loads, and what was set aside as torn."""
-    out = {rel for rel in candidates(run_dir, keep) if not _torn_now(run_dir, rel)}
-    out |= {rel for rel, _st in _walk(run_dir) if TORN_RE.search(rel)}
-    return out
-
-
-def _torn_now(run_dir: Path, rel: str) -> bool:
-    try:
-        return problem(run_dir / rel) is not None
-    except OSError:
-        return False
+    """What a requeue must never move to the trash: resume state (a torn one is set aside in place by the
+    launch instead, see ``set_aside_torn``), and what was set aside as torn before."""
+    return set(candidates(run_dir, keep)) | {rel for rel, _st in _walk(run_dir) if TORN_RE.search(rel)}
 
 
 def torn(run_dir: Path, keep: Iterable[str] = ()) -> list[tuple[str, str]]:
