@@ -176,7 +176,8 @@ def problem(path: Path) -> str | None:
 
 
 def _nofollow(p: str, flags: int) -> int:
-    return os.open(p, flags | os.O_NOFOLLOW | os.O_CLOEXEC)
+    """Never through a symlink; O_NONBLOCK: a FIFO put in a file's place must not hang a launch."""
+    return os.open(p, flags | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -210,12 +211,19 @@ def _walk(run_dir: Path) -> Iterator[tuple[str, os.stat_result]]:
 
 
 def _keep_hits(run_dir: Path, keep: Iterable[str]) -> list[str]:
+    """What ``--keep`` globs match below the run dir, never through a symlink (glob follows them: a
+    symlinked ``ck/`` would have had orch read and rename files outside the run dir)."""
     hits = []
     for pat in keep:
         for hit in glob.glob(pat, root_dir=run_dir, recursive=True):
             rel = os.path.normpath(hit)
-            if rel.split("/")[0] not in _ORCH_OWN and rel not in hits:
-                hits.append(rel)
+            if rel.split("/")[0] in _ORCH_OWN or rel in hits:
+                continue
+            try:
+                protocol.resolve_inside(run_dir, rel)
+            except protocol.UnsafePath:
+                continue
+            hits.append(rel)
     return hits
 
 

@@ -124,3 +124,14 @@ def test_keep_is_stored_on_the_job_and_a_keep_outside_the_run_dir_is_refused(orc
 def test_the_controller_module_imports_no_torch():
     code = "import sys, orchestrator.resumestate, orchestrator.launch; print('torch' in sys.modules)"
     assert subprocess.run([sys.executable, "-c", code], capture_output=True, text=True).stdout.strip() == "False"
+
+
+def test_a_keep_glob_through_a_symlink_is_neither_read_nor_renamed(tmp_path):
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    (outside / "last.pt").write_bytes(b"")  # would be "torn"
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "ck").symlink_to(outside)
+    assert resumestate.set_aside_torn(run, keep=["ck/*.pt"]) == []
+    assert (outside / "last.pt").exists() and [p.name for p in outside.iterdir()] == ["last.pt"]
