@@ -69,11 +69,12 @@ class MemCgroup:
         return None
 
 
-def _mounts() -> list[tuple[str, str, str, str]]:
-    """(root, mount point, fstype, super options) of every cgroup mount of this process."""
-    out = []
+def _mounts(text: str | None = None) -> list[tuple[str, str, str, str]]:
+    """(root, mount point, fstype, super options) of every cgroup mount of this process (``text``: a
+    mountinfo to read instead of /proc/self/mountinfo)."""
+    out: list[tuple[str, str, str, str]] = []
     try:
-        lines = Path("/proc/self/mountinfo").read_text().splitlines()
+        lines = (Path("/proc/self/mountinfo").read_text() if text is None else text).splitlines()
     except OSError:
         return out
     for line in lines:
@@ -84,11 +85,11 @@ def _mounts() -> list[tuple[str, str, str, str]]:
     return out
 
 
-def _own_paths() -> tuple[str | None, str | None]:
-    """(v2 path, v1 memory path) of this process, from /proc/self/cgroup."""
+def _own_paths(text: str | None = None) -> tuple[str | None, str | None]:
+    """(v2 path, v1 memory path) of this process, from /proc/self/cgroup (or ``text``)."""
     v2 = v1 = None
     try:
-        lines = Path("/proc/self/cgroup").read_text().splitlines()
+        lines = (Path("/proc/self/cgroup").read_text() if text is None else text).splitlines()
     except OSError:
         return None, None
     for line in lines:
@@ -109,10 +110,11 @@ def _under(mount_root: str, mount_point: str, path: str) -> Path | None:
     return Path(mount_point) / path[len(root):].lstrip("/")
 
 
-def own_memory_cgroup() -> tuple[Path, int] | None:
-    """(dir, version) of this process's memory cgroup where children with a memory limit can be made."""
-    v2, v1 = _own_paths()
-    mounts = _mounts()
+def own_memory_cgroup(cgroup_text: str | None = None, mountinfo_text: str | None = None) -> tuple[Path, int] | None:
+    """(dir, version) of this process's memory cgroup where children with a memory limit can be made; v2
+    first, where the memory controller is delegated. The texts stand in for /proc/self/{cgroup,mountinfo}."""
+    v2, v1 = _own_paths(cgroup_text)
+    mounts = _mounts(mountinfo_text)
     if v2 is not None:
         for root, point, fstype, _opts in mounts:
             if fstype == "cgroup2" and (d := _under(root, point, v2)) is not None:
@@ -130,11 +132,12 @@ def own_memory_cgroup() -> tuple[Path, int] | None:
     return None
 
 
-def create(token: str, mem_mb: int) -> tuple[MemCgroup | None, str | None]:
-    """The attempt's memory cgroup limited to ``mem_mb``, or (None, why there is none)."""
+def create(token: str, mem_mb: int, own: tuple[Path, int] | None = None) -> tuple[MemCgroup | None, str | None]:
+    """The attempt's memory cgroup limited to ``mem_mb`` (under ``own``, default this process's memory
+    cgroup), or (None, why there is none)."""
     if not _TOKEN_RE.match(token):
         return None, f"token {token!r} is not a cgroup name"
-    own = own_memory_cgroup()
+    own = own or own_memory_cgroup()
     if own is None:
         return None, "no memory cgroup this process can create children in (cgroup v2 memory not delegated, no v1)"
     parent, version = own
