@@ -17,7 +17,7 @@ from typing import Any
 
 from sqlalchemy import select
 
-from orchestrator import protocol
+from orchestrator import protocol, resumestate
 from orchestrator.backends import get_backend
 from orchestrator.config import Config
 from orchestrator.db import Database
@@ -77,10 +77,11 @@ class RequeueResult:
     reason: str = ""
     attempt: int | None = None
     clears: list[str] = field(default_factory=list)
+    sets_aside: list[str] = field(default_factory=list)  # torn checkpoints the launch renames (dry run)
 
     def as_dict(self) -> dict[str, Any]:
         return {"name": self.name, "outcome": self.outcome, "reason": self.reason, "attempt": self.attempt,
-                "clears": self.clears}
+                "clears": self.clears, "sets_aside": self.sets_aside}
 
 
 def _targets(db: Database, target: RequeueTarget) -> list[str]:
@@ -252,7 +253,8 @@ def _requeue_one(db: Database, cfg: Config, name: str, target: RequeueTarget, dr
     if dry_run:
         clears = unverified_leftovers(run_dir, outputs, plan.quarantine if plan else (), keep)
         clears += [p for p in (plan.prune if plan else ()) if p not in clears]
-        return RequeueResult(name, "would_requeue", action, (last.n + 1) if last else 1, clears)
+        torn = [f"{rel} ({why})" for rel, why in resumestate.torn(run_dir, keep)]
+        return RequeueResult(name, "would_requeue", action, (last.n + 1) if last else 1, clears, torn)
     with db.write() as s:
         job = get_job(s, name)
         if job.state is not state:

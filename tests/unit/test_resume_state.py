@@ -135,3 +135,15 @@ def test_a_keep_glob_through_a_symlink_is_neither_read_nor_renamed(tmp_path):
     (run / "ck").symlink_to(outside)
     assert resumestate.set_aside_torn(run, keep=["ck/*.pt"]) == []
     assert (outside / "last.pt").exists() and [p.name for p in outside.iterdir()] == ["last.pt"]
+
+
+def test_requeue_dry_run_names_what_the_launch_would_set_aside_and_changes_nothing(orch):
+    script = "import pathlib; pathlib.Path('ck').mkdir(); pathlib.Path('ck/5.pt').write_bytes(b''); raise SystemExit(1)"
+    orch("submit", "--name", "dr", "--outputs", "ck/*", "--keep", "ck/*.pt", "--", sys.executable, "-c", script,
+         check=True)
+    assert orch.wait("dr", {"retryable_failed", "done_marker_verified"}, timeout=60) == "retryable_failed"
+    p = orch("requeue", "--dry-run", "dr")
+    assert p.returncode == 0 and "sets aside ck/5.pt (0 bytes)" in p.stdout and "clears" not in p.stdout, p.stdout
+    (r,) = orch.json("requeue", "--dry-run", "dr")
+    assert r["sets_aside"] == ["ck/5.pt (0 bytes)"] and r["clears"] == []
+    assert [x.name for x in (orch.runs / "dr" / "ck").iterdir()] == ["5.pt"]
