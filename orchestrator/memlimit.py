@@ -182,6 +182,17 @@ def for_attempt(token: str, mem_mb: int | None, log: BinaryIO) -> MemCgroup | No
     return cg
 
 
+def remove_leftover(token: str) -> None:
+    """Remove the cgroup of an attempt whose wrapper was killed before it could (the local backend calls
+    this when it finds the attempt gone without an exit record). Best effort; nothing if there is none."""
+    own = own_memory_cgroup()
+    if own is None or not _TOKEN_RE.match(token):
+        return
+    path = own[0] / f"{PREFIX}{token}"
+    if path.is_dir() and not path.is_symlink():
+        MemCgroup(path, own[1]).remove()
+
+
 def close(cg: MemCgroup | None) -> int | None:
     """After the attempt's processes are gone: the cgroup's OOM-kill count (None: no cgroup), cgroup removed."""
     if cg is None:

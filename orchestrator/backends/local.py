@@ -30,7 +30,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from orchestrator import protocol
+from orchestrator import memlimit, protocol
 from orchestrator.backends import proctable
 from orchestrator.backends.base import AttemptRef, Backend, BackendError, Outcome, Phase, SubmitSpec
 from orchestrator.ballast import BALLAST_BYTES
@@ -232,6 +232,7 @@ class LocalBackend(Backend):
         if rec is None:
             # Gone without an exit record: the wrapper was killed (SIGKILL, OOM killer, reboot), or the
             # disk was too full for even its ballast (hostile test: such a job waited for a human as unknown).
+            memlimit.remove_leftover(ref.token)  # its --mem cgroup, which the wrapper never removed
             free = _free_bytes(ref.attempt_dir)
             if free is not None and free < BALLAST_BYTES:
                 return Outcome(Phase.VANISHED, cause=FailureClass.ENOSPC,

@@ -56,3 +56,21 @@ def test_without_mem_no_cgroup_is_made_and_a_sigkill_stays_killed(orch):
     ended = json.loads((protocol.attempt_dir(orch.runs / "k", 1) / protocol.EXIT_FILE).read_text())
     assert ended["oom_kill"] is None
     assert {p.name for p in parent.iterdir() if p.name.startswith(memlimit.PREFIX)} == before
+
+
+def test_the_cgroup_of_an_attempt_whose_wrapper_was_killed_is_removed_when_it_is_found_gone(orch):
+    import signal
+
+    from localkit import wrapper_record
+
+    _need_cgroup()
+    orch("submit", "--name", "w9", "--mem", "256M", "--", sys.executable, "-c", "import time; time.sleep(120)",
+         check=True)
+    rec = wrapper_record(orch.runs / "w9")
+    parent, _version = memlimit.own_memory_cgroup()
+    cg = parent / f"{memlimit.PREFIX}{rec['token']}"
+    assert cg.is_dir()
+    os.kill(rec["pid"], signal.SIGKILL)  # the wrapper: it never removes its cgroup
+    os.kill(rec["child_pid"], signal.SIGKILL)
+    assert orch.wait("w9", {"retryable_failed", "failed"}, timeout=60) == "retryable_failed"
+    assert not cg.exists()
