@@ -11,7 +11,8 @@ Evidence, strongest first:
 5. the program's own record of a stop signal it received (``stop.json``, written by orch's kit): a
    SIGTERM that never passed through the wrapper (a user's kill, a container stop, a VM shutdown) is
    a stop too, whatever the exit code and whoever sent it (issue 17);
-6. the exit status.
+6. the exit status (a bare SIGKILL is ``killed``; the wrapper's memory cgroup count of OOM kills makes it
+   ``oom``, see orchestrator/memlimit.py).
 Pure function: no I/O, no DB, unit-tested on every row.
 """
 
@@ -61,6 +62,11 @@ def classify(outcome: Outcome, report: dict | None, verification: Verification, 
     if outcome.cause is not None:
         detail = f"scheduler state {outcome.backend_state or outcome.cause.value}"
         return Classification(outcome.cause, None, detail + (f"; {outcome.reason}" if outcome.reason else ""))
+    if exit_record is not None and exit_record.oom_kill and (outcome.exit_code or outcome.signal):
+        # Issue 17: the local backend's memory cgroup (--mem) counted a kernel OOM kill; the bare SIGKILL
+        # alone cannot tell it from a kill -9.
+        return Classification(C.OOM, None, f"the kernel OOM killer killed {exit_record.oom_kill} process(es) "
+                                           "at the attempt's memory limit (--mem)")
     if exit_record is not None and exit_record.stop_signal:
         cls = C.TIMEOUT if exit_record.stop_source in ("time_limit", "warning") else C.PREEMPTED
         why = str(exit_record.stop_source) + (f" {exit_record.notice}" if exit_record.notice else "")
@@ -87,7 +93,9 @@ def classify(outcome: Outcome, report: dict | None, verification: Verification, 
     if sig == _signal.SIGTERM or rc == EXIT_PREEMPTED:
         return Classification(C.PREEMPTED, None, "terminated by SIGTERM without a report")
     if sig == _signal.SIGKILL or rc == 128 + _signal.SIGKILL:
-        return Classification(C.CRASH, None, "killed by SIGKILL (kill -9 or the kernel OOM killer)")
+        # Issue 17: a kill -9 with no record was `crash`, left for a manual requeue; it is recoverable.
+        return Classification(C.KILLED, None, "killed by SIGKILL (kill -9, or the kernel OOM killer without a "
+                                              "memory cgroup to tell)")
     if sig:
         return Classification(C.CRASH, None, f"killed by signal {sig}")
     return Classification(C.CRASH, None, f"exit {rc}")

@@ -19,11 +19,12 @@ from orchestrator.settings import KNOWN_KEYS, MAX_COUNT, NUMERIC, unknown_key_me
 CONFIG_LIMIT = 1 << 20  # orch.toml is a few lines; a bigger one is not a config file
 # The defaults of the design's policy section: which classes reconcile requeues by itself,
 # which count against --max-attempts, and per-class caps.
-AUTO_REQUEUE = frozenset({"preempted", "timeout", "node_fail", "oom", "hang", "nan", "enospc", "input_missing"})
+AUTO_REQUEUE = frozenset({"preempted", "timeout", "node_fail", "oom", "hang", "nan", "enospc", "input_missing",
+                          "killed"})
 # input_missing is bounded by policy.input_missing_attempts instead (an NFS hiccup is not the job's fault).
 UNCOUNTED = frozenset({"preempted", "timeout", "node_fail", "input_missing"})
 # Uncounted classes get generous caps too: an endless preemption loop is a bug to surface, not to hide.
-CLASS_CAPS = {"oom": 3, "nan": 3, "enospc": 2, "hang": 3, "crash": 3, "preempted": 100, "timeout": 50,
+CLASS_CAPS = {"oom": 3, "nan": 3, "enospc": 2, "hang": 3, "crash": 3, "killed": 3, "preempted": 100, "timeout": 50,
               "node_fail": 20}
 
 # Always uncounted, whatever policy.uncounted says: neither is the job's fault, and the README's policy

@@ -38,6 +38,11 @@ checkpoint if there is one, else the original, whose sha256 the command names â€
   (``orch show``), exit 1; it waits in ``retryable_failed`` for ``orch requeue``.
 * a callable without ``checkpoint()`` stops as ``preempted`` without a checkpoint and restarts from the last one
   (or from the start), as under submitit.
+* **periodically** (``orch_checkpoint_every_s``, default 600 s; 0 turns it off) the first ``safe_point()`` that long
+  after the last commit commits ``checkpoint()`` and carries on: a kill -9 (class ``killed``, requeued by ``orch
+  reconcile`` after a back-off) resumes from there instead of from the start (issue 17).
+* ``job.result()`` keeps waiting while the job is ``retryable_failed`` and the reconciler will requeue it
+  (``auto_requeue``: preempted, timeout, killed, oom, ...); it raises only once the job is settled for good.
 
 What differs from submitit: the run dir is orch's (``$ORCH_HOME/runs/<name>``: logs in ``attempts/<n>/``,
 pickles in ``submitit/`` and ``checkpoints/``); ``folder`` is accepted and ignored. orch requeues (policy: a
@@ -60,7 +65,7 @@ from pathlib import Path
 from typing import Any
 
 from orchestrator import protocol
-from orchestrator.integrations.submitit_runner import RESULT_FILE, SUBMISSION_DIR
+from orchestrator.integrations.submitit_runner import DEFAULT_CHECKPOINT_EVERY_S, RESULT_FILE, SUBMISSION_DIR
 from orchestrator.settings import setting
 
 __all__ = ["OrchExecutor", "OrchJob"]
@@ -75,7 +80,7 @@ _SLURM_SBATCH = {"slurm_qos": "qos", "slurm_constraint": "constraint", "slurm_ex
                  "slurm_gres": "gres", "slurm_wckey": "wckey", "slurm_mem_per_gpu": "mem-per-gpu",
                  "slurm_mem_per_cpu": "mem-per-cpu", "slurm_cpus_per_gpu": "cpus-per-gpu"}
 _SLURM = ("slurm_partition", "slurm_account", "slurm_additional_parameters", *_SLURM_SBATCH)
-_ORCH = ("orch_name", "orch_max_attempts", "orch_keep_last_k")
+_ORCH = ("orch_name", "orch_max_attempts", "orch_keep_last_k", "orch_checkpoint_every_s")
 _NAME_CHARS = re.compile(r"[^A-Za-z0-9._-]")
 
 
@@ -116,7 +121,8 @@ class OrchExecutor:
         """submitit's generic names (``timeout_min``, ``mem_gb``, ``cpus_per_task``, ``gpus_per_node``, ``name``),
         ``slurm_partition``/``slurm_account``/``slurm_qos``/... and ``slurm_additional_parameters``; orch's own:
         ``orch_name`` (the exact job name; default ``<name>-<time>-<hex>``), ``orch_max_attempts``,
-        ``orch_keep_last_k``. Anything else raises ValueError naming it, as submitit does.
+        ``orch_keep_last_k``, ``orch_checkpoint_every_s`` (periodic ``checkpoint()`` at a ``safe_point()``, default
+        600; 0: only on a stop signal). Anything else raises ValueError naming it, as submitit does.
         """
         unknown = sorted(k for k in kwargs if k not in (*_GENERIC, *_SLURM, *_ORCH))
         if unknown:
@@ -157,6 +163,9 @@ class OrchExecutor:
                 raise ValueError(f"orch_max_attempts={p['orch_max_attempts']!r}: {problem}")
         if p.get("orch_keep_last_k") is not None:
             _number("orch_keep_last_k", p["orch_keep_last_k"], integer=True, minimum=1)
+        if p.get("orch_checkpoint_every_s") is not None:
+            if _number("orch_checkpoint_every_s", p["orch_checkpoint_every_s"], integer=False, minimum=0) > 10**9:
+                raise ValueError(f"orch_checkpoint_every_s={p['orch_checkpoint_every_s']!r}: at most 1e9 seconds")
         if self.backend == "slurm":
             # slurm_* parameters are ignored on the local backend, as submitit's AutoExecutor ignores another
             # cluster's: the same script runs locally for debugging.
@@ -201,6 +210,12 @@ class OrchExecutor:
         base = _NAME_CHARS.sub("-", str(self.parameters.get("name") or "submitit"))[:60].strip(".-") or "submitit"
         return f"{base}-{time.strftime('%Y%m%d-%H%M%S')}-{secrets.token_hex(2)}"
 
+    def _checkpoint_every_s(self) -> float:
+        """``orch_checkpoint_every_s`` (0: only on a stop signal), default 600: the runner then commits
+        ``checkpoint()`` at the first ``safe_point()`` that long after the last commit."""
+        v = self.parameters.get("orch_checkpoint_every_s")
+        return DEFAULT_CHECKPOINT_EVERY_S if v is None else float(v)
+
     def submit(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> OrchJob:
         """Pickle ``fn(*args, **kwargs)`` as submitit does and create the orch job that runs it.
 
@@ -239,7 +254,8 @@ class OrchExecutor:
         make_dir_nofollow(cfg.runs_root, Path(name) / SUBMISSION_DIR)
         protocol.atomic_write(run_dir / rel, data)
         command = [sys.executable, "-m", "orchestrator.integrations.submitit_runner", "run", "--submission", rel,
-                   "--sha256", digest, "--keep-last-k", str(self.parameters.get("orch_keep_last_k") or 2)]
+                   "--sha256", digest, "--keep-last-k", str(self.parameters.get("orch_keep_last_k") or 2),
+                   "--checkpoint-every-s", str(float(self._checkpoint_every_s()))]
         for p in _import_paths():
             command += ["--sys-path", p]
         req = SubmitRequest(name=name, command=command, backend=self.backend, resources=resources,

@@ -37,7 +37,7 @@ from typing import Any, NoReturn
 
 from sqlalchemy import update
 
-from orchestrator import protocol, testhooks
+from orchestrator import protocol, resumestate, testhooks
 from orchestrator.backends import get_backend
 from orchestrator.backends.base import AttemptRef, Backend, BackendError, SubmitSpec
 from orchestrator.ballast import allocate as allocate_ballast
@@ -59,7 +59,8 @@ from orchestrator.observe import finish
 from orchestrator.policy import command_for
 from orchestrator.protocol import ENV_SWEEP, ENV_SWEEP_PARAMS, ENV_TASK_INDEX, FailureClass
 from orchestrator.resources import resources_dict, resources_of
-from orchestrator.rundir import check_run_dir, empty_trash, move_to_trash, unverified_leftovers
+from orchestrator.resumestate import SET_ASIDE_KEY, TRASHED_KEY, keep_globs
+from orchestrator.rundir import check_run_dir, empty_trash, leftovers_why, move_to_trash
 
 A, J = AttemptState, JobState
 _DISK_FULL = (errno.ENOSPC, errno.EDQUOT)
@@ -200,6 +201,7 @@ def _ready(db: Database, cfg: Config, name: str, backend_name: str | None, recla
                           spot_notice=job.resources.get("spot_notice") or cfg.spot_notice,
                           spot_url=cfg.spot_url, spot_interval_s=cfg.spot_interval_s)
         job_id, attempt_id, plan, outputs, env_id = job.id, a.id, a.plan, list(job.outputs), job.env_id
+        keep = keep_globs(job.resources)
         backend_name = backend_name or job.backend
         reclaimed, lookup_key = a.state is A.LAUNCHING, a.batch_token or a.token
     fence = _claim(db, attempt_id, reclaim)
@@ -213,7 +215,7 @@ def _ready(db: Database, cfg: Config, name: str, backend_name: str | None, recla
         if protocol.verify_done_marker(run_dir).verified:
             _close_verified(db, attempt_id, job_id)
             return Launched(outcome="verified")
-        moved = _prepare(cfg, spec, plan, outputs, backend_name)
+        moved = _prepare(cfg, spec, plan, outputs, backend_name, keep)
     except (Refused, protocol.UnsafePath) as e:
         _fail(db, cfg, attempt_id, FailureClass.INVALID, f"refused: {e}")
         raise Refused(f"refused: {name}: {e}") from None
@@ -425,8 +427,10 @@ def _close_verified(db: Database, attempt_id: int, job_id: int) -> None:
             move_job(s, job, J.DONE, "marker verified before launch")
 
 
-def _prepare(cfg: Config, spec: SubmitSpec, plan: Any, outputs: list[str], backend_name: str) -> list[str]:
-    """Clear what the next attempt must not see, then write its command record."""
+def _prepare(cfg: Config, spec: SubmitSpec, plan: Any, outputs: list[str], backend_name: str,
+             keep: list[str] | None = None) -> list[str]:
+    """Set torn checkpoints aside, clear what the next attempt must not see (never its resume state),
+    then write its command record, which names what went to the trash and why (``orch show``)."""
     run_dir = spec.run_dir
     # 0o770 under the umask orch set from orch.toml: 0700, or 0750 with [runs] group_shared (a fixed 0o700
     # made every run dir private although the README promised the group 0750: found by its first test).
@@ -435,22 +439,32 @@ def _prepare(cfg: Config, spec: SubmitSpec, plan: Any, outputs: list[str], backe
     # A symlinked attempts/ or a glob through a symlinked dir would make orch write or move things
     # outside its runs root: refused, for this job only.
     protocol.resolve_inside(run_dir, f"{protocol.ATTEMPTS_DIR}/{spec.attempt}")
+    keep = keep or []
+    # Issue 17: a kill -9 mid-save left a checkpoint every next attempt crashed on: renamed, never deleted.
+    set_aside = resumestate.set_aside_torn(run_dir, keep)
     quarantine = plan.quarantine if plan else ()
-    moved = move_to_trash(cfg, run_dir, unverified_leftovers(run_dir, outputs, quarantine), spec.job)
-    moved += move_to_trash(cfg, run_dir, [p for p in (plan.prune if plan else ()) if p not in moved], spec.job)
+    why = dict(leftovers_why(run_dir, outputs, quarantine, keep))
+    moved = move_to_trash(cfg, run_dir, list(why), spec.job)
+    pruned = [p for p in (plan.prune if plan else ()) if p not in moved]
+    moved += move_to_trash(cfg, run_dir, pruned, spec.job)
+    why.update({p: "pruned by the policy (disk full)" for p in pruned})
     if plan is not None and plan.empty_trash:
         empty_trash(cfg, spec.job)
     if spec.attempt_dir.exists() and spec.token not in _attempt_tokens(spec.attempt_dir):
         # attempts/<n>/ left by an earlier run of this name (fresh DB, same runs root): its
         # failure.json would classify this new attempt (an old "invalid" failed it for good).
-        moved += move_to_trash(cfg, run_dir, [f"{protocol.ATTEMPTS_DIR}/{spec.attempt}"], spec.job)
+        rel = f"{protocol.ATTEMPTS_DIR}/{spec.attempt}"
+        moved += move_to_trash(cfg, run_dir, [rel], spec.job)
+        why[rel] = "an attempt dir of an earlier run of this name"
     spec.attempt_dir.mkdir(mode=0o770, parents=True, exist_ok=True)
     # The wrapper's ballast, taken here first: a disk too full for it fails this launch as enospc (never ran)
     # rather than running a program whose end could not be recorded (orchestrator/ballast.py).
     allocate_ballast(spec.attempt_dir / protocol.EXIT_RESERVE)
     record = {"argv": list(spec.command), "overrides": _loads(spec.env.get(protocol.ENV_OVERRIDES)),
               "backend": backend_name, "token": spec.token, "resources": resources_dict(spec.resources),
-              "at": protocol.now_iso()}
+              "at": protocol.now_iso(),
+              TRASHED_KEY: [{"path": p, "why": why.get(p, "")} for p in moved],
+              SET_ASIDE_KEY: [x.as_dict() for x in set_aside]}
     if ENV_SWEEP_PARAMS in spec.env:
         # A sweep resubmitted after a lost DB adopts this task's verified result only for the same argument
         # set: a program reading ORCH_SWEEP_PARAMS (no {key} in argv) ran the same argv for other parameters.

@@ -75,6 +75,8 @@ def collect(db: Database) -> Snapshot:
                           .join(Job, Job.id == Attempt.job_id)
                           .join(nxt, (nxt.job_id == Attempt.job_id) & (nxt.n == Attempt.n + 1))
                           .where(Attempt.failure_class == FailureClass.PREEMPTED)).all()
+        restarted = s.execute(select(Job.run_dir, Attempt.n, Attempt.token, Attempt.restarts)
+                              .join(Job, Job.id == Attempt.job_id).where(Attempt.restarts > 0)).all()
         stats = s.get(PassStats, PASS)
     snap = Snapshot(jobs, failures, last, last_pass=stats)
     for run_dir, n, failure_step in pairs:
@@ -83,7 +85,59 @@ def collect(db: Database) -> Snapshot:
             snap.unmeasured += 1
         else:
             snap.redone.append(done)
+    for run_dir, n, token, restarts in restarted:
+        _count_in_place(snap, run_dir, n, token, restarts)
     return snap
+
+
+def _count_in_place(snap: Snapshot, run_dir: str, n: int, token: str, restarts: int) -> None:
+    """A Slurm in-place requeue reruns the same attempt: each earlier run is a failure of its class (from
+    the records it set aside; ``preempted`` without one) and, for a preemption, a measurement of the steps
+    redone. Issue 17: after 8 real in-place preemptions both counts were 0."""
+    history = protocol.restart_history(run_dir, n, token)
+    classes = [h["class"] for h in history][:restarts] + ["preempted"] * max(0, restarts - len(history))
+    redone = in_place_steps_redone(run_dir, n, history, restarts)
+    for k, cls in enumerate(classes):
+        if cls in snap.failures:
+            snap.failures[cls] += 1
+        if cls != FailureClass.PREEMPTED.value:
+            continue
+        if redone[k] is None:
+            snap.unmeasured += 1
+        else:
+            snap.redone.append(redone[k])
+
+
+def in_place_steps_redone(run_dir: str, n: int, history: list[dict], restarts: int) -> list[int | None]:
+    """For each of attempt ``n``'s ``restarts`` in-place restarts: steps the next run computed again, or None.
+
+    The runs are told apart in the attempt's heartbeat history (``progress.jsonl``, appended by every run):
+    a new run starts where ``resumed_from`` changes or the step goes back. The step a run reached is the later
+    of its last heartbeat and the step its set-aside failure report names; the next run's ``resumed_from`` is
+    where it began. Unless the history splits into exactly ``restarts + 1`` runs, nothing is measured.
+    """
+    runs = _runs(protocol.read_progress_history(run_dir, n))
+    if len(runs) != restarts + 1:
+        return [None] * restarts
+    out: list[int | None] = []
+    for k in range(restarts):
+        reported = history[k].get("step") if k < len(history) else None
+        reached = max((v for v in (reported, runs[k][-1].get("step")) if v is not None), default=None)
+        resumed = runs[k + 1][0].get("resumed_from")
+        out.append(None if reached is None or resumed is None else max(0, reached - resumed))
+    return out
+
+
+def _runs(records: list[dict]) -> list[list[dict]]:
+    runs: list[list[dict]] = []
+    for r in records:
+        if "step" not in r:
+            continue
+        prev = runs[-1][-1] if runs else None
+        if prev is None or r["step"] < prev["step"] or r.get("resumed_from") != prev.get("resumed_from"):
+            runs.append([])
+        runs[-1].append(r)
+    return runs
 
 
 def steps_redone(run_dir: str, n: int, failure_step: int | None) -> int | None:
@@ -126,7 +180,9 @@ def render(snap: Snapshot) -> str:
                    [(f'orch_jobs{{state="{k}"}}', v) for k, v in snap.jobs.items()])
     out += _family("orch_attempt_failures", "gauge",
                    "Attempts that ended without a verified marker, by failure class (every class listed, "
-                   "0 included); counted from the attempts table, so it only grows.",
+                   "0 included), plus each in-place restart of an attempt by the scheduler (a Slurm requeue in "
+                   "place), by the class of the run it ended; counted from the attempts table and the records "
+                   "each restart set aside, so it only grows.",
                    [(f'orch_attempt_failures{{class="{k}"}}', v) for k, v in snap.failures.items()])
     out += _family("orch_last_success_timestamp_seconds", "gauge",
                    "Unix time a job last reached done_marker_verified (absent until one has).",
@@ -134,8 +190,8 @@ def render(snap: Snapshot) -> str:
     out += _family("orch_preemption_steps_redone", "summary",
                    "Steps computed again after a preemption: last step the preempted attempt reported "
                    "(failure.json or its last heartbeat, which lags by up to one heartbeat interval) minus "
-                   "the step the next attempt resumed from (its heartbeats' resumed_from). One observation "
-                   "per preempted attempt that has a successor whose resume step is recorded.",
+                   "the step the next attempt (or the next run of an attempt restarted in place) resumed from (its "
+                   "heartbeats' resumed_from). One observation per preemption whose resume step is recorded.",
                    [("orch_preemption_steps_redone_sum", sum(snap.redone)),
                     ("orch_preemption_steps_redone_count", len(snap.redone))])
     out += _family("orch_preemptions_unmeasured", "gauge",

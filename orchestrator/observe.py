@@ -261,6 +261,18 @@ def evidence_of_end(r: Row, out: Outcome) -> Evidence:
     return Evidence(verification, report, out, rec, stop)
 
 
+def _restarts_at_end(seen: int, ev: Evidence | None) -> int:
+    """In-place restarts of an attempt, from what proves one happened: sacct's records of the id (one per
+    run) and the SLURM_RESTART_COUNT the wrapper's last run recorded. A count seen while the job ran
+    (``seen``) is a guess made in the requeue window: issue 17's sweep task that sacct had COMPLETED kept
+    restarts=1 because a prio job arrived as it finished."""
+    if ev is None:
+        return seen
+    if ev.exit_record is not None:
+        return max(ev.outcome.restart_count, ev.exit_record.restart_count)
+    return max(seen, ev.outcome.restart_count)  # no record of the last run: the running count stands
+
+
 def finish(db: Database, cfg: Config, attempt_id: int, ev: Evidence | None, rep: PassReport | None = None,
            *, launch_failure: tuple[FailureClass, str] | None = None) -> None:
     """End an attempt: SUCCEEDED if the marker verifies, else classified and decided by policy.
@@ -275,7 +287,7 @@ def finish(db: Database, cfg: Config, attempt_id: int, ev: Evidence | None, rep:
         if a is None or a.state not in (A.SUBMITTED, A.RUNNING, A.STOPPING, A.LAUNCHING):
             return
         job, seen = a.job, a.state
-    restarts = max(a.restarts, ev.outcome.restart_count) if ev else a.restarts
+    restarts = _restarts_at_end(a.restarts, ev)
     common: dict[str, Any] = {"restarts": restarts}
     if ev is not None:
         out = ev.outcome

@@ -131,12 +131,10 @@ def _next_plan(cfg: Config, job: Job, cls: FailureClass, step: int | None, repor
         if full_at_launch:  # retried every pass it would hammer a full disk: back off, up to an hour
             plan = _backoff(cfg, plan, sum(1 for a in prior if a.failure_class == cls) + 1)
         return plan
-    if cls is C.CRASH:
+    if cls in (C.CRASH, C.KILLED):  # killed: auto by default (issue 17), backed off like crash, counted, capped
         if not auto:
             return plan.with_(why="waits for `orch requeue`")
-        k = sum(1 for a in prior if a.failure_class == C.CRASH)
-        backoff = cfg.crash_backoff_s * 2 ** k
-        return plan.with_(not_before=utcnow() + timedelta(seconds=backoff), details={"backoff_s": backoff})
+        return _backoff(cfg, plan, sum(1 for a in prior if a.failure_class == cls) + 1)
     if cls is C.INPUT_MISSING:
         return _backoff(cfg, plan, _trailing(history, {C.INPUT_MISSING}))
     if cls in TRANSIENT and (k := _transient_without_progress(history)):

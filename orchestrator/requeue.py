@@ -17,7 +17,7 @@ from typing import Any
 
 from sqlalchemy import select
 
-from orchestrator import protocol
+from orchestrator import protocol, resumestate
 from orchestrator.backends import get_backend
 from orchestrator.config import Config
 from orchestrator.db import Database
@@ -38,6 +38,7 @@ from orchestrator.lifecycle import (
 from orchestrator.models import Attempt, Event, Job
 from orchestrator.observe import PassReport, observe, polled_rows
 from orchestrator.protocol import FailureClass
+from orchestrator.resumestate import keep_globs
 from orchestrator.rundir import check_run_dir, unverified_leftovers
 from orchestrator.submit import new_token
 
@@ -77,10 +78,11 @@ class RequeueResult:
     reason: str = ""
     attempt: int | None = None
     clears: list[str] = field(default_factory=list)
+    sets_aside: list[str] = field(default_factory=list)  # torn checkpoints the launch renames (dry run)
 
     def as_dict(self) -> dict[str, Any]:
         return {"name": self.name, "outcome": self.outcome, "reason": self.reason, "attempt": self.attempt,
-                "clears": self.clears}
+                "clears": self.clears, "sets_aside": self.sets_aside}
 
 
 def _targets(db: Database, target: RequeueTarget) -> list[str]:
@@ -231,6 +233,7 @@ def _requeue_one(db: Database, cfg: Config, name: str, target: RequeueTarget, dr
     with db.read() as s:
         job = get_job(s, name)
         state, run_dir, outputs = job.state, Path(job.run_dir), list(job.outputs)
+        keep = keep_globs(job.resources)
     if state is J.DONE and not target.explicit:
         return RequeueResult(name, "refused", "verified: done_marker_verified jobs are never rerun")
     if state in REQUEUEABLE:
@@ -271,9 +274,10 @@ def _requeue_one(db: Database, cfg: Config, name: str, target: RequeueTarget, dr
             _hold(db, name, reason)
         return RequeueResult(name, "refused", reason)
     if dry_run:
-        clears = unverified_leftovers(run_dir, outputs, plan.quarantine if plan else ())
+        clears = unverified_leftovers(run_dir, outputs, plan.quarantine if plan else (), keep)
         clears += [p for p in (plan.prune if plan else ()) if p not in clears]
-        return RequeueResult(name, "would_requeue", action, (last.n + 1) if last else 1, clears)
+        torn = [f"{rel} ({why})" for rel, why in resumestate.torn(run_dir, keep)]
+        return RequeueResult(name, "would_requeue", action, (last.n + 1) if last else 1, clears, torn)
     with db.write() as s:
         job = get_job(s, name)
         if job.state is not state:

@@ -23,7 +23,7 @@ import time
 from collections.abc import Iterable
 from pathlib import Path
 
-from orchestrator import protocol
+from orchestrator import protocol, resumestate
 from orchestrator.config import Config
 from orchestrator.errors import Refused, UsageError
 
@@ -123,38 +123,54 @@ def move_to_trash(cfg: Config, run_dir: Path, rels: Iterable[str], job: str) -> 
     return moved
 
 
-def unverified_leftovers(run_dir: Path, outputs: list[str], quarantine: Iterable[str] = ()) -> list[str]:
-    """What the next attempt must not see and orch can prove is its own; verified checkpoints,
-    attempt records and a user's other files stay.
+def unverified_leftovers(run_dir: Path, outputs: list[str], quarantine: Iterable[str] = (),
+                         keep: Iterable[str] = ()) -> list[str]:
+    """The paths of ``leftovers_why``."""
+    return [rel for rel, _why in leftovers_why(run_dir, outputs, quarantine, keep)]
+
+
+def leftovers_why(run_dir: Path, outputs: list[str], quarantine: Iterable[str] = (),
+                  keep: Iterable[str] = ()) -> list[tuple[str, str]]:
+    """(path, why) of what the next attempt must not see and orch can prove is its own; verified
+    checkpoints, attempt records, a user's other files and resume state (``resumestate.kept``: HF
+    ``checkpoint-N``, Lightning ``*.ckpt``, ``--keep`` globs) stay, even inside ``--outputs``.
 
     Never called on a run dir whose marker verifies (callers check first: seed 000's lesson is that
     only the marker decides). Hashes every committed checkpoint (a same-size bit flip is corrupt).
     """
     if not run_dir.is_dir() or run_dir.is_symlink():
         return []
-    out: list[str] = []
+    # Issue 17: `--outputs 'out/*'` over HF's output_dir sent out/checkpoint-* to the trash; the next
+    # attempt restarted from step 1.
+    state = resumestate.kept(run_dir, keep)
+    out: dict[str, str] = {}
+
+    def add(rel: str, why: str) -> None:
+        for r in resumestate.clearable(run_dir, rel, state):
+            out.setdefault(r, why)
+
     if (run_dir / protocol.DONE_MARKER).exists() or (run_dir / protocol.DONE_MARKER).is_symlink():
-        out.append(protocol.DONE_MARKER)
+        add(protocol.DONE_MARKER, "a done marker that does not verify")
     if (run_dir / protocol.RESULT_DIR).exists() or (run_dir / protocol.RESULT_DIR).is_symlink():
-        out.append(protocol.RESULT_DIR)
+        add(protocol.RESULT_DIR, "an unverified result")
     for pat in outputs:
         for hit in glob.glob(pat, root_dir=run_dir, recursive=True):
             rel = os.path.normpath(hit)
-            if rel.split("/")[0] not in (protocol.ATTEMPTS_DIR, protocol.CHECKPOINTS_DIR) and rel not in out:
-                out.append(rel)
+            if rel.split("/")[0] not in (protocol.ATTEMPTS_DIR, protocol.CHECKPOINTS_DIR):
+                add(rel, f"an unverified output (--outputs {pat})")
     quarantine = set(quarantine)
     ck = run_dir / protocol.CHECKPOINTS_DIR
     if ck.is_dir() and not ck.is_symlink():
         for p in sorted(ck.iterdir()):
             rel = f"{protocol.CHECKPOINTS_DIR}/{p.name}"
             if rel in quarantine:
-                out.append(rel)
+                out.setdefault(rel, "quarantined by the policy (NaN rollback)")
             elif protocol.checkpoint_step(p) is not None:
-                if protocol.verify_checkpoint(p) is not None:
-                    out.append(rel)
+                if (bad := protocol.verify_checkpoint(p)) is not None:
+                    out.setdefault(rel, f"a checkpoint that does not verify: {bad}")
             elif protocol.TMP_INFIX in p.name and protocol.OWN_CHECKPOINT_RE.match(p.name):
-                out.append(rel)  # a writer's tmp dir (step-<8 digits>.tmp-...): never committed
-    return out
+                out.setdefault(rel, "a checkpoint write that never committed")  # step-<8 digits>.tmp-...
+    return list(out.items())
 
 
 def empty_trash(cfg: Config, job: str | None = None) -> int:

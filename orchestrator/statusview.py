@@ -63,6 +63,9 @@ def make_row(r: Mapping[str, Any], cfg: Config) -> dict[str, Any]:
            "attempt_state": _plain(r["attempt_state"])}
     if state == JobState.RUNNING and r["n"]:
         _progress_flags(cfg, Path(r["run_dir"]), r["n"], row)
+    elif r["n"] and state != JobState.PENDING:
+        # Issue 17: STEP was "-" for every finished job; its last attempt's last heartbeat says where it got.
+        row["step"] = (protocol.read_progress(Path(r["run_dir"]), r["n"]) or {}).get("step")
     return row
 
 
@@ -86,7 +89,8 @@ def _progress_flags(cfg: Config, run_dir: Path, n: int, row: dict[str, Any]) -> 
 
 
 def group_by_sweep(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """``orch status``'s table: one row per plain job, one per sweep (its tasks' states counted)."""
+    """``orch status``'s table: one row per plain job, one per sweep (its tasks' states counted; ATT the most
+    attempts any task has had)."""
     out: list[dict[str, Any]] = []
     sweeps: dict[str, dict[str, Any]] = {}
     for r in rows:
@@ -95,12 +99,15 @@ def group_by_sweep(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
             continue
         g = sweeps.get(r["sweep"])
         if g is None:
-            g = sweeps[r["sweep"]] = {"name": r["sweep"], "state": "", "attempts": 0, "backend": r["backend"],
-                                      "external_id": None, "step": None, "failure_class": None, "flags": [],
-                                      "counts": {}, "tasks": 0}
+            g = sweeps[r["sweep"]] = {"name": r["sweep"], "state": "", "attempts": 0, "attempts_total": 0,
+                                      "backend": r["backend"], "external_id": None, "step": None,
+                                      "failure_class": None, "flags": [], "counts": {}, "tasks": 0}
             out.append(g)
         g["tasks"] += 1
-        g["attempts"] += r["attempts"]
+        # ATT as for a job: the attempt its furthest task is on (issue 17: the sum of the tasks' attempts
+        # read as the task count, 20 for 20 tasks that never failed); the sum stays in attempts_total.
+        g["attempts"] = max(g["attempts"], r["attempts"])
+        g["attempts_total"] += r["attempts"]
         g["counts"][r["state"]] = g["counts"].get(r["state"], 0) + 1
         g["flags"] = sorted(set(g["flags"]) | set(r["flags"]))
     for g in sweeps.values():

@@ -14,6 +14,7 @@ from orchestrator.db import Database
 from orchestrator.jobs import attempt_ref, attempt_view, get_job
 from orchestrator.lifecycle import ATTEMPT_LIVE, AttemptState, JobState
 from orchestrator.models import Attempt, Event, Job
+from orchestrator.resumestate import launch_record
 from orchestrator.statusview import group_by_sweep, make_row, status_select
 
 __all__ = ["status_rows", "group_by_sweep", "show_job", "show_sweep", "log_paths"]
@@ -51,10 +52,27 @@ def show_job(db: Database, name: str) -> dict[str, Any]:
     for a in d["attempts"]:
         # A Slurm in-place requeue keeps the attempt; what stopped each earlier run was set aside in its dir.
         a["restart_history"] = protocol.restart_history(d["run_dir"], a["n"], a["token"]) if a["restarts"] else []
+        # What this attempt's launch moved to the trash and set aside as torn, and why (issue 17: a
+        # requeue trashed HF's checkpoints and show said nothing).
+        a.update(launch_record(d["run_dir"], a["n"]))
     if last is not None:
         prog = protocol.read_progress(d["run_dir"], last) or {}
         d["last_step"] = prog.get("step")
+    d["preemptions"] = _preemptions(d["attempts"])
     return d
+
+
+def _preemptions(attempts: list[dict[str, Any]]) -> dict[str, int]:
+    """Preemptions of the job: attempts that ended ``preempted`` plus in-place restarts by the scheduler whose
+    run was preempted (issue 17: a Slurm requeue in place was counted nowhere). A restart without a record of
+    why counts as a preemption: Slurm requeues in place on preemption (or a node failure)."""
+    requeued = sum(1 for a in attempts if a["failure_class"] == "preempted")
+    in_place = 0
+    for a in attempts:
+        hist = a.get("restart_history") or []
+        unrecorded = max(0, a["restarts"] - len(hist))
+        in_place += sum(1 for h in hist[:a["restarts"]] if h["class"] == "preempted") + unrecorded
+    return {"total": requeued + in_place, "in_place": in_place}
 
 
 def _held(s: Any, job: Job) -> str | None:

@@ -46,7 +46,7 @@ import threading
 import time
 from pathlib import Path
 
-from orchestrator import protocol, spotnotice, testhooks
+from orchestrator import memlimit, protocol, spotnotice, testhooks
 from orchestrator.ballast import Ballast
 
 FORWARDED = (signal.SIGTERM, signal.SIGUSR2, signal.SIGINT, signal.SIGUSR1)
@@ -74,6 +74,8 @@ def _parse(argv: list[str]) -> argparse.Namespace:
                     help="watch this cloud's metadata endpoint for a spot interruption notice (default: off)")
     ap.add_argument("--spot-url", default=None, help="the metadata endpoint's base URL")
     ap.add_argument("--spot-interval", type=float, default=5.0, help="seconds between polls")
+    ap.add_argument("--mem-mb", type=int, default=None,
+                    help="run the program in a memory cgroup with this limit (local backend; orchestrator/memlimit.py)")
     ap.add_argument("command", nargs=argparse.REMAINDER)
     a = ap.parse_args(argv)
     if a.command and a.command[0] == "--":
@@ -305,11 +307,13 @@ def _attempt(a: argparse.Namespace, run_dir: Path, adir: Path, restart: int, bal
     flags = os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_NOFOLLOW
     with open(os.open(adir / protocol.STDOUT_LOG, flags, 0o666), "ab") as out, \
             open(os.open(adir / protocol.STDERR_LOG, flags, 0o666), "ab") as err:
+        cgroup = memlimit.for_attempt(a.token, a.mem_mb, err)  # issue 17: tells a kernel OOM kill apart
         try:
             child = subprocess.Popen(a.command, stdin=subprocess.DEVNULL, stdout=out, stderr=err,
-                                     env=env, cwd=str(run_dir))
+                                     env=env, cwd=str(run_dir), preexec_fn=cgroup.join_self if cgroup else None)
         except OSError as e:  # command not found / not executable: the job's own fault, recorded
             err.write(f"orch wrapper: cannot start {a.command[0]!r}: {e}\n".encode())
+            memlimit.close(cgroup)
             record(127, error=str(e))
             return 127
         sup = Supervisor(child, a.warning_signal, under_slurm="SLURM_JOB_ID" in os.environ)
@@ -331,11 +335,13 @@ def _attempt(a: argparse.Namespace, run_dir: Path, adir: Path, restart: int, bal
             watcher.stop()
     try:
         stop_leftovers()
+        oom_kill = memlimit.close(cgroup)
         sig = -rc if rc < 0 else None
         marker_error, aside = _end_of_run(a, run_dir, adir, rc, sup, ballast, marker_before)
         testhooks.site("wrapper_end_decided")  # a stop from here on came after the decision: held, not recorded
         record(rc, signal=sig, time_limit_reached=timed_out, stop_signal=sup.stop_signal,
-               stop_source=sup.stop_source, notice=sup.notice, marker_error=marker_error, marker_set_aside=aside)
+               stop_source=sup.stop_source, notice=sup.notice, marker_error=marker_error, marker_set_aside=aside,
+               oom_kill=oom_kill)
     finally:
         signal.pthread_sigmask(signal.SIG_UNBLOCK, STOPS)
     return 128 + sig if sig else rc

@@ -79,10 +79,12 @@ class SubmitSpec:
     def attempt_dir(self) -> Path:
         return self.run_dir / ATTEMPTS_DIR / str(self.attempt)
 
-    def wrapper_argv(self, python: str | None = None, time_limit_s: float | None = None) -> list[str]:
+    def wrapper_argv(self, python: str | None = None, time_limit_s: float | None = None,
+                     mem_mb: int | None = None) -> list[str]:
         """argv that runs the user's command under orch's job wrapper (see ``orchestrator/wrapper.py``).
 
         ``time_limit_s``: let the wrapper enforce the time limit (local backend; Slurm enforces its own).
+        ``mem_mb``: let the wrapper run it in a memory cgroup of that limit (local backend; memlimit.py).
         """
         argv = [python or sys.executable, "-m", "orchestrator.wrapper", "--run-dir", str(self.run_dir),
                 "--job", self.job, "--attempt", str(self.attempt), "--token", self.token,
@@ -93,6 +95,8 @@ class SubmitSpec:
             argv += ["--outputs", g]
         if time_limit_s:
             argv += ["--time-limit", str(time_limit_s)]
+        if mem_mb:
+            argv += ["--mem-mb", str(int(mem_mb))]
         if self.spot_notice != "off":
             argv += ["--spot-notice", self.spot_notice, "--spot-interval", str(self.spot_interval_s)]
             if self.spot_url:

@@ -30,7 +30,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from orchestrator import protocol
+from orchestrator import memlimit, protocol
 from orchestrator.backends import proctable
 from orchestrator.backends.base import AttemptRef, Backend, BackendError, Outcome, Phase, SubmitSpec
 from orchestrator.ballast import BALLAST_BYTES
@@ -164,7 +164,7 @@ class LocalBackend(Backend):
 
     def submit(self, spec: SubmitSpec) -> str:
         spec.attempt_dir.mkdir(parents=True, exist_ok=True)
-        argv = spec.wrapper_argv(time_limit_s=spec.resources.time_s)
+        argv = spec.wrapper_argv(time_limit_s=spec.resources.time_s, mem_mb=spec.resources.mem_mb)
         env = spec.job_environ()
         env.update(spec.env)
         env[protocol.ENV_TOKEN] = spec.token  # the wrapper's own environment names its attempt too
@@ -232,6 +232,7 @@ class LocalBackend(Backend):
         if rec is None:
             # Gone without an exit record: the wrapper was killed (SIGKILL, OOM killer, reboot), or the
             # disk was too full for even its ballast (hostile test: such a job waited for a human as unknown).
+            memlimit.remove_leftover(ref.token)  # its --mem cgroup, which the wrapper never removed
             free = _free_bytes(ref.attempt_dir)
             if free is not None and free < BALLAST_BYTES:
                 return Outcome(Phase.VANISHED, cause=FailureClass.ENOSPC,

@@ -114,6 +114,17 @@ def orch_owned_match(pattern: str) -> str | None:
     return hits[0] if hits else None
 
 
+def _keep_cb(_ctx: click.Context, _param: click.Parameter, value: tuple[str, ...]) -> tuple[str, ...]:
+    for g in value:
+        # Like --outputs: a glob that leaves the run dir would make requeue reason about files not its own.
+        if not g or g.startswith("/") or ".." in g.split("/") or "\x00" in g or "\n" in g:
+            raise click.BadParameter(f"{g!r} must be a relative glob inside the run dir (no '/...' or '..')",
+                                     param_hint="--keep")
+        if os.path.normpath(g) == ".":
+            raise click.BadParameter(f"{g!r} names the whole run dir; name the resume state", param_hint="--keep")
+    return value
+
+
 def _plain_cb(_ctx: click.Context, param: click.Parameter, value: str | None) -> str | None:
     # Values that end up in sbatch directives: a newline or '#' could smuggle an #SBATCH line.
     # fullmatch: with re.match, "$" also matches before a trailing newline ("gpu\n" passed).
@@ -161,6 +172,10 @@ def job_options(f: Any) -> Any:
         click.option("--outputs", multiple=True, callback=_outputs_cb,
                      help="Glob (relative to the run dir) of result files; orch writes done.json after exit 0. "
                           "For programs that do not write their own marker."),
+        click.option("--keep", multiple=True, callback=_keep_cb,
+                     help="Glob (relative to the run dir) of resume state a requeue never moves to the trash, "
+                          "even inside --outputs (HF checkpoint-N dirs and Lightning *.ckpt files are kept "
+                          "anyway). Repeatable."),
         click.option("--sbatch-arg", "sbatch_args", multiple=True, help="Extra sbatch argument, e.g. --qos=high."),
         click.option("--warning-signal", type=click.Choice(["TERM", "USR2", "INT"]), default=None,
                      help="Signal the program gets when the time limit nears (Slurm's early warning). "
@@ -202,4 +217,6 @@ def job_settings(opts: dict[str, Any]) -> tuple[str, dict[str, Any], int | None,
         resources["warning_signal"] = opts["warning_signal"]
     if opts["spot_notice"] is not None:
         resources["spot_notice"] = opts["spot_notice"]
+    if opts.get("keep"):
+        resources["keep"] = list(opts["keep"])  # resumestate.KEEP_KEY: kept in the job's resources JSON
     return opts["backend"], resources, opts["max_attempts"], opts["outputs"]

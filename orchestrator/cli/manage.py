@@ -89,6 +89,8 @@ def requeue(names: tuple[str, ...], failed: bool, dry_run: bool, as_json: bool) 
         for r in results:
             extra = f" as attempt {r.attempt}" if r.attempt else ""
             clears = f"; clears {', '.join(r.clears)}" if r.clears and r.outcome != "refused" else ""
+            if r.sets_aside and r.outcome != "refused":
+                clears += f"; sets aside {', '.join(r.sets_aside)}"
             click.echo(f"{r.name}: {r.outcome.replace('_', ' ')}{extra} ({r.reason}){clears}")
     errors = [r for r in results if r.outcome == "error"]
     if errors:  # issue 9: a launch error printed "error" and exited 0

@@ -95,6 +95,10 @@ def show(name: str, as_json: bool) -> None:
     _say(f"  command: {' '.join(d['command'])}")
     if d.get("last_step") is not None:
         _say(f"  last step: {d['last_step']}")
+    pre = d.get("preemptions") or {}
+    if pre.get("total"):
+        _say(f"  preemptions: {pre['total']}" + (f" ({pre['in_place']} requeued in place by the scheduler)"
+                                                      if pre.get("in_place") else ""))
     if d.get("held"):
         _say(f"  {d['held']}")
     if d.get("overrides"):
@@ -111,6 +115,10 @@ def show(name: str, as_json: bool) -> None:
         if a.get("action"):
             act = {k: v for k, v in a["action"].items() if v not in (None, "", [], {}, False)}
             _say(f"    action: {json.dumps(act, sort_keys=True)}")
+        for t in a.get("trashed") or []:
+            _say(f"    moved to trash at launch: {t.get('path')} ({t.get('why') or 'no reason recorded'})")
+        for t in a.get("set_aside") or []:
+            _say(f"    set aside at launch: {t.get('path')} -> {t.get('as')} ({t.get('why')})")
     if d.get("foreign_checkpoint_files"):
         _say(f"  left in place (not orch's): checkpoints/{', checkpoints/'.join(d['foreign_checkpoint_files'])}")
     for problem in d.get("problems") or []:

@@ -18,9 +18,12 @@ What it does, with the public ``TrainerCallback`` API only:
   at ``on_init_end`` (so the stop is recorded and the save happens at the next step boundary), and is
   not replaced by JIT's again at train end.
 * every ``checkpoint-N`` HF writes (on a signal or by ``save_steps``) is committed in ``on_save`` as
-  ``checkpoints/step-<N>``: moved out of ``output_dir``, each file fsynced and hashed, ``manifest.json``
-  last, renamed into place. HF writes in place without fsync, so a kill -9 mid-save leaves a
-  ``checkpoint-N`` that ``resume_from_checkpoint=True`` would pick and crash on, at every requeue.
+  ``<run dir>/checkpoints/step-<N>``: moved out of ``output_dir`` (so ``output_dir`` holds no
+  ``checkpoint-N`` once a save completed), each file fsynced and hashed, ``manifest.json`` last, renamed
+  into place. The newest ``keep_last_k`` are kept; it defaults to ``TrainingArguments.save_total_limit``
+  (HF's rotation never sees the moved dirs, so the callback applies it), and keeps all when that is None.
+  HF writes in place without fsync, so a kill -9 mid-save leaves a ``checkpoint-N`` that
+  ``resume_from_checkpoint=True`` would pick and crash on, at every requeue.
   ``resume_path()`` only returns a verified ``step-N`` (HF loads it like any checkpoint dir); a
   ``checkpoint-N`` found in ``output_dir`` at the start of training is unfinished and renamed aside.
 * when training ends normally: ``result/`` (``save_pretrained`` of the model, ``metrics.json``), then
@@ -66,10 +69,11 @@ def resume_path(run_dir: str | os.PathLike[str] | None = None) -> str | None:
 class OrchCallback(TrainerCallback):
     """Save and stop at the next step on SIGTERM/SIGUSR2, commit every HF checkpoint, mark a normal end.
 
-    ``keep_last_k``: committed checkpoints kept (HF's ``save_total_limit`` no longer sees them).
+    ``keep_last_k``: committed checkpoints kept under ``<run dir>/checkpoints/``; default (None): HF's
+    ``save_total_limit`` (all when that is None too). HF's own rotation no longer sees them.
     """
 
-    def __init__(self, keep_last_k: int = 2, run_dir: str | os.PathLike[str] | None = None) -> None:
+    def __init__(self, keep_last_k: int | None = None, run_dir: str | os.PathLike[str] | None = None) -> None:
         self.run = Run.from_env(run_dir)
         self.keep_last_k = keep_last_k
         self.flag = PreemptionFlag()
@@ -151,8 +155,10 @@ class OrchCallback(TrainerCallback):
         if not src.is_dir():
             log(f"on_save: {src} not found; nothing to commit")
             return
+        # Issue 17: a fixed keep of 2 ignored save_total_limit=5 (and None: keep every one).
+        keep = self.keep_last_k if self.keep_last_k is not None else args.save_total_limit
         self._committed = commit_checkpoint(self.run.run_dir, state.global_step, move_from=src,
-                                            keep_last_k=self.keep_last_k)
+                                            keep_last_k=keep)
 
     # --- the end -----------------------------------------------------------------------------------
     def on_train_end(self, args: TrainingArguments, state: TrainerState, control: TrainerControl,

@@ -16,6 +16,7 @@ import re
 import signal
 import sys
 import threading
+import time
 import traceback
 from collections.abc import Iterable
 from pathlib import Path
@@ -34,6 +35,7 @@ SUBMISSION_DIR = "submitit"  # <run dir>/submitit/submission-*.pkl: the original
 CHECKPOINT_FILE = "submission.pkl"  # checkpoints/step-<8 digits>/submission.pkl: what checkpoint() returned
 RESULT_FILE = "result.pkl"  # result/result.pkl: the callable's return value, listed in done.json
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGUSR2)
+DEFAULT_CHECKPOINT_EVERY_S = 600.0  # executor parameter orch_checkpoint_every_s
 _SHA256_RE = re.compile(r"^[0-9a-f]{64}$")
 _SUBMITIT_UTILS = submitit_utils.__file__  # DelayedSubmission.result's frame, skipped in crash reports
 
@@ -77,9 +79,11 @@ def safe_point(step: int | None = None, *, save: bool = False, **progress: Any) 
 class _Runner:
     """One attempt of a submitit-style job. Main thread only (it owns the signal handlers)."""
 
-    def __init__(self, run: Run, keep_last_k: int) -> None:
+    def __init__(self, run: Run, keep_last_k: int, checkpoint_every_s: float = DEFAULT_CHECKPOINT_EVERY_S) -> None:
         self.run = run
         self.keep_last_k = keep_last_k
+        self.checkpoint_every_s = checkpoint_every_s  # 0: no periodic checkpoint
+        self.last_commit = time.monotonic()  # of this attempt's newest commit (or its start)
         self.delayed: Any = None  # the DelayedSubmission being run
         self.phase = "loading"  # loading -> calling -> finishing | stopped
         self.signum: int | None = None  # the stop signal, once one came
@@ -132,17 +136,25 @@ class _Runner:
         if step is not None:
             self.step = int(step)
         if self.heartbeat is not None:
-            self.heartbeat.post(**({"step": self.step} if self.step is not None else {}), **progress)
+            # resumed_from: where this attempt began (`orch metrics` measures the steps redone after a preemption)
+            at = {"step": self.step, "resumed_from": self.resumed_from or 0} if self.step is not None else {}
+            self.heartbeat.post(**at, **progress)
         if self.busy or self.phase != "calling":
             return
         if self.signum is not None:
             self.stop("called at safe_point()")
+        if self._periodic_due():
+            save = True
         if save:
             self.busy = True
             try:
                 self.commit()
             finally:
                 self.busy = False
+
+    def _periodic_due(self) -> bool:
+        """Issue 17: without a periodic checkpoint a kill -9 (no signal, no handler) redid the whole run."""
+        return bool(self.checkpoint_every_s) and time.monotonic() - self.last_commit >= self.checkpoint_every_s
 
     def stop(self, how: str) -> None:
         self.busy = True
@@ -158,6 +170,7 @@ class _Runner:
 
         ckpt = self.delayed._checkpoint_function()  # function.checkpoint(*args, **kwargs), as submitit calls it
         if ckpt is None:
+            self.last_commit = time.monotonic()
             return None
         ckpt.set_timeout(self.delayed._timeout_min, self.delayed._timeout_countdown)
         data = cloudpickle.dumps(ckpt, pickle.HIGHEST_PROTOCOL)  # before anything is written: may raise
@@ -167,6 +180,7 @@ class _Runner:
             (tmp / CHECKPOINT_FILE).write_bytes(data)
 
         self.checkpoint = commit_checkpoint(self.run.run_dir, n, write=write, keep_last_k=self.keep_last_k)
+        self.last_commit = time.monotonic()
         return self.checkpoint
 
     def _next_number(self) -> int:
@@ -211,7 +225,7 @@ def _crash_detail(exc: BaseException) -> str:
 
 
 def run_job(submission: str, sha256: str, *, sys_path: Iterable[str] = (), keep_last_k: int = 2,
-            run_dir: str | None = None) -> int:
+            run_dir: str | None = None, checkpoint_every_s: float = 0.0) -> int:
     """One attempt: load, call, then the marker, a preemption report or a crash report. Returns the exit code."""
     global _current
     try:
@@ -221,7 +235,7 @@ def run_job(submission: str, sha256: str, *, sys_path: Iterable[str] = (), keep_
         return protocol.EXIT_USAGE
     if run.already_complete():
         return protocol.EXIT_OK
-    runner = _Runner(run, keep_last_k)
+    runner = _Runner(run, keep_last_k, checkpoint_every_s)
     runner.recorder.start()
     # First, before the (possibly long) unpickling: a stop from here on ends as a clean preemption.
     previous = {s: signal.signal(s, runner.on_signal) for s in STOP_SIGNALS}
@@ -253,6 +267,7 @@ def run_job(submission: str, sha256: str, *, sys_path: Iterable[str] = (), keep_
             if runner.signum is not None:
                 raise _StopAttempt("the stop came while loading: the callable was not called")
             runner.phase = "calling"
+            runner.last_commit = time.monotonic()
             result = runner.delayed.result()
             runner.phase = "finishing"
         except _StopAttempt as stop:
@@ -307,12 +322,18 @@ def main(argv: list[str] | None = None) -> int:
     r.add_argument("--sys-path", action="append", default=[], help="an import path of the submitting process")
     r.add_argument("--keep-last-k", type=int, default=2, help="committed checkpoints kept (default 2)")
     r.add_argument("--run-dir", default=None, help="default $ORCH_RUN_DIR")
+    r.add_argument("--checkpoint-every-s", type=float, default=DEFAULT_CHECKPOINT_EVERY_S,
+                   help="commit the callable's checkpoint() at the first safe_point() this many seconds after the "
+                        f"last commit (0: only on a stop signal; default {DEFAULT_CHECKPOINT_EVERY_S:g})")
     a = ap.parse_args(argv)
     if not _SHA256_RE.match(a.sha256):
         ap.error(f"--sha256 {a.sha256!r} is not 64 lowercase hex digits")
     if a.keep_last_k < 1:
         ap.error("--keep-last-k must be >= 1")
-    return run_job(a.submission, a.sha256, sys_path=a.sys_path, keep_last_k=a.keep_last_k, run_dir=a.run_dir)
+    if not 0 <= a.checkpoint_every_s <= 10**9:  # also refuses nan
+        ap.error(f"--checkpoint-every-s {a.checkpoint_every_s} is not 0..1e9 seconds")
+    return run_job(a.submission, a.sha256, sys_path=a.sys_path, keep_last_k=a.keep_last_k, run_dir=a.run_dir,
+                   checkpoint_every_s=a.checkpoint_every_s)
 
 
 if __name__ == "__main__":

@@ -263,6 +263,7 @@ class ExitRecord:
     disk_full: bool = False  # the wrapper's own writes hit ENOSPC: the run dir's filesystem was full
     # Where the wrapper moved a done.json the program wrote itself and then exited non-zero or was stopped.
     marker_set_aside: str | None = None
+    oom_kill: int | None = None  # OOM kills the attempt's memory cgroup counted (None: no cgroup; memlimit.py)
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -330,6 +331,7 @@ def _read_exit_at(path: Path, token: str | None) -> ExitRecord | None:
         error=text("error"),
         disk_full=r.get("disk_full") is True,
         marker_set_aside=text("marker_set_aside"),
+        oom_kill=r["oom_kill"] if is_int(r.get("oom_kill"), 0, 10**9) else None,
     )
 
 

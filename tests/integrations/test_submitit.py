@@ -102,6 +102,9 @@ def test_checkpointable_preempted_twice_resumes_at_its_safe_points_and_ends_bit_
     reference = TrainLoop(max_steps)()
     assert out["steps"] == max_steps and out["loss"] == reference["loss"]
     assert state_dicts_equal(out["state_dict"], reference["state_dict"])
+    # Both preemptions measured (issue 17: the submitit runner's heartbeats carried no resumed_from).
+    metrics = orch("metrics", check=True).stdout
+    assert "orch_preemption_steps_redone_count 2" in metrics and "orch_preemptions_unmeasured 0" in metrics, metrics
 
 
 def test_exception_in_the_callable_is_a_crash_with_its_traceback_and_result_raises(orch, executor):
@@ -176,3 +179,31 @@ def test_refusals_come_before_anything_is_written(orch, executor):
         executor.submit(sum, [3, 4])
     assert refused.value.exit_code == 3 and "refused:" in str(refused.value) and "dup" in str(refused.value)
     assert len(list((orch.runs / "dup" / "submitit").iterdir())) == 1  # the refused pickle was never left there
+
+
+def test_kill9_is_recovered_by_result_from_the_periodic_checkpoint(orch, executor, tmp_path):
+    # Issue 17: the submitit path wrote no periodic checkpoint (a kill -9 redid everything), the kill was
+    # `crash`, and job.result() raised FailedJobError although the job was recoverable.
+    orch.write_config("[policy]\ncrash_backoff_s = 0.5\n")
+    steps_log, max_steps = tmp_path / "updates.log", 150
+    executor.update_parameters(orch_name="sk9", orch_checkpoint_every_s=0.5)
+    job = executor.submit(TrainLoop(max_steps, step_log=str(steps_log), sleep_per_step=0.03))
+    run_dir = orch.runs / "sk9"
+    wait_for(lambda: [s for s, _ in protocol.verified_checkpoints(run_dir) if s >= 20], 120,
+             "a periodic checkpoint past step 20")
+    pid = wait_for(lambda: runner_pid(run_dir), 30, "the runner")
+    os.kill(pid, signal.SIGKILL)
+    out = job.result()  # no orch requeue: the reconcile passes of result() bring it back
+    shown = orch.show("sk9")["attempts"]
+    assert [a["failure_class"] for a in shown] == ["killed", None], shown
+    log = step_log(steps_log)
+    resumed = min(s for a, s in log if a == 2) - 1
+    assert resumed >= 20 and sorted({s for _, s in log}) == list(range(1, max_steps + 1)), log
+    assert out["steps"] == max_steps
+    assert repeats(log) <= max(s for a, s in log if a == 1) - resumed  # only the steps since the last commit
+
+
+def test_checkpoint_every_s_is_checked_like_every_parameter(executor):
+    for bad in (-1, float("nan"), "600", True):
+        with pytest.raises(ValueError, match="orch_checkpoint_every_s"):
+            executor.update_parameters(orch_checkpoint_every_s=bad)

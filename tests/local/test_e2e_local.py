@@ -147,13 +147,16 @@ def test_job_survives_its_submitter_and_shows_running_with_its_external_id(orch)
     assert (run / "ran.log").read_text().count("attempt=") == 1
 
 
-def test_sigkilled_job_process_is_classified_crash(orch):
+def test_sigkilled_job_process_is_classified_killed_and_auto_requeued_after_a_back_off(orch):
+    # Issue 17: it was `crash`, left for a manual `orch requeue`.
     orch("submit", "--name", "k9", "--outputs", "result/*", "--", "bash", "-c", GATED, check=True)
     rec = wrapper_record(orch.runs / "k9")
     os.kill(rec["child_pid"], signal.SIGKILL)
     assert orch.wait("k9", RETRYABLE | DONE, timeout=60) == "retryable_failed"
-    a = orch.show("k9")["attempts"][0]
-    assert a["failure_class"] == "crash" and "SIGKILL" in a["detail"]
+    shown = orch.show("k9")
+    a = shown["attempts"][0]
+    assert a["failure_class"] == "killed" and "SIGKILL" in a["detail"]
+    assert shown["auto_requeue"] is True and shown["retry_not_before"] is not None and a["counted"] is True
     assert a["exit_code"] == -signal.SIGKILL
     assert not (orch.runs / "k9" / "done.json").exists()
 

@@ -253,3 +253,33 @@ def test_a_sweep_resubmitted_after_its_db_was_lost_is_refused_while_a_task_still
         assert orch.json("status") == []  # nothing recorded
     finally:
         gate.touch()
+
+
+# Each task reports step 7 in its heartbeat; task 1's first attempt is then killed (SIGKILL: class killed,
+# requeued by reconcile after the back-off).
+STEP_TASK = ("import os, signal, pathlib; from orchestrator import protocol; "
+             "protocol.write_progress(os.environ['ORCH_RUN_DIR'], int(os.environ['ORCH_ATTEMPT']), step=7); "
+             "os.environ['ORCH_TASK_INDEX'] == '1' and os.environ['ORCH_ATTEMPT'] == '1' and "
+             "os.kill(os.getpid(), signal.SIGKILL); pathlib.Path('out.txt').write_text('{i}')")
+
+
+def test_the_status_table_shows_a_sweeps_attempts_and_each_finished_jobs_last_step(orch):
+    # Issue 17: the sweep row's ATT was the sum of its tasks' attempts (the task count when none failed),
+    # and STEP was "-" for every finished job.
+    orch.write_config("[policy]\ncrash_backoff_s = 0.2\n")
+    orch("sweep", "--name", "st", "--grid", "i=0,1,2", "--outputs", "out.txt", "--", sys.executable, "-c", STEP_TASK,
+         check=True)
+    names = [f"st.000{i}" for i in range(3)]
+    t0 = time.time()
+    while not all(orch.state(n) == "done_marker_verified" for n in names):
+        assert time.time() - t0 < 90, orch.json("status")
+        orch("reconcile", check=True)
+        time.sleep(0.3)
+    table = orch("status", check=True).stdout.splitlines()
+    assert table[1].startswith("st ") and "sweep of 3: 3 done_marker_verified" in table[1], table
+    cells = [c.strip() for c in table[1].split("  ") if c.strip()]
+    assert cells[2] == "2", cells  # NAME STATE ATT: task 1 needed two attempts; the sum (4) was shown before
+    tasks = {line.split()[0]: line.split() for line in orch("status", "--tasks", check=True).stdout.splitlines()[1:]}
+    assert all(tasks[n][5] == "7" for n in names), tasks  # NAME STATE ATT BACKEND JOBID STEP
+    rows = {r["name"]: r for r in orch.json("status")}
+    assert [rows[n]["step"] for n in names] == [7, 7, 7] and rows["st.0001"]["attempts"] == 2

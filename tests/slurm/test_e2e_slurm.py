@@ -146,6 +146,12 @@ def test_e2e_preemption_spot_requeues_in_place_spot_cancel_requeues_by_orch(orch
     sacct = run("sacct", "-X", "-n", "-P", "-j", ids["pre-cancel"], "-o", "State").stdout.split()
     assert sacct == ["PREEMPTED"]
 
+    # Honest counts (issue 17): the in-place requeue is a preemption too, in show and in metrics, measured.
+    assert orch.show("pre-spot")["preemptions"] == {"total": 1, "in_place": 1}
+    assert orch.show("pre-cancel")["preemptions"] == {"total": 1, "in_place": 0}
+    metrics = orch("metrics", check=True).stdout
+    assert 'orch_attempt_failures{class="preempted"} 2' in metrics, metrics
+    assert "orch_preemption_steps_redone_count 2" in metrics and "orch_preemptions_unmeasured 0" in metrics, metrics
     for name in ("pre-spot", "pre-cancel"):
         v = orch("verify", name)
         assert (v.returncode, v.stdout) == (0, "VERIFIED\n")

@@ -81,8 +81,9 @@ ROWS = [
     ("exit 0 + CORRUPT", exited(0), None, CORRUPT, None, "marker_corrupt", "sha256 mismatch"),
     ("SIGTERM", exited(None, sig=signal.SIGTERM), None, ABSENT, None, "preempted", "SIGTERM"),
     ("exit 143", exited(143), None, ABSENT, None, "preempted", "SIGTERM"),
-    ("SIGKILL", exited(None, sig=signal.SIGKILL), None, ABSENT, None, "crash", "SIGKILL"),
-    ("exit 137", exited(137), None, ABSENT, None, "crash", "SIGKILL"),
+    # issue 17: a SIGKILL with no record is recoverable (auto-requeued with back-off), not a crash
+    ("SIGKILL", exited(None, sig=signal.SIGKILL), None, ABSENT, None, "killed", "SIGKILL"),
+    ("exit 137", exited(137), None, ABSENT, None, "killed", "SIGKILL"),
     ("exit 2 of any program is a crash", exited(2), None, ABSENT, None, "crash", "exit 2"),
     ("SIGSEGV", exited(None, sig=signal.SIGSEGV), None, ABSENT, None, "crash", f"signal {int(signal.SIGSEGV)}"),
     ("exit 1", exited(1), None, ABSENT, None, "crash", "exit 1"),
@@ -111,6 +112,12 @@ RECORD_ROWS = [
     ("exit 2 without a report is a crash", exited(2), None, "crash", "exit 2"),
     ("the scheduler's cause beats the wrapper's record", exited(0, state="CANCELLED"), stopped(0),
      "cancelled", "CANCELLED"),
+    # issue 17: the wrapper's memory cgroup counted an OOM kill: oom, not killed
+    ("SIGKILL with the cgroup's OOM kill count", exited(None, sig=signal.SIGKILL),
+     ExitRecord(token="t", returncode=-9, oom_kill=1), "oom", "OOM killer"),
+    ("exit 1 after a worker was OOM-killed", exited(1), ExitRecord(token="t", returncode=1, oom_kill=2), "oom", "2"),
+    ("SIGKILL with a cgroup that counted none", exited(None, sig=signal.SIGKILL),
+     ExitRecord(token="t", returncode=-9, oom_kill=0), "killed", "SIGKILL"),
 ]
 
 
@@ -145,4 +152,4 @@ def test_every_row_class_is_produced_somewhere_by_the_table():
     # a program's own report or a refused launch: an exit code alone never proves it).
     derived = {r[5] for r in ROWS if r[2] is None} | {r[3] for r in RECORD_ROWS}
     assert derived == {"hang", "preempted", "timeout", "oom", "node_fail", "cancelled", "unknown",
-                       "marker_missing", "marker_corrupt", "crash"}
+                       "marker_missing", "marker_corrupt", "crash", "killed"}

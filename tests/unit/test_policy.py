@@ -195,9 +195,9 @@ def test_per_class_cap_gives_up_after_that_many_of_the_same_class(cfg, tmp_path,
 
 
 def test_default_auto_requeue_classes_match_the_contract(cfg, tmp_path):
-    # Contract: reconcile requeues preempted, timeout, node_fail, oom, hang, nan by itself;
+    # Contract: reconcile requeues preempted, timeout, node_fail, oom, hang, nan, killed by itself;
     # crash, unknown, marker_missing, marker_corrupt wait for `orch requeue`.
-    for cls in ("preempted", "timeout", "node_fail", "oom", "hang", "nan"):
+    for cls in ("preempted", "timeout", "node_fail", "oom", "hang", "nan", "killed"):
         job, a = job_with(tmp_path, [current(cls)], resources={"mem_mb": 1024})
         assert decide(cfg, job, a, cls, 5, None).plan.auto is True, cls
     for cls in ("crash", "unknown", "marker_missing", "marker_corrupt"):
@@ -351,3 +351,14 @@ def test_repeated_preemptions_without_a_step_are_never_counted(db, cfg):
         s.flush()
         d = decide(cfg, job, job.attempts[-1], "preempted", None, None)
     assert d.counted is False and d.state.value == "retryable_failed" and d.plan.auto
+
+
+def test_killed_is_auto_requeued_backed_off_counted_and_capped(cfg, tmp_path):
+    # Issue 17: a kill -9 with no record was `crash`, waiting for a manual `orch requeue`.
+    cfg.crash_backoff_s = 30.0
+    job, a = job_with(tmp_path, [("killed", True), current("killed")], max_attempts=5)
+    d = decide(cfg, job, a, "killed", None, None)
+    assert (d.state, d.plan.auto, d.counted) == (JobState.RETRYABLE_FAILED, True, True)
+    assert d.plan.details_dict["backoff_s"] == 60.0 and d.plan.not_before is not None
+    job, a = job_with(tmp_path, [("killed", True)] * 3 + [current("killed")], max_attempts=10)
+    assert decide(cfg, job, a, "killed", None, None).state is JobState.FAILED  # cap 3

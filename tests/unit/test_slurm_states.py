@@ -299,3 +299,34 @@ def test_find_by_token_uses_the_job_name(fake: FakeSlurm, tmp_path: Path) -> Non
                                                 ref(tmp_path, "c", None)])
     assert found == {"a": "12", "b": "20"}
     assert any(a.startswith("--name=orch-a,orch-b,orch-c") for a in fake.calls[0])
+
+
+# ------------------------------------------------------------------------------------------
+# issue 17: a restart is counted only when Slurm restarted the task
+# ------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("live", [("orch-t1", "RUNNING", "None"), ("orch-t1", "PENDING", "Priority")])
+def test_a_task_sacct_has_completed_is_no_restart_while_the_controller_still_lists_it(live) -> None:
+    # A sweep task finishing as a prio job arrived: sacct COMPLETED, squeue still listing it for a moment.
+    completed = st.outcome_from_records(st.parse_sacct(rec("COMPLETED", code="0:0"))["7"])
+    assert st.combine(completed, live, live_known=True).restart_count == 0
+
+
+def test_poll_of_a_completed_task_still_in_squeue_counts_no_restart(fake: FakeSlurm, tmp_path: Path) -> None:
+    fake.set("sacct", rec("COMPLETED", job="7_3", name="orch-t1"))
+    fake.set("squeue", "7_3|orch-t1|RUNNING|None")
+    oc = slurm.SlurmBackend().poll([ref(tmp_path, "t1", "7_3")])["t1"]
+    assert oc.restart_count == 0
+
+
+def test_the_end_of_an_attempt_counts_restarts_from_sacct_and_the_wrappers_record_only(tmp_path: Path) -> None:
+    from orchestrator import protocol
+    from orchestrator.observe import Evidence, _restarts_at_end
+
+    absent = protocol.Verification(protocol.MarkerStatus.ABSENT, "no done.json")
+    done = Outcome(Phase.EXITED, exit_code=0, backend_state="COMPLETED", restart_count=0)
+    ev = Evidence(absent, None, done, protocol.ExitRecord(token="t1", returncode=0, restart_count=0))
+    assert _restarts_at_end(1, ev) == 0  # the 1 was counted in the requeue window: no run proves it
+    rerun = protocol.ExitRecord(token="t1", returncode=0, restart_count=2)  # SLURM_RESTART_COUNT=2 seen by the job
+    assert _restarts_at_end(0, Evidence(absent, None, done, rerun)) == 2
+    requeued = Outcome(Phase.EXITED, exit_code=0, backend_state="COMPLETED", restart_count=1)  # 2 sacct records
+    assert _restarts_at_end(0, Evidence(absent, None, requeued, None)) == 1

@@ -242,8 +242,11 @@ def combine(sacct_outcome: Outcome | None, live: tuple[str, str, str] | None, *,
         if lphase in (Phase.PENDING, Phase.RUNNING):
             restarts = sacct_outcome.restart_count if sacct_outcome else 0
             if (sacct_outcome is not None and sacct_outcome.phase is Phase.EXITED
-                    and lstate != "COMPLETING"):
-                restarts += 1  # requeued in place; the rerun's record has not reached sacct yet
+                    and sacct_outcome.backend_state in MAYBE_REQUEUED_STATES and lstate != "COMPLETING"):
+                # requeued in place; the rerun's record has not reached sacct yet. Only after a state Slurm
+                # requeues from (issue 17: a task sacct had COMPLETED, still listed RUNNING as a prio job
+                # arrived, was shown restarts=1).
+                restarts += 1
             return Outcome(lphase, backend_state=lstate, restart_count=restarts,
                            reason="" if lreason in ("", "None") else lreason)
     if sacct_outcome is None or sacct_outcome.phase is Phase.UNKNOWN:

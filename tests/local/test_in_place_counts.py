@@ -1,0 +1,79 @@
+"""Honest counts (issue 17): an attempt the scheduler requeued in place (Slurm reruns the same attempt) is a
+preemption in ``orch metrics`` and ``orch show``, with the steps redone measured from the heartbeats.
+
+The in-place requeue is reproduced without a cluster the way Slurm does it: the same attempt's wrapper runs
+twice (the second time with SLURM_RESTART_COUNT=1), the first run ended by a real SIGTERM; the bundled
+trainer checkpoints, and the rerun resumes. The job row records what the reconciler would after that
+(attempt succeeded, restarts=1). Real processes, real signals, real trainer; tests/slurm covers the cluster.
+"""
+
+from __future__ import annotations
+
+import signal
+import subprocess
+import sys
+import time
+
+from localkit import wait_for_file
+
+from orchestrator import protocol
+from orchestrator.config import load_config
+from orchestrator.db import Database
+from orchestrator.lifecycle import AttemptState, JobState
+from orchestrator.metrics import collect, render
+from orchestrator.models import Attempt, Job
+from orchestrator.views import show_job
+
+TOKEN = "a1b2c3d4e5f60718"
+TRAINER = [sys.executable, "-m", "orch_trainer", "--preset", "tiny", "--max-steps", "150", "--save-interval",
+           "1000", "--heartbeat-interval", "0.1"]
+
+
+def _wrapper(orch, run_dir, restart: int) -> subprocess.Popen:
+    env = {k: v for k, v in orch.env.items() if not k.startswith("SLURM_")}
+    if restart:
+        env["SLURM_RESTART_COUNT"] = str(restart)
+    argv = [sys.executable, "-m", "orchestrator.wrapper", "--run-dir", str(run_dir), "--job", "ip", "--attempt",
+            "1", "--token", TOKEN, "--", *TRAINER]
+    return subprocess.Popen(argv, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+
+
+def test_an_in_place_requeue_is_a_preemption_in_metrics_and_show_with_steps_redone_measured(orch, monkeypatch):
+    monkeypatch.setenv("ORCH_HOME", str(orch.home))
+    cfg = load_config()
+    db = Database(cfg)
+    run_dir = cfg.runs_root / "ip"
+    run_dir.mkdir(parents=True)
+    first = _wrapper(orch, run_dir, 0)
+    deadline = time.time() + 120
+    while (protocol.read_progress(run_dir, 1) or {}).get("step", 0) < 30:
+        assert time.time() < deadline and first.poll() is None, "the trainer made no progress"
+        time.sleep(0.1)
+    first.send_signal(signal.SIGTERM)  # the preemption notice; the wrapper passes it on (no SLURM_JOB_ID)
+    assert first.wait(60) == 143
+    reached = protocol.read_failure(run_dir, 1)["step"]
+    second = _wrapper(orch, run_dir, 1)
+    assert second.wait(180) == 0
+    wait_for_file(run_dir / protocol.DONE_MARKER)
+    assert protocol.verify_done_marker(run_dir).verified
+    with db.write() as s:  # what the reconciler records for it: one attempt, restarted once, succeeded
+        job = Job(name="ip", state=JobState.DONE, backend="slurm", run_dir=str(run_dir), command=TRAINER,
+                  resources={}, outputs=[], max_attempts=3)
+        s.add(job)
+        s.flush()
+        s.add(Attempt(job_id=job.id, n=1, token=TOKEN, state=AttemptState.SUCCEEDED, backend="slurm",
+                      external_id="7", restarts=1))
+
+    snap = collect(db)
+    assert snap.failures["preempted"] == 1, snap.failures
+    resumed = next(r["resumed_from"] for r in protocol.read_progress_history(run_dir, 1)
+                   if r.get("resumed_from"))
+    assert snap.redone == [reached - resumed] and snap.unmeasured == 0, (snap.redone, reached, resumed)
+    text = render(snap)
+    assert 'orch_attempt_failures{class="preempted"} 1' in text and "orch_preemption_steps_redone_count 1" in text
+    shown = show_job(db, "ip")
+    assert shown["preemptions"] == {"total": 1, "in_place": 1}
+    assert shown["attempts"][0]["restart_history"][0]["class"] == "preempted"
+    out = orch("show", "ip").stdout
+    assert "preemptions: 1 (1 requeued in place by the scheduler)" in out, out
+    db.engine.dispose()

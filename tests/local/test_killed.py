@@ -1,0 +1,45 @@
+"""A SIGKILL with no record (kill -9; the kernel OOM killer where no memory cgroup tells it apart) is class
+``killed``: auto-requeued with back-off and counted, never left for a manual ``orch requeue`` (issue 17).
+Real processes, real SIGKILL, real torch in the job."""
+
+from __future__ import annotations
+
+import sys
+
+DONE = "done_marker_verified"
+
+# A plain script with its own checkpoint format: torch.save(path) in place every 10 steps, resumed from the
+# newest file by torch.load. Attempt 1 is killed by SIGKILL mid-save of step 20 (a 0-byte file left).
+IN_PLACE = """
+import os, pathlib, signal, torch
+ck = pathlib.Path("ck"); ck.mkdir(exist_ok=True)
+saves = sorted(ck.glob("*.pt"), key=lambda p: int(p.stem))
+start = torch.load(saves[-1])["step"] if saves else 0
+with open("steps.log", "a") as log:
+    log.write(f"{os.environ['ORCH_ATTEMPT']} start {start}\\n")
+for step in range(start + 1, 31):
+    if step % 10 == 0:
+        if os.environ["ORCH_ATTEMPT"] == "1" and step == 20:
+            open(ck / "20.pt", "wb").close()
+            os.kill(os.getpid(), signal.SIGKILL)
+        torch.save({"step": step}, ck / f"{step}.pt")
+pathlib.Path("result").mkdir(exist_ok=True)
+pathlib.Path("result/out.txt").write_text(f"done from {start}")
+"""
+
+
+def test_kill9_mid_save_is_killed_auto_requeued_and_resumes_from_the_last_good_file(orch):
+    orch.write_config("[policy]\ncrash_backoff_s = 1\n")
+    orch("submit", "--name", "k9", "--outputs", "result/*", "--keep", "ck/*.pt", "--", sys.executable, "-c",
+         IN_PLACE, check=True)
+    # No `orch requeue` anywhere: reconcile alone brings it back.
+    assert orch.wait("k9", {DONE, "failed", "cancelled"}, timeout=120) == DONE, orch.show("k9")
+    first, second = orch.show("k9")["attempts"]
+    assert first["failure_class"] == "killed" and "SIGKILL" in first["detail"], first
+    assert first["counted"] is True and first["action"]["auto"] is True, first
+    assert first["action"]["details"]["backoff_s"] == 1.0
+    run_dir = orch.runs / "k9"
+    assert (run_dir / "steps.log").read_text().split("\n")[1] == "2 start 10"  # not the 0-byte 20.pt
+    assert (run_dir / "result" / "out.txt").read_text() == "done from 10"
+    assert second["set_aside"][0]["path"] == "ck/20.pt" and second["set_aside"][0]["why"] == "0 bytes", second
+    assert len(list((run_dir / "ck").glob("20.pt.torn-*"))) == 1
