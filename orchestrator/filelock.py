@@ -108,13 +108,18 @@ def holder(path: Path, fd: int | None = None) -> str:
     if pid is None:
         return "an unknown process (no holder record, none in /proc/locks)"
     same = rec.get("pid") == pid
-    cmd = _cmdline(pid) or (rec.get("command") if same else None) or "?"
-    parts = [cmd[:120]]
+    cmd = _cmdline(pid) or (rec.get("command") if same and isinstance(rec.get("command"), str) else None) or "?"
+    parts = [_printable(cmd)[:120]]
     if _proc_state(pid) == "T":
         parts.append("stopped")
     where = f" on {rec['host']}" if same and isinstance(rec.get("host"), str) else ""
     since = f" since {rec['since']}" if same and isinstance(rec.get("since"), str) else ""
     return f"pid {pid} ({', '.join(parts)}){where}{since}"
+
+
+def _printable(text: str) -> str:
+    """One line, whatever a command line holds (python -c with newlines; control characters)."""
+    return "".join(c if c.isprintable() else " " for c in text)
 
 
 def _read_record(fd: int) -> dict:
@@ -188,7 +193,7 @@ def sqlite_writer(db_path: Path) -> str:
         if best is None or rank < best[0]:
             best = (rank, int(fields[4]))
     if best is None:
-        return ""
+        return ""  # e.g. a holder in another PID namespace, or a filesystem that does not show its locks
     pid = best[1]
     state = ", stopped" if _proc_state(pid) == "T" else ""
-    return f"pid {pid} ({(_cmdline(pid) or '?')[:120]}{state})"
+    return f"pid {pid} ({_printable(_cmdline(pid) or '?')[:120]}{state})"

@@ -33,6 +33,7 @@ from orchestrator.backends.base import Backend
 from orchestrator.config import Config
 from orchestrator.db import Database
 from orchestrator.errors import AlreadyVerified, DatabaseProblem, OrchError, Refused, UsageError
+from orchestrator.filelock import LockTimeout
 from orchestrator.jobs import environment_id, names_taken
 from orchestrator.launch import Launched, launch, launch_group
 from orchestrator.lifecycle import ATTEMPT_LIVE, AttemptState, JobState
@@ -58,6 +59,7 @@ class SweepRequest:
     max_attempts: int = 3
     outputs: list[str] = field(default_factory=list)
     throttle: int | None = None
+    launch_deferred: str = ""  # why its tasks were not launched now (they wait for a reconcile pass)
 
 
 # ------------------------------------------------------------------------------------------
@@ -229,7 +231,10 @@ def submit_sweep(db: Database, cfg: Config, req: SweepRequest) -> Sweep:
                 s.add(Attempt(job_id=job.id, n=1, token=new_token(), state=AttemptState.PENDING,
                               backend=req.backend))
         sweep_id = sweep.id
-    launch_queued(db, cfg, backend, sweep_id)
+    try:
+        launch_queued(db, cfg, backend, sweep_id)
+    except LockTimeout as e:  # another launcher (maybe stopped) holds the lock: the tasks wait, queued
+        req.launch_deferred = str(e)
     with db.read() as s:
         sweep = s.get(Sweep, sweep_id)
         sweep.tasks  # noqa: B018 - loaded for the caller

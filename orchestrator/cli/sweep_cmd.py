@@ -49,6 +49,9 @@ def sweep(name: str, grid: tuple[str, ...], from_file: str | None, throttle: int
     req = SweepRequest(name=name, command=list(command), params=params, backend=backend, resources=resources,
                        max_attempts=max_attempts or cfg.max_attempts, outputs=list(outputs), throttle=throttle)
     sw = submit_sweep(db, cfg, req)
+    if req.launch_deferred:
+        click.echo(f"orch: warning: not launched yet ({req.launch_deferred}); `orch reconcile` launches the tasks",
+                   err=True)
     from orchestrator.views import show_sweep
 
     d = show_sweep(db, sw.name)

@@ -121,6 +121,11 @@ def test_a_stopped_sweep_holding_the_launch_lock_stalls_no_reconcile_pass(orch, 
         assert len(d["attempts"]) == 2, ("the preempted job was not requeued while the lock was held", d)
         d = show(orch, "t.0000")
         assert len(d["attempts"]) == 2 and d["attempts"][-1]["state"] == "pending", d["attempts"]
+        # A new sweep meanwhile is created, its launch left to reconcile, with the holder named.
+        u = orch("sweep", "--name", "u", "--grid", "i=0", "--", "true", env={"ORCH_LOCK_TIMEOUT_S": "1"}, timeout=60)
+        assert u.returncode == 0, (u.returncode, u.stdout, u.stderr)
+        assert f"held by pid {sw.pid} (" in u.stderr and "`orch reconcile` launches the tasks" in u.stderr, u.stderr
+        assert show(orch, "u.0000")["attempts"][-1]["state"] == "pending"
     finally:
         os.kill(sw.pid, signal.SIGCONT)
         gate.touch()

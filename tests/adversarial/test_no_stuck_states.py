@@ -226,7 +226,8 @@ def test_a_disk_too_full_for_the_wrappers_ballast_still_ends_enospc(orch, tmp_pa
         orch.write_config(f'[runs]\nroot = "{mnt / "runs"}"\n[policy]\ncrash_backoff_s = 1\n')
         orch("status", check=True)
         fill_fs(mnt / "filler")
-        os.truncate(mnt / "filler", os.path.getsize(mnt / "filler") - 16384)  # 4 pages back
+        # 5 pages back: command.json and fence.json (orch, at launch), exit.json, out.txt, done.json
+        os.truncate(mnt / "filler", os.path.getsize(mnt / "filler") - 20480)
         orch("submit", "--name", "tight", "--outputs", "out.txt", "--", "sh", "-c", "echo ok > out.txt")
         run = mnt / "runs" / "tight"
         wait_no_procs(run, 30, "attempt 1 to end")
