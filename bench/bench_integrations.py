@@ -11,7 +11,15 @@ each time after it posted progress past a random step, and ``orch reconcile`` re
   completed step to a log; the bundled trainer prints each step with ``--log-interval 1``), divided by
   the number of preemptions;
 * exactness: the final weights against the same script run once without interruption (bit for bit);
-* lines of orch code: lines of the example that mention orch (marked ``# orch``), required and optional.
+* lines of orch code: lines of the example that mention orch (marked ``# orch``), required and optional;
+* kill -9 mid-save (issue 17): a second job with periodic checkpoints gets SIGKILL while a checkpoint is being
+  written (a ``.tmp-`` dir under checkpoints/, or HF's ``checkpoint-N`` in its output dir, seen by polling);
+  no signal, no record: orch must classify it ``killed``, requeue it by itself and resume from the last good
+  checkpoint. Steps redone = steps computed twice;
+* an exception after training: a third job whose script raises after training ends (a failed export): its
+  final state must be ``retryable_failed`` (``crash``), never verified;
+* SIGTERM to the program alone: the preemptions above are ``os.kill`` of the program's pid, never through orch's
+  wrapper: the final state must be verified only after the resumed attempts completed.
 
 Usage: ``.venv/bin/python bench/bench_integrations.py [--preemptions N] [--only NAME] [--no-write]``.
 """
@@ -24,6 +32,7 @@ import json
 import os
 import random
 import re
+import shlex
 import signal
 import subprocess
 import sys
@@ -176,6 +185,80 @@ def run_case(case: Case, work: Path, preemptions: int, rng: random.Random) -> di
             "classes": [x["failure_class"] for x in attempts[:-1]], "attempts": len(attempts)}
 
 
+# Periodic checkpoints for the kill -9 runs (a kill gives no signal: only a periodic save limits the loss).
+PERIODIC = {"plain_loop.py": ["--save-every", "25"], "lightning_train.py": ["--save-every", "25"],
+            "hf_train.py": ["--save-steps", "25"], None: ["--save-interval", "25"]}
+
+
+def _saving(run_dir: Path) -> bool:
+    """A checkpoint is being written right now: a tmp dir under checkpoints/ (orch's commit, the kit's
+    background save, the trainer's), or an HF ``checkpoint-N`` not yet moved out of its output dir."""
+    ck = run_dir / protocol.CHECKPOINTS_DIR
+    try:
+        if ck.is_dir() and any(protocol.TMP_INFIX in p.name for p in ck.iterdir()):
+            return True
+        out = run_dir / "out"
+        return out.is_dir() and any(p.name.startswith("checkpoint-") for p in out.iterdir())
+    except OSError:
+        return False
+
+
+def run_kill9(case: Case, work: Path, rng: random.Random) -> dict:
+    """SIGKILL the program mid-save (else, if no save is caught within the window, at a random step)."""
+    home = work / "home"
+    home.mkdir(parents=True)
+    (home / "orch.toml").write_text("[policy]\ncrash_backoff_s = 1\n")  # the bench should not wait 30 s
+    name = "k9-" + re.sub(r"[^a-z]+", "-", case.name.lower()).strip("-")[:36]
+    log = work / "steps.log"
+    cmd = [*argv(case, None, slow=True), *PERIODIC[case.script]]
+    cmd += [] if case.script is None else ["--step-log", str(log)]
+    orch(home, "submit", "--name", name, "--", *cmd)
+    run_dir = home / "runs" / name
+    needle = case.script or "trainer"
+    after = rng.randint(30, case.max_steps // 2)
+    deadline, mid_save, pid = time.time() + 300, False, None
+    while time.time() < deadline:
+        step = int((protocol.read_progress(run_dir, 1) or {}).get("step") or 0)
+        pid = program_pid(run_dir, needle)
+        if pid and step >= after and _saving(run_dir):
+            mid_save = True
+            break
+        if pid and step >= after + 40:  # no save caught in the window: kill at this step
+            break
+        time.sleep(0.002)
+    if pid is None:
+        raise RuntimeError(f"{name}: the program never ran past step {after}")
+    os.kill(pid, signal.SIGKILL)
+    deadline = time.time() + 300
+    while (state := json.loads(orch(home, "show", name, "--json").stdout)["state"]) != "done_marker_verified":
+        if time.time() > deadline or state in ("failed", "cancelled"):
+            raise RuntimeError(f"{name} not recovered ({state}): {orch(home, 'show', name).stdout}")
+        orch(home, "reconcile")
+        time.sleep(0.2)
+    steps = steps_done(case, run_dir, log)
+    attempts = json.loads(orch(home, "show", name, "--json").stdout)["attempts"]
+    return {"redone": sum(n - 1 for n in collections.Counter(steps).values() if n > 1), "mid_save": mid_save,
+            "class": attempts[0]["failure_class"], "attempts": len(attempts)}
+
+
+def run_exception_after_training(case: Case, work: Path) -> dict:
+    """The script raises right after training ends (a failed export): never verified, orch says crash."""
+    home = work / "home"
+    name = "ex-" + re.sub(r"[^a-z]+", "-", case.name.lower()).strip("-")[:36]
+    cmd = argv(case, None, slow=False)
+    if case.script is None:  # the bundled trainer, then a failing export step in the same job
+        cmd = ["sh", "-c", " ".join(map(shlex.quote, cmd)) + " && echo 'export failed' >&2 && exit 1"]
+    else:
+        cmd += ["--fail-after-train"]
+    p = subprocess.run([C.PY, "-m", "orchestrator.cli", "submit", "--name", name, "--wait", "--", *cmd],
+                       capture_output=True, text=True, env=env(home), cwd=str(C.ROOT), timeout=600)
+    show = json.loads(orch(home, "show", name, "--json").stdout)
+    verified = subprocess.run([C.PY, "-m", "orchestrator.cli", "verify", name], capture_output=True, text=True,
+                              env=env(home), cwd=str(C.ROOT), timeout=120).returncode == 0
+    return {"state": show["state"], "class": show["attempts"][-1]["failure_class"], "wait_rc": p.returncode,
+            "verified": verified}
+
+
 def orch_lines(case: Case) -> str:
     if case.script is None:
         return "0 (it is orch's)"
@@ -184,6 +267,11 @@ def orch_lines(case: Case) -> str:
              if ORCH_MARK.search(ln) and not ln.lstrip().startswith("#")]
     optional = [ln for ln in lines if "# orch (optional" in ln]
     return f"{len(lines) - len(optional)}" + (f" (+{len(optional)} optional)" if optional else "")
+
+
+HEADERS = ["framework", "SIGTERM to the program", "steps redone per preemption", "final weights vs uninterrupted",
+           "SIGTERM to the program: final state", "kill -9 mid-save: steps redone", "exception after training: "
+           "final state", "lines of orch code", "wall (preemptions)"]
 
 
 def main() -> None:
@@ -203,26 +291,40 @@ def main() -> None:
             continue
         with tempfile.TemporaryDirectory(prefix="bench-int-") as tmp:
             r = run_case(case, Path(tmp), a.preemptions, rng)
+        with tempfile.TemporaryDirectory(prefix="bench-int-k9-") as tmp:
+            k9 = run_kill9(case, Path(tmp), rng)
+        with tempfile.TemporaryDirectory(prefix="bench-int-ex-") as tmp:
+            ex = run_exception_after_training(case, Path(tmp))
         per = r["redone"] / a.preemptions
         rows.append([case.name, f"{a.preemptions} (classes: {', '.join(sorted(set(r['classes'])))})",
                      f"{per:.1f} ({r['redone']} in all, {r['missing']} missing)",
-                     "bit-exact" if r["exact"] else "differs", orch_lines(case), f"{r['wall']:.0f} s"])
-        print(C.table(["framework", "SIGTERM preemptions", "steps redone per preemption", "final weights vs "
-                       "uninterrupted", "lines of orch code", "wall (3 attempts)"], rows[-1:]), flush=True)
-    headers = ["framework", "SIGTERM preemptions", "steps redone per preemption",
-               "final weights vs uninterrupted", "lines of orch code", "wall"]
+                     "bit-exact" if r["exact"] else "differs",
+                     f"verified after {r['attempts']} attempts (never before)",
+                     f"{k9['redone']} ({'mid-save' if k9['mid_save'] else 'no save caught'}; {k9['class']}, "
+                     f"auto-requeued, verified)",
+                     f"{ex['state']} ({ex['class']}; --wait exit {ex['wait_rc']}; "
+                     f"{'VERIFIED' if ex['verified'] else 'not verified'})",
+                     orch_lines(case), f"{r['wall']:.0f} s"])
+        print(C.table(HEADERS, rows[-1:]), flush=True)
+    headers = HEADERS
     table = C.table(headers, rows)
     print(table)
     if a.no_write or a.only:
         return
     notes = (
-        f"Each job runs through the real CLI on the local backend and is sent SIGTERM {a.preemptions} times "
+        "Each job runs through the real CLI on the local backend and its PROGRAM (not orch's wrapper) is sent "
+        f"SIGTERM {a.preemptions} times "
         "(after it posted progress past a random step); `orch reconcile` requeues it each time until it is "
         "`done_marker_verified`. Steps redone are optimizer steps computed more than once (from each "
         "script's per-step log). Final weights are compared bit for bit with the same script run once "
         "without interruption. Lines of orch code: lines of `examples/*.py` marked `# orch` (the optional "
         "ones add a tracker's continuity or a progress field). The examples run 30 ms per step "
-        "(`--sleep-per-step`) so the signal lands mid-run; the bundled trainer runs at its own speed.\n\n"
+        "(`--sleep-per-step`) so the signal lands mid-run; the bundled trainer runs at its own speed. "
+        "kill -9 mid-save: a second job saving every 25 steps gets SIGKILL while a checkpoint is being written "
+        "(polled every 2 ms for a `.tmp-` dir or HF's `checkpoint-N`; 'no save caught' means the kill came at a "
+        "random step instead); orch classifies it `killed` and requeues it by itself (`crash_backoff_s = 1` "
+        "here). Exception after training: a third job whose script raises after training ends (the bundled "
+        "trainer: `python -m orch_trainer ... && exit 1`), through `orch submit --wait`: exit 4, never verified.\n\n"
         "Exact resume needs, besides model/optimizer/scheduler: the global RNG (orch_run and the Lightning "
         "callback save it; HF saves its own), and the data position: the plain loop draws batches from the "
         "restored RNG, HF skips the batches already seen, Lightning needs a resumable loader (the example "

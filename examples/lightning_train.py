@@ -76,6 +76,7 @@ def main() -> None:
     ap.add_argument("--max-steps", type=int, default=200)
     ap.add_argument("--batch-size", type=int, default=16)
     ap.add_argument("--val-every", type=int, default=50)
+    ap.add_argument("--save-every", type=int, default=0, help="periodic checkpoints (0: only on a signal)")
     ap.add_argument("--run-dir", default=None, help="without orch (orch sets ORCH_RUN_DIR)")
     ap.add_argument("--step-log", default=None)
     ap.add_argument("--sleep-per-step", type=float, default=0.0)
@@ -95,7 +96,7 @@ def main() -> None:
     trainer = L.Trainer(max_steps=a.max_steps, val_check_interval=a.val_every, check_val_every_n_epoch=None,
                         log_every_n_steps=1, logger=loggers, enable_progress_bar=False, enable_model_summary=False,
                         enable_checkpointing=False, accelerator="cpu", deterministic=True,
-                        callbacks=[orch.OrchCallback(run_dir=a.run_dir)])  # orch
+                        callbacks=[orch.OrchCallback(every_n_steps=a.save_every or None, run_dir=a.run_dir)])  # orch
     trainer.fit(model, train, val, ckpt_path=orch.resume_path(a.run_dir))  # orch
     after_training(a, os.path.join(a.run_dir or ".", "result"))
 
