@@ -125,6 +125,11 @@ def load_config(home: Path | None = None) -> Config:
         if rel and not rel.startswith("/"):
             raise UsageError(f"ORCH_DB_URL names a relative SQLite path {rel[:200]!r}: it would depend on the "
                              "current directory; use an absolute one, e.g. sqlite:////home/me/orch.db")
+        # sqlite:////dev/null: SQLite wrote /dev/null-journal and orch its migrate lock beside it (hostile
+        # test): the DB must be a regular file, or a name where one can be made.
+        target = Path(rel) if rel.startswith("/") else None
+        if target is not None and (target.exists() or target.is_symlink()) and not target.is_file():
+            raise UsageError(f"ORCH_DB_URL names {rel[:200]!r}, which is not a regular file; name a DB file")
     cfg = Config(home=home, runs_root=home / "runs", trash=home / "trash",
                  db_url=os.environ.get("ORCH_DB_URL") or f"sqlite:///{home / 'orch.db'}")
     path = home / "orch.toml"

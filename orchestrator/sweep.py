@@ -162,6 +162,22 @@ def render(command: list[str], params: dict[str, Any]) -> list[str]:
     return [_FIELD_RE.sub(sub, arg) for arg in command]
 
 
+# What one exec may carry, argv and environment together (Linux: ARG_MAX is 2 MiB by default, and each string
+# at most 128 KiB); the environment of the submitter comes on top, so the command alone stays well below it.
+MAX_ARGV_BYTES = 1 << 20
+
+
+def check_argv_size(commands: list[list[str]]) -> None:
+    """Refuse, before anything is written, a rendered command too large to exec: `{a}` 40 times with a 60 KB
+    value made 2.4 MB of argv; the sweep was accepted, and every task then failed `unknown` (hostile test).
+    The CLI calls it at parse time; submit_sweep again, for the Python API."""
+    for i, cmd in enumerate(commands):
+        size = sum(len(a.encode()) + 1 for a in cmd)
+        if size > MAX_ARGV_BYTES:
+            raise UsageError(f"task {i}'s command is {size} bytes once its values are filled in; a program's "
+                             f"arguments can hold at most {MAX_ARGV_BYTES} here")
+
+
 def task_name(sweep: str, index: int, count: int) -> str:
     return f"{sweep}.{index:0{max(4, len(str(count - 1)))}d}"
 
@@ -173,6 +189,7 @@ def submit_sweep(db: Database, cfg: Config, req: SweepRequest) -> Sweep:
     """Create the sweep and its tasks, then launch (Slurm: one array; local: up to the throttle)."""
     protocol.validate_job_name(req.name)
     commands = [render(req.command, p) for p in req.params]  # every placeholder resolves, or nothing is written
+    check_argv_size(commands)
     names = [task_name(req.name, i, len(req.params)) for i in range(len(req.params))]
     for n in names:
         protocol.validate_job_name(n)

@@ -34,7 +34,7 @@ def sweep(name: str, grid: tuple[str, ...], from_file: str | None, throttle: int
     sweep (--tasks for every task); `orch cancel NAME` and `orch requeue NAME` act on its tasks.
     """
     from orchestrator.errors import UsageError
-    from orchestrator.sweep import SweepRequest, parse_grid, parse_params_file, render, submit_sweep
+    from orchestrator.sweep import SweepRequest, check_argv_size, parse_grid, parse_params_file, render, submit_sweep
 
     if bool(grid) == bool(from_file):
         raise click.UsageError("give --grid KEY=V1,V2 (repeatable) or --from FILE (not both)")
@@ -42,7 +42,8 @@ def sweep(name: str, grid: tuple[str, ...], from_file: str | None, throttle: int
     params = parse_grid(list(grid)) if grid else parse_params_file(from_file)
     command = _absolute_program(command)
     try:
-        render(list(command), params[0])  # every {KEY} must name a key: checked before anything is written
+        # Every {KEY} must name a key, and every filled-in command must fit one exec: before anything is written.
+        check_argv_size([render(list(command), p) for p in params])
     except UsageError as e:
         raise click.BadParameter(str(e), param_hint="COMMAND") from None
     cfg, db = _ctx()

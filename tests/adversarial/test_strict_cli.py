@@ -68,6 +68,29 @@ def test_a_relative_sqlite_db_url_is_a_usage_error_and_creates_nothing(orch, tmp
     assert len(p.stderr.splitlines()) == 1 and list(cwd.iterdir()) == []
 
 
+def test_a_sqlite_db_url_naming_no_regular_file_is_a_usage_error_and_writes_nothing(orch, tmp_path):
+    # Hostile test: sqlite:////dev/null made SQLite write /dev/null-journal, and orch its migrate lock, in /dev.
+    fifo = tmp_path / "db.fifo"
+    os.mkfifo(fifo)
+    for target in ("/dev/null", str(fifo), str(tmp_path)):
+        before = sorted(os.listdir(os.path.dirname(target) or "/"))
+        p = orch("status", env={"ORCH_DB_URL": f"sqlite:///{target}"}, timeout=30)
+        assert p.returncode == 2, p.stdout + p.stderr
+        assert p.stderr.startswith(f"orch: ORCH_DB_URL names {target!r}, which is not a regular file"), p.stderr
+        assert sorted(os.listdir(os.path.dirname(target) or "/")) == before
+
+
+def test_a_sweep_whose_filled_in_command_is_too_large_to_exec_is_refused_at_parse_time(orch, tmp_path):
+    # Hostile test: every value under 128 KiB, but {a} 40 times with a 60 KB value made 2.4 MB of argv: the
+    # sweep was accepted and every task then failed `unknown` ("process gone without an exit record").
+    params = tmp_path / "a.jsonl"
+    params.write_text(json.dumps({"a": "x" * 60_000}) + "\n")
+    p = orch("sweep", "--name", "rep", "--from", str(params), "--", "echo", *["{a}"] * 40)
+    assert p.returncode == 2, p.stdout + p.stderr
+    assert "task 0's command is 2400045 bytes once its values are filled in" in p.stderr, p.stderr
+    assert not orch.home.exists() or not (orch.home / "orch.db").exists()
+
+
 @pytest.mark.parametrize("glob", ["**", "**/*", "[a]ttempts/**", "*", "*.json", ".*", "tensorboard/*",
                                   "checkpoints*/**", "./done.json"])
 def test_an_outputs_glob_that_matches_orchs_own_files_is_refused(orch, glob):
