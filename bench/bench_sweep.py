@@ -361,7 +361,7 @@ def main() -> int:
         rnotes, rtbl, rgood = reconcile_section(rec, pend, args.live, args.per_array, args.runs)
         print(rtbl, flush=True)
         if args.skip_cluster:
-            return 0 if rgood else 1
+            return 0 if rgood or args.quick else 1
         print(f"P6 profile: one sweep of {args.tasks} tasks with a stand-in sbatch", flush=True)
         pnotes, ptbl = profile_section(*profile_sweep(args.tasks, work / "profile"), args.tasks)
         print(ptbl, flush=True)
@@ -375,7 +375,8 @@ def main() -> int:
             + rnotes + "\n\n" + rtbl)
     if not args.no_write:
         C.replace_section("Sweeps (P6)", body)
-    return 0 if cgood and rgood else 1
+    # --quick is a smoke run: 10 tasks cannot meet a goal set for 1,000; only a crash fails it.
+    return 0 if (cgood and rgood) or args.quick else 1
 
 
 if __name__ == "__main__":
