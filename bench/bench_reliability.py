@@ -77,6 +77,16 @@ ROWS = [
         "tmpfs, symlinked attempts/, unusable runs root); requeue of a verified job", r"test_no_stuck_states\.py"),
     Row("A exit codes", "closed stdout pipe; non-ASCII units; impossible runs roots; partial requeue errors",
         r"test_exit_codes\.py"),
+    Row("A fencing", "a launcher SIGSTOPped past the launch grace (before / after its last check); a slow healthy "
+        "launcher; the re-claim adoption race; a wrapper with a stale fence", r"test_fencing\.py"),
+    Row("A bounded waits", "an `env -i setsid` escapee in the run dir; a stopped `orch sweep` holding the launch "
+        "lock; lock waits naming the holder; a writer holding the DB; a FIFO at orch.toml", r"test_bounded_waits\.py"),
+    Row("A permanent only when proven", "preempted again and again at one step; an input missing then back; a "
+        "rollback target bit-flipped after the policy chose it", r"test_permanent_only_when_proven\.py"),
+    Row("A strict input, hostile values", "misspelt options, NUL/oversize sweep values, --outputs over orch's files, "
+        "closed pipes, extreme heartbeats, the status SQL, future heartbeats", r"test_strict_cli\.py"),
+    Row("A mutation guards", "the launch-time marker check removed; each fsync of the marker removed",
+        r"test_mutation_guards\.py"),
 ]
 
 
@@ -165,7 +175,8 @@ def main() -> int:
         wall = sum(c.seconds for c in counts.values())  # these suites' share of the larger run
         unmapped = [u for u in unmapped if re.match(r"test_(crash_points|bad_input|db_faults)\.py|"
                                                    r"test_(process_identity|launch_races|hostile_files|checkpoint_"
-                                                   r"choice|confinement|no_stuck_states|exit_codes)\.py", u)]
+                                                   r"choice|confinement|no_stuck_states|exit_codes|fencing|bounded_waits|permanent_only_when_proven|"
+                                                   r"strict_cli|mutation_guards)\.py", u)]
     else:
         with tempfile.TemporaryDirectory() as d:
             xml = Path(d) / "junit.xml"
