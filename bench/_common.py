@@ -41,6 +41,19 @@ def add_quick(ap: object) -> None:
                     help="smoke run for CI: tiny sizes, one repetition, BENCHMARKS.md left alone")
 
 
+def ancestors() -> set[int]:
+    """This process and every process above it (/proc/<pid>/stat's ppid): the pytest run, shell or flock that
+    started a bench script is not "another user of the cluster" to wait for."""
+    out, pid = set(), os.getpid()
+    while pid > 1 and pid not in out:
+        out.add(pid)
+        try:
+            pid = int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
+        except (OSError, ValueError, IndexError):
+            break
+    return out
+
+
 def machine() -> str:
     """One line: CPU model, cores, memory, OS, Python; from lscpu / nproc / /proc/meminfo."""
     model = platform.processor() or "?"

@@ -58,7 +58,7 @@ def sh(*argv: str, timeout: float = 60) -> subprocess.CompletedProcess:
 
 def cluster_busy() -> str | None:
     """Why the shared cluster is not ours right now, or None."""
-    mine = _ancestors()  # the pytest run (or shell, flock) that started this script is not another user
+    mine = C.ancestors()  # the pytest run (or shell, flock) that started this script is not another user
     # Not users: a shell that only waits with the same pgrep (another bench's polling loop), and a
     # pytest run that names tests/slurm only to leave it out (--ignore=tests/slurm).
     others = [ln for ln in sh("pgrep", "-af", OTHERS_RE).stdout.splitlines()
@@ -68,18 +68,6 @@ def cluster_busy() -> str | None:
         return "another Slurm test or benchmark runs: " + others[0][:100]
     n = len(sh("squeue", "-h").stdout.splitlines())
     return f"{n} jobs in squeue" if n else None
-
-
-def _ancestors() -> set[int]:
-    """This process and every process above it (from /proc/<pid>/stat's ppid field)."""
-    out, pid = set(), os.getpid()
-    while pid > 1 and pid not in out:
-        out.add(pid)
-        try:
-            pid = int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
-        except (OSError, ValueError, IndexError):
-            break
-    return out
 
 
 class ClusterBusy(Exception):
