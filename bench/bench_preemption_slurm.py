@@ -74,6 +74,11 @@ class ClusterBusy(Exception):
     """Other work kept the shared cluster longer than --wait-limit."""
 
 
+class NotPreempted(Exception):
+    """The trainer finished before Slurm's SIGTERM reached it (prio -> SIGTERM took longer than the
+    steps left): no preemption was measured. CI's --quick run met it once with 2,500 steps."""
+
+
 def wait_for_cluster(limit: float) -> float:
     """Poll until the cluster is free; seconds waited."""
     t0, said = time.time(), None
@@ -177,6 +182,11 @@ def trial(orch: Orch, partition: str, i: int, args: argparse.Namespace, rng: ran
     verify = subprocess.run([C.PY, "-m", "orchestrator.cli", "verify", name], capture_output=True, text=True,
                             env=orch.env, cwd=str(C.ROOT), timeout=120)
     a1 = protocol.attempt_dir(rd, 1)
+    rerun_dir = a1 if partition == "spot" else protocol.attempt_dir(rd, 2)
+    if not (a1 / ("failure.prev-1.json" if partition == "spot" else protocol.FAILURE_FILE)).exists() \
+            or not rerun_dir.is_dir():
+        raise NotPreempted(f"{name} ended {row['state']} in {len(show['attempts'])} attempt(s) without a "
+                           f"preemption at {args.max_steps} steps")
     if partition == "spot":  # the same attempt ran twice: the first run's records were set aside
         failure = json.loads((a1 / "failure.prev-1.json").read_text())
         exit1 = json.loads((a1 / "exit.prev-1.json").read_text())
@@ -301,7 +311,16 @@ def main() -> int:
                 break
             loads.append(os.getloadavg()[0])
             print(f"trial {i + 1}/{len(plan)} on {partition} (1-min load {loads[-1]:.1f})", flush=True)
-            results.append(trial(orch, partition, i, args, rng, prio_ids))
+            for tries in range(3):
+                try:
+                    results.append(trial(orch, partition, i + 100 * tries, args, rng, prio_ids))
+                    break
+                except NotPreempted as e:  # a trial that measured nothing: run it again with more steps
+                    sh("scancel", *orch.slurm_ids(), *prio_ids)
+                    args.max_steps *= 2
+                    print(f"  {e}; again with --max-steps {args.max_steps}", flush=True)
+            else:
+                raise RuntimeError(f"no preemption measured in 3 tries of trial {i + 1}")
             sh("scancel", *orch.slurm_ids(), *prio_ids)
     finally:
         ids = list(prio_ids)
