@@ -123,3 +123,40 @@ def test_a_transient_submission_failure_notes_its_detail_only_under_its_own_clai
         _submission_failed(db, cfg, [Stale()], BackendError("sbatch: socket timed out"))
     with db.read() as s:
         assert s.scalar(select(Attempt)).detail.startswith("submission failed (will be retried)")
+
+
+def test_ending_an_attempt_is_one_guarded_update_of_the_attempt_and_one_of_its_job(db, cfg):
+    # finish() carries the policy's decision (auto_requeue, retry_not_before) to the job: set as ORM
+    # attributes beside the move, they flushed as a second, unguarded UPDATE of the job.
+    from orchestrator.observe import finish
+    from orchestrator.protocol import FailureClass
+
+    _job_with_attempt(db)
+    with db.write() as s:
+        move_attempt(s, s.scalar(select(Attempt)), A.LAUNCHING)
+    with updates(db) as seen:
+        finish(db, cfg, 1, None, launch_failure=(FailureClass.ENOSPC, "launch failed: disk full"))
+    assert [u.split()[1] for u in seen] == ["attempts", "jobs"], seen
+    with db.read() as s:
+        job = get_job(s, "j")
+        assert (job.state, job.auto_requeue, job.attempts[0].state) == (J.RETRYABLE_FAILED, True, A.FAILED)
+        assert job.retry_not_before is not None  # a launch onto a full disk backs off
+
+
+def test_a_row_is_born_only_in_a_declared_state(db):
+    import pytest
+
+    from orchestrator.errors import IllegalTransition
+    from orchestrator.lifecycle import JOB_BIRTH_STATES, create_job
+
+    assert JOB_BIRTH_STATES == {J.PENDING, J.DONE}
+    with pytest.raises(IllegalTransition, match="cannot be created running"), db.write() as s:
+        create_job(s, J.RUNNING, name="r", backend="local", run_dir="/nowhere/r", command=["true"])
+    with db.write() as s:
+        create_job(s, J.DONE, "its run dir's marker verified at sweep submission", name="d", backend="local",
+                   run_dir="/nowhere/d", command=["true"])
+    from orchestrator.views import history
+    with db.read() as s:
+        job = get_job(s, "d")
+        assert [(e["from"], e["to"], e["reason"]) for e in history(s, job)] == [
+            (None, "done_marker_verified", "its run dir's marker verified at sweep submission")]
