@@ -72,3 +72,45 @@ def test_stop_sources_and_failure_reports_parse_into_types(tmp_path):
     assert rep == FailureReport(C.NAN, None, "x\\x00", 0.5)
     assert protocol.read_failure(tmp_path, 1)["step"] is None  # the dict view agrees with the one parse
     assert FailureReport.parse({"class": "reboot"}) is None and FailureReport.parse([1]) is None
+
+
+def test_a_plan_without_an_action_or_with_an_unknown_one_is_refused_not_resumed():
+    import pytest
+
+    from orchestrator.plan import Action, RetryPlan
+
+    # from_dict used to turn a missing action into "resume": a damaged plan silently became a retry.
+    with pytest.raises(ValueError, match="without an action"):
+        RetryPlan.from_dict({"why": "x"})
+    with pytest.raises(ValueError, match="unknown action"):
+        RetryPlan.from_dict({"action": "reboot"})
+    plan = RetryPlan.from_dict({"action": "give_up"})
+    assert plan.action is Action.GIVE_UP and not plan.action.retries
+    assert RetryPlan.from_dict(RetryPlan.make("rollback").as_dict()).action is Action.ROLLBACK
+    assert [a for a in Action if a.retries] == [Action.RESUME, Action.ROLLBACK, Action.MORE_MEMORY,
+                                                Action.PRUNE_AND_RESUME]
+
+
+def test_a_held_note_has_one_typed_home_and_is_written_once_per_reason(db):
+    from sqlalchemy import func, select
+
+    from orchestrator.jobs import get_job
+    from orchestrator.lifecycle import JobState, Note, create_job, held_reason, note_held
+    from orchestrator.models import Event
+    from orchestrator.views import _held
+
+    with db.write() as s:
+        create_job(s, JobState.PENDING, name="j", backend="local", run_dir="/nowhere/j", command=["true"])
+    with db.write() as s:
+        job = get_job(s, "j")
+        from orchestrator.lifecycle import move_job
+        move_job(s, job, JobState.CANCELLED, "orch cancel")
+        note_held(s, job, "live process(es) still run in /x: 12; stop them first")
+        note_held(s, job, "live process(es) still run in /x: 12; stop them first")  # the next pass: no new row
+    with db.read() as s:
+        job = get_job(s, "j")
+        assert _held(s, job) == Note.HELD + "live process(es) still run in /x: 12; stop them first"
+        assert s.scalar(select(func.count()).select_from(Event).where(Event.from_state == Event.to_state)) == 1
+    # An attempt's event never reads as the job's note, whatever its text.
+    assert held_reason(Event(job_id=1, attempt_id=3, from_state="x", to_state="x", reason=Note.HELD + "y")) is None
+    assert held_reason(Event(job_id=1, from_state="x", to_state="x", reason=Note.HELD + "y")) == "next attempt held: y"
