@@ -98,7 +98,9 @@ ATTEMPT_EDGES = {
     ("launching", "launching"), ("launching", "submitted"), ("launching", "failed"), ("launching", "stopping"),
     ("launching", "cancelled"),
     ("submitted", "running"), ("submitted", "stopping"), ("submitted", "succeeded"), ("submitted", "failed"),
+    ("submitted", "cancelled"),  # scancel outside orch: it used to be no edge, and the attempt stayed running
     ("running", "submitted"), ("running", "stopping"), ("running", "succeeded"), ("running", "failed"),
+    ("running", "cancelled"),
     ("stopping", "succeeded"), ("stopping", "failed"), ("stopping", "cancelled"),
 }
 

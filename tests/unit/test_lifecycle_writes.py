@@ -6,6 +6,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from contextlib import contextmanager
 
+import pytest
 from sqlalchemy import event, select
 
 from orchestrator.jobs import get_job
@@ -160,3 +161,29 @@ def test_a_row_is_born_only_in_a_declared_state(db):
         job = get_job(s, "d")
         assert [(e["from"], e["to"], e["reason"]) for e in history(s, job)] == [
             (None, "done_marker_verified", "its run dir's marker verified at sweep submission")]
+
+
+@pytest.mark.parametrize("said", ["preempted", None])
+def test_an_attempt_cancelled_outside_orch_ends_instead_of_staying_running_for_ever(db, cfg, said):
+    # scancel by a user: classify says cancelled, but running -> cancelled was no edge, so finish() raised
+    # IllegalTransition, the pass swallowed it, and every later pass did the same: running for ever.
+    from orchestrator import protocol
+    from orchestrator.backends.base import Outcome, Phase
+    from orchestrator.observe import Evidence, finish
+    from orchestrator.protocol import FailureClass, FailureReport
+
+    _job_with_attempt(db)
+    with db.write() as s:
+        job = get_job(s, "j")
+        for st in (A.LAUNCHING, A.SUBMITTED, A.RUNNING):
+            move_attempt(s, job.attempts[0], st)
+        move_job(s, job, J.SUBMITTED)
+        move_job(s, job, J.RUNNING)
+    report = FailureReport(FailureClass(said), 3) if said else None  # the program's word, or none at all
+    ev = Evidence(protocol.Verification(protocol.MarkerStatus.ABSENT), report,
+                  Outcome(Phase.EXITED, exit_code=143, backend_state="CANCELLED", cause=FailureClass.CANCELLED), None)
+    finish(db, cfg, 1, ev)
+    with db.read() as s:
+        job = get_job(s, "j")
+        assert (job.attempts[0].state, job.attempts[0].failure_class, job.state) == (
+            A.CANCELLED, FailureClass.CANCELLED, J.CANCELLED)
