@@ -9,7 +9,7 @@ DB is at ``STATUS_REVISION``; anything else (a DB to create or upgrade, a home o
 PostgreSQL, any sqlite3 error) falls back to the slow path, which reports problems as every
 command does. No SQL is ever read from a file.
 
-Imports only the stdlib, ``orchestrator.protocol`` and stdlib-only orch modules (config, lifecycle,
+Imports only the stdlib, ``orchestrator.protocol`` and stdlib-only orch modules (config, states,
 progressvalues) at module level.
 """
 
@@ -130,7 +130,7 @@ _SELECT = ("SELECT jobs.name, jobs.state, jobs.backend, jobs.run_dir, anon_1.cou
            "max(attempts.n) AS n, count(*) AS count \nFROM attempts GROUP BY attempts.job_id) AS anon_1 ON "
            "anon_1.job_id = jobs.id LEFT OUTER JOIN attempts ON attempts.job_id = jobs.id AND attempts.n = "
            "anon_1.n LEFT OUTER JOIN sweeps ON sweeps.id = jobs.sweep_id")
-_BY_STATE = " \nWHERE jobs.state" + " = ? ORDER BY jobs.id"  # in two: test_lifecycle greps for state writers
+_BY_STATE = " \nWHERE jobs.state = ? ORDER BY jobs.id"
 STATUS_SQL = {"all": _SELECT + " ORDER BY jobs.id", "state": _SELECT + _BY_STATE}
 STATUS_KEYS = ("name", "state", "backend", "run_dir", "count", "external_id", "failure_class", "n", "restarts",
                "sweep", "task_index", "attempt_state")
