@@ -95,7 +95,7 @@ def requeue(names: tuple[str, ...], failed: bool, dry_run: bool, as_json: bool) 
     errors = [r for r in results if r.outcome is RequeueOutcome.ERROR]
     if errors:  # issue 9: a launch error printed "error" and exited 0
         raise OrchError("; ".join(f"{r.name}: {r.reason}" for r in errors))
-    refused = [r for r in results if r.outcome == "refused"]
+    refused = [r for r in results if r.outcome is RequeueOutcome.REFUSED]
     if names and refused:
         raise Refused("refused: " + "; ".join(f"{r.name}: {r.reason}" for r in refused))
 
