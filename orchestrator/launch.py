@@ -348,7 +348,7 @@ class LostClaim(OrchError):
     """This launcher's claim was taken over (it stopped or stalled past the launch grace)."""
 
 
-def _check_claim(db: Database, attempt_id: int, fence: int) -> str | None:
+def _check_claim(db: Database, attempt_id: int, fence: int) -> LaunchOutcome | None:
     """Right before the backend call: None while the attempt is still ``launching`` under this
     launcher's fence (the claim is renewed, and the generation noted as the one that may have called
     the backend), else the outcome: ``stopped`` (orch cancel came first: closed unlaunched) or
