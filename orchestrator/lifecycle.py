@@ -336,9 +336,9 @@ def mermaid() -> str:
     for title, births, edges in (("Job", JOB_BIRTHS, JOB_EDGES), ("Attempt", ATTEMPT_BIRTHS, ATTEMPT_EDGES)):
         out += [f"## {title}", "", "```mermaid", "stateDiagram-v2"]
         for b in births:
-            out.append(f"    [*] --> {b.state.name}: {b.taker}")
+            out.append(f"    [*] --> {b.state.value}: {b.taker}")
         for e in edges:
-            out.append(f"    {e.src.name} --> {e.dst.name}: {e.taker}")
+            out.append(f"    {e.src.value} --> {e.dst.value}: {e.taker}")
         out += ["```", "", "| from | to | when | taken by |", "|---|---|---|---|"]
         out += [f"| (created) | `{b.state.value}` | {b.trigger} | `{b.taker}` |" for b in births]
         out += [f"| `{e.src.value}` | `{e.dst.value}` | {e.trigger.replace('|', '/')} | `{e.taker}` |"
