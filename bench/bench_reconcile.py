@@ -342,7 +342,7 @@ def measure_local(live: int, runs: int, work: Path) -> dict:
         t0 = time.perf_counter()
         rep = reconcile_pass(db, cfg, backend_for=lambda _n: be)
         fin_total = time.perf_counter() - t0
-        done = sum(1 for c in rep.changed if c["to"] == "done_marker_verified")
+        done = sum(1 for c in rep.changed if c.to == "done_marker_verified")
         assert done == live, rep.as_dict()
         db.engine.dispose()
         return {"steady": steady, "calls": max(calls), "steady_writes": max(writes),

@@ -22,7 +22,17 @@ import signal as _signal
 from dataclasses import dataclass
 
 from orchestrator.backends.base import Outcome, Phase
-from orchestrator.protocol import EXIT_PREEMPTED, ExitRecord, FailureClass, MarkerStatus, StopRecord, Verification
+from orchestrator.protocol import (
+    EXIT_PREEMPTED,
+    TIME_LIMIT_SOURCES,
+    ExitRecord,
+    FailureClass,
+    FailureReport,
+    MarkerStatus,
+    StopRecord,
+    Verification,
+)
+from orchestrator.states import StopReason
 
 C = FailureClass
 
@@ -34,31 +44,32 @@ class Classification:
     detail: str
 
 
-def classify(outcome: Outcome, report: dict | None, verification: Verification, *,
-             stop_reason: str | None = None, exit_record: ExitRecord | None = None,
+def classify(outcome: Outcome, report: FailureReport | None, verification: Verification, *,
+             stop_reason: StopReason | None = None, exit_record: ExitRecord | None = None,
              stop_record: StopRecord | None = None) -> Classification:
     """Class of an attempt that ended (EXITED or VANISHED) and whose marker does not verify.
 
-    ``stop_reason``: why orch itself was stopping the attempt (``hang``, ``cancel``).
+    ``report``: the program's failure.json (``FailureReport.parse``d). ``stop_reason``: why orch itself
+    was stopping the attempt.
     Exit 2 is just a failure here (a grep missing its input): a program whose exit 2 means "usage error,
     retrying cannot help" says so in its failure report (class ``invalid``), as the bundled trainer does.
     """
-    step = (report or {}).get("step")
-    if stop_reason == "cancel":
+    step = report.step if report is not None else None
+    if stop_reason == StopReason.CANCEL:
         return Classification(C.CANCELLED, step, "stopped by orch cancel")
-    if stop_reason == "hang" and (report is None or report["class"] == C.PREEMPTED):
+    if stop_reason == StopReason.HANG and (report is None or report.cls is C.PREEMPTED):
         # orch itself stopped it: the SIGTERM the job then reports as "preempted" was ours, and a
         # free uncounted resume would hide a job that hangs every time.
         return Classification(C.HANG, step, "stopped by the reconciler: no heartbeat")
     if report is not None:
-        cls = C(report["class"])
+        cls = report.cls
         if cls is C.PREEMPTED and outcome.cause is C.CANCELLED:
             cls = C.CANCELLED  # someone ran scancel: not a free, automatic resume
         if cls is C.PREEMPTED and (outcome.cause is C.TIMEOUT or _warned(exit_record)):
             # The job checkpointed on the warning signal and called it preemption; the scheduler
             # (or the wrapper that passed the warning on) knows it came from the time limit.
             cls = C.TIMEOUT
-        return Classification(cls, step, str(report.get("detail", ""))[:500])
+        return Classification(cls, step, report.detail[:500])
     if outcome.cause is not None:
         detail = f"scheduler state {outcome.backend_state or outcome.cause.value}"
         return Classification(outcome.cause, None, detail + (f"; {outcome.reason}" if outcome.reason else ""))
@@ -68,7 +79,7 @@ def classify(outcome: Outcome, report: dict | None, verification: Verification, 
         return Classification(C.OOM, None, f"the kernel OOM killer killed {exit_record.oom_kill} process(es) "
                                            "at the attempt's memory limit (--mem)")
     if exit_record is not None and exit_record.stop_signal:
-        cls = C.TIMEOUT if exit_record.stop_source in ("time_limit", "warning") else C.PREEMPTED
+        cls = C.TIMEOUT if exit_record.stop_source in TIME_LIMIT_SOURCES else C.PREEMPTED
         why = str(exit_record.stop_source) + (f" {exit_record.notice}" if exit_record.notice else "")
         rc = outcome.exit_code if outcome.exit_code is not None else "?"
         return Classification(cls, None, f"stopped by SIG{exit_record.stop_signal} ({why}); exit {rc}")
@@ -102,4 +113,4 @@ def classify(outcome: Outcome, report: dict | None, verification: Verification, 
 
 
 def _warned(rec: ExitRecord | None) -> bool:
-    return rec is not None and rec.stop_source in ("time_limit", "warning")
+    return rec is not None and rec.stop_source in TIME_LIMIT_SOURCES

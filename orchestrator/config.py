@@ -14,22 +14,19 @@ from typing import Any
 
 from orchestrator.errors import UsageError
 from orchestrator.protocol.durable import BadRecord, read_bounded
+from orchestrator.protocol.layout import FAILURE_CLASSES, FailureClass, Fault
 from orchestrator.settings import KNOWN_KEYS, MAX_COUNT, NUMERIC, unknown_key_message
 
 CONFIG_LIMIT = 1 << 20  # orch.toml is a few lines; a bigger one is not a config file
-# The defaults of the design's policy section: which classes reconcile requeues by itself,
-# which count against --max-attempts, and per-class caps.
-AUTO_REQUEUE = frozenset({"preempted", "timeout", "node_fail", "oom", "hang", "nan", "enospc", "input_missing",
-                          "killed"})
-# input_missing is bounded by policy.input_missing_attempts instead (an NFS hiccup is not the job's fault).
-UNCOUNTED = frozenset({"preempted", "timeout", "node_fail", "input_missing"})
-# Uncounted classes get generous caps too: an endless preemption loop is a bug to surface, not to hide.
-CLASS_CAPS = {"oom": 3, "nan": 3, "enospc": 2, "hang": 3, "crash": 3, "killed": 3, "preempted": 100, "timeout": 50,
-              "node_fail": 20}
+# The defaults of the design's policy section, read from the classes' own traits (FailureClass.auto_requeue,
+# .counted, .cap): which classes reconcile requeues by itself, which count against --max-attempts, per-class caps.
+AUTO_REQUEUE: frozenset[FailureClass] = frozenset(c for c in FailureClass if c.auto_requeue)
+UNCOUNTED: frozenset[FailureClass] = frozenset(c for c in FailureClass if not c.counted)
+CLASS_CAPS: dict[FailureClass, int] = {c: c.cap for c in FailureClass if c.cap is not None}
 
 # Always uncounted, whatever policy.uncounted says: neither is the job's fault, and the README's policy
 # table promises it (issue 16: preempted 3 times at one step with --max-attempts 2 ended failed).
-NEVER_COUNTED = frozenset({"preempted", "node_fail"})
+NEVER_COUNTED: frozenset[FailureClass] = frozenset(c for c in FailureClass if c.fault is Fault.PLATFORM)
 
 
 def _d(name: str) -> Any:
@@ -45,9 +42,9 @@ class Config:
     runs_root: Path
     trash: Path
     db_url: str
-    auto_requeue: frozenset[str] = AUTO_REQUEUE
-    uncounted: frozenset[str] = UNCOUNTED
-    caps: dict[str, int] = field(default_factory=lambda: dict(CLASS_CAPS))
+    auto_requeue: frozenset[FailureClass] = AUTO_REQUEUE
+    uncounted: frozenset[FailureClass] = UNCOUNTED
+    caps: dict[FailureClass, int] = field(default_factory=lambda: dict(CLASS_CAPS))
     # The numeric settings: bounds, defaults and meaning in orchestrator/settings.py.
     max_attempts: int = _d("policy.max_attempts")
     nan_rollback_steps: int = _d("policy.nan_rollback_steps")
@@ -208,15 +205,13 @@ def _overlay_file(cfg: Config, path: Path) -> None:
 
 def _load_policy_classes(cfg: Config, pol: dict, path: Path) -> None:
     """``[policy]`` auto_requeue, uncounted and ``[policy.caps]``: keys and values that name failure classes."""
-    from orchestrator.protocol import FAILURE_CLASSES
-
     for key in ("auto_requeue", "uncounted"):
         if key in pol:
             classes = _get(pol, key, list, "policy.")
             bad = [c for c in classes if c not in FAILURE_CLASSES]
             if bad:
                 raise UsageError(f"{path}: policy.{key} names unknown classes {bad}")
-            setattr(cfg, key, frozenset(classes))
+            setattr(cfg, key, frozenset(FailureClass(c) for c in classes))
     if "caps" in pol:
         caps = _get(pol, "caps", dict, "policy.")
         unknown = sorted(c for c in caps if c not in FAILURE_CLASSES)
@@ -225,7 +220,7 @@ def _load_policy_classes(cfg: Config, pol: dict, path: Path) -> None:
         for cls, n in caps.items():
             if not isinstance(n, int) or isinstance(n, bool) or not 0 <= n <= MAX_COUNT:
                 raise UsageError(f"{path}: policy.caps.{cls} must be an integer 0..{MAX_COUNT}, got {n!r}")
-            cfg.caps[cls] = n
+            cfg.caps[FailureClass(cls)] = n
 
 
 def _load_spot(cfg: Config, data: dict, path: Path) -> None:

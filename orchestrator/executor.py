@@ -379,9 +379,9 @@ class OrchJob:
         last = d["attempts"][-1] if d["attempts"] else {}
         why = f"job {self.job_id} is {d['state']} ({v}); attempt {last.get('n')}: " \
               f"{last.get('failure_class') or last.get('state')}"
-        report = protocol.read_failure(run_dir, last["n"]) if last else None
+        report = protocol.read_failure_report(run_dir, last["n"]) if last else None
         if last.get("failure_class") == "crash":
-            detail = (report or {}).get("detail") or last.get("detail") or ""
+            detail = (report.detail if report else "") or last.get("detail") or ""
             return FailedJobError(f"{why}\n{detail}")
         return UncompletedJobError(f"{why}: {last.get('detail') or ''}")
 

@@ -29,6 +29,7 @@ retryable class; only a transient scheduler error keeps the claim, for the recon
 from __future__ import annotations
 
 import dataclasses
+import enum
 import errno
 import threading
 from dataclasses import dataclass, field
@@ -76,13 +77,23 @@ def launch_grace_s() -> float:
         return 120.0
 
 
+class LaunchOutcome(enum.StrEnum):
+    """What a launch call came to."""
+
+    SUBMITTED = "submitted"  # this launcher's backend call was accepted
+    ADOPTED = "adopted"  # a re-claimer found the earlier launcher's submission by its token, and kept it
+    LOST_CLAIM = "lost_claim"  # another launcher holds the attempt (or took it over): nothing submitted here
+    VERIFIED = "verified"  # the marker verified before the backend call: closed unlaunched, the job done
+    STOPPED = "stopped"  # orch cancel came first: closed (or stopped) unlaunched
+
+
 @dataclass
 class Launched:
     """What a launch did: the backend id (None when it did not reach the backend), what it trashed."""
 
     external_id: str | None = None
     moved: list[str] = field(default_factory=list)
-    outcome: str = "submitted"  # submitted | adopted | lost_claim | verified | stopped
+    outcome: LaunchOutcome = LaunchOutcome.SUBMITTED
     detail: str = ""
 
 
@@ -95,9 +106,11 @@ def _claim(db: Database, attempt_id: int, reclaim: bool) -> int | None:
             a = s.get(Attempt, attempt_id)
             fence = (a.fence or 0) + 1
             if a.state is A.PENDING:
-                move_attempt(s, a, A.LAUNCHING, where=Attempt.fence == a.fence, claimed_at=now, fence=fence)
+                move_attempt(s, a, A.LAUNCHING, where=Attempt.fence == a.fence, why=f"claimed (fence {fence})",
+                             claimed_at=now, fence=fence)
             elif reclaim and a.state is A.LAUNCHING and claim_expired(a.claimed_at, now, launch_grace_s()):
-                move_attempt(s, a, A.LAUNCHING, where=Attempt.fence == a.fence, claimed_at=now, fence=fence)
+                move_attempt(s, a, A.LAUNCHING, where=Attempt.fence == a.fence,
+                             why=f"re-claimed after the claim expired (fence {fence})", claimed_at=now, fence=fence)
             else:
                 return None
     except IllegalTransition:
@@ -189,7 +202,7 @@ def _ready(db: Database, cfg: Config, name: str, backend_name: str | None, recla
         job = get_job(s, name)
         a = job.attempts[-1] if job.attempts else None
         if a is None or a.state not in (A.PENDING, A.LAUNCHING):
-            return Launched(outcome="lost_claim")
+            return Launched(outcome=LaunchOutcome.LOST_CLAIM)
         argv, overrides = command_for(job, a.plan)
         env = {protocol.ENV_OVERRIDES: _dumps(overrides)}
         if job.sweep is not None and job.task_index is not None:
@@ -206,7 +219,7 @@ def _ready(db: Database, cfg: Config, name: str, backend_name: str | None, recla
         reclaimed, lookup_key = a.state is A.LAUNCHING, a.batch_token or a.token
     fence = _claim(db, attempt_id, reclaim)
     if fence is None:
-        return Launched(outcome="lost_claim")  # another process is launching this attempt right now
+        return Launched(outcome=LaunchOutcome.LOST_CLAIM)  # another process is launching this attempt right now
     keeper.add(attempt_id, fence)
     spec = dataclasses.replace(spec, fence=fence)
     run_dir = spec.run_dir
@@ -214,7 +227,7 @@ def _ready(db: Database, cfg: Config, name: str, backend_name: str | None, recla
         check_run_dir(cfg, run_dir)
         if protocol.verify_done_marker(run_dir).verified:
             _close_verified(db, attempt_id, job_id)
-            return Launched(outcome="verified")
+            return Launched(outcome=LaunchOutcome.VERIFIED)
         moved = _prepare(cfg, spec, plan, outputs, backend_name, keep)
     except (Refused, protocol.UnsafePath) as e:
         _fail(db, cfg, attempt_id, FailureClass.INVALID, f"refused: {e}")
@@ -264,8 +277,8 @@ def _record_own(db: Database, backend: Backend, r: _Ready, external_id: str) -> 
     try:
         stopped = record_submitted(db, r.attempt_id, external_id, r.overrides, backend=backend, fence=r.fence)
     except LostClaim as e:
-        return Launched(external_id, r.moved, "lost_claim", str(e))
-    return Launched(external_id, r.moved, "stopped" if stopped else "submitted")
+        return Launched(external_id, r.moved, LaunchOutcome.LOST_CLAIM, str(e))
+    return Launched(external_id, r.moved, LaunchOutcome.STOPPED if stopped else LaunchOutcome.SUBMITTED)
 
 
 def launch_group(db: Database, cfg: Config, names: list[str], backend: Backend, throttle: int | None, *,
@@ -335,7 +348,7 @@ class LostClaim(OrchError):
     """This launcher's claim was taken over (it stopped or stalled past the launch grace)."""
 
 
-def _check_claim(db: Database, attempt_id: int, fence: int) -> str | None:
+def _check_claim(db: Database, attempt_id: int, fence: int) -> LaunchOutcome | None:
     """Right before the backend call: None while the attempt is still ``launching`` under this
     launcher's fence (the claim is renewed, and the generation noted as the one that may have called
     the backend), else the outcome: ``stopped`` (orch cancel came first: closed unlaunched) or
@@ -343,16 +356,16 @@ def _check_claim(db: Database, attempt_id: int, fence: int) -> str | None:
     with db.write() as s:
         a = s.get(Attempt, attempt_id)
         if a.fence != fence:
-            return "lost_claim"
+            return LaunchOutcome.LOST_CLAIM
         if a.state is A.STOPPING:  # a cancel that landed while this launcher prepared the run dir
             move_attempt(s, a, A.CANCELLED, where=Attempt.fence == fence, failure_class=FailureClass.CANCELLED,
                          detail="cancelled during its launch, before the backend call")
-            return "stopped"
+            return LaunchOutcome.STOPPED
         res = s.execute(update(Attempt).where(Attempt.id == attempt_id, Attempt.state == A.LAUNCHING,
                                               Attempt.fence == fence)
                         .values(claimed_at=utcnow(), launched_fence=fence)
                         .execution_options(synchronize_session=False))
-        return None if res.rowcount == 1 else "lost_claim"
+        return None if res.rowcount == 1 else LaunchOutcome.LOST_CLAIM
 
 
 def _adopt_if_submitted(db: Database, backend: Backend, r: _Ready) -> Launched | None:
@@ -375,10 +388,10 @@ def _adopt_if_submitted(db: Database, backend: Backend, r: _Ready) -> Launched |
     try:
         stopped = record_submitted(db, r.attempt_id, ext, backend=backend, fence=r.fence)
     except LostClaim:
-        return Launched(ext, r.moved, "lost_claim")
+        return Launched(ext, r.moved, LaunchOutcome.LOST_CLAIM)
     if old is not None:
         protocol.write_fence(r.spec.attempt_dir, r.spec.token, old)  # its wrapper runs (again, on a requeue)
-    return Launched(ext, r.moved, "stopped" if stopped else "adopted")
+    return Launched(ext, r.moved, LaunchOutcome.STOPPED if stopped else LaunchOutcome.ADOPTED)
 
 
 def _submission_failed(db: Database, cfg: Config, members: list[_Ready], e: Exception) -> NoReturn:
@@ -392,9 +405,10 @@ def _submission_failed(db: Database, cfg: Config, members: list[_Ready], e: Exce
     if isinstance(e, BackendError):
         with db.write() as s:  # transient: the claim stays; the reconciler looks the token up, then retries
             for r in members:
-                a = s.get(Attempt, r.attempt_id)
-                if a.state is A.LAUNCHING:
-                    a.detail = f"submission failed (will be retried): {e}"[:2000]
+                # Under this launcher's own claim only: unguarded, a stale launcher's note overwrote the
+                # detail of the launch that had re-claimed the attempt (issue 18).
+                set_attempt_fields(s, s.get(Attempt, r.attempt_id), A.LAUNCHING, where=Attempt.fence == r.fence,
+                                   detail=f"submission failed (will be retried): {e}"[:2000])
         raise OrchError(f"{names}: {e}") from None
     # An OSError before the scheduler was asked (the batch script could not be written): nothing
     # was submitted.
@@ -517,7 +531,8 @@ def record_submitted(db: Database, attempt_id: int, external_id: str, overrides:
             orphan = attempt_ref(a, job, external_id)  # the attempt runs under another id: ours is dropped
         elif a.state is A.LAUNCHING:
             extra = {"overrides": overrides} if overrides is not None else {}
-            move_attempt(s, a, A.SUBMITTED, where=Attempt.fence == a.fence, external_id=external_id,
+            move_attempt(s, a, A.SUBMITTED, where=Attempt.fence == a.fence, why=f"submitted as {external_id}",
+                         external_id=external_id,
                          submitted_at=utcnow(), **extra)
             if job.state is J.PENDING:
                 move_job(s, job, J.SUBMITTED, f"attempt {a.n} submitted as {external_id}")

@@ -1,144 +1,167 @@
-"""The two state machines — a job's and an attempt's — and their only writers.
+"""What can happen to a job and to an attempt, and which function does it: the two state machines as data,
+and their only writers.
 
-What can happen to an attempt, and who may change it, is answered here and nowhere else:
-``ATTEMPT_TRANSITIONS`` lists every edge with the event that causes it, and ``move_attempt`` is the
-one function that writes ``attempts.state`` (``move_job`` the one that writes ``jobs.state``). Both
-are compare-and-set: ``UPDATE ... WHERE id = :id AND state = :expected``; a mover that finds the row
-in another state raises ``IllegalTransition`` and changes nothing, so two processes (cron
-reconcilers, a user's requeue or cancel, a launcher) can never both act on the same state.
+- ``JOB_EDGES`` / ``ATTEMPT_EDGES``: every move as ``Edge(src, dst, trigger, taker)``; ``taker`` is the one
+  function (``module.function``) that takes it. A state pair may appear twice, with two triggers.
+- ``JOB_BIRTHS`` / ``ATTEMPT_BIRTHS``: the states a row may be created in, why, and by whom.
+- The states themselves, each with a comment on when it is entered: ``orchestrator.states``.
+- ``move_job`` / ``move_attempt`` are the only writers of ``state``, ``create_job`` / ``create_attempt`` the only
+  constructors of rows (a test walks the AST of every other module). Each move is ONE compare-and-set
+  ``UPDATE ... WHERE id = :id AND state = :expected`` carrying every field the move writes, and one event row:
+  a mover that finds the row in another state raises ``IllegalTransition`` and changes nothing, so two
+  processes (cron reconcilers, a user's requeue or cancel, a launcher) never both act on one state.
+- ``python -m orchestrator.lifecycle --mermaid`` prints the diagram checked in as ``docs/lifecycle.md``.
 
-A job has at most one attempt that is not finished (``ATTEMPT_OPEN``); a job is *alive* while that
-attempt is in ``ATTEMPT_LIVE`` — the backend may hold a process for it — and orch never starts the
-next attempt while one may still run (issue 9: two attempts training in one run dir).
+A job has at most one attempt that is not finished (``ATTEMPT_OPEN``); a job is *alive* while that attempt
+is in ``ATTEMPT_LIVE`` (the backend may hold a process for it), and orch never starts the next attempt while
+one may still run (issue 9: two attempts training in one run dir).
 """
 
 from __future__ import annotations
 
-import enum
+import sys
 from collections.abc import Mapping
-from datetime import UTC, datetime, timedelta
-from typing import TYPE_CHECKING, Any
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from typing import Any
+
+from sqlalchemy import select, update
+from sqlalchemy.orm import Session
+from sqlalchemy.orm.attributes import set_committed_value
 
 from orchestrator.errors import IllegalTransition
+from orchestrator.models import Attempt, Event, Job
+from orchestrator.states import AttemptState, JobState, Note, StopReason, utcnow
 
-# SQLAlchemy is imported inside the movers: `orch status`'s fast path reads the enums without it.
-if TYPE_CHECKING:  # the models import this module's enums for their typed columns
-    from sqlalchemy.orm import Session
-
-    from orchestrator.models import Attempt, Job
-
-
-def utcnow() -> datetime:
-    """Naive UTC, as stored in the DB (SQLite has no time zones)."""
-    return datetime.now(UTC).replace(tzinfo=None)
-
-
-class JobState(enum.StrEnum):
-    """A job's state (contract: the exact strings)."""
-
-    PENDING = "pending"  # row exists, its attempt not yet accepted by a backend
-    SUBMITTED = "submitted"  # backend accepted it; not seen running yet
-    RUNNING = "running"
-    DONE = "done_marker_verified"  # terminal; reachable only through a verified marker
-    RETRYABLE_FAILED = "retryable_failed"
-    FAILED = "failed"  # permanent: invalid, or out of attempts (an explicit requeue may revive it)
-    CANCELLED = "cancelled"
-
-
-class AttemptState(enum.StrEnum):
-    """One attempt = one backend submission (Slurm's in-place requeues stay in it)."""
-
-    PENDING = "pending"  # row written before any backend call; no launcher has claimed it
-    LAUNCHING = "launching"  # a launcher claimed it (claimed_at) and may be calling the backend
-    SUBMITTED = "submitted"  # the backend accepted it (external_id)
-    RUNNING = "running"
-    STOPPING = "stopping"  # orch asked it to stop (stop_reason, stop_requested_at); may still run
-    SUCCEEDED = "succeeded"  # ended and the job's marker verified
-    FAILED = "failed"  # ended without a verified marker (failure_class says why), or never launched
-    CANCELLED = "cancelled"  # ended after orch cancel, or closed before launch (cancelled / verified)
-
+__all__ = ["AttemptState", "JobState", "Note", "StopReason", "utcnow", "Edge", "Birth", "JOB_EDGES",
+           "ATTEMPT_EDGES", "JOB_BIRTHS", "ATTEMPT_BIRTHS", "move_job", "move_attempt", "set_attempt_fields",
+           "create_job", "create_attempt", "note_held", "held_reason"]
 
 J, A = JobState, AttemptState
 
-JOB_TRANSITIONS: dict[JobState, frozenset[JobState]] = {
-    J.PENDING: frozenset({
-        J.SUBMITTED,  # its attempt was accepted by the backend (or found by token after a crash)
-        J.RETRYABLE_FAILED,  # the launch failed for a reason a retry can fix (ENOSPC, a transient error)
-        J.FAILED,  # the launch was refused for good (invalid partition, symlinked attempts/)
-        J.CANCELLED,  # orch cancel before or during the launch
-        J.DONE,  # a verified marker was found before launch (requeue raced a finishing job)
-    }),
-    J.SUBMITTED: frozenset({
-        J.RUNNING,  # poll saw it start
-        J.DONE,  # finished between two polls and its marker verifies
-        J.RETRYABLE_FAILED,  # ended without a verified marker, class is retryable
-        J.FAILED,  # ended, class is permanent or attempts are used up
-        J.CANCELLED,
-    }),
-    J.RUNNING: frozenset({
-        J.SUBMITTED,  # Slurm requeued it in place: pending again under the same id and attempt
-        J.DONE,
-        J.RETRYABLE_FAILED,
-        J.FAILED,
-        J.CANCELLED,
-    }),
-    J.RETRYABLE_FAILED: frozenset({
-        J.PENDING,  # orch requeue / auto-requeue creates the next attempt
-        J.FAILED,  # out of attempts
-        J.CANCELLED,
-        J.DONE,  # the marker verifies after all (a late writer finished): never rerun it
-    }),
-    J.FAILED: frozenset({
-        J.PENDING,  # explicit `orch requeue NAME` after the user fixed the cause
-        J.DONE,
-    }),
-    J.CANCELLED: frozenset({
-        J.PENDING,  # explicit `orch requeue NAME`, once its attempt has stopped
-        J.DONE,  # the cancelled attempt finished while stopping, and its marker verifies
-    }),
-    J.DONE: frozenset({
-        # Terminal for everything automatic: a verified result is never rerun. The one way out is
-        # an explicit `orch requeue NAME` that verified the marker AGAIN and found it no longer
-        # verifies (a result corrupted or deleted after verification: `orch verify` says CORRUPT,
-        # and "done" must not rest on a marker that is no longer true); the failure class
-        # marker_corrupt/marker_missing is recorded, then the usual requeue path takes it.
-        J.RETRYABLE_FAILED,
-    }),
-}
 
-ATTEMPT_TRANSITIONS: dict[AttemptState, frozenset[AttemptState]] = {
-    A.PENDING: frozenset({
-        A.LAUNCHING,  # a launcher (submit, requeue, a reconcile pass) claimed it
-        A.CANCELLED,  # orch cancel before anyone claimed it, or its job verified meanwhile
-    }),
-    A.LAUNCHING: frozenset({
-        A.LAUNCHING,  # re-claimed after the claim expired and the backend had no trace of its token
-        A.SUBMITTED,  # the backend returned an id (or find_by_token found it after a crash)
-        A.FAILED,  # the launch failed (refused, or a filesystem error); failure_class says which
-        A.STOPPING,  # orch cancel during the launch: whoever learns the id stops it
-        A.CANCELLED,  # its job verified before the backend call
-    }),
-    A.SUBMITTED: frozenset({
-        A.RUNNING,  # poll saw it start
-        A.STOPPING,  # orch cancel
-        A.SUCCEEDED,  # ended between two polls; the marker verifies
-        A.FAILED,  # ended without a verified marker
-    }),
-    A.RUNNING: frozenset({
-        A.SUBMITTED,  # Slurm requeued it in place (same id, same attempt)
-        A.STOPPING,  # orch cancel, or the reconciler stops a hung job
-        A.SUCCEEDED,
-        A.FAILED,
-    }),
-    A.STOPPING: frozenset({
-        A.SUCCEEDED,  # it finished while stopping, and its marker verifies
-        A.FAILED,  # it ended (a hang stop is classified hang)
-        A.CANCELLED,  # it ended after orch cancel, or the backend never had it
-    }),
-    A.SUCCEEDED: frozenset(),
-    A.FAILED: frozenset(),
-    A.CANCELLED: frozenset(),
-}
+@dataclass(frozen=True)
+class Edge:
+    """One move: ``src`` -> ``dst`` when ``trigger`` happens, taken by ``taker`` (``module.function``)."""
+
+    src: Any
+    dst: Any
+    trigger: str
+    taker: str
+
+
+@dataclass(frozen=True)
+class Birth:
+    """A row may be created in ``state`` when ``trigger`` happens, by ``taker``."""
+
+    state: Any
+    trigger: str
+    taker: str
+
+
+JOB_EDGES: tuple[Edge, ...] = (
+    Edge(J.PENDING, J.SUBMITTED, "its attempt was accepted by the backend (or found by token after a crash)",
+         "launch.record_submitted"),
+    Edge(J.PENDING, J.RETRYABLE_FAILED, "the launch failed for a reason a retry can fix (ENOSPC, a transient error)",
+         "observe.finish"),
+    Edge(J.PENDING, J.FAILED, "the launch was refused for good (invalid partition, symlinked attempts/)",
+         "observe.finish"),
+    Edge(J.PENDING, J.CANCELLED, "orch cancel before or during the launch", "stop.cancel"),
+    Edge(J.PENDING, J.DONE, "its marker verified before the backend call (a requeue raced a finishing job)",
+         "launch._close_verified"),
+    Edge(J.SUBMITTED, J.RUNNING, "a poll saw its attempt run", "observe._apply"),
+    Edge(J.SUBMITTED, J.DONE, "its attempt ended between two polls and the marker verifies", "observe.finish"),
+    Edge(J.SUBMITTED, J.RETRYABLE_FAILED, "its attempt ended unverified; the class is retryable", "observe.finish"),
+    Edge(J.SUBMITTED, J.FAILED, "its attempt ended unverified; permanent class, or out of attempts",
+         "observe.finish"),
+    Edge(J.SUBMITTED, J.CANCELLED, "orch cancel", "stop.cancel"),
+    Edge(J.SUBMITTED, J.CANCELLED, "the scheduler cancelled its attempt outside orch (scancel)", "observe.finish"),
+    Edge(J.RUNNING, J.SUBMITTED, "Slurm requeued it in place (pending again, same id and attempt)", "observe._apply"),
+    Edge(J.RUNNING, J.DONE, "its attempt ended and the marker verifies", "observe.finish"),
+    Edge(J.RUNNING, J.RETRYABLE_FAILED, "its attempt ended unverified; the class is retryable", "observe.finish"),
+    Edge(J.RUNNING, J.FAILED, "its attempt ended unverified; permanent class, or out of attempts", "observe.finish"),
+    Edge(J.RUNNING, J.CANCELLED, "orch cancel", "stop.cancel"),
+    Edge(J.RUNNING, J.CANCELLED, "the scheduler cancelled its attempt outside orch (scancel)", "observe.finish"),
+    Edge(J.RETRYABLE_FAILED, J.PENDING, "orch requeue, or the reconciler's auto-requeue, created the next attempt",
+         "requeue._requeue_one"),
+    # Kept from the first table; no attempt is open while its job is retryable_failed, so nothing takes it today.
+    Edge(J.RETRYABLE_FAILED, J.FAILED, "an attempt still open ended out of attempts (not reached today)",
+         "observe.finish"),
+    Edge(J.RETRYABLE_FAILED, J.CANCELLED, "orch cancel", "stop.cancel"),
+    Edge(J.RETRYABLE_FAILED, J.DONE, "orch requeue found its marker verifies after all (a late writer finished)",
+         "requeue._mark_verified"),
+    Edge(J.FAILED, J.PENDING, "an explicit `orch requeue NAME` after the user fixed the cause",
+         "requeue._requeue_one"),
+    Edge(J.FAILED, J.DONE, "orch requeue found its marker verifies", "requeue._mark_verified"),
+    Edge(J.CANCELLED, J.PENDING, "an explicit `orch requeue NAME`, once its attempt has stopped",
+         "requeue._requeue_one"),
+    Edge(J.CANCELLED, J.DONE, "its cancelled attempt finished while stopping, and the marker verifies",
+         "observe.finish"),
+    Edge(J.CANCELLED, J.DONE, "orch requeue found its marker verifies", "requeue._mark_verified"),
+    # Terminal for everything automatic: a verified result is never rerun. The one way out is an explicit
+    # `orch requeue NAME` that verified the marker AGAIN and found it no longer verifies ("done" must not rest
+    # on a marker that is no longer true); the class is recorded in the event, then the usual requeue path.
+    Edge(J.DONE, J.RETRYABLE_FAILED, "orch requeue NAME re-verified it: marker_corrupt or marker_missing",
+         "requeue._unverify"),
+)
+
+ATTEMPT_EDGES: tuple[Edge, ...] = (
+    Edge(A.PENDING, A.LAUNCHING, "a launcher (submit, sweep, requeue, a reconcile pass) claimed it", "launch._claim"),
+    Edge(A.PENDING, A.CANCELLED, "orch cancel before anyone claimed it", "stop.cancel"),
+    Edge(A.PENDING, A.CANCELLED, "orch requeue found its job's marker verifies", "requeue._mark_verified"),
+    Edge(A.LAUNCHING, A.LAUNCHING, "re-claimed after the claim expired (a new fence)", "launch._claim"),
+    Edge(A.LAUNCHING, A.SUBMITTED, "the backend returned an id (or find_by_token found it after a crash)",
+         "launch.record_submitted"),
+    Edge(A.LAUNCHING, A.FAILED, "the launch failed (refused, or a filesystem error); failure_class says which",
+         "observe.finish"),
+    Edge(A.LAUNCHING, A.STOPPING, "orch cancel during the launch: whoever learns the id stops it", "stop.cancel"),
+    Edge(A.LAUNCHING, A.CANCELLED, "its job's marker verified before the backend call", "launch._close_verified"),
+    Edge(A.LAUNCHING, A.CANCELLED, "orch requeue found its job's marker verifies", "requeue._mark_verified"),
+    Edge(A.SUBMITTED, A.RUNNING, "a poll saw it run", "observe._apply"),
+    Edge(A.SUBMITTED, A.STOPPING, "orch cancel", "stop.cancel"),
+    Edge(A.SUBMITTED, A.SUCCEEDED, "it ended between two polls and the marker verifies", "observe.finish"),
+    Edge(A.SUBMITTED, A.FAILED, "it ended without a verified marker", "observe.finish"),
+    # Not a free resume (classify: cancelled); with no edge here finish() raised, and the pass left it running.
+    Edge(A.SUBMITTED, A.CANCELLED, "the scheduler cancelled it outside orch (scancel)", "observe.finish"),
+    Edge(A.RUNNING, A.SUBMITTED, "Slurm requeued it in place (same id, same attempt)", "observe._apply"),
+    Edge(A.RUNNING, A.STOPPING, "orch cancel", "stop.cancel"),
+    Edge(A.RUNNING, A.STOPPING, "no heartbeat for policy.hang_timeout_s: the reconciler stops it (hang)",
+         "observe._apply"),
+    Edge(A.RUNNING, A.SUCCEEDED, "it ended and the marker verifies", "observe.finish"),
+    Edge(A.RUNNING, A.FAILED, "it ended without a verified marker", "observe.finish"),
+    Edge(A.RUNNING, A.CANCELLED, "the scheduler cancelled it outside orch (scancel)", "observe.finish"),
+    Edge(A.STOPPING, A.SUCCEEDED, "it finished while stopping, and the marker verifies", "observe.finish"),
+    Edge(A.STOPPING, A.FAILED, "it ended unverified (a hang stop is classified hang)", "observe.finish"),
+    Edge(A.STOPPING, A.CANCELLED, "it ended after orch cancel", "observe.finish"),
+    Edge(A.STOPPING, A.CANCELLED, "a cancel landed while its launcher prepared: closed before the backend call",
+         "launch._check_claim"),
+    Edge(A.STOPPING, A.CANCELLED, "its launcher died after a cancel and the backend never had it",
+         "reconcile._stop_overtaken"),
+)
+
+JOB_BIRTHS: tuple[Birth, ...] = (
+    Birth(J.PENDING, "orch submit", "submit.submit"),
+    Birth(J.PENDING, "orch sweep: one job per task", "sweep.submit_sweep"),
+    # A lost DB: the task's run dir already holds a verified result of the same arguments. Never rerun.
+    Birth(J.DONE, "orch sweep: the task's run dir already holds its verified marker", "sweep.submit_sweep"),
+)
+
+ATTEMPT_BIRTHS: tuple[Birth, ...] = (
+    Birth(A.PENDING, "orch submit: attempt 1", "submit.submit"),
+    Birth(A.PENDING, "orch sweep: attempt 1 of each task not already done", "sweep.submit_sweep"),
+    Birth(A.PENDING, "orch requeue / auto-requeue: the next attempt, in the job's move to pending",
+          "requeue._requeue_one"),
+)
+
+
+def _table(edges: tuple[Edge, ...], states: type) -> dict[Any, frozenset[Any]]:
+    return {s: frozenset(e.dst for e in edges if e.src is s) for s in states}
+
+
+JOB_TRANSITIONS: dict[JobState, frozenset[JobState]] = _table(JOB_EDGES, JobState)
+ATTEMPT_TRANSITIONS: dict[AttemptState, frozenset[AttemptState]] = _table(ATTEMPT_EDGES, AttemptState)
+JOB_BIRTH_STATES = frozenset(b.state for b in JOB_BIRTHS)
+ATTEMPT_BIRTH_STATES = frozenset(b.state for b in ATTEMPT_BIRTHS)
 
 # Nothing automatic leaves these (done's one edge out is an explicit requeue that re-verified it).
 JOB_TERMINAL = frozenset({J.DONE})
@@ -166,74 +189,123 @@ def can_move_attempt(src: AttemptState, dst: AttemptState) -> bool:
     return dst in ATTEMPT_TRANSITIONS[src]
 
 
-def move_job(s: Session, job: Job, dst: JobState, reason: str = "") -> None:
-    """Move ``job`` to ``dst`` if the table allows it and nobody moved it first (compare-and-set).
+# ------------------------------------------------------------------------------------------
+# the writers
+# ------------------------------------------------------------------------------------------
+def _committed(row: Any, values: Mapping[str, Any]) -> None:
+    """Show the row's new values to this session WITHOUT marking them changed: the guarded UPDATE already
+    wrote them. Set as plain attributes, the ORM wrote state again at commit, unguarded (issue 18)."""
+    for k, v in values.items():
+        set_committed_value(row, k, v)
 
-    Raises IllegalTransition for an edge not in ``JOB_TRANSITIONS`` or when the row's state is no
-    longer the one this process read. The event row is written in the same transaction.
+
+def _event(s: Session, job_id: int, src: str | None, dst: str, reason: str, attempt_id: int | None = None,
+           at: datetime | None = None) -> None:
+    s.add(Event(job_id=job_id, attempt_id=attempt_id, at=at or utcnow(), from_state=src, to_state=dst,
+                reason=reason[:2000]))
+
+
+def move_job(s: Session, job: Job, dst: JobState, reason: str = "", **values: Any) -> None:
+    """Move ``job`` to ``dst`` if an edge allows it and nobody moved it first (compare-and-set), writing
+    ``values`` (overrides, auto_requeue, ...) in the same UPDATE and an event row in the same transaction.
+
+    Raises IllegalTransition for a pair that is no edge of ``JOB_EDGES`` or when the row's state is no
+    longer the one this process read.
     """
     src = JobState(job.state)
     if not can_transition(src, dst):
         raise IllegalTransition(f"job {job.name}: {src.value} -> {dst.value} is not allowed")
-    from sqlalchemy import update
-
-    from orchestrator.models import Event
-
-    now = utcnow()
-    res = s.execute(update(type(job)).where(type(job).id == job.id, type(job).state == src)
-                    .values(state=dst, updated_at=now).execution_options(synchronize_session=False))
+    values = {**values, "state": dst, "updated_at": utcnow()}
+    res = s.execute(update(Job).where(Job.id == job.id, Job.state == src)
+                    .values(**values).execution_options(synchronize_session=False))
     if res.rowcount != 1:
         raise IllegalTransition(f"job {job.name}: state changed under us (expected {src.value})")
-    s.add(Event(job_id=job.id, at=now, from_state=src.value, to_state=dst.value, reason=reason[:2000]))
-    job.state = dst
-    job.updated_at = now
+    _event(s, job.id, src.value, dst.value, reason, at=values["updated_at"])
+    _committed(job, values)
 
 
 def move_attempt(s: Session, attempt: Attempt, dst: AttemptState, *, expect: AttemptState | None = None,
-                 where: Any = None, **values: Any) -> None:
+                 where: Any = None, why: str = "", **values: Any) -> None:
     """Move ``attempt`` to ``dst`` (compare-and-set on the state this process read, or ``expect``),
-    writing ``values`` (ended_at, failure_class, external_id, ...) in the same UPDATE.
+    writing ``values`` (ended_at, failure_class, external_id, ...) in the same UPDATE, and an event row
+    (the attempt's history: ``why``, else its ``detail``).
 
-    The only writer of ``attempts.state``. ``ended_at`` is filled in when ``dst`` ends the attempt.
-    ``where``: an extra SQL condition of the compare-and-set (e.g. "the claim has expired").
+    ``ended_at`` is filled in when ``dst`` ends the attempt. ``where``: an extra SQL condition of the
+    compare-and-set (e.g. "the claim is still this launcher's fence").
     """
     src = AttemptState(expect if expect is not None else attempt.state)
     if not can_move_attempt(src, dst):
         raise IllegalTransition(f"attempt {attempt.n}: {src.value} -> {dst.value} is not allowed")
     if dst in ATTEMPT_ENDED and "ended_at" not in values:
         values["ended_at"] = utcnow()
-    from sqlalchemy import update
-
-    model = type(attempt)
-    stmt = update(model).where(model.id == attempt.id, model.state == src)
+    stmt = update(Attempt).where(Attempt.id == attempt.id, Attempt.state == src)
     if where is not None:
         stmt = stmt.where(where)
     res = s.execute(stmt.values(state=dst, **values).execution_options(synchronize_session=False))
     if res.rowcount != 1:
         raise IllegalTransition(f"attempt {attempt.n}: state changed under us (expected {src.value})")
-    attempt.state = dst
-    for k, v in values.items():
-        setattr(attempt, k, v)
+    _event(s, attempt.job_id, src.value, dst.value, why or str(values.get("detail") or ""), attempt.id)
+    _committed(attempt, {"state": dst, **values})
 
 
-def set_attempt_fields(s: Session, attempt: Attempt, expect: AttemptState, **values: Any) -> bool:
-    """Write fields of an attempt (no state change) only while it is still in ``expect``.
+def set_attempt_fields(s: Session, attempt: Attempt, expect: AttemptState, *, where: Any = None,
+                       **values: Any) -> bool:
+    """Write fields of an attempt (no state change) only while it is still in ``expect`` (and ``where``).
 
     For facts learnt about an attempt in its current state (Slurm restarts, the id of a launch that
-    a cancel overtook). Returns False, writing nothing, if the attempt moved on meanwhile.
+    a cancel overtook, a launcher's note under its own fence). Returns False, writing nothing, if the
+    attempt moved on meanwhile.
     """
-    from sqlalchemy import update
-
-    model = type(attempt)
-    res = s.execute(update(model).where(model.id == attempt.id, model.state == expect)
-                    .values(**values).execution_options(synchronize_session=False))
+    stmt = update(Attempt).where(Attempt.id == attempt.id, Attempt.state == expect)
+    if where is not None:
+        stmt = stmt.where(where)
+    res = s.execute(stmt.values(**values).execution_options(synchronize_session=False))
     if res.rowcount != 1:
         return False
-    for k, v in values.items():
-        setattr(attempt, k, v)
+    _committed(attempt, values)
     return True
 
 
+def create_job(s: Session, state: JobState, why: str = "", **fields: Any) -> Job:
+    """A new job row, born in one of ``JOB_BIRTHS``' states. Born pending, its history starts with its first
+    move; born in any other state, an event from None says why (a sweep task found already done)."""
+    if state not in JOB_BIRTH_STATES:
+        raise IllegalTransition(f"job {fields.get('name')}: cannot be created {state.value}")
+    job = Job(state=state, **fields)
+    s.add(job)
+    s.flush()
+    if state is not J.PENDING:
+        _event(s, job.id, None, state.value, why)
+    return job
+
+
+def create_attempt(s: Session, job: Job, n: int, token: str, **fields: Any) -> Attempt:
+    """Attempt ``n`` of ``job``, born pending (``ATTEMPT_BIRTHS``): written before any backend call."""
+    a = Attempt(job_id=job.id, n=n, token=token, state=A.PENDING, backend=job.backend, **fields)
+    s.add(a)
+    return a
+
+
+def note_held(s: Session, job: Job, reason: str) -> None:
+    """Record why the job's next attempt was not launched: a ``Note.HELD`` event (from == to) that ``orch
+    show`` prints; written again only when the reason changed, not on every pass."""
+    text = (Note.HELD + reason)[:2000]
+    last = s.scalar(select(Event.reason).where(Event.job_id == job.id, Event.attempt_id.is_(None))
+                    .order_by(Event.id.desc()).limit(1))
+    if last != text:
+        _event(s, job.id, job.state.value, job.state.value, text)
+
+
+def held_reason(ev: Event | None) -> str | None:
+    """The whole note if ``ev`` (a job's latest event) is a ``Note.HELD``, else None."""
+    if ev is None or ev.attempt_id is not None or ev.from_state != ev.to_state:
+        return None
+    return ev.reason if ev.reason.startswith(Note.HELD) else None
+
+
+# ------------------------------------------------------------------------------------------
+# readers
+# ------------------------------------------------------------------------------------------
 def open_attempt(job: Job) -> Attempt | None:
     """The job's one unfinished attempt, if any (attempts are ordered by n)."""
     for a in reversed(job.attempts):
@@ -253,3 +325,35 @@ def claim_expired(claimed_at: datetime | None, now: datetime, grace_s: float) ->
 def describe_edges(table: Mapping[Any, frozenset[Any]]) -> list[tuple[str, str]]:
     """Every (src, dst) edge as strings: what the edge-walk test and the docs list."""
     return sorted((src.value, dst.value) for src, dsts in table.items() for dst in dsts)
+
+
+def mermaid() -> str:
+    """``docs/lifecycle.md``: both machines as mermaid state diagrams, generated from the edge data."""
+    out = ["# Job and attempt lifecycle", "",
+           "Generated by `python -m orchestrator.lifecycle --mermaid > docs/lifecycle.md` from the edge data in",
+           "`orchestrator/lifecycle.py` (a test fails when this file is not current). Each arrow is labelled",
+           "with the function that takes it; `[*]` arrows are the states a row may be created in.", ""]
+    for title, births, edges in (("Job", JOB_BIRTHS, JOB_EDGES), ("Attempt", ATTEMPT_BIRTHS, ATTEMPT_EDGES)):
+        out += [f"## {title}", "", "```mermaid", "stateDiagram-v2"]
+        for b in births:
+            out.append(f"    [*] --> {b.state.value}: {b.taker}")
+        for e in edges:
+            out.append(f"    {e.src.value} --> {e.dst.value}: {e.taker}")
+        out += ["```", "", "| from | to | when | taken by |", "|---|---|---|---|"]
+        out += [f"| (created) | `{b.state.value}` | {b.trigger} | `{b.taker}` |" for b in births]
+        out += [f"| `{e.src.value}` | `{e.dst.value}` | {e.trigger.replace('|', '/')} | `{e.taker}` |"
+                for e in edges]
+        out.append("")
+    return "\n".join(out)
+
+
+def main(argv: list[str]) -> int:
+    if argv != ["--mermaid"]:
+        print("usage: python -m orchestrator.lifecycle --mermaid", file=sys.stderr)
+        return 2
+    sys.stdout.write(mermaid())
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main(sys.argv[1:]))

@@ -4,7 +4,8 @@ The schema changes only through Alembic migrations (``alembic/versions``); a tes
 models and the migrations differ. States and failure classes are typed enums stored as plain
 strings (non-native enums: any SQL database, and the contract's exact strings in the file); JSON
 payloads are TEXT, decoded by type decorators, so every reader gets a value, not a string to parse.
-Who may change ``state``: only ``orchestrator.lifecycle`` (``move_job``, ``move_attempt``).
+Who may create a row or change ``state``: only ``orchestrator.lifecycle`` (``create_job``, ``create_attempt``,
+``move_job``, ``move_attempt``), which imports this module; this module imports only the state types.
 """
 
 from __future__ import annotations
@@ -15,9 +16,9 @@ from typing import Any
 from sqlalchemy import Enum, Float, ForeignKey, Index, MetaData, String, Text, UniqueConstraint, false
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column, relationship
 
-from orchestrator.lifecycle import AttemptState, JobState, utcnow
 from orchestrator.plan import JSONType, PlanType, RetryPlan
 from orchestrator.protocol import FailureClass
+from orchestrator.states import AttemptState, JobState, StopReason, utcnow
 
 NAMING = {
     "ix": "ix_%(table_name)s_%(column_0_N_name)s",
@@ -144,7 +145,7 @@ class Attempt(Base):
     # group's token, which names the array (orch-<batch_token>) and finds it again after a crash.
     batch_token: Mapped[str | None] = mapped_column(String(64), index=True, default=None)
     stop_requested_at: Mapped[datetime | None] = mapped_column(default=None)  # stopping since
-    stop_reason: Mapped[str | None] = mapped_column(String(16), default=None)  # cancel | hang
+    stop_reason: Mapped[StopReason | None] = mapped_column(_enum(StopReason, 16), default=None)
     submitted_at: Mapped[datetime | None] = mapped_column(default=None)
     started_at: Mapped[datetime | None] = mapped_column(default=None)
     ended_at: Mapped[datetime | None] = mapped_column(default=None)
@@ -158,6 +159,8 @@ class Event(Base):
 
     id: Mapped[int] = mapped_column(primary_key=True)
     job_id: Mapped[int] = mapped_column(ForeignKey("jobs.id", ondelete="CASCADE"), index=True)
+    # Set for an attempt's move (its history); None for the job's own moves and notes (migration 0006).
+    attempt_id: Mapped[int | None] = mapped_column(index=True, default=None)  # no FK: the job's cascades
     at: Mapped[datetime] = mapped_column(default=utcnow)
     from_state: Mapped[str | None] = mapped_column(String(32))
     to_state: Mapped[str] = mapped_column(String(32))

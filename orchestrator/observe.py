@@ -35,13 +35,14 @@ from orchestrator.lifecycle import (
     ATTEMPT_POLLED,
     AttemptState,
     JobState,
+    StopReason,
     move_attempt,
     move_job,
     set_attempt_fields,
     utcnow,
 )
 from orchestrator.models import Attempt, Job
-from orchestrator.plan import RetryPlan
+from orchestrator.plan import Action, RetryPlan
 from orchestrator.policy import decide
 from orchestrator.protocol import FailureClass
 
@@ -50,12 +51,30 @@ STOP_GRACE_S = 60.0  # SIGTERM -> SIGKILL for orch cancel (Slurm's own KillWait 
 HANG_KILL_GRACE_S = 30.0
 
 
+@dataclass(frozen=True)
+class Change:
+    """One thing a pass changed, as ``orch reconcile`` prints it (``--json``: the keys it always had)."""
+
+    name: str
+    to: JobState | AttemptState
+    why: str | None = None
+    cls: FailureClass | None = None
+    action: Action | None = None
+
+    def as_dict(self) -> dict[str, Any]:
+        d: dict[str, Any] = {"name": self.name, "to": self.to.value}
+        for key, v in (("class", self.cls), ("action", self.action), ("why", self.why)):
+            if v:
+                d[key] = str(v)
+        return d
+
+
 @dataclass
 class PassReport:
     ran: bool = True
     polled: int = 0
     backend_calls: int = 0
-    changed: list[dict[str, Any]] = field(default_factory=list)
+    changed: list[Change] = field(default_factory=list)
     requeued: list[str] = field(default_factory=list)
     unknown: int = 0
     undecided: list[str] = field(default_factory=list)  # "<job>: <why>" for each unknown with a reason
@@ -64,7 +83,7 @@ class PassReport:
     duration_s: float = 0.0
 
     def as_dict(self) -> dict[str, Any]:
-        return self.__dict__.copy()
+        return {**self.__dict__, "changed": [c.as_dict() for c in self.changed]}
 
 
 @dataclass(frozen=True)
@@ -80,7 +99,7 @@ class Row:
     state: AttemptState
     restarts: int
     job_state: JobState
-    stop_reason: str | None
+    stop_reason: StopReason | None
     stop_requested_at: Any
     batch_token: str | None
     task_index: int | None
@@ -155,20 +174,20 @@ def _apply(db: Database, cfg: Config, backend: Backend, r: Row, out: Outcome, re
                 move_attempt(s, a, A.RUNNING, started_at=a.started_at or utcnow())
             if job.state is J.SUBMITTED:
                 move_job(s, job, J.RUNNING, f"attempt {a.n} running")
-                rep.changed.append({"name": job.name, "to": "running"})
+                rep.changed.append(Change(job.name, J.RUNNING))
             if hung:
-                move_attempt(s, a, A.STOPPING, stop_reason="hang", stop_requested_at=utcnow(),
+                move_attempt(s, a, A.STOPPING, stop_reason=StopReason.HANG, stop_requested_at=utcnow(),
                              detail=f"no heartbeat for {cfg.hang_timeout_s:.0f}s; stopping it")
         elif a.state is A.RUNNING:  # pending again: Slurm requeued it in place
             move_attempt(s, a, A.SUBMITTED)
             if job.state is J.RUNNING:
                 move_job(s, job, J.SUBMITTED, f"attempt {a.n} requeued in place by the scheduler")
-                rep.changed.append({"name": job.name, "to": "submitted", "why": "requeued in place"})
+                rep.changed.append(Change(job.name, J.SUBMITTED, "requeued in place"))
     if hung:
         # A hung process may never reach the point where it checks its SIGTERM flag: TERM first,
         # then (a later pass, _escalate) KILL.
         backend.cancel([r.ref])
-        rep.changed.append({"name": Path(r.run_dir).name, "to": "stopping", "why": "hang"})
+        rep.changed.append(Change(Path(r.run_dir).name, A.STOPPING, StopReason.HANG))
 
 
 def _unchanged(r: Row, out: Outcome) -> bool:
@@ -186,10 +205,10 @@ def _unchanged(r: Row, out: Outcome) -> bool:
 
 def _escalate(cfg: Config, backend: Backend, r: Row, rep: PassReport) -> None:
     """A stopping attempt that outlived its grace gets SIGKILL (every pass until it is gone)."""
-    grace = min(HANG_KILL_GRACE_S, cfg.hang_timeout_s) if r.stop_reason == "hang" else STOP_GRACE_S
+    grace = min(HANG_KILL_GRACE_S, cfg.hang_timeout_s) if r.stop_reason is StopReason.HANG else STOP_GRACE_S
     if r.stop_requested_at is None or utcnow() - r.stop_requested_at >= timedelta(seconds=grace):
         backend.kill([r.ref])
-        rep.changed.append({"name": Path(r.run_dir).name, "to": "stopping", "why": f"{r.stop_reason}: SIGKILL"})
+        rep.changed.append(Change(Path(r.run_dir).name, A.STOPPING, f"{r.stop_reason}: SIGKILL"))
 
 
 def _hung(cfg: Config, ref: AttemptRef) -> bool:
@@ -242,7 +261,7 @@ class Evidence:
     """Everything read from the run dir and the backend about an attempt that ended (no DB)."""
 
     verification: protocol.Verification
-    report: dict | None
+    report: protocol.FailureReport | None
     outcome: Outcome
     exit_record: protocol.ExitRecord | None
     stop: protocol.StopRecord | None = None  # the program's kit received a stop signal (stop.json)
@@ -251,7 +270,7 @@ class Evidence:
 def evidence_of_end(r: Row, out: Outcome) -> Evidence:
     ref = r.ref
     verification = protocol.verify_done_marker(ref.run_dir)
-    report = None if verification.verified else protocol.read_failure(ref.run_dir, ref.attempt)
+    report = None if verification.verified else protocol.read_failure_report(ref.run_dir, ref.attempt)
     rec = protocol.read_exit(ref.attempt_dir, ref.token)
     if rec is not None and rec.returncode is not None:
         # The wrapper's own record is exact; sacct reports exit 143 as 15 (it drops the 128).
@@ -297,11 +316,11 @@ def finish(db: Database, cfg: Config, attempt_id: int, ev: Evidence | None, rep:
     if ev is not None and ev.verification.verified:
         with db.write() as s:
             a, job = s.get(Attempt, attempt_id), s.get(Job, job.id)
-            move_attempt(s, a, A.SUCCEEDED, expect=seen, **common)
+            move_attempt(s, a, A.SUCCEEDED, expect=seen, why="marker verified", **common)
             testhooks.site("recording_success")
             if job.state is not J.DONE:
                 move_job(s, job, J.DONE, f"attempt {a.n}: marker verified")
-        _note(rep, job.name, J.DONE.value)
+        _note(rep, job.name, J.DONE)
         return
     if launch_failure is not None:
         cls, step, detail = launch_failure[0], None, launch_failure[1]
@@ -316,29 +335,29 @@ def finish(db: Database, cfg: Config, attempt_id: int, ev: Evidence | None, rep:
     with db.write() as s:
         a, job = s.get(Attempt, attempt_id), s.get(Job, job.id)
         end = A.CANCELLED if cls is FailureClass.CANCELLED else A.FAILED
-        move_attempt(s, a, end, expect=seen, failure_class=cls, failure_step=step, detail=detail[:2000],
-                     counted=d.counted, action=plan, **common)
+        move_attempt(s, a, end, expect=seen, why=f"{cls.value}: {detail}", failure_class=cls, failure_step=step,
+                     detail=detail[:2000], counted=d.counted, action=plan, **common)
         target = d.state
         if job.state in (J.CANCELLED, J.DONE, target):
-            _note(rep, job.name, job.state.value, cls.value, plan.action)
+            _note(rep, job.name, job.state, cls, plan.action)
             return  # orch cancel already settled the job (its attempt has now stopped)
-        if target is J.RETRYABLE_FAILED:
-            _carry(job, plan)
-        move_job(s, job, target, f"attempt {a.n}: {cls.value} ({detail[:200]}) -> {plan.action}")
-    _note(rep, job.name, target.value, cls.value, plan.action)
+        carried = _carried(job, plan) if target is J.RETRYABLE_FAILED else {}
+        move_job(s, job, target, f"attempt {a.n}: {cls.value} ({detail[:200]}) -> {plan.action}", **carried)
+    _note(rep, job.name, target, cls, plan.action)
 
 
-def _carry(job: Job, plan: RetryPlan) -> None:
-    """What the plan changes for every later attempt, and whether the reconciler requeues by itself."""
+def _carried(job: Job, plan: RetryPlan) -> dict[str, Any]:
+    """What the plan changes for every later attempt, and whether the reconciler requeues by itself: written
+    in the job's move (one guarded UPDATE), never as ORM attributes flushed beside it."""
+    out: dict[str, Any] = {"auto_requeue": plan.auto, "retry_not_before": plan.not_before}
     if plan.overrides:
-        job.overrides = {**job.overrides, **plan.overrides_dict}
+        out["overrides"] = {**job.overrides, **plan.overrides_dict}
     if plan.resources:
-        job.resources = {**job.resources, **plan.resources_dict}
-    job.auto_requeue = plan.auto
-    job.retry_not_before = plan.not_before
+        out["resources"] = {**job.resources, **plan.resources_dict}
+    return out
 
 
-def _note(rep: PassReport | None, name: str, to: str, cls: str | None = None, action: str | None = None) -> None:
+def _note(rep: PassReport | None, name: str, to: JobState, cls: FailureClass | None = None,
+          action: Action | None = None) -> None:
     if rep is not None:
-        rep.changed.append({"name": name, "to": to, **({"class": cls} if cls else {}),
-                            **({"action": action} if action else {})})
+        rep.changed.append(Change(name, to, cls=cls, action=action))

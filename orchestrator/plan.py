@@ -17,6 +17,7 @@ Who reads what:
 
 from __future__ import annotations
 
+import enum
 import json
 from collections.abc import Mapping
 from dataclasses import dataclass, field, fields, replace
@@ -26,7 +27,24 @@ from typing import Any
 from sqlalchemy import Text
 from sqlalchemy.types import TypeDecorator
 
-ACTIONS = ("resume", "rollback", "more_memory", "prune_and_resume", "give_up", "none")
+
+class Action(enum.StrEnum):
+    """What the next attempt does (stored as these strings in ``attempts.action_json``)."""
+
+    RESUME = "resume"  # from the newest verified checkpoint
+    ROLLBACK = "rollback"  # NaN: from an earlier verified checkpoint, LR lowered, suspect batches skipped
+    MORE_MEMORY = "more_memory"  # OOM: resume with more --mem
+    PRUNE_AND_RESUME = "prune_and_resume"  # disk full: old checkpoints and the trash go first
+    GIVE_UP = "give_up"  # no next attempt: the job failed for good
+    NONE = "none"  # no next attempt: it was cancelled
+
+    @property
+    def retries(self) -> bool:
+        """A next attempt follows this decision (what `orch requeue` carries to it)."""
+        return self not in (Action.GIVE_UP, Action.NONE)
+
+
+ACTIONS = tuple(a.value for a in Action)
 
 
 def _frozen(m: Mapping[str, Any] | None) -> tuple[tuple[str, Any], ...]:
@@ -35,7 +53,7 @@ def _frozen(m: Mapping[str, Any] | None) -> tuple[tuple[str, Any], ...]:
 
 @dataclass(frozen=True)
 class RetryPlan:
-    action: str  # one of ACTIONS
+    action: Action
     why: str = ""
     auto: bool = False  # the reconciler requeues by itself (else it waits for `orch requeue`)
     not_before: datetime | None = None  # backoff: no auto-requeue before this (naive UTC)
@@ -50,9 +68,10 @@ class RetryPlan:
     def __post_init__(self) -> None:
         if self.action not in ACTIONS:
             raise ValueError(f"unknown action {self.action!r}")
+        object.__setattr__(self, "action", Action(self.action))
 
     @classmethod
-    def make(cls, action: str, *, overrides: Mapping[str, Any] | None = None,
+    def make(cls, action: Action | str, *, overrides: Mapping[str, Any] | None = None,
              resources: Mapping[str, Any] | None = None, details: Mapping[str, Any] | None = None,
              quarantine: tuple[str, ...] | list[str] = (), prune: tuple[str, ...] | list[str] = (),
              **kw: Any) -> RetryPlan:
@@ -94,8 +113,10 @@ class RetryPlan:
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> RetryPlan:
         nb = d.get("not_before")
+        if "action" not in d:  # it read as "resume": a plan that lost its action must not resume silently
+            raise ValueError("a retry plan without an action")
         return cls.make(
-            str(d.get("action") or "resume"), why=str(d.get("why") or ""), auto=bool(d.get("auto")),
+            d["action"], why=str(d.get("why") or ""), auto=bool(d.get("auto")),
             not_before=datetime.fromisoformat(nb) if isinstance(nb, str) and nb else None,
             resume=d.get("resume") if isinstance(d.get("resume"), str) else None,
             overrides=d.get("overrides") or {}, resources=d.get("resources") or {},

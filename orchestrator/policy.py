@@ -26,15 +26,14 @@ from orchestrator import protocol
 from orchestrator.config import Config
 from orchestrator.lifecycle import JobState, utcnow
 from orchestrator.models import Attempt, Job
-from orchestrator.plan import RetryPlan
-from orchestrator.protocol import FailureClass, finite_number
+from orchestrator.plan import Action, RetryPlan
+from orchestrator.protocol import FailureClass, FailureReport, Fault, finite_number
 
 C = FailureClass
 
-# The job's own failures: the no-progress guard applies to them (issue 16; NVIDIA's resiliency tools stop after 3).
-OWN_FAILURES = frozenset({C.TIMEOUT, C.CRASH, C.HANG, C.OOM, C.KILLED})
-# Not the job's fault: never counted against --max-attempts, and no break in a run of own failures.
-TRANSIENT = frozenset({C.PREEMPTED, C.NODE_FAIL})
+# Whose failure a class is: FailureClass.fault. RUN: the job's own failures, which the no-progress guard
+# counts (issue 16; NVIDIA's resiliency tools stop after 3). PLATFORM: never counted against --max-attempts,
+# and no break in a run of own failures.
 STEP_KEY = "checkpoint_step"  # plan details: the newest committed checkpoint step when the attempt ended
 _UNKNOWN = object()  # an attempt decided before STEP_KEY was recorded: it proves nothing either way
 
@@ -48,7 +47,7 @@ class Decision:
 
 
 def decide(cfg: Config, job: Job, attempt: Attempt, cls: FailureClass, step: int | None,
-           report: dict | None, *, never_launched: bool = False) -> Decision:
+           report: FailureReport | None, *, never_launched: bool = False) -> Decision:
     """What to do after ``attempt`` of ``job`` ended with class ``cls`` (attempt is the last one).
 
     ``never_launched``: the attempt failed before it reached the backend (its program never ran).
@@ -60,18 +59,18 @@ def decide(cfg: Config, job: Job, attempt: Attempt, cls: FailureClass, step: int
     return _decide(cfg, job, attempt, C(cls), step, report, never_launched, newest_checkpoint_step(Path(job.run_dir)))
 
 
-def _decide(cfg: Config, job: Job, attempt: Attempt, cls: FailureClass, step: int | None, report: dict | None,
+def _decide(cfg: Config, job: Job, attempt: Attempt, cls: FailureClass, step: int | None, report: FailureReport | None,
             never_launched: bool, ckpt: int | None) -> Decision:
     def done(state: JobState, plan: RetryPlan, counted: bool, as_cls: FailureClass | None = None) -> Decision:
         return Decision(state, plan.with_(details={**plan.details_dict, STEP_KEY: ckpt}), counted, as_cls)
 
     # Preemptions and node failures never count, whatever policy.uncounted says: the README's table is
     # the contract (issue 16: preempted 3 times at one step with --max-attempts 2 ended failed).
-    counted = cls.value not in cfg.uncounted and cls not in TRANSIENT
+    counted = cls not in cfg.uncounted and cls.fault is not Fault.PLATFORM
     if cls is C.CANCELLED:
-        return done(JobState.CANCELLED, RetryPlan.make("none", why="cancelled"), False)
+        return done(JobState.CANCELLED, RetryPlan.make(Action.NONE, why="cancelled"), False)
     if cls is C.INVALID:
-        return done(JobState.FAILED, RetryPlan.make("give_up", why="invalid: retrying cannot help"), counted)
+        return done(JobState.FAILED, RetryPlan.make(Action.GIVE_UP, why="invalid: retrying cannot help"), counted)
     prior = [a for a in job.attempts if a.id != attempt.id and a.n < attempt.n]
     history = [(C(a.failure_class) if a.failure_class else None, _recorded_step(a)) for a in prior] + [(cls, ckpt)]
     # A launch onto a full disk: the program never ran, so none of its attempts was used. Counted, three
@@ -81,9 +80,9 @@ def _decide(cfg: Config, job: Job, attempt: Attempt, cls: FailureClass, step: in
         counted = False
     proven = _proven_permanent(cfg, job, cls, prior, history, counted, full_at_launch)
     if proven is not None:
-        return done(JobState.FAILED, RetryPlan.make("give_up", why=proven[1]), counted, proven[0])
+        return done(JobState.FAILED, RetryPlan.make(Action.GIVE_UP, why=proven[1]), counted, proven[0])
     plan = _next_plan(cfg, job, cls, step, report, prior, history, full_at_launch)
-    if plan.action == "give_up":
+    if plan.action is Action.GIVE_UP:
         return done(JobState.FAILED, plan, counted)
     return done(JobState.RETRYABLE_FAILED, plan, counted)
 
@@ -97,7 +96,7 @@ def _proven_permanent(cfg: Config, job: Job, cls: FailureClass, prior: list[Atte
         return None, f"{used} of {job.max_attempts} attempts used"
     ckpt = history[-1][1]
     stalled = _own_failures_without_progress(history)
-    if cls in OWN_FAILURES and cfg.no_progress_attempts and stalled >= cfg.no_progress_attempts:
+    if cls.fault is Fault.RUN and cfg.no_progress_attempts and stalled >= cfg.no_progress_attempts:
         # A 1 s time limit never gets past start-up: free resumes looped for ever (then counted, which made
         # preemptions count too). Now the job's own failures end it once the checkpoint stops advancing.
         at = f"at step {ckpt}" if ckpt is not None else "none"
@@ -109,19 +108,19 @@ def _proven_permanent(cfg: Config, job: Job, cls: FailureClass, prior: list[Atte
         return C.INVALID, (f"invalid: an input was missing at start on {n} consecutive attempts "
                            f"(policy.input_missing_attempts = {cfg.input_missing_attempts})")
     same = sum(1 for a in prior if a.failure_class == cls) + 1
-    cap = cfg.caps.get(cls.value)
+    cap = cfg.caps.get(cls)
     if cap is not None and same > cap and not full_at_launch:
         return None, f"{cls} {same} times (cap {cap})"
     return None
 
 
-def _next_plan(cfg: Config, job: Job, cls: FailureClass, step: int | None, report: dict | None,
+def _next_plan(cfg: Config, job: Job, cls: FailureClass, step: int | None, report: FailureReport | None,
                prior: list[Attempt], history: list[tuple[FailureClass | None, object]],
                full_at_launch: bool) -> RetryPlan:
     """What the next attempt does differently (a ``give_up`` plan when nothing can help, e.g. OOM at the cap)."""
-    auto = cls.value in cfg.auto_requeue
+    auto = cls in cfg.auto_requeue
     run_dir = Path(job.run_dir)
-    plan = RetryPlan.make("resume", auto=auto)
+    plan = RetryPlan.make(Action.RESUME, auto=auto)
     if cls is C.NAN:
         return _nan(cfg, job, run_dir, step, report, plan)
     if cls is C.OOM:
@@ -137,7 +136,7 @@ def _next_plan(cfg: Config, job: Job, cls: FailureClass, step: int | None, repor
         return _backoff(cfg, plan, sum(1 for a in prior if a.failure_class == cls) + 1)
     if cls is C.INPUT_MISSING:
         return _backoff(cfg, plan, _trailing(history, {C.INPUT_MISSING}))
-    if cls in TRANSIENT and (k := _transient_without_progress(history)):
+    if cls.fault is Fault.PLATFORM and (k := _transient_without_progress(history)):
         # preempted again and again at one step (a busy partition): wait longer each time, never give up for it
         return _backoff(cfg, plan, k)
     return plan
@@ -177,9 +176,9 @@ def _own_failures_without_progress(history: list[tuple[FailureClass | None, obje
         cls = history[i][0]
         if _advanced(history, i) is not False:
             break
-        if cls in OWN_FAILURES:
+        if cls is not None and cls.fault is Fault.RUN:
             n += 1
-        elif cls not in TRANSIENT:
+        elif cls is None or cls.fault is not Fault.PLATFORM:
             break
     return n
 
@@ -189,7 +188,8 @@ def _transient_without_progress(history: list[tuple[FailureClass | None, object]
     the attempt before; the first attempt has no earlier one to compare with and never counts."""
     n = 0
     for i in range(len(history) - 1, 0, -1):
-        if history[i][0] not in TRANSIENT or _advanced(history, i) is not False:
+        cls = history[i][0]
+        if cls is None or cls.fault is not Fault.PLATFORM or _advanced(history, i) is not False:
             break
         n += 1
     return n
@@ -226,7 +226,7 @@ def verified_checkpoints(run_dir: Path) -> tuple[list[tuple[int, Path]], list[st
     return good, bad
 
 
-def _nan(cfg: Config, job: Job, run_dir: Path, step: int | None, report: dict | None,
+def _nan(cfg: Config, job: Job, run_dir: Path, step: int | None, report: FailureReport | None,
          plan: RetryPlan) -> RetryPlan:
     """Roll back to the newest verified checkpoint at least K steps before the bad step, LR x0.5."""
     rc = protocol.read_run_config(run_dir)
@@ -238,7 +238,7 @@ def _nan(cfg: Config, job: Job, run_dir: Path, step: int | None, report: dict | 
     overrides: dict[str, Any] = {}
     # The base LR (what --lr set), never the report's scheduled LR of that step: halving a warmup
     # value would compound with the schedule on resume.
-    lr = _num(job.overrides.get("lr")) or _num(rc.get("lr")) or _num((report or {}).get("lr"))
+    lr = _num(job.overrides.get("lr")) or _num(rc.get("lr")) or (report.lr if report is not None else None)
     if lr is not None:
         overrides["lr"] = lr * cfg.nan_lr_factor
     if step is not None:
@@ -247,7 +247,7 @@ def _nan(cfg: Config, job: Job, run_dir: Path, step: int | None, report: dict | 
         prev = int(_num(job.overrides.get("skip_batches")) or _num(rc.get("skip_batches")) or 0)
         overrides["skip_batches"] = prev + max(1, step - resume_step)
     resume = f"{protocol.CHECKPOINTS_DIR}/{good[0][1].name}" if good else "none"
-    return plan.with_(action="rollback", resume=resume, overrides=overrides, quarantine=tuple(quarantine),
+    return plan.with_(action=Action.ROLLBACK, resume=resume, overrides=overrides, quarantine=tuple(quarantine),
                       details={"resume_step": resume_step, "bad_step": step, "lr_before": lr,
                                "corrupt": corrupt})
 
@@ -259,17 +259,17 @@ def _num(v: Any) -> float | None:
 def _oom(cfg: Config, job: Job, plan: RetryPlan) -> RetryPlan:
     mem = job.resources.get("mem_mb")
     if not mem:
-        return RetryPlan.make("give_up", why="out of memory at micro-batch 1 and no --mem to raise")
+        return RetryPlan.make(Action.GIVE_UP, why="out of memory at micro-batch 1 and no --mem to raise")
     new = min(int(mem * cfg.oom_mem_factor), cfg.oom_mem_cap_mb)
     if new <= mem:
-        return RetryPlan.make("give_up", why=f"out of memory at the memory cap ({mem} MB)")
-    return plan.with_(action="more_memory", resources={"mem_mb": new}, details={"mem_mb_before": mem})
+        return RetryPlan.make(Action.GIVE_UP, why=f"out of memory at the memory cap ({mem} MB)")
+    return plan.with_(action=Action.MORE_MEMORY, resources={"mem_mb": new}, details={"mem_mb_before": mem})
 
 
 def _enospc(cfg: Config, run_dir: Path, plan: RetryPlan) -> RetryPlan:
     ckpts, corrupt = verified_checkpoints(run_dir)
     prune = corrupt + [f"{protocol.CHECKPOINTS_DIR}/{p.name}" for _s, p in ckpts[cfg.keep_last_k:]]
-    return plan.with_(action="prune_and_resume", prune=tuple(prune), empty_trash=True,
+    return plan.with_(action=Action.PRUNE_AND_RESUME, prune=tuple(prune), empty_trash=True,
                       details={"keep_last_k": cfg.keep_last_k})
 
 

@@ -31,12 +31,12 @@ from orchestrator.config import Config
 from orchestrator.db import Database
 from orchestrator.errors import DatabaseProblem, IllegalTransition, OrchError
 from orchestrator.filelock import LockTimeout
-from orchestrator.launch import launch, launch_grace_s, launch_group, record_submitted
+from orchestrator.launch import LaunchOutcome, launch, launch_grace_s, launch_group, record_submitted
 from orchestrator.lifecycle import AttemptState, JobState, move_attempt, set_attempt_fields, utcnow
 from orchestrator.metrics import export_after_pass, record_pass
 from orchestrator.models import Attempt, Job, Lease, Sweep
-from orchestrator.observe import PassReport, observe, polled_rows
-from orchestrator.requeue import RequeueTarget, requeue
+from orchestrator.observe import Change, PassReport, observe, polled_rows
+from orchestrator.requeue import RequeueOutcome, RequeueTarget, requeue
 from orchestrator.sweep import launch_queued
 
 __all__ = ["PassReport", "reconcile_pass", "acquire_lease", "release_lease"]
@@ -96,9 +96,9 @@ def reconcile_pass(db: Database, cfg: Config,
         observe(db, cfg, backend, polled_rows(db), rep)
         _launch_queued_tasks(db, cfg, backend, rep)  # after observe: slots this pass freed are used now
         for r in requeue(db, cfg, RequeueTarget.auto()):
-            if r.outcome == "requeued":
+            if r.outcome is RequeueOutcome.REQUEUED:
                 rep.requeued.append(r.name)
-            elif r.outcome == "error":
+            elif r.outcome is RequeueOutcome.ERROR:
                 rep.errors.append(f"{r.name}: {r.reason}")
     finally:
         rep.query_failures += sum(getattr(b, "query_failures", 0) for b in backends.values())
@@ -157,7 +157,7 @@ def _settle_launches(db: Database, cfg: Config, backend: Callable[[str], Backend
                 _stop_overtaken(db, b, r, ext, rep)
             elif ext is not None:
                 record_submitted(db, r.id, ext, backend=b)
-                rep.changed.append({"name": r.name, "to": "submitted", "why": "found by token"})
+                rep.changed.append(Change(r.name, J.SUBMITTED, "found by token"))
             elif r.batch_token:
                 relaunch.setdefault(r.sweep_id, []).append(r.name)
             else:
@@ -195,19 +195,19 @@ def _note_launches(results: dict, rep: PassReport) -> None:
     for name, res in results.items():
         if isinstance(res, OrchError):
             rep.errors.append(str(res))
-        elif res.outcome == "submitted":
-            rep.changed.append({"name": name, "to": "submitted", "why": "launched"})
-        elif res.outcome == "adopted":
-            rep.changed.append({"name": name, "to": "submitted", "why": "found by token after its re-claim"})
+        elif res.outcome is LaunchOutcome.SUBMITTED:
+            rep.changed.append(Change(name, J.SUBMITTED, "launched"))
+        elif res.outcome is LaunchOutcome.ADOPTED:
+            rep.changed.append(Change(name, J.SUBMITTED, "found by token after its re-claim"))
 
 
 def _launch(db: Database, cfg: Config, name: str, b: Backend, rep: PassReport, *, reclaim: bool) -> None:
     try:
         done = launch(db, cfg, name, b, reclaim=reclaim)
-        if done.outcome == "submitted":
-            rep.changed.append({"name": name, "to": "submitted", "why": "submission was lost"})
-        elif done.outcome == "adopted":  # the old launcher submitted after all, while this pass re-claimed
-            rep.changed.append({"name": name, "to": "submitted", "why": "found by token after its re-claim"})
+        if done.outcome is LaunchOutcome.SUBMITTED:
+            rep.changed.append(Change(name, J.SUBMITTED, "submission was lost"))
+        elif done.outcome is LaunchOutcome.ADOPTED:  # the old launcher submitted after all, while this pass re-claimed
+            rep.changed.append(Change(name, J.SUBMITTED, "found by token after its re-claim"))
     except DatabaseProblem:
         raise
     except OrchError as e:
@@ -226,8 +226,8 @@ def _stop_overtaken(db: Database, b: Backend, r: object, ext: str | None, rep: P
                              detail="cancelled during its launch; the backend never had it")
             except IllegalTransition:
                 return
-            rep.changed.append({"name": r.name, "to": "cancelled", "why": "launch never reached the backend"})
+            rep.changed.append(Change(r.name, A.CANCELLED, "launch never reached the backend"))
             return
         set_attempt_fields(s, a, A.STOPPING, external_id=ext)
     b.cancel([AttemptRef(ext, r.token, Path(r.run_dir), r.n, batch=r.batch_token, task=r.task_index)])
-    rep.changed.append({"name": r.name, "to": "stopping", "why": "cancelled during its launch"})
+    rep.changed.append(Change(r.name, A.STOPPING, "cancelled during its launch"))

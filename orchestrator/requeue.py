@@ -10,6 +10,7 @@ stays where it is, the reason recorded as a note ``orch show`` prints, and a lat
 
 from __future__ import annotations
 
+import enum
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -29,14 +30,16 @@ from orchestrator.lifecycle import (
     ATTEMPT_LIVE,
     AttemptState,
     JobState,
+    create_attempt,
     move_attempt,
     move_job,
+    note_held,
     open_attempt,
-    set_attempt_fields,
     utcnow,
 )
-from orchestrator.models import Attempt, Event, Job
+from orchestrator.models import Attempt, Job
 from orchestrator.observe import PassReport, observe, polled_rows
+from orchestrator.plan import Action
 from orchestrator.protocol import FailureClass
 from orchestrator.resumestate import keep_globs
 from orchestrator.rundir import check_run_dir, unverified_leftovers
@@ -71,10 +74,23 @@ class RequeueTarget:
         return self.names is not None
 
 
+class RequeueOutcome(enum.StrEnum):
+    """What a requeue did to one job (``orch requeue`` prints it, with ``_`` as a space)."""
+
+    REQUEUED = "requeued"  # its next attempt was created (and launched, unless the launch then failed)
+    WOULD_REQUEUE = "would_requeue"  # --dry-run: what a requeue would do
+    REFUSED = "refused"  # not requeued, and why (verified, live, a process still runs there, a bad run dir)
+    SKIPPED = "skipped"  # another process requeued or changed it first
+    ERROR = "error"  # something failed for this job only (a transient sbatch error)
+
+
+R = RequeueOutcome
+
+
 @dataclass
 class RequeueResult:
     name: str
-    outcome: str  # requeued | would_requeue | refused | skipped | error
+    outcome: RequeueOutcome
     reason: str = ""
     attempt: int | None = None
     clears: list[str] = field(default_factory=list)
@@ -111,18 +127,18 @@ def requeue(db: Database, cfg: Config, target: RequeueTarget, dry_run: bool = Fa
             if (result := _requeue_one(db, cfg, name, target, dry_run, live)) is not None:
                 results.append(result)
         except IllegalTransition:
-            results.append(RequeueResult(name, "skipped", "another process requeued or changed it first"))
+            results.append(RequeueResult(name, R.SKIPPED, "another process requeued or changed it first"))
         except Refused as e:
             # One bad run dir (a symlink) is that job's refusal, not the whole pass's: raised, it
             # stopped `requeue --failed` and every reconcile pass's auto-requeue for all other jobs.
-            results.append(RequeueResult(name, "refused", str(e)))
+            results.append(RequeueResult(name, R.REFUSED, str(e)))
         except DatabaseProblem:
             raise  # the DB itself: every other job would fail the same way
         except OrchError as e:
-            results.append(RequeueResult(name, "error", str(e)[:300]))
+            results.append(RequeueResult(name, R.ERROR, str(e)[:300]))
         except Exception as e:  # noqa: BLE001 - e.g. a transient sbatch failure: this job only
-            results.append(RequeueResult(name, "error", f"{type(e).__name__}: {str(e)[:300]}"))
-    _launch_created(db, cfg, [r for r in results if r.outcome == "requeued"])
+            results.append(RequeueResult(name, R.ERROR, f"{type(e).__name__}: {str(e)[:300]}"))
+    _launch_created(db, cfg, [r for r in results if r.outcome is R.REQUEUED])
     return results
 
 
@@ -144,11 +160,11 @@ def _launch_created(db: Database, cfg: Config, created: list[RequeueResult]) -> 
         try:
             r.clears = launch(db, cfg, r.name).moved
         except Refused as e:
-            r.outcome, r.reason = "refused", _own_reason(e, r.name)
+            r.outcome, r.reason = R.REFUSED, _own_reason(e, r.name)
         except DatabaseProblem:
             raise
         except OrchError as e:
-            r.outcome, r.reason = "error", str(e)[:300]
+            r.outcome, r.reason = R.ERROR, str(e)[:300]
     for sweep_id, members in by_sweep.items():
         backend_name = rows[members[0].name][1]
         try:
@@ -163,14 +179,14 @@ def _launch_created(db: Database, cfg: Config, created: list[RequeueResult]) -> 
             raise
         except OrchError as e:
             for r in members:
-                r.outcome, r.reason = "error", str(e)[:300]
+                r.outcome, r.reason = R.ERROR, str(e)[:300]
             continue
         for r in members:
             res = done.get(r.name)
             if isinstance(res, Refused):
-                r.outcome, r.reason = "refused", _own_reason(res, r.name)
+                r.outcome, r.reason = R.REFUSED, _own_reason(res, r.name)
             elif isinstance(res, OrchError):
-                r.outcome, r.reason = "error", str(res)[:300]
+                r.outcome, r.reason = R.ERROR, str(res)[:300]
             elif res is not None:
                 r.clears = res.moved
 
@@ -214,17 +230,10 @@ class _LiveScan:
         return self._map.get(os.path.realpath(run_dir), [])
 
 
-HELD = "next attempt held: "
-
-
 def _hold(db: Database, name: str, reason: str) -> None:
-    """Record why the job's next attempt was not launched, as a note (an event that changes no
-    state) ``orch show`` prints; written again only when the reason changed, not on every pass."""
+    """Record why the job's next attempt was not launched (``lifecycle.note_held``)."""
     with db.write() as s:
-        job = get_job(s, name)
-        last = s.scalar(select(Event.reason).where(Event.job_id == job.id).order_by(Event.id.desc()).limit(1))
-        if last != HELD + reason:
-            s.add(Event(job_id=job.id, from_state=job.state.value, to_state=job.state.value, reason=HELD + reason))
+        note_held(s, get_job(s, name), reason)
 
 
 def _requeue_one(db: Database, cfg: Config, name: str, target: RequeueTarget, dry_run: bool,
@@ -235,11 +244,11 @@ def _requeue_one(db: Database, cfg: Config, name: str, target: RequeueTarget, dr
         state, run_dir, outputs = job.state, Path(job.run_dir), list(job.outputs)
         keep = keep_globs(job.resources)
     if state is J.DONE and not target.explicit:
-        return RequeueResult(name, "refused", "verified: done_marker_verified jobs are never rerun")
+        return RequeueResult(name, R.REFUSED, "verified: done_marker_verified jobs are never rerun")
     if state in REQUEUEABLE:
         a = _settle_open_attempt(db, cfg, name)
         if a is not None and a.state in ATTEMPT_LIVE:
-            return RequeueResult(name, "refused", f"attempt {a.n} ({a.external_id or a.state.value}) is still "
+            return RequeueResult(name, R.REFUSED, f"attempt {a.n} ({a.external_id or a.state.value}) is still "
                                                   f"{'stopping' if a.state is A.STOPPING else a.state.value}; "
                                                   "try again when it has exited")
     check_run_dir(cfg, run_dir)
@@ -248,10 +257,10 @@ def _requeue_one(db: Database, cfg: Config, name: str, target: RequeueTarget, dr
         if state is J.DONE and name not in (target.names or ()):
             return None  # a done task of a named sweep, still verified: nothing to do, nothing to say
         if state is J.DONE:
-            return RequeueResult(name, "refused", "verified: done_marker_verified jobs are never rerun")
+            return RequeueResult(name, R.REFUSED, "verified: done_marker_verified jobs are never rerun")
         if not dry_run:
             _mark_verified(db, name)
-        return RequeueResult(name, "refused", "verified: its done marker verifies; never cleared or rerun")
+        return RequeueResult(name, R.REFUSED, "verified: its done marker verifies; never cleared or rerun")
     if state is J.DONE and not dry_run:
         _unverify(db, name, verification)  # named, and its marker no longer verifies
     with db.read() as s:
@@ -262,9 +271,9 @@ def _requeue_one(db: Database, cfg: Config, name: str, target: RequeueTarget, dr
     if state is J.DONE and dry_run:
         state = J.RETRYABLE_FAILED  # what the real requeue would move it to first
     if state not in REQUEUEABLE or (not target.explicit and state is not J.RETRYABLE_FAILED):
-        return RequeueResult(name, "refused", f"job is {state.value}; only failed, retryable_failed or "
+        return RequeueResult(name, R.REFUSED, f"job is {state.value}; only failed, retryable_failed or "
                                               "cancelled jobs can be requeued (cancel a live one first)")
-    action = plan.action if plan and plan.action not in ("give_up", "none") else "resume"
+    action = plan.action if plan and plan.action.retries else Action.RESUME
     if procs := live.in_run_dir(run_dir):
         # Never two live attempts: a process of an earlier attempt (escaped from its session) still
         # runs there and would share the run dir with the next one.
@@ -272,21 +281,20 @@ def _requeue_one(db: Database, cfg: Config, name: str, target: RequeueTarget, dr
                   + (f" and {len(procs) - 5} more" if len(procs) > 5 else "") + "; stop them first")
         if not dry_run:
             _hold(db, name, reason)
-        return RequeueResult(name, "refused", reason)
+        return RequeueResult(name, R.REFUSED, reason)
     if dry_run:
         clears = unverified_leftovers(run_dir, outputs, plan.quarantine if plan else (), keep)
         clears += [p for p in (plan.prune if plan else ()) if p not in clears]
         torn = [f"{rel} ({why})" for rel, why in resumestate.torn(run_dir, keep)]
-        return RequeueResult(name, "would_requeue", action, (last.n + 1) if last else 1, clears, torn)
+        return RequeueResult(name, R.WOULD_REQUEUE, action, (last.n + 1) if last else 1, clears, torn)
     with db.write() as s:
         job = get_job(s, name)
         if job.state is not state:
             raise IllegalTransition("changed")
         move_job(s, job, J.PENDING, f"requeue ({action})")
         n = (max(a.n for a in job.attempts) + 1) if job.attempts else 1
-        s.add(Attempt(job_id=job.id, n=n, token=new_token(), state=A.PENDING, backend=job.backend,
-                      plan=plan if plan and plan.action not in ("give_up", "none") else None))
-    return RequeueResult(name, "requeued", action, n)  # launched by _launch_created
+        create_attempt(s, job, n, new_token(), plan=plan if plan and plan.action.retries else None)
+    return RequeueResult(name, R.REQUEUED, action, n)  # launched by _launch_created
 
 
 def _unverify(db: Database, name: str, v: protocol.Verification) -> None:
@@ -300,10 +308,8 @@ def _unverify(db: Database, name: str, v: protocol.Verification) -> None:
         job = get_job(s, name)
         if job.state is not J.DONE:
             raise IllegalTransition("changed")
-        last = job.attempts[-1] if job.attempts else None
-        if last is not None:
-            set_attempt_fields(s, last, last.state, failure_class=cls,
-                               detail=f"{cls.value} after verification: {v}"[:2000])
+        # The class is the job's event, not its last attempt's: that attempt did succeed (its result broke
+        # later), and stamped marker_corrupt it read as a failed attempt in orch show (issue 18).
         move_job(s, job, J.RETRYABLE_FAILED, f"{cls.value}: its marker no longer verifies ({v})"[:2000])
 
 

@@ -9,7 +9,7 @@ DB is at ``STATUS_REVISION``; anything else (a DB to create or upgrade, a home o
 PostgreSQL, any sqlite3 error) falls back to the slow path, which reports problems as every
 command does. No SQL is ever read from a file.
 
-Imports only the stdlib, ``orchestrator.protocol`` and stdlib-only orch modules (config, lifecycle,
+Imports only the stdlib, ``orchestrator.protocol`` and stdlib-only orch modules (config, states,
 progressvalues) at module level.
 """
 
@@ -25,8 +25,8 @@ from typing import Any
 
 from orchestrator import protocol
 from orchestrator.config import Config, sqlite_path
-from orchestrator.lifecycle import JobState
 from orchestrator.progressvalues import plausible
+from orchestrator.states import JobState
 
 SLOW_MIN_SAMPLES = 5
 
@@ -123,14 +123,14 @@ def group_by_sweep(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
 # one schema: change models.py or status_select and that test prints the new text to paste here.
 # Never read from disk: the earlier cache file ($ORCH_HOME/cache/status-sql.json) ran whatever SQL a hand
 # edit put in it (an ATTACH created files), since a file's SQL cannot be trusted without recompiling it.
-STATUS_REVISION = "0005"
+STATUS_REVISION = "0006"
 _SELECT = ("SELECT jobs.name, jobs.state, jobs.backend, jobs.run_dir, anon_1.count, attempts.external_id, "
            "attempts.failure_class, attempts.n, attempts.restarts, sweeps.name AS sweep, jobs.task_index, "
            "attempts.state AS attempt_state \nFROM jobs LEFT OUTER JOIN (SELECT attempts.job_id AS job_id, "
            "max(attempts.n) AS n, count(*) AS count \nFROM attempts GROUP BY attempts.job_id) AS anon_1 ON "
            "anon_1.job_id = jobs.id LEFT OUTER JOIN attempts ON attempts.job_id = jobs.id AND attempts.n = "
            "anon_1.n LEFT OUTER JOIN sweeps ON sweeps.id = jobs.sweep_id")
-_BY_STATE = " \nWHERE jobs.state" + " = ? ORDER BY jobs.id"  # in two: test_lifecycle greps for state writers
+_BY_STATE = " \nWHERE jobs.state = ? ORDER BY jobs.id"
 STATUS_SQL = {"all": _SELECT + " ORDER BY jobs.id", "state": _SELECT + _BY_STATE}
 STATUS_KEYS = ("name", "state", "backend", "run_dir", "count", "external_id", "failure_class", "n", "restarts",
                "sweep", "task_index", "attempt_state")

@@ -18,6 +18,7 @@ from orchestrator.jobs import attempt_ref, expand_names, get_job
 from orchestrator.lifecycle import (
     AttemptState,
     JobState,
+    StopReason,
     move_attempt,
     move_job,
     open_attempt,
@@ -49,9 +50,9 @@ def cancel(db: Database, cfg: Config, names: list[str]) -> list[tuple[str, str]]
                 if a.state is A.PENDING:
                     move_attempt(s, a, A.CANCELLED, failure_class="cancelled", detail="cancelled before launch")
                 elif a.state is A.STOPPING:
-                    set_attempt_fields(s, a, A.STOPPING, stop_reason="cancel")
+                    set_attempt_fields(s, a, A.STOPPING, stop_reason=StopReason.CANCEL)
                 else:
-                    move_attempt(s, a, A.STOPPING, stop_reason="cancel", stop_requested_at=utcnow())
+                    move_attempt(s, a, A.STOPPING, stop_reason=StopReason.CANCEL, stop_requested_at=utcnow())
                 if a.external_id:
                     to_stop.setdefault(job.backend, []).append((name, attempt_ref(a, job)))
             move_job(s, job, J.CANCELLED, "orch cancel")

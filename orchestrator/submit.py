@@ -25,8 +25,8 @@ from orchestrator.db import Database
 from orchestrator.errors import AlreadyVerified, Refused
 from orchestrator.jobs import environment_id, get_job, names_taken
 from orchestrator.launch import Launched, launch
-from orchestrator.lifecycle import AttemptState, JobState
-from orchestrator.models import Attempt, Job
+from orchestrator.lifecycle import JobState, create_attempt, create_job
+from orchestrator.models import Job
 from orchestrator.rundir import check_run_dir, ensure_runs_root, run_dir_for
 
 
@@ -67,12 +67,10 @@ def submit(db: Database, cfg: Config, req: SubmitRequest) -> Job:
         if names_taken(s, [req.name]):
             raise Refused(f"refused: {req.name!r} already exists (a job or a sweep); use `orch requeue {req.name}`")
         testhooks.site("names_checked")
-        job = Job(name=req.name, state=JobState.PENDING, backend=req.backend, run_dir=str(run_dir),
-                  command=list(req.command), resources=dict(req.resources), outputs=list(req.outputs),
-                  max_attempts=req.max_attempts, env_id=environment_id(s, os.environ))
-        s.add(job)
-        s.flush()
-        s.add(Attempt(job_id=job.id, n=1, token=new_token(), state=AttemptState.PENDING, backend=req.backend))
+        job = create_job(s, JobState.PENDING, name=req.name, backend=req.backend, run_dir=str(run_dir),
+                         command=list(req.command), resources=dict(req.resources), outputs=list(req.outputs),
+                         max_attempts=req.max_attempts, env_id=environment_id(s, os.environ))
+        create_attempt(s, job, 1, new_token())
     req.launched = launch(db, cfg, job.name, get_backend(req.backend))
     with db.read() as s:
         job = get_job(s, req.name)

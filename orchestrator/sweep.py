@@ -36,8 +36,8 @@ from orchestrator.errors import AlreadyVerified, DatabaseProblem, OrchError, Ref
 from orchestrator.filelock import LockTimeout
 from orchestrator.jobs import environment_id, names_taken
 from orchestrator.launch import Launched, launch, launch_group
-from orchestrator.lifecycle import ATTEMPT_LIVE, AttemptState, JobState
-from orchestrator.models import Attempt, Event, Job, Sweep
+from orchestrator.lifecycle import ATTEMPT_LIVE, AttemptState, JobState, create_attempt, create_job
+from orchestrator.models import Attempt, Job, Sweep
 from orchestrator.rundir import check_run_dir, ensure_runs_root, run_dir_for
 from orchestrator.submit import live_processes, new_token
 
@@ -235,18 +235,13 @@ def submit_sweep(db: Database, cfg: Config, req: SweepRequest) -> Sweep:
         env_id = environment_id(s, os.environ)
         for i, (n, cmd) in enumerate(zip(names, commands, strict=True)):
             done = n in verified
-            job = Job(name=n, state=JobState.DONE if done else JobState.PENDING, backend=req.backend,
-                      run_dir=str(run_dir_for(cfg, n)), command=cmd, resources=dict(req.resources),
-                      outputs=list(req.outputs), max_attempts=req.max_attempts, sweep_id=sweep.id, task_index=i,
-                      env_id=env_id)
-            s.add(job)
-            s.flush()
-            if done:
-                s.add(Event(job_id=job.id, from_state=None, to_state=JobState.DONE.value,
-                            reason="its run dir's marker verified at sweep submission"))
-            else:
-                s.add(Attempt(job_id=job.id, n=1, token=new_token(), state=AttemptState.PENDING,
-                              backend=req.backend))
+            job = create_job(s, JobState.DONE if done else JobState.PENDING,
+                             "its run dir's marker verified at sweep submission" if done else "",
+                             name=n, backend=req.backend, run_dir=str(run_dir_for(cfg, n)), command=cmd,
+                             resources=dict(req.resources), outputs=list(req.outputs),
+                             max_attempts=req.max_attempts, sweep_id=sweep.id, task_index=i, env_id=env_id)
+            if not done:
+                create_attempt(s, job, 1, new_token())
         sweep_id = sweep.id
     try:
         launch_queued(db, cfg, backend, sweep_id)

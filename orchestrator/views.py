@@ -12,7 +12,7 @@ from orchestrator import protocol
 from orchestrator.config import Config
 from orchestrator.db import Database
 from orchestrator.jobs import attempt_ref, attempt_view, get_job
-from orchestrator.lifecycle import ATTEMPT_LIVE, AttemptState, JobState
+from orchestrator.lifecycle import ATTEMPT_LIVE, AttemptState, JobState, held_reason
 from orchestrator.models import Attempt, Event, Job
 from orchestrator.resumestate import launch_record
 from orchestrator.statusview import group_by_sweep, make_row, status_select
@@ -30,7 +30,8 @@ def status_rows(db: Database, cfg: Config, state: str | None = None) -> list[dic
         return [make_row(r._mapping, cfg) for r in s.execute(status_select(state))]
 
 
-def show_job(db: Database, name: str) -> dict[str, Any]:
+def show_job(db: Database, name: str, events: bool = False) -> dict[str, Any]:
+    """The job, its attempts and what the run dir holds; ``events``: also its history (``history``)."""
     with db.read() as s:
         job = get_job(s, name)
         d = {
@@ -44,6 +45,8 @@ def show_job(db: Database, name: str) -> dict[str, Any]:
             "attempts": [attempt_view(a) for a in job.attempts],
             "held": _held(s, job),
         }
+        if events:
+            d["events"] = history(s, job)
         last = job.attempts[-1].n if job.attempts else None
     # Beyond the DB: what orch leaves alone in the run dir, and job-written records it refused.
     report = protocol.inspect_run_dir(d["run_dir"], last)
@@ -60,6 +63,15 @@ def show_job(db: Database, name: str) -> dict[str, Any]:
         d["last_step"] = prog.get("step")
     d["preemptions"] = _preemptions(d["attempts"])
     return d
+
+
+def history(s: Any, job: Job) -> list[dict[str, Any]]:
+    """Every event of the job, oldest first: its own moves and notes (``attempt`` None) and each attempt's
+    moves (``attempt``: its number; events before migration 0006 have none for attempts)."""
+    numbers = {a.id: a.n for a in job.attempts}
+    rows = s.scalars(select(Event).where(Event.job_id == job.id).order_by(Event.id))
+    return [{"at": e.at.isoformat(timespec="seconds") + "Z", "attempt": numbers.get(e.attempt_id),
+             "from": e.from_state, "to": e.to_state, "reason": e.reason} for e in rows]
 
 
 def _preemptions(attempts: list[dict[str, Any]]) -> dict[str, int]:
@@ -79,9 +91,9 @@ def _held(s: Any, job: Job) -> str | None:
     """Why the job's next attempt was not launched (requeue's latest note), while it still waits."""
     if job.state not in (JobState.RETRYABLE_FAILED, JobState.FAILED, JobState.CANCELLED):
         return None
-    ev = s.scalar(select(Event).where(Event.job_id == job.id).order_by(Event.id.desc()).limit(1))
-    held = ev is not None and ev.from_state == ev.to_state and ev.reason.startswith("next attempt held: ")
-    return ev.reason if held else None  # the prefix is requeue.HELD (not imported: requeue pulls in backends)
+    ev = s.scalar(select(Event).where(Event.job_id == job.id, Event.attempt_id.is_(None))
+                  .order_by(Event.id.desc()).limit(1))
+    return held_reason(ev)
 
 
 def log_paths(db: Database, name: str, n: int | None) -> tuple[list[Path], Callable[[], bool]]:

@@ -117,13 +117,13 @@ class Supervisor:
         self.warning = getattr(signal, "SIG" + warning_signal)
         self.under_slurm = under_slurm
         self.stop_signal: str | None = None  # the first stop the program got (never an --outputs marker)
-        self.stop_source: str | None = None
+        self.stop_source: protocol.StopSource | None = None
         self.notice: str | None = None  # the spot notice that caused the stop
         # The spot watcher notes a stop from its own thread; reentrant, since a signal handler runs
         # on the main thread between any two bytecodes, even one inside this lock.
         self._lock = threading.RLock()
 
-    def _note(self, sig: int, source: str) -> None:
+    def _note(self, sig: int, source: protocol.StopSource) -> None:
         with self._lock:
             if self.stop_signal is None:
                 self.stop_signal, self.stop_source = signal.Signals(sig).name.removeprefix("SIG"), source
@@ -137,10 +137,10 @@ class Supervisor:
     def on_signal(self, signum: int, _frame: object) -> None:
         if signum == signal.SIGUSR2:
             # The scheduler's early warning (--signal=B:USR2@lead reaches the batch process only).
-            self._note(self.warning, "warning")
+            self._note(self.warning, protocol.StopSource.WARNING)
             self._send(self.warning)
         elif signum in (signal.SIGTERM, signal.SIGINT):
-            self._note(signum, "signal")
+            self._note(signum, protocol.StopSource.SIGNAL)
             if not self.under_slurm:
                 # Slurm signals every process of the job itself (preemption, scancel, time limit):
                 # a second copy from us hit a program that exits in its handler (measured).
@@ -157,7 +157,7 @@ class Supervisor:
             if self.stop_signal is not None or not self._running():
                 return
             self.notice = str(notice)[:500]
-            self._note(signal.SIGTERM, "spot_notice")
+            self._note(signal.SIGTERM, protocol.StopSource.SPOT_NOTICE)
             self._send(signal.SIGTERM)
 
     def _running(self) -> bool:
@@ -180,7 +180,7 @@ class Supervisor:
             except subprocess.TimeoutExpired:
                 if not timed_out:
                     timed_out = True
-                    self._note(signal.SIGTERM, "time_limit")
+                    self._note(signal.SIGTERM, protocol.StopSource.TIME_LIMIT)
                     self._send(signal.SIGTERM)
                     deadline = time.monotonic() + kill_grace
                 else:
@@ -361,9 +361,9 @@ def _note_pending_stops(sup: Supervisor) -> None:
     pending = signal.sigpending() & STOPS
     for s in sorted(pending):
         if s == signal.SIGUSR2:
-            sup._note(sup.warning, "warning")
+            sup._note(sup.warning, protocol.StopSource.WARNING)
         else:
-            sup._note(s, "signal")
+            sup._note(s, protocol.StopSource.SIGNAL)
 
 
 def _refusal(rc: int, sup: Supervisor, stop: protocol.StopRecord | None, disk_full: bool) -> str | None:

@@ -145,10 +145,10 @@ def _emit(obj: Any) -> None:
     click.echo(json.dumps(obj, indent=1, sort_keys=True, default=str))
 
 
-def _show(db: Any, name: str) -> dict[str, Any]:
+def _show(db: Any, name: str, events: bool = False) -> dict[str, Any]:
     from orchestrator.views import show_job
 
-    return show_job(db, name)
+    return show_job(db, name, events=events)
 
 
 @click.group(cls=OrchGroup, context_settings={"help_option_names": ["-h", "--help"]})

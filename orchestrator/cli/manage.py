@@ -42,7 +42,7 @@ def reconcile(watch: float | None, as_json: bool) -> None:
         else:
             if not rep.ran:
                 click.echo("another reconciler holds the lease; nothing done", err=True)
-            for c in rep.changed:
+            for c in (ch.as_dict() for ch in rep.changed):
                 click.echo(f"{c['name']}: -> {c['to']}" + "".join(f" {k}={c[k]}" for k in ("class", "action", "why")
                                                                  if c.get(k)))
             for n in rep.requeued:
@@ -75,7 +75,7 @@ def requeue(names: tuple[str, ...], failed: bool, dry_run: bool, as_json: bool) 
     if bool(names) == failed:
         raise click.UsageError("give job NAMEs or --failed (not both)")
     from orchestrator.errors import OrchError, Refused
-    from orchestrator.requeue import RequeueTarget
+    from orchestrator.requeue import RequeueOutcome, RequeueTarget
     from orchestrator.requeue import requeue as do_requeue
 
     cfg, db = _ctx()
@@ -88,14 +88,14 @@ def requeue(names: tuple[str, ...], failed: bool, dry_run: bool, as_json: bool) 
             click.echo("no retryable_failed jobs")
         for r in results:
             extra = f" as attempt {r.attempt}" if r.attempt else ""
-            clears = f"; clears {', '.join(r.clears)}" if r.clears and r.outcome != "refused" else ""
-            if r.sets_aside and r.outcome != "refused":
+            clears = f"; clears {', '.join(r.clears)}" if r.clears and r.outcome is not RequeueOutcome.REFUSED else ""
+            if r.sets_aside and r.outcome is not RequeueOutcome.REFUSED:
                 clears += f"; sets aside {', '.join(r.sets_aside)}"
-            click.echo(f"{r.name}: {r.outcome.replace('_', ' ')}{extra} ({r.reason}){clears}")
-    errors = [r for r in results if r.outcome == "error"]
+            click.echo(f"{r.name}: {r.outcome.value.replace('_', ' ')}{extra} ({r.reason}){clears}")
+    errors = [r for r in results if r.outcome is RequeueOutcome.ERROR]
     if errors:  # issue 9: a launch error printed "error" and exited 0
         raise OrchError("; ".join(f"{r.name}: {r.reason}" for r in errors))
-    refused = [r for r in results if r.outcome == "refused"]
+    refused = [r for r in results if r.outcome is RequeueOutcome.REFUSED]
     if names and refused:
         raise Refused("refused: " + "; ".join(f"{r.name}: {r.reason}" for r in refused))
 

@@ -70,9 +70,10 @@ def _cell(v: Any) -> str:
 @main.command()
 @click.argument("name")
 @click.option("--json", "as_json", is_flag=True)
-def show(name: str, as_json: bool) -> None:
+@click.option("--events", is_flag=True, help="Also the history: every move of the job and of each attempt.")
+def show(name: str, as_json: bool, events: bool) -> None:
     """A job and every attempt: backend id, state, failure class, action taken, times (or a sweep:
-    its counts and tasks)."""
+    its counts and tasks). ``--events``: also every move of the job and its attempts, oldest first."""
     from orchestrator.views import show_sweep
 
     _cfg, db = _ctx()
@@ -87,7 +88,7 @@ def show(name: str, as_json: bool) -> None:
         for t in sw["task_list"]:
             _say(f"  {t['name']}: {t['state']}  {json.dumps(sw['params'][t['task']], sort_keys=True)}")
         return
-    d = _show(db, name)
+    d = _show(db, name, events=events)
     if as_json:
         _emit(d)
         return
@@ -123,6 +124,12 @@ def show(name: str, as_json: bool) -> None:
         _say(f"  left in place (not orch's): checkpoints/{', checkpoints/'.join(d['foreign_checkpoint_files'])}")
     for problem in d.get("problems") or []:
         _say(f"  problem: {problem}")
+    if events:
+        _say("  events:")
+        for e in d["events"]:
+            who = "job" if e["attempt"] is None else f"attempt {e['attempt']}"
+            move = f"{e['from'] or '(created)'} -> {e['to']}" if e["from"] != e["to"] else "note"
+            _say(f"    {e['at']}  {who}: {move}" + (f"  ({e['reason']})" if e["reason"] else ""))
 
 
 def _say(line: str) -> None:

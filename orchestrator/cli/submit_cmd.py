@@ -31,6 +31,7 @@ def submit(name: str | None, wait: bool, as_json: bool, command: tuple[str, ...]
     is unverified is moved to the trash and verified checkpoints are kept for resume.
     """
     backend, resources, max_attempts, outputs = job_settings(opts)
+    from orchestrator.launch import LaunchOutcome
     from orchestrator.submit import SubmitRequest
     from orchestrator.submit import submit as do_submit
 
@@ -41,7 +42,7 @@ def submit(name: str | None, wait: bool, as_json: bool, command: tuple[str, ...]
     if max_attempts is None:
         req.max_attempts = cfg.max_attempts
     job = do_submit(db, cfg, req)
-    if req.launched is not None and req.launched.outcome == "lost_claim":
+    if req.launched is not None and req.launched.outcome is LaunchOutcome.LOST_CLAIM:
         # Stopped (Ctrl-Z) or stalled past the launch grace: a reconciler re-claimed the launch (fencing).
         click.echo(f"orch: {job.name}: {req.launched.detail or LOST_BEFORE_SUBMIT}", err=True)
     if not as_json:

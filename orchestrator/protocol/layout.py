@@ -10,6 +10,7 @@ import hashlib
 import json
 import re
 from collections.abc import Mapping
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -117,8 +118,79 @@ class FailureClass(enum.StrEnum):
     NO_PROGRESS = "no_progress"
     KILLED = "killed"
 
+    # What the policy does with a class, on two axes (as Ray's exit types): whose failure it was (``fault``),
+    # and the retry defaults orch.toml's [policy] may change (``auto_requeue``, ``counted``, ``cap``).
+    @property
+    def fault(self) -> Fault:
+        return _TRAITS[self][0]
+
+    @property
+    def auto_requeue(self) -> bool:
+        """The reconciler requeues it by itself (default of ``policy.auto_requeue``)."""
+        return _TRAITS[self][1].auto
+
+    @property
+    def counted(self) -> bool:
+        """It counts against --max-attempts (default; ``policy.uncounted`` lists the others)."""
+        return _TRAITS[self][1].counted
+
+    @property
+    def cap(self) -> int | None:
+        """At most this many attempts end with it (default of ``policy.caps``); None: no cap."""
+        return _TRAITS[self][1].cap
+
+
+class Fault(enum.StrEnum):
+    """Whose failure a class is: the first axis of the policy."""
+
+    PLATFORM = "platform"  # the capacity went away (preemption, a node): never counted, whatever orch.toml says
+    RUN = "run"  # the program's own run failed (time, memory, code, liveness): the no-progress guard counts these
+    OTHER = "other"  # data, outputs, input, orch's own reasons: the policy handles each by its class
+
+
+@dataclass(frozen=True)
+class Retry:
+    """The second axis: what a retry of the class gets by default."""
+
+    auto: bool  # the reconciler requeues by itself
+    counted: bool  # counts against --max-attempts
+    cap: int | None = None  # at most this many attempts of the class (uncounted ones too: a loop is a bug)
+
+
+_C, _F = FailureClass, Fault
+_TRAITS: dict[FailureClass, tuple[Fault, Retry]] = {
+    _C.PREEMPTED: (_F.PLATFORM, Retry(auto=True, counted=False, cap=100)),
+    _C.NODE_FAIL: (_F.PLATFORM, Retry(auto=True, counted=False, cap=20)),
+    _C.TIMEOUT: (_F.RUN, Retry(auto=True, counted=False, cap=50)),
+    _C.OOM: (_F.RUN, Retry(auto=True, counted=True, cap=3)),
+    _C.HANG: (_F.RUN, Retry(auto=True, counted=True, cap=3)),
+    _C.KILLED: (_F.RUN, Retry(auto=True, counted=True, cap=3)),  # issue 17: auto, backed off like crash
+    _C.CRASH: (_F.RUN, Retry(auto=False, counted=True, cap=3)),
+    _C.NAN: (_F.OTHER, Retry(auto=True, counted=True, cap=3)),
+    _C.ENOSPC: (_F.OTHER, Retry(auto=True, counted=True, cap=2)),
+    # Bounded by policy.input_missing_attempts instead (an NFS hiccup is not the job's fault).
+    _C.INPUT_MISSING: (_F.OTHER, Retry(auto=True, counted=False)),
+    _C.INVALID: (_F.OTHER, Retry(auto=False, counted=True)),
+    _C.MARKER_MISSING: (_F.OTHER, Retry(auto=False, counted=True)),
+    _C.MARKER_CORRUPT: (_F.OTHER, Retry(auto=False, counted=True)),
+    _C.CANCELLED: (_F.OTHER, Retry(auto=False, counted=True)),  # the policy decides it apart: never counted
+    _C.UNKNOWN: (_F.OTHER, Retry(auto=False, counted=True)),
+    _C.NO_PROGRESS: (_F.OTHER, Retry(auto=False, counted=True)),
+}
 
 FAILURE_CLASSES = tuple(c.value for c in FailureClass)
+
+
+class StopSource(enum.StrEnum):
+    """Who stopped the program, as the job wrapper records it (``exit.json``'s ``stop_source``)."""
+
+    TIME_LIMIT = "time_limit"  # the wrapper's own --time limit ran out
+    WARNING = "warning"  # the scheduler's early warning before its time limit (Slurm --signal)
+    SIGNAL = "signal"  # a SIGTERM/SIGINT reached the wrapper: preemption, scancel, a user
+    SPOT_NOTICE = "spot_notice"  # a cloud's spot interruption notice
+
+
+TIME_LIMIT_SOURCES = frozenset({StopSource.TIME_LIMIT, StopSource.WARNING})  # a stop of these is a timeout
 
 # Exit codes of the bundled trainer (documented in the README). A job that wrote failure.json is
 # classified from it; the code is only a fallback for readers that cannot see the run dir.

@@ -38,6 +38,8 @@ from orchestrator.protocol.layout import (
     RESULT_DIR,
     RUN_CONFIG,
     STOP_FILE,
+    FailureClass,
+    StopSource,
     UnsafePath,
     attempt_dir,
     now_iso,
@@ -97,21 +99,57 @@ def last_attempt_command(run_dir: Path | str) -> tuple[int, list[str]] | None:
     return n, argv
 
 
+@dataclass(frozen=True)
+class FailureReport:
+    """``failure.json`` as orch reads it: the program's own word on why its attempt stopped."""
+
+    cls: FailureClass
+    step: int | None = None  # None when absent or out of range
+    detail: str = ""
+    lr: float | None = None  # the learning rate at that step, if the program said (a NaN rollback's fallback)
+
+    @classmethod
+    def parse(cls, r: object) -> FailureReport | None:
+        """The one parse of a failure report (the file is the job's to write): None unless it is an object
+        naming a known class; a step or lr of the wrong type or range reads as None."""
+        if not isinstance(r, Mapping) or r.get("class") not in FAILURE_CLASSES:
+            return None
+        step = r.get("step")
+        # A step outside [0, 2**31) would overflow attempts.failure_step (INTEGER: 64-bit on SQLite, 32-bit
+        # on PostgreSQL) and crash every reconciler pass (tests/reliability, R4: {"step": 10**30}); a
+        # negative one made the NaN rollback quarantine every checkpoint.
+        step = step if step is not None and is_int(step, 0, MAX_DB_INT) else None
+        # PostgreSQL refuses a NUL in text (SQLite stores it): one report with "\u0000" failed every pass.
+        detail = str(r.get("detail", ""))[:2000].replace("\x00", "\\x00")
+        return cls(FailureClass(r["class"]), step, detail, finite_number(r.get("lr")))
+
+
+def read_failure_report(run_dir: Path | str, attempt: int) -> FailureReport | None:
+    """The attempt's failure report, typed; None when absent or malformed (never raises)."""
+    path = attempt_dir(run_dir, attempt) / FAILURE_FILE
+    try:
+        return FailureReport.parse(read_json_bounded(path, limit=FAILURE_LIMIT))
+    except (OSError, ValueError):
+        return None
+
+
 def _read_failure_at(path: Path) -> dict | None:
+    """The report as a dict (the kit's and tests' view): the raw object with step and detail as parsed."""
     try:
         r = read_json_bounded(path, limit=FAILURE_LIMIT)
     except (OSError, ValueError):
         return None
-    if not isinstance(r, dict) or r.get("class") not in FAILURE_CLASSES:
+    rep = FailureReport.parse(r)
+    if rep is None:
         return None
-    # A step outside [0, 2**31) would overflow attempts.failure_step (INTEGER: 64-bit on SQLite, 32-bit
-    # on PostgreSQL) and crash every reconciler pass (tests/reliability, R4: {"step": 10**30}); a
-    # negative one made the NaN rollback quarantine every checkpoint.
-    if r.get("step") is not None and not is_int(r.get("step"), 0, MAX_DB_INT):
-        r["step"] = None
-    # PostgreSQL refuses a NUL in text (SQLite stores it): one report with "\u0000" failed every pass.
-    r["detail"] = str(r.get("detail", ""))[:2000].replace("\x00", "\\x00")
-    return r
+    return {**r, "step": rep.step, "detail": rep.detail}
+
+
+_STOP_SOURCES = frozenset(s.value for s in StopSource)
+
+
+def _stop_source(v: object) -> StopSource | None:
+    return StopSource(v) if isinstance(v, str) and v in _STOP_SOURCES else None
 
 
 def set_aside(path: Path) -> Path | None:
@@ -255,8 +293,7 @@ class ExitRecord:
     restart_count: int = 0
     time_limit_reached: bool = False
     stop_signal: str | None = None
-    # "time_limit", "warning" (scheduler's early warning), "signal", "spot_notice" (a cloud's notice)
-    stop_source: str | None = None
+    stop_source: StopSource | None = None  # an unknown word reads as None
     notice: str | None = None  # the spot notice behind a "spot_notice" stop, e.g. "aws: terminate at ..."
     marker_error: str | None = None
     error: str | None = None
@@ -325,7 +362,7 @@ def _read_exit_at(path: Path, token: str | None) -> ExitRecord | None:
         restart_count=r["restart_count"] if is_int(r.get("restart_count"), 0, 10**6) else 0,
         time_limit_reached=r.get("time_limit_reached") is True,
         stop_signal=text("stop_signal"),
-        stop_source=text("stop_source"),
+        stop_source=_stop_source(r.get("stop_source")),
         notice=text("notice"),
         marker_error=text("marker_error"),
         error=text("error"),
@@ -471,7 +508,7 @@ def restart_history(run_dir: Path | str, attempt: int, token: str | None = None)
             continue
         if failure is not None:
             cls, step = failure["class"], failure.get("step")
-        elif ended.time_limit_reached or ended.stop_source == "time_limit":
+        elif ended.time_limit_reached or ended.stop_source is StopSource.TIME_LIMIT:
             cls, step = "timeout", None
         else:
             cls, step = ("preempted" if ended.stop_signal else "unknown"), None

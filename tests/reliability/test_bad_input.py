@@ -532,7 +532,7 @@ def test_reconcile_survives_a_hostile_failure_json(tmp_path: Path, case: str, cl
     hostile = cfg.runs_root / "hostile"
     (protocol.attempt_dir(hostile, 1) / "failure.json").write_bytes(HOSTILE_FAILURES[case])
     rep = reconcile_pass(db, cfg, backend_for=lambda _n: backend)
-    changed = {c["name"]: c for c in rep.changed}
+    changed = {c["name"]: c for c in rep.as_dict()["changed"]}
     assert set(changed) == {"hostile", "bystander"}, rep.as_dict()
     assert changed["bystander"]["to"] == "retryable_failed"
     assert changed["hostile"]["class"] in protocol.FAILURE_CLASSES

@@ -271,7 +271,7 @@ def _failed_job(home: Path, backend: RecordingBackend, outside: Path) -> None:
     backend.outcome = Outcome(Phase.EXITED, exit_code=1)  # attempt 1 crashed
     rep = reconcile_pass(db, cfg, backend_for=lambda _n: backend)
     backend.outcome = Outcome(Phase.RUNNING)  # every later attempt runs
-    assert [c["to"] for c in rep.changed] == ["retryable_failed"], rep.as_dict()
+    assert [c.to for c in rep.changed] == ["retryable_failed"], rep.as_dict()
     db.engine.dispose()
 
 

@@ -16,7 +16,7 @@ import pytest
 from orchestrator.backends.base import Outcome, Phase
 from orchestrator.backends.slurm.states import STATE_CAUSE
 from orchestrator.classify import classify
-from orchestrator.protocol import FAILURE_CLASSES, ExitRecord, FailureClass, MarkerStatus, Verification
+from orchestrator.protocol import FAILURE_CLASSES, ExitRecord, FailureClass, FailureReport, MarkerStatus, Verification
 
 ABSENT = Verification(MarkerStatus.ABSENT, "no done.json")
 CORRUPT = Verification(MarkerStatus.CORRUPT, "result/model.pt sha256 mismatch")
@@ -95,7 +95,7 @@ ROWS = [
 @pytest.mark.parametrize("outcome,report,verification,preset,cls,detail", [r[1:] for r in ROWS],
                          ids=[r[0] for r in ROWS])
 def test_classify_row(outcome, report, verification, preset, cls, detail):
-    c = classify(outcome, report, verification, stop_reason=preset)
+    c = classify(outcome, FailureReport.parse(report), verification, stop_reason=preset)
     assert c.cls == cls
     assert c.cls in FAILURE_CLASSES
     assert detail in c.detail
@@ -129,17 +129,18 @@ def test_classify_with_the_wrappers_record(outcome, record, cls, detail):
 
 
 def test_orch_cancel_is_cancelled_whatever_the_job_reports():
-    c = classify(exited(143), {"class": "preempted", "step": 9}, ABSENT, stop_reason="cancel")
+    c = classify(exited(143), FailureReport.parse({"class": "preempted", "step": 9}), ABSENT, stop_reason="cancel")
     assert (c.cls, c.step) == (FailureClass.CANCELLED, 9)
 
 
 def test_a_preempted_report_after_the_wrappers_warning_is_a_timeout():
-    c = classify(exited(143), {"class": "preempted", "step": 9}, ABSENT, exit_record=stopped(143, "warning", "USR2"))
+    c = classify(exited(143), FailureReport.parse({"class": "preempted", "step": 9}), ABSENT,
+                 exit_record=stopped(143, "warning", "USR2"))
     assert c.cls is FailureClass.TIMEOUT
 
 
 def test_report_step_is_carried_only_from_the_report():
-    assert classify(exited(3), {"class": "nan", "step": 412}, ABSENT).step == 412
+    assert classify(exited(3), FailureReport.parse({"class": "nan", "step": 412}), ABSENT).step == 412
     assert classify(exited(1), None, ABSENT).step is None
 
 

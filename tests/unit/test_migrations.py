@@ -246,3 +246,46 @@ def test_migration_0002_rewrites_every_row_in_the_old_encodings(tmp_path, monkey
     plan = RetryPlan.from_dict(json.loads(planned.plan_json))
     assert (plan.resume, plan.quarantine) == ("checkpoints/step-00000010", ("checkpoints/step-00000012",))
     assert "one_shot" not in json.loads(planned.plan_json)
+
+
+def test_a_0005_db_with_history_upgrades_to_attempt_events_and_shows_it(tmp_path, monkeypatch):
+    """0006 adds events.attempt_id: the old events (all the job's own) stay, read as the job's, and the next
+    attempt move writes the first attempt event (issue 18)."""
+    from sqlalchemy import create_engine
+
+    from orchestrator.db import alembic_config, make_engine
+    from orchestrator.jobs import get_job
+    from orchestrator.lifecycle import AttemptState, move_attempt
+    from orchestrator.views import history
+
+    monkeypatch.setenv("ORCH_HOME", str(tmp_path / "home"))
+    monkeypatch.delenv("ORCH_DB_URL", raising=False)
+    cfg = load_config()
+    cfg.home.mkdir()
+    engine = make_engine(cfg)
+    acfg = alembic_config(engine)
+    with engine.begin() as conn:
+        acfg.attributes["connection"] = conn
+        command.upgrade(acfg, "0005")
+    engine.dispose()
+    ts = "2026-11-30 12:00:00"
+    raw = create_engine(cfg.db_url)
+    with raw.begin() as conn:
+        conn.execute(text("INSERT INTO jobs (id, name, state, backend, run_dir, command_json, resources_json, "
+                          "outputs_json, max_attempts, overrides_json, auto_requeue, created_at, updated_at) VALUES "
+                          "(1, 'old', 'submitted', 'local', '/r', '[\"true\"]', '{}', '[]', 3, '{}', 0, :ts, :ts)"),
+                     {"ts": ts})
+        conn.execute(text("INSERT INTO attempts (id, job_id, n, token, state, backend, overrides_json, counted, "
+                          "restarts, fence, created_at) VALUES (1, 1, 1, 't1', 'submitted', 'local', '{}', 1, 0, 1, "
+                          ":ts)"), {"ts": ts})
+        conn.execute(text("INSERT INTO events (job_id, at, from_state, to_state, reason) VALUES "
+                          "(1, :ts, 'pending', 'submitted', 'attempt 1 submitted as 42')"), {"ts": ts})
+    raw.dispose()
+
+    db = Database(cfg)  # what any command does first: upgrade to head
+    with db.write() as s:
+        move_attempt(s, get_job(s, "old").attempts[0], AttemptState.RUNNING)
+    with db.read() as s:
+        assert [(e["attempt"], e["from"], e["to"]) for e in history(s, get_job(s, "old"))] == [
+            (None, "pending", "submitted"), (1, "submitted", "running")]
+    db.engine.dispose()

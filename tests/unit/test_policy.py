@@ -13,7 +13,7 @@ from orchestrator.lifecycle import JobState
 from orchestrator.models import Attempt, Job
 from orchestrator.plan import RetryPlan
 from orchestrator.policy import command_for, decide
-from orchestrator.protocol import FailureClass
+from orchestrator.protocol import FailureClass, FailureReport
 
 
 def job_with(run_dir: Path, history: list[tuple[str, bool]], *, max_attempts: int = 3,
@@ -221,7 +221,7 @@ def test_nan_rolls_back_to_newest_verified_checkpoint_at_least_k_before_the_bad_
     (corrupt / "model.pt").write_bytes(b"garbage of another size")
     protocol.atomic_write_json(tmp_path / protocol.RUN_CONFIG, {"lr": 0.001, "skip_batches": 0})
     job, a = job_with(tmp_path, [current("nan")], command=[sys.executable, "-m", "orch_trainer"])
-    d = decide(cfg, job, a, "nan", 34, {"class": "nan", "step": 34})
+    d = decide(cfg, job, a, "nan", 34, FailureReport.parse({"class": "nan", "step": 34}))
     # 34 - 5 = 29: step 30 is too close, 25 is corrupt, so 20; later verified ones are quarantined.
     assert d.state is JobState.RETRYABLE_FAILED and d.plan.auto
     details = d.plan.details_dict

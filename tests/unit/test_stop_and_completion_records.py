@@ -14,7 +14,7 @@ from orchestrator import protocol
 from orchestrator.backends.base import Outcome, Phase
 from orchestrator.classify import classify
 from orchestrator.kit.preemption import PreemptionFlag
-from orchestrator.protocol import ExitRecord, FailureClass, MarkerStatus, StopRecord, Verification
+from orchestrator.protocol import ExitRecord, FailureClass, FailureReport, MarkerStatus, StopRecord, Verification
 
 ABSENT = Verification(MarkerStatus.ABSENT, "no done.json")
 STOP = StopRecord(signal="TERM", at="2026-12-01T00:00:00", step=93)
@@ -38,7 +38,8 @@ def test_without_a_stop_record_exit_0_without_marker_stays_marker_missing():
 
 def test_the_job_report_and_orchs_own_cancel_still_win_over_a_stop_record():
     out = Outcome(Phase.EXITED, exit_code=3)
-    assert classify(out, {"class": "nan", "step": 4}, ABSENT, stop_record=STOP).cls is FailureClass.NAN
+    nan = FailureReport.parse({"class": "nan", "step": 4})
+    assert classify(out, nan, ABSENT, stop_record=STOP).cls is FailureClass.NAN
     assert classify(out, None, ABSENT, stop_reason="cancel", stop_record=STOP).cls is FailureClass.CANCELLED
 
 
