@@ -84,14 +84,17 @@ def live_processes(run_dirs: Sequence[Path]) -> dict[Path, list[str]]:
     """Processes any backend can see running in each run dir (kernel or scheduler data)."""
     out: dict[Path, list[str]] = {d: [] for d in run_dirs}
     for name in BACKENDS:
-        # The scheduler only for dirs an attempt was ever submitted from: skip needless round trips.
-        asked = [d for d in run_dirs if name != "slurm" or (d / protocol.ATTEMPTS_DIR).is_dir()]
-        if not asked:
-            continue
+        asked: list[Path] = []
         try:
-            for d, live in get_backend(name).live_in_run_dirs(asked).items():
+            backend = get_backend(name)
+            # A scheduler only for dirs an attempt was ever submitted from: skip needless round trips.
+            asked = [d for d in run_dirs
+                     if backend.capabilities.host_liveness or (d / protocol.ATTEMPTS_DIR).is_dir()]
+            if not asked:
+                continue
+            for d, live in backend.live_in_run_dirs(asked).items():
                 out[d] += live
         except Exception as e:  # noqa: BLE001 - unknown is not "none": refuse rather than guess
-            for d in asked:
+            for d in asked or run_dirs:  # no backend to ask: every dir is in doubt
                 out[d].append(f"{name}: cannot tell ({str(e)[:100]})")
     return out
