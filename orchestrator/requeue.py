@@ -39,8 +39,9 @@ from orchestrator.models import Attempt, Event, Job
 from orchestrator.observe import PassReport, observe, polled_rows
 from orchestrator.protocol import FailureClass
 from orchestrator.resumestate import keep_globs
-from orchestrator.rundir import check_run_dir, unverified_leftovers
-from orchestrator.submit import new_token
+from orchestrator.rundir import check_run_dir
+from orchestrator.tokens import new_token
+from orchestrator.trash import unverified_leftovers
 
 A, J = AttemptState, JobState
 REQUEUEABLE = frozenset({J.RETRYABLE_FAILED, J.FAILED, J.CANCELLED})

@@ -37,9 +37,10 @@ from orchestrator.filelock import LockTimeout
 from orchestrator.jobs import environment_id, names_taken
 from orchestrator.launch import Launched, launch, launch_group
 from orchestrator.lifecycle import ATTEMPT_LIVE, AttemptState, JobState
+from orchestrator.liveness import live_processes
 from orchestrator.models import Attempt, Event, Job, Sweep
 from orchestrator.rundir import check_run_dir, ensure_runs_root, run_dir_for
-from orchestrator.submit import live_processes, new_token
+from orchestrator.tokens import new_token
 
 MAX_TASKS = 100_000
 # Linux refuses one argv or environment string longer than MAX_ARG_STRLEN (32 pages: 128 KiB) with E2BIG,

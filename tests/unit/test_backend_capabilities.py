@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator import submit as liveness
+from orchestrator import liveness
 from orchestrator.backends import BACKENDS, get_backend
 from orchestrator.backends.base import AttemptRef, Backend, Capabilities, Outcome, Phase, SubmitSpec
 from orchestrator.lifecycle import utcnow
