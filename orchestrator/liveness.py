@@ -11,6 +11,18 @@ from orchestrator import protocol
 from orchestrator.backends import BACKENDS, get_backend
 
 
+def host_processes(run_dirs: Sequence[Path]) -> dict[Path, list[str]]:
+    """Processes this host's process table shows running in each run dir, from every backend whose liveness
+    is the host's (one scan for all dirs): what a requeue checks before it clears a run dir."""
+    out: dict[Path, list[str]] = {d: [] for d in run_dirs}
+    for name in BACKENDS:
+        backend = get_backend(name)
+        if backend.capabilities.host_liveness:
+            for d, live in backend.live_in_run_dirs(run_dirs).items():
+                out[d] += live
+    return out
+
+
 def live_processes(run_dirs: Sequence[Path]) -> dict[Path, list[str]]:
     """Processes any backend can see running in each run dir (kernel or scheduler data)."""
     out: dict[Path, list[str]] = {d: [] for d in run_dirs}

@@ -35,6 +35,7 @@ from orchestrator.lifecycle import (
     set_attempt_fields,
     utcnow,
 )
+from orchestrator.liveness import host_processes
 from orchestrator.models import Attempt, Event, Job
 from orchestrator.observe import PassReport, observe, polled_rows
 from orchestrator.protocol import FailureClass
@@ -207,11 +208,10 @@ class _LiveScan:
 
     def in_run_dir(self, run_dir: Path) -> list[str]:
         if self._map is None:
-            from orchestrator.backends.local import live_by_run_dir
-
             with self._db.read() as s:  # every target's run dir: cwd and open files are matched by path
                 dirs = list(s.scalars(select(Job.run_dir).where(Job.name.in_(self._names))))
-            self._map = live_by_run_dir([*dirs, run_dir])
+            found = host_processes([Path(d) for d in [*dirs, run_dir]])
+            self._map = {os.path.realpath(d): live for d, live in found.items()}
         return self._map.get(os.path.realpath(run_dir), [])
 
 

@@ -116,6 +116,16 @@ def test_liveness_asks_a_host_backend_about_every_dir_and_a_scheduler_only_where
     assert (host.asked, sched.asked) == ([fresh, submitted], [submitted])
 
 
+def test_a_requeue_scans_only_backends_whose_liveness_is_this_hosts(tmp_path: Path,
+                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    # requeue's check before clearing a run dir reads this host's process table, not a scheduler.
+    host, sched = Fake(Capabilities(host_liveness=True)), Fake(Capabilities(host_liveness=False))
+    monkeypatch.setattr(liveness, "BACKENDS", ("host", "sched"))
+    monkeypatch.setattr(liveness, "get_backend", {"host": host, "sched": sched}.__getitem__)
+    assert liveness.host_processes([tmp_path]) == {tmp_path: []}
+    assert (host.asked, sched.asked) == ([tmp_path], [])
+
+
 @pytest.mark.parametrize("group_queue", [True, False])
 def test_a_sweep_is_one_group_submission_only_where_the_scheduler_keeps_the_queue(
         db, cfg, monkeypatch: pytest.MonkeyPatch, group_queue: bool) -> None:  # noqa: ANN001
