@@ -41,7 +41,7 @@ def populate(home: Path, n: int) -> None:
     heartbeat (what ``orch status`` reads for each running job). No process is started: 1,000 real
     local attempts would be 1,000 job wrappers on a 2-core machine."""
     os.environ["ORCH_HOME"] = str(home)
-    from orchestrator import protocol
+    from orchestrator import liveness, protocol
     from orchestrator import submit as submit_mod
     from orchestrator.backends.base import AttemptRef, Backend, Outcome, Phase, SubmitSpec
     from orchestrator.config import load_config
@@ -74,7 +74,7 @@ def populate(home: Path, n: int) -> None:
             return {}
 
     backend = Scripted()
-    submit_mod.get_backend = lambda _name: backend
+    submit_mod.get_backend = liveness.get_backend = lambda _name: backend
     cfg = load_config()
     db = Database(cfg)
     for i in range(n):

@@ -50,7 +50,7 @@ ROWS = [
         "manifest, commit rename, prune) in turn", r"test_checkpoint_writer_killed_at_every_step\[foreground"),
     Row("R1 checkpoint writer, background save", "SIGKILL before each step of the writer thread's save, "
         "the trainer's default", r"test_checkpoint_writer_killed_at_every_step\[background"),
-    Row("R1 requeue clearing (`requeue_jobs` / `rundir.move_to_trash`)", "SIGKILL before each step in turn",
+    Row("R1 requeue clearing (`requeue_jobs` / `trash.move_to_trash`)", "SIGKILL before each step in turn",
         r"test_requeue_clearing_killed_at_every_step"),
     Row("R1 checkpoint writer, random times (foreground)", "SIGKILL at a random instant of a save loop",
         r"test_checkpoint_writer_killed_at_random_times(_long)?\[foreground"),

@@ -15,7 +15,7 @@ import io
 import math
 import shutil
 from contextlib import AbstractContextManager
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 
@@ -25,13 +25,11 @@ from orch_trainer.model import PRESETS, TinyGPT
 from orch_trainer.preflight import Preflight
 from orch_trainer.runfiles import log
 from orch_trainer.state import autocast, capture_rng, checkpoint_meta, progress_fields, state_files
+from orch_trainer.trained import Trained
 from orchestrator import protocol
 from orchestrator.kit.checkpoint import CheckpointError, CheckpointManager
 from orchestrator.kit.heartbeat import Heartbeat
 from orchestrator.kit.run import record_completion
-
-if TYPE_CHECKING:
-    from orch_trainer.loop import Trained
 
 
 def finish(args: argparse.Namespace, attempt: Attempt, ckpts: CheckpointManager, heartbeat: Heartbeat,

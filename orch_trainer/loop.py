@@ -26,7 +26,6 @@ import gc
 import math
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -41,6 +40,7 @@ from orch_trainer.model import PRESETS
 from orch_trainer.preflight import Preflight, preflight
 from orch_trainer.runfiles import log
 from orch_trainer.state import autocast, capture_rng, checkpoint_meta, progress_fields, restore_rng, state_files
+from orch_trainer.trained import Trained
 from orchestrator import protocol
 from orchestrator.kit.checkpoint import CheckpointError, CheckpointManager
 from orchestrator.kit.heartbeat import Heartbeat
@@ -126,19 +126,6 @@ class Trainer:
         # Inside the writer's write(): an injected disk-full takes the same path as a real one.
         if self.faults.take("enospc", step, at_or_after=True):
             raise FaultInjector.enospc_error(path)
-
-
-@dataclass(frozen=True)
-class Trained:
-    """Where the step loop ended (max_steps reached); what ``finish`` writes into result/."""
-
-    step: int
-    last_loss: float
-    tok_s: float | None
-    micro: int  # after any OOM shrink
-    accum: int
-    oom_events: tuple[dict[str, Any], ...]
-    micro_batches_computed: int
 
 
 class TrainLoop:

@@ -106,7 +106,9 @@ class OrchExecutor:
                  cluster: str | None = None, home: str | os.PathLike[str] | None = None, reconcile: bool = True,
                  poll_s: float = 1.0) -> None:
         chosen = backend or {"debug": "local"}.get(cluster or "", cluster) or "local"
-        if chosen not in ("local", "slurm"):
+        from orchestrator.backends import BACKENDS
+
+        if chosen not in BACKENDS:
             raise ValueError(f"backend {chosen!r}: orch runs jobs on 'local' or 'slurm'")
         self.backend = chosen
         self.folder = folder
@@ -133,7 +135,7 @@ class OrchExecutor:
         self.parameters = merged
 
     def _resources(self, p: dict[str, Any]) -> dict[str, Any]:
-        from orchestrator.resources import MAX_MEM_MB, MAX_TIME_S
+        from orchestrator.resources import EXTRAS_KEY, MAX_MEM_MB, MAX_TIME_S
 
         res: dict[str, Any] = {}
         if p.get("timeout_min") is not None:
@@ -166,12 +168,16 @@ class OrchExecutor:
         if p.get("orch_checkpoint_every_s") is not None:
             if _number("orch_checkpoint_every_s", p["orch_checkpoint_every_s"], integer=False, minimum=0) > 10**9:
                 raise ValueError(f"orch_checkpoint_every_s={p['orch_checkpoint_every_s']!r}: at most 1e9 seconds")
-        if self.backend == "slurm":
-            # slurm_* parameters are ignored on the local backend, as submitit's AutoExecutor ignores another
-            # cluster's: the same script runs locally for debugging.
-            for key, res_key in (("slurm_partition", "partition"), ("slurm_account", "account")):
-                if p.get(key) is not None:
-                    res[res_key] = p[key]
+        # slurm_* parameters reach a backend that takes the option they set (Slurm's extras) and are ignored by
+        # any other, as submitit's AutoExecutor ignores another cluster's: the same script runs locally for debugging.
+        from orchestrator.backends import get_backend
+
+        takes = get_backend(self.backend).capabilities.extras
+        extras: dict[str, Any] = {}
+        for key, extra_key in (("slurm_partition", "partition"), ("slurm_account", "account")):
+            if p.get(key) is not None and extra_key in takes:
+                extras[extra_key] = p[key]
+        if "extra_sbatch" in takes:
             extra = [f"--{opt}={p[k]}" for k, opt in _SLURM_SBATCH.items() if p.get(k) is not None]
             adds = p.get("slurm_additional_parameters") or {}
             if not isinstance(adds, dict):
@@ -179,8 +185,10 @@ class OrchExecutor:
             # submitit's spelling: underscores become dashes, True is a bare flag
             extra += [f"--{k.replace('_', '-')}" + ("" if v is True else f"={v}") for k, v in adds.items()]
             if extra:
-                res["extra_sbatch"] = extra
-            self._check_sbatch(res)
+                extras["extra_sbatch"] = extra
+        if extras:
+            res[EXTRAS_KEY] = extras
+        self._check_sbatch(res)
         return res
 
     def _check_sbatch(self, res: dict[str, Any]) -> None:

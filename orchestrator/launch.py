@@ -61,7 +61,8 @@ from orchestrator.policy import command_for
 from orchestrator.protocol import ENV_SWEEP, ENV_SWEEP_PARAMS, ENV_TASK_INDEX, FailureClass
 from orchestrator.resources import resources_dict, resources_of
 from orchestrator.resumestate import SET_ASIDE_KEY, TRASHED_KEY, keep_globs
-from orchestrator.rundir import check_run_dir, empty_trash, leftovers_why, move_to_trash
+from orchestrator.rundir import check_run_dir
+from orchestrator.trash import empty_trash, leftovers_why, move_to_trash
 
 A, J = AttemptState, JobState
 _DISK_FULL = (errno.ENOSPC, errno.EDQUOT)

@@ -34,7 +34,10 @@ PASS = "reconcile"  # the pass_stats row the reconciler writes
 
 
 @dataclass
-class Snapshot:
+class FleetMetrics:
+    """What ``orch metrics`` exports, read at one moment across every job (a progress display's one-job view is
+    ``progressview.JobProgress``)."""
+
     jobs: dict[str, int]
     failures: dict[str, int]
     last_success: datetime | None
@@ -58,7 +61,7 @@ def record_pass(s: Session, rep: PassReport, name: str = PASS) -> None:
     row.query_failures_total += rep.query_failures
 
 
-def collect(db: Database) -> Snapshot:
+def collect(db: Database) -> FleetMetrics:
     """Counts from the job table; steps redone from the heartbeats of each preempted attempt and its successor."""
     with db.read() as s:
         jobs = {st.value: 0 for st in JobState}
@@ -78,7 +81,7 @@ def collect(db: Database) -> Snapshot:
         restarted = s.execute(select(Job.run_dir, Attempt.n, Attempt.token, Attempt.restarts)
                               .join(Job, Job.id == Attempt.job_id).where(Attempt.restarts > 0)).all()
         stats = s.get(PassStats, PASS)
-    snap = Snapshot(jobs, failures, last, last_pass=stats)
+    snap = FleetMetrics(jobs, failures, last, last_pass=stats)
     for run_dir, n, failure_step in pairs:
         done = steps_redone(run_dir, n, failure_step)
         if done is None:
@@ -90,7 +93,7 @@ def collect(db: Database) -> Snapshot:
     return snap
 
 
-def _count_in_place(snap: Snapshot, run_dir: str, n: int, token: str, restarts: int) -> None:
+def _count_in_place(snap: FleetMetrics, run_dir: str, n: int, token: str, restarts: int) -> None:
     """A Slurm in-place requeue reruns the same attempt: each earlier run is a failure of its class (from
     the records it set aside; ``preempted`` without one) and, for a preemption, a measurement of the steps
     redone. Issue 17: after 8 real in-place preemptions both counts were 0."""
@@ -174,7 +177,7 @@ def _epoch(dt: datetime) -> float:
     return dt.replace(tzinfo=UTC).timestamp()
 
 
-def render(snap: Snapshot) -> str:
+def render(snap: FleetMetrics) -> str:
     out: list[str] = []
     out += _family("orch_jobs", "gauge", "Jobs in each state (every state listed, 0 included).",
                    [(f'orch_jobs{{state="{k}"}}', v) for k, v in snap.jobs.items()])

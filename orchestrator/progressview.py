@@ -1,6 +1,6 @@
 """Following one job until it settles: what ``orch watch`` and ``orch submit --wait`` show.
 
-A ``Snapshot`` is everything a progress display needs (job and attempt state from the DB, the latest
+A ``JobProgress`` is everything a progress display needs (job and attempt state from the DB, the latest
 heartbeat from ``attempts/<n>/progress.json`` through the protocol's checked reader); ``follow`` runs
 reconcile passes, as ``submit --wait`` always did, so a job progresses without cron, and hands each
 snapshot to a view. No click, no terminal library: the renderers live in ``orchestrator.cli.live``.
@@ -28,7 +28,7 @@ RATE_WINDOW_S = 120.0  # the ETA follows the recent speed, not the average since
 
 
 @dataclass(frozen=True)
-class Snapshot:
+class JobProgress:
     """One look at a job. ``step`` and friends are None while no heartbeat says otherwise."""
 
     name: str
@@ -50,7 +50,7 @@ class Snapshot:
         return self.state == VERIFIED
 
 
-def snapshot(db: Database, name: str) -> Snapshot:
+def snapshot(db: Database, name: str) -> JobProgress:
     """The job's state and its latest attempt's heartbeat. Raises JobNotFound for an unknown name."""
     with db.read() as s:
         job = get_job(s, name)
@@ -61,7 +61,7 @@ def snapshot(db: Database, name: str) -> Snapshot:
         restarts = sum(a.restarts or 0 for a in job.attempts)
     settled = state in JOB_SETTLED and not (state is JobState.RETRYABLE_FAILED and auto)
     p = plausible(protocol.read_progress(run_dir, n) if n else None)  # a job's 1e308 is dropped, field by field
-    return Snapshot(name=name, state=state.value, attempt=n, attempt_state=a_state, restarts=restarts,
+    return JobProgress(name=name, state=state.value, attempt=n, attempt_state=a_state, restarts=restarts,
                     settled=settled, step=p.get("step"), max_steps=p.get("max_steps"), loss=p.get("loss"),
                     tokens_per_s=p.get("tokens_per_s"), tokens_per_step=p.get("tokens_per_step"),
                     beat_time=p.get("time"))
@@ -80,7 +80,7 @@ class RateMeter:
         self._attempt: int | None = None
         self._samples: deque[tuple[float, int]] = deque()
 
-    def eta_s(self, snap: Snapshot) -> float | None:
+    def eta_s(self, snap: JobProgress) -> float | None:
         if snap.step is None or not snap.max_steps:
             return None
         if snap.attempt != self._attempt or (self._samples and snap.step < self._samples[-1][1]):
@@ -106,26 +106,26 @@ class RateMeter:
 class View:
     """What ``follow`` draws on. ``update`` gets every snapshot; ``close`` the last one (or None)."""
 
-    def update(self, snap: Snapshot) -> None:  # pragma: no cover - interface
+    def update(self, snap: JobProgress) -> None:  # pragma: no cover - interface
         raise NotImplementedError
 
-    def close(self, snap: Snapshot | None) -> None:  # pragma: no cover - interface
+    def close(self, snap: JobProgress | None) -> None:  # pragma: no cover - interface
         raise NotImplementedError
 
 
 class QuietView(View):
     """Draws nothing (``--json``: stdout holds exactly one document, printed at the end)."""
 
-    def update(self, snap: Snapshot) -> None:
+    def update(self, snap: JobProgress) -> None:
         pass
 
-    def close(self, snap: Snapshot | None) -> None:
+    def close(self, snap: JobProgress | None) -> None:
         pass
 
 
 def follow(db: Database, cfg: Config, name: str, view: View, *, poll_s: float = 1.0, reconcile: bool = True,
            stop: threading.Event | None = None,
-           pass_fn: Callable[[Database, Config], Any] | None = None) -> Snapshot | None:
+           pass_fn: Callable[[Database, Config], Any] | None = None) -> JobProgress | None:
     """Reconcile and redraw until the job settles (returns its last snapshot) or ``stop`` is set
     (returns None). The view is closed either way.
 
@@ -138,7 +138,7 @@ def follow(db: Database, cfg: Config, name: str, view: View, *, poll_s: float = 
         pass_fn = reconcile_pass
     stop = stop or threading.Event()
     meter = RateMeter()
-    last: Snapshot | None = None
+    last: JobProgress | None = None
     try:
         while not stop.is_set():
             if reconcile and pass_fn is not None:
@@ -154,7 +154,7 @@ def follow(db: Database, cfg: Config, name: str, view: View, *, poll_s: float = 
         view.close(last)
 
 
-def _with_eta(snap: Snapshot, eta_s: float | None) -> Snapshot:
+def _with_eta(snap: JobProgress, eta_s: float | None) -> JobProgress:
     from dataclasses import replace
 
     return replace(snap, eta_s=eta_s)
@@ -163,7 +163,7 @@ def _with_eta(snap: Snapshot, eta_s: float | None) -> Snapshot:
 # ------------------------------------------------------------------------------------------
 # text both views use
 # ------------------------------------------------------------------------------------------
-def state_line(snap: Snapshot) -> str:
+def state_line(snap: JobProgress) -> str:
     """``NAME: STATE (attempt N, step S)``: the line ``submit --wait`` has printed since issue 1.
 
     Scripts match it: keep the text inside the parentheses as it is; new facts go after it.
@@ -172,7 +172,7 @@ def state_line(snap: Snapshot) -> str:
     return f"{snap.name}: {snap.state} (attempt {snap.attempt}{step})"
 
 
-def stats_text(snap: Snapshot, sep: str = "  ") -> str:
+def stats_text(snap: JobProgress, sep: str = "  ") -> str:
     """What the plain line adds after ``state_line``: ``max 60  loss 3.21  1.2k tok/s  ETA 0:01:10``."""
     parts = ([f"max {snap.max_steps}"] if snap.max_steps is not None else []) + measures(snap)
     if snap.restarts:
@@ -180,7 +180,7 @@ def stats_text(snap: Snapshot, sep: str = "  ") -> str:
     return sep.join(parts)
 
 
-def measures(snap: Snapshot) -> list[str]:
+def measures(snap: JobProgress) -> list[str]:
     """Loss, speed and ETA, those known (the ETA only while the job still moves)."""
     parts = []
     if snap.loss is not None:

@@ -169,19 +169,26 @@ def _settle_launches(db: Database, cfg: Config, backend: Callable[[str], Backend
 
 
 def _launch_queued_tasks(db: Database, cfg: Config, backend: Callable[[str], Backend], rep: PassReport) -> None:
-    """Sweep tasks whose attempt waits: a local sweep's queue (as the throttle leaves room), and a
-    Slurm sweep's pending tasks older than the launch grace (their launcher died before the array)."""
+    """Sweep tasks whose attempt waits: the queue orch keeps for a backend without a group queue (as the
+    throttle leaves room), and, where the scheduler keeps it (a Slurm array), pending tasks older than the
+    launch grace (their launcher died before the array)."""
     cutoff = utcnow() - timedelta(seconds=launch_grace_s())
+    waiting: dict[tuple[int, str], bool] = {}  # (sweep, backend) -> some pending task is past the grace
+    q = (select(Sweep.id, Sweep.backend, Attempt.created_at < cutoff).select_from(Sweep).join(Job).join(Attempt)
+         .where(Attempt.state == A.PENDING).distinct())
     with db.read() as s:
-        queued = s.execute(select(Sweep.id, Sweep.backend).join(Job).join(Attempt).where(
-            Attempt.state == A.PENDING, (Sweep.backend == "local") | (Attempt.created_at < cutoff))
-            .distinct()).all()
+        for sweep_id, backend_name, old in s.execute(q):
+            waiting[sweep_id, backend_name] = waiting.get((sweep_id, backend_name), False) or bool(old)
     lock_held = False
-    for sweep_id, backend_name in queued:
-        if lock_held and backend_name == "local":
+    for (sweep_id, backend_name), old in waiting.items():
+        b = backend(backend_name)
+        orch_queue = not b.capabilities.group_queue
+        if not orch_queue and not old:
+            continue  # its launcher is still within the grace: the array is on its way
+        if lock_held and orch_queue:
             continue  # the launch lock's holder was named once; its sweeps wait for the next pass
         try:
-            _note_launches(launch_queued(db, cfg, backend(backend_name), sweep_id), rep)
+            _note_launches(launch_queued(db, cfg, b, sweep_id), rep)
         except DatabaseProblem:
             raise
         except LockTimeout as e:  # a stopped `orch sweep` holds it: skip what it blocks, go on with the rest

@@ -37,13 +37,15 @@ from orchestrator.lifecycle import (
     open_attempt,
     utcnow,
 )
+from orchestrator.liveness import host_processes
 from orchestrator.models import Attempt, Job
 from orchestrator.observe import PassReport, observe, polled_rows
 from orchestrator.plan import Action
 from orchestrator.protocol import FailureClass
 from orchestrator.resumestate import keep_globs
-from orchestrator.rundir import check_run_dir, unverified_leftovers
-from orchestrator.submit import new_token
+from orchestrator.rundir import check_run_dir
+from orchestrator.tokens import new_token
+from orchestrator.trash import unverified_leftovers
 
 A, J = AttemptState, JobState
 REQUEUEABLE = frozenset({J.RETRYABLE_FAILED, J.FAILED, J.CANCELLED})
@@ -222,11 +224,10 @@ class _LiveScan:
 
     def in_run_dir(self, run_dir: Path) -> list[str]:
         if self._map is None:
-            from orchestrator.backends.local import live_by_run_dir
-
             with self._db.read() as s:  # every target's run dir: cwd and open files are matched by path
                 dirs = list(s.scalars(select(Job.run_dir).where(Job.name.in_(self._names))))
-            self._map = live_by_run_dir([*dirs, run_dir])
+            found = host_processes([Path(d) for d in [*dirs, run_dir]])
+            self._map = {os.path.realpath(d): live for d, live in found.items()}
         return self._map.get(os.path.realpath(run_dir), [])
 
 

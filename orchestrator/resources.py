@@ -7,6 +7,7 @@ after the job row exists.
 
 from __future__ import annotations
 
+from dataclasses import fields
 from typing import Any
 
 from orchestrator.backends.base import Resources
@@ -15,13 +16,23 @@ MAX_MEM_MB = 2**43  # its size in bytes still fits a signed 64-bit integer (Slur
 MAX_TIME_S = (2**32 - 2) * 60  # Slurm keeps a time limit in minutes in a uint32 (all ones = INFINITE)
 
 
+EXTRAS_KEY = "extras"  # the job row's resources JSON: backend-specific options under this key
+# Rows written before issue 18 kept the Slurm backend's options at the top level of the resources JSON.
+LEGACY_EXTRAS = ("partition", "account", "extra_sbatch")
+GENERIC = tuple(f.name for f in fields(Resources) if f.name != "extras")
+
+
 def resources_of(r: dict[str, Any]) -> Resources:
-    """The job row's ``resources`` JSON as the typed value a backend takes."""
-    return Resources(partition=r.get("partition"), gpus=r.get("gpus"), cpus_per_task=r.get("cpus_per_task"),
-                     mem_mb=r.get("mem_mb"), time_s=r.get("time_s"), account=r.get("account"),
-                     extra_sbatch=tuple(r.get("extra_sbatch") or ()))
+    """The job row's ``resources`` JSON (of any orch version) as the typed value a backend takes."""
+    legacy = {k: r[k] for k in LEGACY_EXTRAS if r.get(k) not in (None, [], ())}
+    extras = r.get(EXTRAS_KEY)
+    extras = {**legacy, **(extras if isinstance(extras, dict) else {})}
+    return Resources(**{k: r.get(k) for k in GENERIC}, extras=extras)
 
 
 def resources_dict(r: Resources) -> dict[str, Any]:
-    """The set fields of ``r`` (what command.json records)."""
-    return {k: v for k, v in r.__dict__.items() if v not in (None, ())}
+    """The set fields of ``r``, shaped as the job row stores them (what command.json records)."""
+    out: dict[str, Any] = {k: getattr(r, k) for k in GENERIC if getattr(r, k) is not None}
+    if r.extras:
+        out[EXTRAS_KEY] = {k: list(v) if isinstance(v, tuple) else v for k, v in r.extras}
+    return out

@@ -10,24 +10,23 @@ reason (``launch``), so the job is never left ``pending``.
 from __future__ import annotations
 
 import os
-import secrets
-from collections.abc import Sequence
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 from sqlalchemy import select
 
 from orchestrator import protocol, testhooks
-from orchestrator.backends import BACKENDS, get_backend
+from orchestrator.backends import get_backend
 from orchestrator.config import Config
 from orchestrator.db import Database
 from orchestrator.errors import AlreadyVerified, Refused
 from orchestrator.jobs import environment_id, get_job, names_taken
 from orchestrator.launch import Launched, launch
 from orchestrator.lifecycle import JobState, create_attempt, create_job
+from orchestrator.liveness import live_processes
 from orchestrator.models import Job
 from orchestrator.rundir import check_run_dir, ensure_runs_root, run_dir_for
+from orchestrator.tokens import new_token
 
 
 @dataclass
@@ -39,10 +38,6 @@ class SubmitRequest:
     max_attempts: int = 3
     outputs: list[str] = field(default_factory=list)
     launched: Launched | None = None  # what the launch did (lost_claim: another launcher runs it)
-
-
-def new_token() -> str:
-    return secrets.token_hex(8)
 
 
 def submit(db: Database, cfg: Config, req: SubmitRequest) -> Job:
@@ -76,20 +71,3 @@ def submit(db: Database, cfg: Config, req: SubmitRequest) -> Job:
         job = get_job(s, req.name)
         job.attempts  # noqa: B018 - load while the session is open; callers render it afterwards
         return job
-
-
-def live_processes(run_dirs: Sequence[Path]) -> dict[Path, list[str]]:
-    """Processes any backend can see running in each run dir (kernel or scheduler data)."""
-    out: dict[Path, list[str]] = {d: [] for d in run_dirs}
-    for name in BACKENDS:
-        # The scheduler only for dirs an attempt was ever submitted from: skip needless round trips.
-        asked = [d for d in run_dirs if name != "slurm" or (d / protocol.ATTEMPTS_DIR).is_dir()]
-        if not asked:
-            continue
-        try:
-            for d, live in get_backend(name).live_in_run_dirs(asked).items():
-                out[d] += live
-        except Exception as e:  # noqa: BLE001 - unknown is not "none": refuse rather than guess
-            for d in asked:
-                out[d].append(f"{name}: cannot tell ({str(e)[:100]})")
-    return out

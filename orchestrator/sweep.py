@@ -37,9 +37,10 @@ from orchestrator.filelock import LockTimeout
 from orchestrator.jobs import environment_id, names_taken
 from orchestrator.launch import Launched, launch, launch_group
 from orchestrator.lifecycle import ATTEMPT_LIVE, AttemptState, JobState, create_attempt, create_job
+from orchestrator.liveness import live_processes
 from orchestrator.models import Attempt, Job, Sweep
 from orchestrator.rundir import check_run_dir, ensure_runs_root, run_dir_for
-from orchestrator.submit import live_processes, new_token
+from orchestrator.tokens import new_token
 
 MAX_TASKS = 100_000
 # Linux refuses one argv or environment string longer than MAX_ARG_STRLEN (32 pages: 128 KiB) with E2BIG,
@@ -293,20 +294,21 @@ def _short(argv: list[str]) -> str:
 
 def launch_queued(db: Database, cfg: Config, backend: Backend, sweep_id: int,
                   names: list[str] | None = None) -> dict[str, Launched | OrchError]:
-    """Launch the sweep's tasks whose attempt is pending (or just ``names``): Slurm as one group
-    submission with the throttle; locally as many as the throttle leaves room for."""
-    pending, running, throttle, kind = _queue(db, sweep_id, names)
+    """Launch the sweep's tasks whose attempt is pending (or just ``names``): as one group submission with
+    the throttle where the scheduler keeps the queue (a Slurm array); else as many as the throttle leaves
+    room for."""
+    pending, running, throttle = _queue(db, sweep_id, names)
     if not pending:
         return {}
-    if kind == "slurm":
+    if backend.capabilities.group_queue:
         return launch_group(db, cfg, pending, backend, throttle)
     out: dict[str, Launched | OrchError] = {}
     # Count and launch under one lock: a reconcile pass and an `orch requeue` at once each found
     # the same free slot and together ran more tasks than the throttle.
     with _local_launch_lock(cfg):
-        pending, running, throttle, _ = _queue(db, sweep_id, names)  # as the previous holder left it
+        pending, running, throttle = _queue(db, sweep_id, names)  # as the previous holder left it
         if throttle is not None:
-            running += _escaped(db, sweep_id)
+            running += _escaped(db, sweep_id, backend)
         room = len(pending) if throttle is None else max(0, throttle - running)
         testhooks.site("sweep_room_counted")
         for name in pending[:room]:
@@ -319,8 +321,8 @@ def launch_queued(db: Database, cfg: Config, backend: Backend, sweep_id: int,
     return out
 
 
-def _queue(db: Database, sweep_id: int, names: list[str] | None) -> tuple[list[str], int, int | None, str]:
-    """(pending task names, live attempts, throttle, backend) of a sweep."""
+def _queue(db: Database, sweep_id: int, names: list[str] | None) -> tuple[list[str], int, int | None]:
+    """(pending task names, live attempts, throttle) of a sweep."""
     with db.read() as s:
         sweep = s.get(Sweep, sweep_id)
         q = (select(Job.name).join(Attempt).where(Job.sweep_id == sweep_id, Attempt.state == AttemptState.PENDING)
@@ -330,22 +332,21 @@ def _queue(db: Database, sweep_id: int, names: list[str] | None) -> tuple[list[s
         pending = list(s.scalars(q))
         running = s.scalar(select(func.count()).select_from(Attempt).join(Job).where(
             Job.sweep_id == sweep_id, Attempt.state.in_(ATTEMPT_LIVE))) or 0
-        return pending, running, sweep.throttle, sweep.backend
+        return pending, running, sweep.throttle
 
 
-def _escaped(db: Database, sweep_id: int) -> int:
+def _escaped(db: Database, sweep_id: int, backend: Backend) -> int:
     """Tasks with no live attempt in the DB whose run dir still holds a live process (one that cleared
     its environment and left its session, found by cwd or open file): each holds its throttle slot,
-    or the throttle was exceeded beside them (hostile test). One process-table scan."""
-    from orchestrator.backends.local import live_by_run_dir
-
+    or the throttle was exceeded beside them (hostile test). One backend query (the local backend: one
+    process-table scan)."""
     with db.read() as s:
         live_jobs = select(Attempt.job_id).where(Attempt.state.in_(ATTEMPT_LIVE))
         dirs = list(s.scalars(select(Job.run_dir).where(Job.sweep_id == sweep_id, Job.id.not_in(live_jobs))))
     if not dirs:
         return 0
-    found = live_by_run_dir(dirs)
-    return sum(1 for d in dirs if found.get(os.path.realpath(d)))
+    found = backend.live_in_run_dirs([Path(d) for d in dirs])
+    return sum(1 for live in found.values() if live)
 
 
 def _local_launch_lock(cfg: Config) -> contextlib.AbstractContextManager[None]:

@@ -58,9 +58,11 @@ def use_backend(monkeypatch, backend) -> None:  # noqa: ANN001
     """Make every orch service that looks a backend up by name get ``backend`` (a fake at the
     scheduler boundary, for in-process tests)."""
     import orchestrator.launch
+    import orchestrator.liveness
     import orchestrator.requeue
     import orchestrator.stop
     import orchestrator.submit
 
-    for mod in (orchestrator.launch, orchestrator.requeue, orchestrator.stop, orchestrator.submit):
+    for mod in (orchestrator.launch, orchestrator.liveness, orchestrator.requeue, orchestrator.stop,
+                orchestrator.submit):
         monkeypatch.setattr(mod, "get_backend", lambda _name: backend)

@@ -13,9 +13,10 @@ import enum
 import os
 import sys
 from abc import ABC, abstractmethod
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from orchestrator.protocol import ATTEMPTS_DIR, FailureClass
 
@@ -32,13 +33,26 @@ class Phase(enum.StrEnum):
 
 @dataclass(frozen=True)
 class Resources:
-    partition: str | None = None
+    """What a job asks of its backend: generic fields every backend reads (each enforces what it can), and
+    ``extras``, the options only one backend has (Slurm's partition, account, extra sbatch options), which
+    that backend declares in ``Capabilities.extras`` and any other refuses (submitit's ``_equivalence_dict``
+    model). ``extras`` may be given as a mapping; it is kept as sorted (key, value) pairs, lists as tuples,
+    so that a ``Resources`` stays hashable (a group submission groups tasks by it)."""
+
     gpus: int | None = None
     cpus_per_task: int | None = None
     mem_mb: int | None = None
     time_s: int | None = None
-    account: str | None = None
-    extra_sbatch: tuple[str, ...] = ()
+    extras: tuple[tuple[str, Any], ...] = ()
+
+    def __post_init__(self) -> None:
+        pairs = self.extras.items() if isinstance(self.extras, Mapping) else self.extras
+        frozen = tuple(sorted((k, tuple(v) if isinstance(v, list) else v) for k, v in pairs))
+        object.__setattr__(self, "extras", frozen)
+
+    def extra(self, key: str, default: Any = None) -> Any:
+        """The backend-specific option ``key``, or ``default`` when not given."""
+        return dict(self.extras).get(key, default)
 
 
 @dataclass(frozen=True)
@@ -146,8 +160,30 @@ class SubmissionRefused(BackendError):
     permanent = True
 
 
+@dataclass(frozen=True)
+class Capabilities:
+    """What a backend can do: core code asks this, never a backend's name (issue 18: submit, sweep and
+    reconcile compared names, so a third backend would silently have taken the Slurm or the local path).
+
+    The defaults are the conservative answers: a backend that declares nothing gets orch's own queue and
+    scheduler-style liveness checks, and takes no backend-specific resource options.
+    """
+
+    # ``submit_group`` hands the whole group to the scheduler, which queues its tasks and keeps the throttle
+    # itself (a Slurm array). False: orch keeps the group's queue and launches tasks as the throttle leaves room,
+    # every reconcile pass, under its launch lock.
+    group_queue: bool = False
+    # ``live_in_run_dirs`` reads this host's process table: cheap and complete, so it is asked for every run
+    # dir. False: a scheduler round trip, asked only for dirs an attempt was ever submitted from.
+    host_liveness: bool = False
+    # The ``Resources.extras`` keys this backend takes (Slurm's partition, account, ...); any other is refused
+    # before a row is written.
+    extras: frozenset[str] = frozenset()
+
+
 class Backend(ABC):
     name: str = "?"
+    capabilities: Capabilities = Capabilities()
     # Scheduler queries this instance made that failed or timed out, although the call itself
     # answered (UNKNOWN outcomes): the reconciler adds them to its pass's count for `orch metrics`.
     query_failures: int = 0
@@ -174,8 +210,16 @@ class Backend(ABC):
 
     def check_resources(self, resources: Resources) -> None:
         """Raise BackendError (naming the value) for what this backend would refuse; no I/O. Run at argument
-        parsing, before any row exists. The default accepts everything."""
-        return None
+        parsing, before any row exists. The default refuses only extras this backend does not declare."""
+        self.check_extras(key for key, _ in resources.extras)
+
+    def check_extras(self, keys: Iterable[str]) -> None:
+        """Raise BackendError naming the backend-specific options this backend does not take (issue 18: an
+        option meant for another backend was stored and silently ignored)."""
+        unknown = sorted(set(keys) - self.capabilities.extras)
+        if unknown:
+            takes = ", ".join(sorted(self.capabilities.extras)) or "none"
+            raise BackendError(f"the {self.name} backend does not take {', '.join(unknown)} (it takes: {takes})")
 
     def max_group_size(self) -> int | None:
         """The most tasks one :meth:`submit_group` can take (task indices 0..n-1), None for no limit."""

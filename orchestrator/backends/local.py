@@ -32,7 +32,7 @@ from pathlib import Path
 
 from orchestrator import memlimit, protocol
 from orchestrator.backends import proctable
-from orchestrator.backends.base import AttemptRef, Backend, BackendError, Outcome, Phase, SubmitSpec
+from orchestrator.backends.base import AttemptRef, Backend, BackendError, Capabilities, Outcome, Phase, SubmitSpec
 from orchestrator.ballast import BALLAST_BYTES
 from orchestrator.protocol import FailureClass
 
@@ -161,6 +161,8 @@ def _signal_all(procs: Sequence[proctable.Proc], sig: int) -> None:
 
 class LocalBackend(Backend):
     name = "local"
+    # orch keeps a sweep's queue (no scheduler), and liveness is this host's process table.
+    capabilities = Capabilities(group_queue=False, host_liveness=True, extras=frozenset())
 
     def submit(self, spec: SubmitSpec) -> str:
         spec.attempt_dir.mkdir(parents=True, exist_ok=True)

@@ -25,7 +25,7 @@ from orchestrator.spotnotice import CHOICES as SPOT_CHOICES
 # ASCII only: under re.I the Kelvin sign (U+212A) matched [K] and then missed the unit table (a
 # KeyError, exit 1); \d also matched other scripts' digits.
 _MEM_RE = re.compile(r"^(\d{1,20})([KMGT]?)B?$", re.I | re.ASCII)
-from orchestrator.resources import MAX_MEM_MB, MAX_TIME_S  # noqa: E402 - the bounds every entry point shares
+from orchestrator.resources import EXTRAS_KEY, MAX_MEM_MB, MAX_TIME_S  # noqa: E402 - the bounds every entry point shares
 
 _TIME_RE = re.compile(r"^(?:(\d{1,12})-)?(\d{1,12})(?::(\d{1,12}))?(?::(\d{1,12}))?$", re.ASCII)
 
@@ -190,6 +190,23 @@ def job_options(f: Any) -> Any:
     return f
 
 
+# The backend-specific options (``Resources.extras``) the CLI sets, by the option that sets each.
+EXTRA_OPTIONS = {"partition": "--partition", "account": "--account", "extra_sbatch": "--sbatch-arg"}
+
+
+def _check_extras(backend: str, extras: dict[str, Any]) -> None:
+    """Refuse options the chosen backend does not take (it declares the ones it does), naming the backends
+    that take them: a --partition with --backend local was stored and ignored before it was refused."""
+    from orchestrator.backends import BACKENDS, get_backend
+    from orchestrator.backends.base import BackendError
+
+    try:
+        get_backend(backend).check_extras(extras)
+    except BackendError:
+        takers = " or ".join(f"--backend {n}" for n in BACKENDS if set(extras) <= get_backend(n).capabilities.extras)
+        raise click.BadParameter(f"{'/'.join(EXTRA_OPTIONS.values())} need {takers}") from None
+
+
 def job_settings(opts: dict[str, Any]) -> tuple[str, dict[str, Any], int | None, tuple[str, ...]]:
     """(backend, resources, max_attempts, outputs) from ``job_options``' values: argument checks only."""
     resources: dict[str, Any] = {}
@@ -197,9 +214,10 @@ def job_settings(opts: dict[str, Any]) -> tuple[str, dict[str, Any], int | None,
         resources["mem_mb"] = parse_mem_mb(opts["mem"])
     if opts["time_"] is not None:
         resources["time_s"] = parse_time_s(opts["time_"])
-    for k in ("partition", "account", "gpus", "cpus_per_task"):
+    for k in ("gpus", "cpus_per_task"):
         if opts[k] is not None:
             resources[k] = opts[k]
+    extras = {k: opts[k] for k in ("partition", "account") if opts[k] is not None}
     if opts["sbatch_args"]:
         # The backend's own check, run at parse time: an option orch owns (--output=, even as a
         # getopt prefix) used to be refused only at sbatch time, after the job row existed.
@@ -210,9 +228,10 @@ def job_settings(opts: dict[str, Any]) -> tuple[str, dict[str, Any], int | None,
             validate_extra_sbatch(opts["sbatch_args"])
         except BackendError as e:
             raise click.BadParameter(str(e), param_hint="--sbatch-arg") from None
-        resources["extra_sbatch"] = list(opts["sbatch_args"])
-    if opts["backend"] == "local" and (opts["partition"] or opts["account"] or opts["sbatch_args"]):
-        raise click.BadParameter("--partition/--account/--sbatch-arg need --backend slurm")
+        extras["extra_sbatch"] = list(opts["sbatch_args"])
+    if extras:
+        _check_extras(opts["backend"], extras)
+        resources[EXTRAS_KEY] = extras
     if opts["warning_signal"] is not None:
         resources["warning_signal"] = opts["warning_signal"]
     if opts["spot_notice"] is not None:

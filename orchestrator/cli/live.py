@@ -11,7 +11,7 @@ import os
 import time
 from typing import IO, Any
 
-from orchestrator.progressview import Snapshot, View, measures, state_line, stats_text
+from orchestrator.progressview import JobProgress, View, measures, state_line, stats_text
 
 PLAIN_EVERY_S = 5.0  # plain mode: a progress-only line at most this often (state changes at once)
 
@@ -42,7 +42,7 @@ class PlainView(View):
         self._line: str | None = None
         self._at = 0.0
 
-    def update(self, snap: Snapshot) -> None:
+    def update(self, snap: JobProgress) -> None:
         key = (snap.state, snap.attempt, snap.restarts)
         line = state_line(snap)
         now = time.monotonic()
@@ -52,7 +52,7 @@ class PlainView(View):
             self.stream.flush()
             self._key, self._line, self._at = key, line, now
 
-    def close(self, snap: Snapshot | None) -> None:
+    def close(self, snap: JobProgress | None) -> None:
         pass
 
 
@@ -72,7 +72,7 @@ class BarView(View):
         self._key: tuple[Any, ...] | None = None
         self.progress.start()
 
-    def update(self, snap: Snapshot) -> None:
+    def update(self, snap: JobProgress) -> None:
         key = (snap.state, snap.attempt, snap.restarts)
         if key != self._key:
             self.progress.console.print(f"[{time.monotonic() - self.t0:6.1f}s] {state_line(snap)}",
@@ -83,12 +83,12 @@ class BarView(View):
         self.progress.update(self.task, description=f"{snap.name} {snap.state}", total=total, completed=done,
                              stats=bar_stats(snap))
 
-    def close(self, snap: Snapshot | None) -> None:
+    def close(self, snap: JobProgress | None) -> None:
         self.progress.refresh()
         self.progress.stop()
 
 
-def bar_stats(snap: Snapshot) -> str:
+def bar_stats(snap: JobProgress) -> str:
     """What follows the bar: ``7/20 · loss 0.5714 · 1.0k tok/s · ETA 0:00:13 · attempt 1 · restarts 0``."""
     parts = []
     if snap.step is not None:

@@ -119,7 +119,7 @@ def cancel(names: tuple[str, ...]) -> None:
 @main.command()
 def gc() -> None:
     """Empty the trash (what requeue and policy moved aside). Verified runs are never touched."""
-    from orchestrator.rundir import empty_trash
+    from orchestrator.trash import empty_trash
 
     cfg, _db = _ctx()
     click.echo(f"removed {empty_trash(cfg)} trashed entries")

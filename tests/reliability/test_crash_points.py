@@ -5,7 +5,7 @@ Three writers, each killed (SIGKILL, see ``crashkit``) before every one of its s
 - the end of a run: result files through ``protocol.atomic_write``, then ``protocol.write_done_marker``
   (the trainer's finishing sequence, ``trainer/loop.py``);
 - the checkpoint writer, ``trainer.checkpoint.CheckpointManager.save`` (commit + prune);
-- requeue clearing, ``requeue.requeue`` → ``launch`` → ``rundir.move_to_trash`` → command.json →
+- requeue clearing, ``requeue.requeue`` → ``launch`` → ``trash.move_to_trash`` → command.json →
   backend submit, on a real SQLite DB with a fake backend that records submissions in a file.
 
 After every kill: the marker verifies exactly when the commit rename happened and then lists the
@@ -42,8 +42,8 @@ from orchestrator.kit.checkpoint import CheckpointManager
 from orchestrator.protocol import MarkerStatus
 from orchestrator.requeue import RequeueTarget
 from orchestrator.requeue import requeue as requeue_jobs
-from orchestrator.rundir import move_to_trash, unverified_leftovers
 from orchestrator.submit import SubmitRequest, submit
+from orchestrator.trash import move_to_trash, unverified_leftovers
 
 ARTIFACTS = ["result/model.pt", "result/metrics.json"]
 

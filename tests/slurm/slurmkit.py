@@ -46,8 +46,8 @@ class SlurmKit:
         token = f"{name}-{attempt}-{os.urandom(4).hex()}"
         return SubmitSpec(job=name, attempt=attempt, token=token, run_dir=run_dir, command=tuple(command),
                           env={"PYTHONUNBUFFERED": "1", **(env or {})},
-                          resources=Resources(partition=partition, cpus_per_task=cpus, mem_mb=mem_mb,
-                                              time_s=time_s), warning_signal=warning_signal)
+                          resources=Resources(cpus_per_task=cpus, mem_mb=mem_mb, time_s=time_s,
+                                              extras={"partition": partition}), warning_signal=warning_signal)
 
     def submit(self, spec: SubmitSpec) -> AttemptRef:
         job_id = self.backend.submit(spec)

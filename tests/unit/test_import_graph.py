@@ -1,6 +1,8 @@
-"""orchestrator's modules import each other without a cycle (issue 11: ``backends/base.py`` once imported its own
-subclasses). Walks the source (no import): module-level imports only, since a function-level import is the
-deliberate way to defer a heavy or optional dependency."""
+"""orchestrator's and orch_trainer's modules import each other without a cycle (issue 11: ``backends/base.py`` once
+imported its own subclasses; issue 18: ``orch_trainer.finish`` <-> ``orch_trainer.loop`` through an import under
+``TYPE_CHECKING``). Walks the source (no import): module-level imports only, since a function-level import is the
+deliberate way to defer a heavy or optional dependency. Imports under ``if TYPE_CHECKING:`` count: they never run,
+but two modules that name each other's types are one module split in two, and the split hides it."""
 
 from __future__ import annotations
 
@@ -9,6 +11,12 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
 PKG = ROOT / "orchestrator"
+PACKAGES = (PKG, ROOT / "orch_trainer")
+# Known cycles still being removed elsewhere, as (importer, imported) edges left out of the graph. The lead removes
+# each at merge: the test fails once the edge is gone from the source, so a stale exception cannot linger.
+# lifecycle -> models (TYPE_CHECKING, for Job/Attempt annotations) closes lifecycle <-> models; helper `life`
+# (lifecycle as data) removes it.
+KNOWN_CYCLE_EDGES = {("orchestrator.lifecycle", "orchestrator.models")}
 
 
 def _module_name(path: Path) -> str:
@@ -20,8 +28,6 @@ def _top_level_imports(tree: ast.Module, modules: set[str]) -> list[str]:
     """What a module imports when it is imported; ``from pkg import submodule`` counts as the submodule."""
     names: list[str] = []
     for node in tree.body:
-        if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test):
-            continue  # annotations only: never executed
         for sub in ast.walk(node) if isinstance(node, (ast.If, ast.Try)) else [node]:
             if isinstance(sub, ast.Import):
                 names += [a.name for a in sub.names]
@@ -32,7 +38,7 @@ def _top_level_imports(tree: ast.Module, modules: set[str]) -> list[str]:
 
 
 def import_graph() -> dict[str, set[str]]:
-    files = [p for p in PKG.rglob("*.py") if "migrations" not in p.parts]
+    files = [p for pkg in PACKAGES for p in pkg.rglob("*.py") if "migrations" not in p.parts]
     modules = {_module_name(p): p for p in files}
     graph: dict[str, set[str]] = {}
     for name, path in modules.items():
@@ -63,9 +69,13 @@ def find_cycle(graph: dict[str, set[str]]) -> list[str] | None:
     return None
 
 
-def test_orchestrator_has_no_import_cycle() -> None:
+def test_orchestrator_and_orch_trainer_have_no_import_cycle() -> None:
     graph = import_graph()
-    assert len(graph) > 30  # the walk found the package
+    assert len(graph) > 30 and "orch_trainer.loop" in graph  # the walk found both packages
+    stale = {e for e in KNOWN_CYCLE_EDGES if e[1] not in graph.get(e[0], set())}
+    assert not stale, f"known cycle edge gone from the source: remove it from KNOWN_CYCLE_EDGES: {stale}"
+    for importer, imported in KNOWN_CYCLE_EDGES:
+        graph[importer].discard(imported)
     assert find_cycle(graph) is None, " -> ".join(find_cycle(graph) or [])
 
 

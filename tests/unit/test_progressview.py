@@ -8,13 +8,13 @@ import io
 import pytest
 
 from orchestrator.cli.live import PlainView, bar_stats, make_view
-from orchestrator.progressview import RateMeter, Snapshot, clock, human, state_line, stats_text
+from orchestrator.progressview import JobProgress, RateMeter, clock, human, state_line, stats_text
 
 
-def snap(**kw) -> Snapshot:
+def snap(**kw) -> JobProgress:
     base = {"name": "j", "state": "running", "attempt": 1, "attempt_state": "running", "restarts": 0,
             "settled": False}
-    return Snapshot(**{**base, **kw})
+    return JobProgress(**{**base, **kw})
 
 
 def test_eta_follows_the_heartbeat_clock_not_the_polling():

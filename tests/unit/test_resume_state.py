@@ -14,7 +14,7 @@ import torch
 from safetensors.torch import save_file
 
 from orchestrator import resumestate
-from orchestrator.rundir import leftovers_why, unverified_leftovers
+from orchestrator.trash import leftovers_why, unverified_leftovers
 
 
 def _torch_file(path: Path, legacy: bool = False) -> Path:

@@ -206,7 +206,7 @@ def test_over_memory_kill_form_is_reported_as_out_of_memory(fake: FakeSlurm, tmp
 def spec(tmp_path: Path, **kw) -> SubmitSpec:
     base = dict(job="train-1", attempt=1, token="abc123", run_dir=tmp_path / "runs" / "train-1",
                 command=("python", "-c", "print(1)"), env={"ORCH_OVERRIDES": "{}"},
-                resources=Resources(partition="spot", gpus=1, cpus_per_task=2, mem_mb=500, time_s=90))
+                resources=Resources(gpus=1, cpus_per_task=2, mem_mb=500, time_s=90, extras={"partition": "spot"}))
     base.update(kw)
     return SubmitSpec(**base)
 
@@ -222,14 +222,14 @@ def test_sbatch_argv_has_requeue_append_signal_and_resources(tmp_path: Path) -> 
 
 
 @pytest.mark.parametrize("bad", [
-    dict(resources=Resources(partition="spot\n#SBATCH --account=other")),
-    dict(resources=Resources(account="a b")),
-    dict(resources=Resources(extra_sbatch=("--qos=high\n#SBATCH --exclusive",))),
-    dict(resources=Resources(extra_sbatch=("--output=/tmp/x",))),
-    dict(resources=Resources(extra_sbatch=("--no-requeue",))),
-    dict(resources=Resources(extra_sbatch=("--outp=/tmp/x",))),  # getopt_long prefix of --output
-    dict(resources=Resources(extra_sbatch=("--Job-Name=x",))),
-    dict(resources=Resources(extra_sbatch=("-p spot",))),
+    dict(resources=Resources(extras={"partition": "spot\n#SBATCH --account=other"})),
+    dict(resources=Resources(extras={"account": "a b"})),
+    dict(resources=Resources(extras={"extra_sbatch": ("--qos=high\n#SBATCH --exclusive",)})),
+    dict(resources=Resources(extras={"extra_sbatch": ("--output=/tmp/x",)})),
+    dict(resources=Resources(extras={"extra_sbatch": ("--no-requeue",)})),
+    dict(resources=Resources(extras={"extra_sbatch": ("--outp=/tmp/x",)})),  # getopt_long prefix of --output
+    dict(resources=Resources(extras={"extra_sbatch": ("--Job-Name=x",)})),
+    dict(resources=Resources(extras={"extra_sbatch": ("-p spot",)})),
     dict(resources=Resources(mem_mb=0)),
     dict(token="t\n#SBATCH"),
     dict(run_dir=Path("relative/run")),
@@ -242,13 +242,13 @@ def test_values_that_could_smuggle_directives_are_refused(tmp_path: Path, bad: d
 
 
 def test_ordinary_extra_arguments_pass(tmp_path: Path) -> None:
-    s = spec(tmp_path, resources=Resources(extra_sbatch=("--qos=high", "--constraint=a100", "--exclusive")))
+    s = spec(tmp_path, resources=Resources(extras={"extra_sbatch": ("--qos=high", "--constraint=a100", "--exclusive")}))
     argv = slurm.SlurmBackend().sbatch_argv(s, tmp_path / "job.sbatch")
     assert argv[-4:-1] == ["--qos=high", "--constraint=a100", "--exclusive"]
 
 
 def test_submit_refuses_before_writing_anything(tmp_path: Path, fake: FakeSlurm) -> None:
-    s = spec(tmp_path, resources=Resources(partition="bad\nname"))
+    s = spec(tmp_path, resources=Resources(extras={"partition": "bad\nname"}))
     with pytest.raises(slurm.SlurmSubmitRefused):
         slurm.SlurmBackend().submit(s)
     assert not s.run_dir.exists() and fake.calls == []

@@ -145,12 +145,12 @@ def test_clock_never_raises(seconds, text):
 
 
 def test_an_eta_from_extreme_heartbeats_is_finite_or_none():
-    from orchestrator.progressview import RateMeter, Snapshot, stats_text
+    from orchestrator.progressview import JobProgress, RateMeter, stats_text
 
     meter = RateMeter()
     base = dict(name="x", state="running", attempt=1, attempt_state="running", restarts=0, settled=False)
     for step, t in ((0, 1.0), (2**53, 1.0 + 1e-300), (2**53, 2.0)):
-        snap = Snapshot(**base, step=step, max_steps=2**53, beat_time=t, tokens_per_s=1e-300, tokens_per_step=1)
+        snap = JobProgress(**base, step=step, max_steps=2**53, beat_time=t, tokens_per_s=1e-300, tokens_per_step=1)
         eta = meter.eta_s(snap)
         assert eta is None or math.isfinite(eta)
         stats_text(snap)

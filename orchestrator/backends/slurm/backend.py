@@ -57,7 +57,16 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from orchestrator import protocol
-from orchestrator.backends.base import AttemptRef, Backend, BackendError, Outcome, Phase, Resources, SubmitSpec
+from orchestrator.backends.base import (
+    AttemptRef,
+    Backend,
+    BackendError,
+    Capabilities,
+    Outcome,
+    Phase,
+    Resources,
+    SubmitSpec,
+)
 from orchestrator.backends.slurm import states as slurm_states
 from orchestrator.backends.slurm.output import batch_dir_of, over_memory_line
 from orchestrator.backends.slurm.sbatch import (
@@ -94,6 +103,9 @@ class SlurmBackend(Backend):
     """Attempts as Slurm batch jobs named ``orch-<token>``; see the module docstring."""
 
     name = "slurm"
+    # A sweep is one array that Slurm queues and throttles (%N); liveness is a squeue round trip.
+    capabilities = Capabilities(group_queue=True, host_liveness=False,
+                                extras=frozenset({"partition", "account", "extra_sbatch"}))
 
     def __init__(self, *, python: str | None = None, query_timeout_s: float | None = None) -> None:
         # The interpreter that runs orch's wrapper on the compute node: the same venv path by
@@ -126,6 +138,7 @@ class SlurmBackend(Backend):
 
     def check_resources(self, resources: Resources) -> None:
         """Every value that would reach sbatch, validated as ``sbatch_argv`` does (no I/O)."""
+        super().check_resources(resources)
         spec = SubmitSpec(job="check", attempt=1, token="check", run_dir=Path("/check"), command=("true",),
                           resources=resources)
         self.sbatch_argv(spec, Path("/check") / SCRIPT_NAME)

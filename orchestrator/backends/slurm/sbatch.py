@@ -196,10 +196,10 @@ def positive_or_zero(what: str, value: object) -> int:
 def resource_options(r: Resources) -> list[str]:
     """sbatch options for the resources (every value validated)."""
     argv = []
-    if r.partition is not None:
-        argv.append(f"--partition={_check_value('partition', r.partition, _WORD_RE)}")
-    if r.account is not None:
-        argv.append(f"--account={_check_value('account', r.account, _WORD_RE)}")
+    if r.extra("partition") is not None:
+        argv.append(f"--partition={_check_value('partition', r.extra('partition'), _WORD_RE)}")
+    if r.extra("account") is not None:
+        argv.append(f"--account={_check_value('account', r.extra('account'), _WORD_RE)}")
     if r.gpus:  # 0 / None: no GPU requested
         # gres, not --gpus-per-node: works with count-only and File= gres alike, no cons_tres needed
         argv.append(f"--gres=gpu:{_positive('gpus', r.gpus)}")
@@ -209,4 +209,4 @@ def resource_options(r: Resources) -> list[str]:
         argv.append(f"--mem={_positive('mem_mb', r.mem_mb)}M")
     if r.time_s is not None:
         argv.append(f"--time={math.ceil(_positive('time_s', r.time_s) / 60)}")  # Slurm counts minutes
-    return argv + validate_extra_sbatch(r.extra_sbatch)
+    return argv + validate_extra_sbatch(r.extra("extra_sbatch", ()))
