@@ -19,9 +19,8 @@ from advkit import (
     live_job_procs,
     settle,
     show,
-    wait_for,
 )
-from orchkit import tree_hash
+from orchkit import tree_hash, wait_for
 
 LONG = "a-job-with-a-long-name-" + "x" * 97  # 120 characters: 600 rows overflow a 64 KiB pipe buffer
 

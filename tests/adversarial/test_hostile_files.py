@@ -17,9 +17,9 @@ from advkit import (
     reconcile_ok,
     settle,
     status_map,
-    wait_for,
     wait_no_procs,
 )
+from orchkit import wait_for
 
 CONFIG = "[policy]\nauto_requeue = []\n"
 # wrong_type: a string where a number belongs (progress.json's "samples" made `orch status` raise).

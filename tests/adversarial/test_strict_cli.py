@@ -13,7 +13,8 @@ import time
 from pathlib import Path
 
 import pytest
-from advkit import PY, ROOT, settle, show, wait_for
+from advkit import PY, ROOT, settle, show
+from orchkit import wait_for
 
 BIG_INT = 2**63 - 1
 
