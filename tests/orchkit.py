@@ -184,3 +184,36 @@ def orch_for(home: Path, db_url: str | None = None) -> Orch:
     if db_url:
         env["ORCH_DB_URL"] = db_url
     return Orch(home=home, env=env)
+
+
+def fake_scheduler(name: str = "local"):  # noqa: ANN201 - a Backend subclass instance (imported lazily)
+    """The one fake for in-process tests, at the scheduler boundary only: every attempt is RUNNING until
+    ``ended[job] = exit code`` says it exited with that code; ``cancelled`` records each cancel call's job
+    names; ``cancel_error`` (a BackendError) makes cancel fail as an unreachable scheduler would."""
+    from orchestrator.backends.base import AttemptRef, Backend, Outcome, Phase, SubmitSpec
+
+    class FakeScheduler(Backend):
+        def __init__(self) -> None:
+            self.name = name
+            self.tokens: dict[str, str] = {}
+            self.ended: dict[str, int] = {}
+            self.cancelled: list[list[str]] = []
+            self.cancel_error: Exception | None = None
+
+        def submit(self, spec: SubmitSpec) -> str:
+            self.tokens[spec.job] = spec.token
+            return f"fake-{spec.token}"
+
+        def poll(self, refs: list[AttemptRef]) -> dict[str, Outcome]:
+            return {r.token: Outcome(Phase.EXITED, exit_code=self.ended[r.run_dir.name])
+                    if r.run_dir.name in self.ended else Outcome(Phase.RUNNING) for r in refs}
+
+        def cancel(self, refs: list[AttemptRef]) -> None:
+            self.cancelled.append(sorted(r.run_dir.name for r in refs))
+            if self.cancel_error is not None:
+                raise self.cancel_error
+
+        def find_by_token(self, refs: list[AttemptRef]) -> dict[str, str]:
+            return {}
+
+    return FakeScheduler()
