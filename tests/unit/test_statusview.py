@@ -75,3 +75,18 @@ def test_the_status_sql_in_the_source_is_what_the_models_compile_today():
         assert statusview.STATUS_SQL[variant] == str(compiled), f"{variant}: {str(compiled)!r}"
         assert len(compiled.positiontup or ()) == (1 if state else 0)
         assert statusview.STATUS_KEYS == tuple(q.selected_columns.keys())
+
+
+def test_a_sweeps_tasks_are_one_row_counting_their_states_and_att_is_the_furthest_task():
+    from orchestrator.statusview import group_by_sweep
+
+    def row(name: str, state: str, attempts: int, sweep: str | None = None, flags: tuple = ()) -> dict:
+        return {"name": name, "state": state, "attempts": attempts, "backend": "local", "sweep": sweep,
+                "flags": list(flags)}
+
+    rows = [row("solo", "running", 1), row("sw.0", "running", 1, "sw", ("slow",)),
+            row("sw.1", "retryable_failed", 3, "sw"), row("sw.2", "running", 2, "sw", ("hang",))]
+    solo, sw = group_by_sweep(rows)
+    assert solo is rows[0]
+    assert (sw["name"], sw["tasks"], sw["attempts"], sw["attempts_total"]) == ("sw", 3, 3, 6)
+    assert sw["state"] == "sweep of 3: 1 retryable_failed, 2 running" and sw["flags"] == ["hang", "slow"]
