@@ -119,7 +119,7 @@ def group_by_sweep(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
 # the fast path: the query as SQLAlchemy compiles it for SQLite, kept in the source
 # ------------------------------------------------------------------------------------------
 # What ``status_select()`` / ``status_select(state)`` compile to for SQLite, and the schema revision they
-# read. tests/unit/test_status_sql.py compiles the models' query and asserts equality, so there is still
+# read. tests/unit/test_statusview.py compiles the models' query and asserts equality, so there is still
 # one schema: change models.py or status_select and that test prints the new text to paste here.
 # Never read from disk: the earlier cache file ($ORCH_HOME/cache/status-sql.json) ran whatever SQL a hand
 # edit put in it (an ATTACH created files), since a file's SQL cannot be trusted without recompiling it.

@@ -23,6 +23,19 @@ LOG=$STATE/log
 GRACE_S=${ORCH_SLURM_GRACE_S:-10}
 PACKAGES=(slurm-wlm slurmdbd mariadb-server munge)
 
+# Start a daemon with none of this shell's open files above stderr. Tests run `cluster.sh up` under
+# `flock /work/wt/slurm.lock` (and CI under its own locks): a slurmdbd restarted there inherited the lock's
+# descriptor and held the cluster lock for as long as it ran, so every later `flock` waited for ever.
+daemon() {
+    (
+        for fd in /proc/$BASHPID/fd/*; do
+            fd=${fd##*/}
+            if [ "$fd" -gt 2 ] 2>/dev/null; then eval "exec $fd>&-" 2>/dev/null || true; fi
+        done
+        exec "$@"
+    )
+}
+
 say() { printf '[cluster.sh] %s\n' "$*"; }
 die() { printf '[cluster.sh] ERROR: %s\n' "$*" >&2; exit 1; }
 
@@ -199,9 +212,9 @@ start_munge() {
     chown munge:munge /run/munge /var/log/munge /var/lib/munge 2>/dev/null || true
     # munged runs as the munge user the package created; as root it needs --force.
     if id munge >/dev/null 2>&1; then
-        su -s /bin/sh munge -c munged 2>>"$LOG/munged.start" || munged --force 2>>"$LOG/munged.start"
+        daemon su -s /bin/sh munge -c munged 2>>"$LOG/munged.start" || daemon munged --force 2>>"$LOG/munged.start"
     else
-        munged --force 2>>"$LOG/munged.start"
+        daemon munged --force 2>>"$LOG/munged.start"
     fi
     wait_for 15 "munged up" sh -c 'munge -n | unmunge' || die "munged did not start (see $LOG/munged.start)"
 }
@@ -221,7 +234,7 @@ start_mariadb() {
     chown mysql:mysql "$RUN"
     touch "$LOG/mariadb.log" && chown mysql:mysql "$LOG/mariadb.log"
     # Our own instance (own datadir, socket and port), so `down` never stops someone else's MariaDB.
-    setsid mysqld_safe --no-defaults --user=mysql --datadir="$datadir" --socket="$DB_SOCK" \
+    daemon setsid mysqld_safe --no-defaults --user=mysql --datadir="$datadir" --socket="$DB_SOCK" \
         --port="$DB_PORT" --bind-address=127.0.0.1 --pid-file="$RUN/mysqld.pid" \
         --log-error="$LOG/mariadb.log" --innodb-buffer-pool-size=128M --innodb-lock-wait-timeout=900 --skip-name-resolve \
         </dev/null >/dev/null 2>&1 &
@@ -244,7 +257,7 @@ start_slurmdbd() {
         stop_pidfile "$RUN/slurmdbd.pid" slurmdbd
     fi
     if ! pid_alive "$RUN/slurmdbd.pid"; then
-        slurmdbd || die "slurmdbd did not start (see $LOG/slurmdbd.log)"
+        daemon slurmdbd || die "slurmdbd did not start (see $LOG/slurmdbd.log)"
     fi
     wait_for 60 "slurmdbd answers" dbd_ok || die "slurmdbd does not answer (see $LOG/slurmdbd.log)"
     if ! sacctmgr -n -P list cluster format=Cluster 2>/dev/null | grep -qx "$CLUSTER"; then
@@ -262,11 +275,11 @@ start_slurm() {
         pid_alive "$RUN/slurmctld.pid" && stop_pidfile "$RUN/slurmctld.pid" slurmctld
     fi
     if ! pid_alive "$RUN/slurmctld.pid"; then
-        slurmctld || die "slurmctld did not start (see $LOG/slurmctld.log)"
+        daemon slurmctld || die "slurmctld did not start (see $LOG/slurmctld.log)"
     fi
     wait_for 60 "slurmctld answers" scontrol ping || die "slurmctld does not answer (see $LOG/slurmctld.log)"
     if ! pid_alive "$RUN/slurmd.pid"; then
-        slurmd || die "slurmd did not start (see $LOG/slurmd.log)"
+        daemon slurmd || die "slurmd did not start (see $LOG/slurmd.log)"
     fi
     if ! wait_for 60 "node $HOST ready" node_ready; then
         # A node drained by an earlier unclean stop ("Kill task failed", "Not responding") comes back

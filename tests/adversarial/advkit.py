@@ -15,7 +15,6 @@ import re
 import signal
 import sqlite3
 import subprocess
-import sys
 import threading
 import time
 from collections.abc import Callable, Iterable, Iterator
@@ -23,10 +22,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-from orchkit import IN_CI, tree_hash, unavailable
+from orchkit import IN_CI, PY, ROOT, tree_hash, unavailable, wait_for
 
-PY = sys.executable
-ROOT = Path(__file__).resolve().parents[2]
 ADVJOB = Path(__file__).resolve().with_name("advjob.py")
 LIVE_STATES = ("pending", "submitted", "running")
 SETTLED_STATES = ("done_marker_verified", "failed", "cancelled", "retryable_failed")
@@ -191,18 +188,6 @@ class ProcessSampler:
 
     def ever_alive(self) -> bool:
         return any(s.alive for s in self.samples)
-
-
-def wait_for(cond: Callable[[], object], timeout: float, what: str, interval: float = 0.05) -> object:
-    """Poll an observable condition with a deadline (never a fixed sleep for synchronisation)."""
-    deadline = time.monotonic() + timeout
-    while True:
-        v = cond()
-        if v:
-            return v
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
-        time.sleep(interval)
 
 
 def wait_no_procs(run_dir: Path | str, timeout: float, what: str = "") -> None:

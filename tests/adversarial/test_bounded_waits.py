@@ -20,9 +20,9 @@ from advkit import (
     settle,
     show,
     status_map,
-    wait_for,
     wait_no_procs,
 )
+from orchkit import wait_for
 
 ROOT = Path(__file__).resolve().parents[2]
 # The job leaves behind a process with an empty environment in its own session, its cwd the run dir.

@@ -9,8 +9,8 @@ import json
 import os
 from pathlib import Path
 
-from advkit import PY, assert_no_stuck, flip_byte, live_job_procs, settle, show, wait_for
-from orchkit import make_checkpoint
+from advkit import PY, assert_no_stuck, flip_byte, live_job_procs, settle, show
+from orchkit import make_checkpoint, wait_for
 
 from orchestrator import protocol
 

@@ -17,8 +17,8 @@ from advkit import (
     outside_sentinel,
     settle,
     show,
-    wait_for,
 )
+from orchkit import wait_for
 
 from orchestrator import protocol
 

@@ -3,6 +3,7 @@ pipe exits quietly, and `requeue` of several jobs exits non-zero when any of the
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import sqlite3
@@ -19,9 +20,8 @@ from advkit import (
     live_job_procs,
     settle,
     show,
-    wait_for,
 )
-from orchkit import tree_hash
+from orchkit import tree_hash, wait_for
 
 LONG = "a-job-with-a-long-name-" + "x" * 97  # 120 characters: 600 rows overflow a 64 KiB pipe buffer
 
@@ -75,7 +75,7 @@ def test_verify_into_a_closed_pipe_never_exits_0_for_an_unverified_job(orch, tmp
 @pytest.mark.parametrize("mem", ["4\uff27", "4\u212a"], ids=["fullwidth-G", "kelvin-sign-K"])
 def test_a_non_ascii_mem_unit_is_a_one_line_usage_error(orch, mem):
     """Issue 9: 'a --mem unit that is not ASCII' ends in exit 1 (the Kelvin sign matched [K] under re.I)."""
-    p = orch("submit", "--name", "m", "--mem", mem, "--", "true")
+    p = orch.cli("submit", "--name", "m", "--mem", mem, "--", "true")
     assert_user_error(p, (2,), r"mem")
     assert db_job_names(orch.home) == []
 
@@ -84,10 +84,10 @@ def test_a_non_ascii_mem_unit_is_a_one_line_usage_error(orch, mem):
 def test_a_runs_root_that_cannot_be_a_path_is_a_one_line_usage_error(orch, root):
     """Issue 9: 'a runs root with ~nosuchuser or a NUL byte' ends in exit 1."""
     orch.write_config(f'[runs]\nroot = "{root}"\n')
-    p = orch("submit", "--name", "r", "--", "true")
+    p = orch.cli("submit", "--name", "r", "--", "true")
     assert_user_error(p, (2,), r"runs|root|orch\.toml")
     assert db_job_names(orch.home) == []
-    s = orch("status")
+    s = orch.cli("status")
     assert s.returncode in (0, 2), (s.returncode, s.stderr)
     if s.returncode:
         assert_user_error(s, (2,))
@@ -128,7 +128,7 @@ def test_requeue_of_several_jobs_exits_non_zero_when_one_of_them_errors(orch, tm
 def test_an_orch_home_the_db_url_would_misread_is_a_one_line_usage_error(orch, tmp_path, home, char):
     # Found by a hostile test: `%` broke Alembic's config (exit 1), and `?mode=ro` created the SQLite file
     # /x/y, outside ORCH_HOME.
-    p = orch("status", env={"ORCH_HOME": str(tmp_path / home)})
+    p = orch.cli("status", env={"ORCH_HOME": str(tmp_path / home)})
     assert p.returncode == 2, p.stdout + p.stderr
     assert p.stderr.startswith("orch: ORCH_HOME ") and f"contains {char}: not supported" in p.stderr, p.stderr
     assert len(p.stderr.splitlines()) == 1 and list(tmp_path.iterdir()) == []
@@ -136,7 +136,7 @@ def test_an_orch_home_the_db_url_would_misread_is_a_one_line_usage_error(orch, t
 
 @pytest.mark.parametrize("url", ["sqlite:///", "sqlite://", "sqlite:///:memory:"])
 def test_an_orch_db_url_without_a_file_is_a_one_line_usage_error(orch, url):
-    p = orch("status", env={"ORCH_DB_URL": url})
+    p = orch.cli("status", env={"ORCH_DB_URL": url})
     assert (p.returncode, p.stderr) == (2, "orch: ORCH_DB_URL names no SQLite file (in-memory or empty): the job "
                                            "table would vanish at exit; name a file, e.g. sqlite:////home/me/orch.db\n")
 
@@ -145,16 +145,16 @@ def test_a_fifo_as_sweep_params_or_a_device_as_metrics_dir_is_a_usage_error(orch
     # Found by a hostile test: `sweep --from FIFO` blocked for ever; `metrics --textfile /dev/null` exited 1.
     fifo = tmp_path / "params.jsonl"
     os.mkfifo(fifo)
-    p = orch("sweep", "--name", "ff", "--from", fifo, "--", "true", timeout=30)
+    p = orch.cli("sweep", "--name", "ff", "--from", fifo, "--", "true")
     assert (p.returncode, p.stderr) == (2, f"orch: --from {fifo} is not a regular file\n")
-    p = orch("metrics", "--textfile", "/dev/null")
+    p = orch.cli("metrics", "--textfile", "/dev/null")
     assert (p.returncode, p.stderr) == (2, "orch: --textfile /dev/null: not a directory\n")
-    assert orch.json("status") == []
+    assert json.loads(orch.cli("status", "--json").stdout) == []
 
 
 def test_a_misspelt_orch_toml_table_is_a_usage_error_not_silently_ignored(orch):
     orch.write_config("[polcy]\nmax_attempts = 5\n")
-    p = orch("status")
+    p = orch.cli("status")
     assert p.returncode == 2 and len(p.stderr.splitlines()) == 1, p.stderr
     assert "orch.toml: unknown table or key 'polcy'; orch.toml has [metrics], [policy], [reconcile], [runs], " \
            "[spot]" in p.stderr, p.stderr
@@ -163,7 +163,7 @@ def test_a_misspelt_orch_toml_table_is_a_usage_error_not_silently_ignored(orch):
 def test_a_misspelt_key_in_a_known_orch_toml_table_is_a_usage_error(orch):
     # Issue 16: `[policy] max_atempts = 2` was silently ignored, and the job got 3 attempts.
     orch.write_config("[policy]\nmax_atempts = 2\n")
-    p = orch("status")
+    p = orch.cli("status")
     assert (p.returncode, p.stdout) == (2, ""), p.stderr
     assert p.stderr == (f"orch: {orch.home / 'orch.toml'}: unknown key 'max_atempts' in [policy]; [policy] has "
                         "auto_requeue, backoff_cap_s, caps, crash_backoff_s, hang_timeout_s, input_missing_attempts, "

@@ -25,9 +25,9 @@ from advkit import (
     reconcile_ok,
     settle,
     show,
-    wait_for,
     wait_no_procs,
 )
+from orchkit import wait_for
 
 GRACE = {"ORCH_LAUNCH_GRACE_S": "1"}
 GATED = ("--outputs", "result/out.txt", "--", *job_argv("--result"))

@@ -23,9 +23,9 @@ from advkit import (
     settle,
     show,
     status_map,
-    wait_for,
     wait_no_procs,
 )
+from orchkit import wait_for
 
 from orchestrator import protocol
 
@@ -36,17 +36,23 @@ GATED = ("--outputs", "result/out.txt", "--", *job_argv("--result"))
 def test_cancel_racing_a_slow_launch_leaves_no_process_running(orch, spawned, site):
     """Issue 9: 'after `orch cancel` lands while the launch is still in progress'.
 
-    ORCH_PAUSE_AT/ORCH_PAUSE_S is a test hook the fix adds (the launching orch sleeps at that site);
-    without it the launch is fast and this test may pass without exercising the race.
+    The launching orch pauses at that site (testhooks: ORCH_PAUSE_AT) until the test opens the gate:
+    the cancel provably lands while the launch is in progress (``.reached`` says the pause began; the
+    launcher is still alive when the cancel returns), with no fixed sleep (issue 18: it paused 3 s).
     """
     run = orch.runs / "x"
+    gate = run.parent.parent / f"gate-{site}"
     sampler = ProcessSampler(run)
     try:
-        sub = orch_popen(orch, "submit", "--name", "x", *GATED, env={"ORCH_PAUSE_AT": site, "ORCH_PAUSE_S": "3"})
+        sub = orch_popen(orch, "submit", "--name", "x", *GATED,
+                         env={"ORCH_PAUSE_AT": site, "ORCH_PAUSE_UNTIL": str(gate), "ORCH_PAUSE_S": "60"})
         spawned.append(sub)
-        wait_for(lambda: "x" in status_map(orch), 30, "job x to be listed")
+        wait_for(Path(f"{gate}.reached").exists, 30, f"the launch to pause at {site}")
+        assert "x" in status_map(orch)
         c = orch("cancel", "x")
         assert c.returncode == 0, (c.returncode, c.stdout, c.stderr)
+        assert sub.poll() is None, "the launch ended before the cancel landed: the race was not exercised"
+        gate.touch()
         _out, err = sub.communicate(timeout=60)
         assert "Traceback" not in err, err
         # The launcher either did not start the job, or stopped what it started.

@@ -25,9 +25,9 @@ from advkit import (
     settle,
     show,
     tmpfs,
-    wait_for,
     wait_no_procs,
 )
+from orchkit import wait_for
 
 from orchestrator import protocol
 

@@ -9,7 +9,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from advkit import PY, assert_no_stuck, flip_byte, live_job_procs, orch_popen, show, wait_for
+from advkit import PY, assert_no_stuck, flip_byte, live_job_procs, orch_popen, show
+from orchkit import wait_for
 
 from orchestrator import protocol
 

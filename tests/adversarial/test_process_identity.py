@@ -30,10 +30,10 @@ from advkit import (
     settle,
     show,
     unavailable,
-    wait_for,
     wait_no_procs,
     wrapper_pids,
 )
+from orchkit import wait_for
 
 from orchestrator import protocol
 from orchestrator.backends import proctable

@@ -13,7 +13,8 @@ import time
 from pathlib import Path
 
 import pytest
-from advkit import PY, ROOT, settle, show, wait_for
+from advkit import PY, ROOT, settle, show
+from orchkit import wait_for
 
 BIG_INT = 2**63 - 1
 
@@ -21,7 +22,7 @@ BIG_INT = 2**63 - 1
 def _nothing_written(orch, name: str) -> None:  # noqa: ANN001
     assert not (orch.runs / name).exists(), f"{name}'s run dir exists"
     if (orch.home / "orch.db").exists():
-        assert orch.json("status") == []
+        assert json.loads(orch.cli("status", "--json").stdout) == []
 
 
 # ------------------------------------------------------------------------------------------
@@ -30,7 +31,7 @@ def _nothing_written(orch, name: str) -> None:  # noqa: ANN001
 @pytest.mark.parametrize("cmd", [["submit", "--name", "t"], ["sweep", "--name", "t", "--grid", "x=1"]])
 def test_a_misspelt_option_before_the_command_is_refused_with_a_hint(orch, cmd):
     # Found by a hostile test: exit 0, and the job ran `--max-atempts 2 -- true`.
-    p = orch(*cmd, "--max-atempts", "2", "--", "true")
+    p = orch.cli(*cmd, "--max-atempts", "2", "--", "true")
     assert p.returncode == 2, p.stdout + p.stderr
     assert "No such option '--max-atempts'" in p.stderr and "Did you mean '--max-attempts'?" in p.stderr, p.stderr
     assert "Traceback" not in p.stderr
@@ -50,7 +51,7 @@ def test_sweep_from_refuses_nul_and_oversize_values_at_parse_time(orch, tmp_path
     # Found by a hostile test: accepted, then every task failed as `unknown` (execve: E2BIG / a cut argv).
     f = tmp_path / "params.jsonl"
     f.write_text(json.dumps({"x": 1}) + "\n" + json.dumps({"x": value}) + "\n")
-    p = orch("sweep", "--name", "sw", "--from", f, "--", "echo", "{x}")
+    p = orch.cli("sweep", "--name", "sw", "--from", f, "--", "echo", "{x}")
     assert p.returncode == 2, p.stdout + p.stderr
     assert p.stderr.startswith(f"orch: {f}:2: ") and why in p.stderr and len(p.stderr.splitlines()) == 1, p.stderr
     _nothing_written(orch, "sw.0000")
@@ -85,7 +86,7 @@ def test_a_sweep_whose_filled_in_command_is_too_large_to_exec_is_refused_at_pars
     # sweep was accepted and every task then failed `unknown` ("process gone without an exit record").
     params = tmp_path / "a.jsonl"
     params.write_text(json.dumps({"a": "x" * 60_000}) + "\n")
-    p = orch("sweep", "--name", "rep", "--from", str(params), "--", "echo", *["{a}"] * 40)
+    p = orch.cli("sweep", "--name", "rep", "--from", str(params), "--", "echo", *["{a}"] * 40)
     assert p.returncode == 2, p.stdout + p.stderr
     assert "task 0's command is 2400045 bytes once its values are filled in" in p.stderr, p.stderr
     assert not orch.home.exists() or not (orch.home / "orch.db").exists()
@@ -95,7 +96,7 @@ def test_a_sweep_whose_filled_in_command_is_too_large_to_exec_is_refused_at_pars
                                   "checkpoints*/**", "./done.json"])
 def test_an_outputs_glob_that_matches_orchs_own_files_is_refused(orch, glob):
     # Found by a hostile test: `--outputs '**'` listed attempts/1/exit.reserve: every attempt marker_corrupt.
-    p = orch("submit", "--name", "g", "--outputs", glob, "--", "true")
+    p = orch.cli("submit", "--name", "g", "--outputs", glob, "--", "true")
     assert p.returncode == 2, p.stdout + p.stderr
     assert "orch's own" in p.stderr and "Traceback" not in p.stderr, p.stderr
     _nothing_written(orch, "g")

@@ -15,9 +15,9 @@ import os
 import signal
 import subprocess
 import sys
-import time
-from collections.abc import Callable
 from pathlib import Path
+
+from orchkit import wait_for
 
 from orchestrator import protocol
 
@@ -49,17 +49,6 @@ def run_direct(argv: list[str], run_dir: Path, timeout: float = 300) -> subproce
     assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
     assert protocol.verify_done_marker(run_dir).verified
     return p
-
-
-def wait_for(cond: Callable[[], object], timeout: float, what: str, every: float = 0.05) -> object:
-    t0 = time.time()
-    while True:
-        got = cond()
-        if got:
-            return got
-        if time.time() - t0 > timeout:
-            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
-        time.sleep(every)
 
 
 def program_pids(run_dir: Path, script: str) -> list[int]:
@@ -100,7 +89,7 @@ def preempt(orch, name: str, script: str, attempt: int, past_step: int, timeout:
             return pids
         return None
 
-    (pid,) = wait_for(ready, timeout, f"{name} attempt {attempt} past step {past_step}", every=0.2)
+    (pid,) = wait_for(ready, timeout, f"{name} attempt {attempt} past step {past_step}", interval=0.2)
     os.kill(pid, signal.SIGTERM)
     return pid
 

@@ -17,7 +17,8 @@ import json
 import sys
 
 import pytest
-from intkit import DONE, attempts, example, failure, preempt, repeats, step_log, wait_for
+from intkit import DONE, attempts, example, failure, preempt, repeats, step_log
+from orchkit import wait_for
 
 from orchestrator import protocol
 

@@ -8,7 +8,8 @@ import signal
 import sys
 from pathlib import Path
 
-from intkit import DONE, ROOT, program_pids, repeats, step_log, wait_for
+from intkit import DONE, ROOT, program_pids, repeats, step_log
+from orchkit import wait_for
 from transformers.trainer_utils import get_last_checkpoint
 
 from orchestrator import protocol

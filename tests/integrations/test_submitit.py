@@ -13,7 +13,8 @@ import sys
 from pathlib import Path
 
 import pytest
-from intkit import DONE, EXAMPLES, failure, progress_step, repeats, state_dicts_equal, step_log, wait_for
+from intkit import DONE, EXAMPLES, failure, progress_step, repeats, state_dicts_equal, step_log
+from orchkit import wait_for
 from submitit.core.utils import FailedJobError
 
 from orchestrator import protocol
@@ -60,7 +61,7 @@ def sigterm_wrapper(orch, name: str, attempt: int, past_step: int, timeout: floa
         orch("reconcile", check=True)
         return runner_pid(run_dir) if progress_step(run_dir, attempt) > past_step else None
 
-    pid = wait_for(ready, timeout, f"{name} attempt {attempt} past step {past_step}", every=0.2)
+    pid = wait_for(ready, timeout, f"{name} attempt {attempt} past step {past_step}", interval=0.2)
     os.kill(parent_of(pid), signal.SIGTERM)
 
 

@@ -9,11 +9,11 @@ from __future__ import annotations
 import json
 import os
 import sqlite3
-import time
 from pathlib import Path
 
 import orchkit
 import pgkit
+from orchkit import wait_for_file
 
 from orchestrator import protocol
 
@@ -54,26 +54,12 @@ def db_snapshot(home: Path) -> list[tuple]:
         + db_rows(home, "SELECT * FROM events ORDER BY id")
 
 
-def make_checkpoint(run_dir: Path, step: int, files: dict[str, bytes] | None = None,
-                    final_name: str | None = None, manifest: bool = True) -> Path:
-    files = files if files is not None else {"model.pt": b"w" * 64 + bytes([step % 256])}
-    return orchkit.make_checkpoint(run_dir, step, files, final_name, manifest)
-
-
 def write_corrupt_marker(run_dir: Path, artifact: str = "result/out.txt") -> None:
     """done.json that lists an existing artifact with a wrong sha256 (an interrupted/lying writer)."""
     p = run_dir / artifact
     protocol.atomic_write_json(run_dir / protocol.DONE_MARKER, {
         "schema": 1, "job": run_dir.name, "attempt": 1, "finished_at": protocol.now_iso(),
         "artifacts": {artifact: {"size": p.stat().st_size, "sha256": "0" * 64}}})
-
-
-def wait_for_file(path: Path, timeout: float = 30) -> None:
-    t0 = time.time()
-    while not path.exists():
-        if time.time() - t0 > timeout:
-            raise AssertionError(f"{path} did not appear within {timeout}s")
-        time.sleep(0.05)
 
 
 def wrapper_record(run_dir: Path, n: int = 1) -> dict:

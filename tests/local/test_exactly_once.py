@@ -2,7 +2,9 @@
 
 testhooks.site(site) with ORCH_FAULT=site makes the process die with exit 99 at the named site, as a kill -9 would:
 ``after_attempt_row`` (the attempt row and command.json exist, the backend was never called) and
-``after_backend_submit`` (the job is running, the DB does not know its id). On SQLite and on PostgreSQL.
+``after_backend_submit`` (the job is running, the DB does not know its id). On SQLite; on PostgreSQL
+for one site (issue 18, CI time: PostgreSQL variants only where the DB matters -- here, what a commit made
+visible before the crash; the recovery logic after it is the same code on either DB).
 """
 
 from __future__ import annotations
@@ -14,8 +16,6 @@ import pytest
 from localkit import DONE, db_rows
 
 from orchestrator import protocol
-
-pytestmark = pytest.mark.each_db
 
 # Each run appends one line with its attempt and pid, sleeps a little (so a duplicate launch would
 # overlap the first one), then writes its result.
@@ -32,7 +32,10 @@ def _wrappers_of(token: str) -> list[psutil.Process]:
     return out
 
 
-@pytest.mark.parametrize("site", ["after_attempt_row", "after_backend_submit"])
+@pytest.mark.parametrize("db_kind, site", [("sqlite", "after_attempt_row"), ("sqlite", "after_backend_submit"),
+                                           ("postgres", "after_attempt_row")],
+                         ids=["sqlite-after_attempt_row", "sqlite-after_backend_submit", "postgres-after_attempt_row"],
+                         indirect=["db_kind"])
 def test_submit_killed_at_a_fault_site_runs_the_job_exactly_once_after_reconcile(orch, site):
     p = orch("submit", "--name", "once", "--outputs", "result/*", "--", "bash", "-c", ONCE,
              env={"ORCH_FAULT": site})

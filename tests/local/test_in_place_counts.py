@@ -14,7 +14,7 @@ import subprocess
 import sys
 import time
 
-from localkit import wait_for_file
+from orchkit import wait_for_file
 
 from orchestrator import protocol
 from orchestrator.config import load_config

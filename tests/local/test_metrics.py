@@ -13,7 +13,8 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 import pytest
-from localkit import db_rows, wait_for_file, wrapper_record
+from localkit import db_rows, wrapper_record
+from orchkit import wait_for_file
 from prometheus_client.parser import text_string_to_metric_families
 
 from orchestrator import protocol

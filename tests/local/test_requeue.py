@@ -13,12 +13,12 @@ from localkit import (
     PREEMPTIBLE,
     RETRYABLE,
     db_snapshot,
-    make_checkpoint,
     trash_files,
     tree_hash,
     wrapper_record,
     write_corrupt_marker,
 )
+from orchkit import make_checkpoint
 
 from orchestrator import protocol
 

@@ -13,7 +13,8 @@ import time
 
 import pytest
 from fakemeta import FakeMetadata
-from localkit import DONE, RETRYABLE, wait_for_file, wrapper_record
+from localkit import DONE, RETRYABLE, wrapper_record
+from orchkit import wait_for_file
 
 from orchestrator import protocol
 

@@ -13,7 +13,7 @@ import sys
 import time
 from pathlib import Path
 
-from localkit import wait_for_file
+from orchkit import wait_for_file
 from ptykit import PtyProcess
 
 from orchestrator import protocol

@@ -17,7 +17,6 @@ import json
 import os
 import sqlite3
 import subprocess
-import sys
 import time
 from datetime import datetime
 from pathlib import Path
@@ -25,35 +24,21 @@ from pathlib import Path
 import pytest
 import sqlalchemy as sa
 from click.testing import CliRunner
-from relkit import ROOT, tree_hash
+from orchkit import orch_for, tree_hash
 
 from orchestrator.cli import main
 from orchestrator.config import load_config
 from orchestrator.db import SCHEMA_HEAD, Database, alembic_config, make_engine
 
-EXE = [str(ROOT / ".venv" / "bin" / "orch")] if (ROOT / ".venv" / "bin" / "orch").exists() else [
-    sys.executable, "-m", "orchestrator.cli"]
-
 
 def orch(home: Path, *args: str, timeout: float = 60) -> subprocess.CompletedProcess:
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("ORCH_", "SLURM_"))}
-    env["ORCH_HOME"] = str(home)
-    return subprocess.run([*EXE, *args], capture_output=True, text=True, env=env, timeout=timeout)
+    """``orch ARGS`` on ``home`` in a subprocess (the shared runner, tests/orchkit.py)."""
+    return orch_for(home)(*args, timeout=timeout)
 
 
 def cli(home: Path, *args: str) -> subprocess.CompletedProcess:
-    """``orch ARGS`` in-process (click's CliRunner), returned like a subprocess result."""
-    old = os.environ.get("ORCH_HOME")
-    os.environ["ORCH_HOME"] = str(home)
-    try:
-        res = CliRunner().invoke(main, list(args), prog_name="orch")
-    finally:
-        if old is None:
-            os.environ.pop("ORCH_HOME", None)
-        else:
-            os.environ["ORCH_HOME"] = old
-    assert res.exception is None or isinstance(res.exception, SystemExit), repr(res.exception)
-    return subprocess.CompletedProcess(args, res.exit_code, res.stdout, res.stderr)
+    """``orch ARGS`` on ``home`` in-process (click's CliRunner), returned like a subprocess result."""
+    return orch_for(home).cli(*args)
 
 
 def one_error_line(p: subprocess.CompletedProcess) -> str:

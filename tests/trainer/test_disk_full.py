@@ -10,8 +10,8 @@ import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 
-from orchkit import unavailable
-from trainerkit import committed, failure, run_config, run_trainer, spawn_trainer, tmp_entries, wait_for
+from orchkit import unavailable, wait_for
+from trainerkit import committed, failure, run_config, run_trainer, spawn_trainer, tmp_entries
 
 from orch_trainer.model import PRESETS, TinyGPT
 from orchestrator import protocol

@@ -8,6 +8,7 @@ import signal
 import time
 
 import pytest
+from orchkit import wait_for
 from trainerkit import (
     BASE_ARGS,
     assert_bit_identical,
@@ -20,7 +21,6 @@ from trainerkit import (
     run_trainer,
     spawn_trainer,
     tmp_entries,
-    wait_for,
 )
 
 from orch_trainer.faults import cpu_oom_error

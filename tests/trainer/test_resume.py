@@ -8,6 +8,7 @@ import time
 
 import pytest
 import torch
+from orchkit import wait_for
 from trainerkit import (
     BASE_ARGS,
     assert_bit_identical,
@@ -19,7 +20,6 @@ from trainerkit import (
     run_inproc,
     run_trainer,
     spawn_trainer,
-    wait_for,
 )
 
 from orchestrator import protocol

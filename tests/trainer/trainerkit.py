@@ -12,7 +12,6 @@ import json
 import os
 import subprocess
 import sys
-import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -112,16 +111,6 @@ def tree_state(root: Path) -> str:
         digest = hashlib.sha256(p.read_bytes()).hexdigest() if p.is_file() else "-"
         h.update(f"{p.relative_to(root)} {st.st_mtime_ns} {digest}\n".encode())
     return h.hexdigest()
-
-
-def wait_for(pred: Callable[[], Any], timeout: float = 60, what: str = "condition") -> Any:
-    t0 = time.time()
-    while time.time() - t0 < timeout:
-        v = pred()
-        if v:
-            return v
-        time.sleep(0.02)
-    raise AssertionError(f"timed out after {timeout}s waiting for {what}")
 
 
 def progress_step(run_dir: Path, attempt: int = 1) -> int:

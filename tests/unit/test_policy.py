@@ -6,7 +6,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from unitkit import make_checkpoint
+from orchkit import make_checkpoint
 
 from orchestrator import protocol
 from orchestrator.lifecycle import JobState

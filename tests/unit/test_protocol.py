@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from unitkit import make_checkpoint
+from orchkit import make_checkpoint
 
 from orchestrator import protocol
 from orchestrator.protocol import MarkerStatus, UnsafePath

@@ -13,27 +13,6 @@ from orchestrator import protocol
 from orchestrator.errors import UsageError
 from orchestrator.sweep import MAX_VALUE_BYTES, load_params, parse_grid
 
-# ------------------------------------------------------------------------------------------
-# the status query kept in the source
-# ------------------------------------------------------------------------------------------
-
-
-def test_the_status_sql_in_the_source_is_what_the_models_compile_today():
-    """The fast path runs STATUS_SQL, never SQL from a file: it must be exactly what SQLAlchemy compiles
-    from the models now, for the schema revision the DB layer creates. On failure, paste the printed text."""
-    from sqlalchemy.dialects import sqlite
-
-    from orchestrator import statusview
-    from orchestrator.db import SCHEMA_HEAD
-
-    assert statusview.STATUS_REVISION == SCHEMA_HEAD
-    for variant, state in (("all", None), ("state", "running")):
-        q = statusview.status_select(state)
-        compiled = q.compile(dialect=sqlite.dialect())
-        assert statusview.STATUS_SQL[variant] == str(compiled), f"{variant}: {str(compiled)!r}"
-        assert len(compiled.positiontup or ()) == (1 if state else 0)
-        assert statusview.STATUS_KEYS == tuple(q.selected_columns.keys())
-
 
 # ------------------------------------------------------------------------------------------
 # sweep values: NUL and oversize refused at parse time

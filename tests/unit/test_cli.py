@@ -80,7 +80,7 @@ def test_invalid_submit_into_an_existing_home_creates_no_row_and_no_dir(orch):
 
 
 def test_submit_without_a_command_is_a_usage_error(orch):
-    p = orch("submit", "--name", "x")
+    p = orch.cli("submit", "--name", "x")
     assert p.returncode == 2 and "Missing argument 'COMMAND...'" in p.stderr
     assert not orch.home.exists()
 
@@ -88,10 +88,10 @@ def test_submit_without_a_command_is_a_usage_error(orch):
 def test_malformed_orch_toml_exits_2_naming_the_file_without_a_traceback(orch):
     orch.home.mkdir(mode=0o700, exist_ok=True)
     orch.write_config("[policy\nmax_attempts = ")
-    p = orch("status")
+    p = orch.cli("status")
     assert p.returncode == 2
     assert str(orch.home / "orch.toml") in p.stderr and "Traceback" not in p.stderr
-    p = orch("submit", "--name", "t", "--", "true")
+    p = orch.cli("submit", "--name", "t", "--", "true")
     assert p.returncode == 2 and str(orch.home / "orch.toml") in p.stderr
     assert not orch.runs.exists()
 
@@ -105,7 +105,7 @@ def test_malformed_orch_toml_exits_2_naming_the_file_without_a_traceback(orch):
 def test_orch_toml_with_wrong_values_exits_2_naming_the_key(orch, toml, message):
     orch.home.mkdir(mode=0o700, exist_ok=True)
     orch.write_config(toml)
-    p = orch("status")
+    p = orch.cli("status")
     assert p.returncode == 2
     assert message in p.stderr and "orch.toml" in p.stderr and "Traceback" not in p.stderr
 
@@ -137,21 +137,21 @@ def test_show_json_has_the_contract_fields(orch):
 @pytest.mark.parametrize("cmd", [["show", "nope"], ["show", "nope", "--json"], ["verify", "nope"],
                                  ["requeue", "nope"], ["cancel", "nope"], ["logs", "nope"]])
 def test_unknown_job_exits_2_with_a_message(orch, cmd):
-    p = orch(*cmd)
+    p = orch.cli(*cmd)
     assert p.returncode == 2, (p.stdout, p.stderr)
     assert "no job named 'nope'" in p.stderr
     assert p.stdout == ""
 
 
 def test_requeue_needs_names_or_failed_but_not_both(orch):
-    p = orch("requeue")
+    p = orch.cli("requeue")
     assert p.returncode == 2 and "give job NAMEs or --failed" in p.stderr
-    p = orch("requeue", "a", "--failed")
+    p = orch.cli("requeue", "a", "--failed")
     assert p.returncode == 2 and "give job NAMEs or --failed" in p.stderr
 
 
 def test_status_with_an_unknown_state_is_a_usage_error(orch):
-    p = orch("status", "--state", "done")
+    p = orch.cli("status", "--state", "done")
     assert p.returncode == 2 and "'done' is not one of" in p.stderr
 
 

@@ -1,4 +1,5 @@
-"""`orch status` flags a running job as slow (recent tokens/s far below its own median) or hung."""
+"""orchestrator.statusview: `orch status`'s rows -- the query kept in the source (the fast path) equal to what
+the models compile, the slow/hung flags of a running job, the sweep grouping."""
 
 from __future__ import annotations
 
@@ -57,3 +58,35 @@ def test_heartbeat_writes_recent_rate_and_its_own_median(tmp_path):
     p = protocol.read_progress(tmp_path, 1)
     assert p["samples"] == 6 and p["step"] == 70
     assert p["tokens_per_s_recent"] > 0 and p["tokens_per_s_median"] > 0
+
+
+def test_the_status_sql_in_the_source_is_what_the_models_compile_today():
+    """The fast path runs STATUS_SQL, never SQL from a file: it must be exactly what SQLAlchemy compiles
+    from the models now, for the schema revision the DB layer creates. On failure, paste the printed text."""
+    from sqlalchemy.dialects import sqlite
+
+    from orchestrator import statusview
+    from orchestrator.db import SCHEMA_HEAD
+
+    assert statusview.STATUS_REVISION == SCHEMA_HEAD
+    for variant, state in (("all", None), ("state", "running")):
+        q = statusview.status_select(state)
+        compiled = q.compile(dialect=sqlite.dialect())
+        assert statusview.STATUS_SQL[variant] == str(compiled), f"{variant}: {str(compiled)!r}"
+        assert len(compiled.positiontup or ()) == (1 if state else 0)
+        assert statusview.STATUS_KEYS == tuple(q.selected_columns.keys())
+
+
+def test_a_sweeps_tasks_are_one_row_counting_their_states_and_att_is_the_furthest_task():
+    from orchestrator.statusview import group_by_sweep
+
+    def row(name: str, state: str, attempts: int, sweep: str | None = None, flags: tuple = ()) -> dict:
+        return {"name": name, "state": state, "attempts": attempts, "backend": "local", "sweep": sweep,
+                "flags": list(flags)}
+
+    rows = [row("solo", "running", 1), row("sw.0", "running", 1, "sw", ("slow",)),
+            row("sw.1", "retryable_failed", 3, "sw"), row("sw.2", "running", 2, "sw", ("hang",))]
+    solo, sw = group_by_sweep(rows)
+    assert solo is rows[0]
+    assert (sw["name"], sw["tasks"], sw["attempts"], sw["attempts_total"]) == ("sw", 3, 3, 6)
+    assert sw["state"] == "sweep of 3: 1 retryable_failed, 2 running" and sw["flags"] == ["hang", "slow"]

@@ -1,0 +1,87 @@
+"""orchestrator.observe (the part of a pass that polls and ends attempts; ``life`` may rename it): the scheduler is
+asked once per backend for every polled attempt; an answer it could not give changes nothing; a job's own
+surprise is that job's error, never the pass's; an exit ends the attempt with its class and the policy's plan.
+In-process on a real DB, the shared fake at the scheduler boundary."""
+
+from __future__ import annotations
+
+import pytest
+from orchkit import fake_scheduler, use_backend
+
+from orchestrator import protocol
+from orchestrator.backends.base import Outcome, Phase
+from orchestrator.jobs import get_job
+from orchestrator.lifecycle import AttemptState, JobState
+from orchestrator.observe import PassReport, observe, polled_rows
+from orchestrator.submit import SubmitRequest, submit
+
+
+@pytest.fixture
+def sched(monkeypatch: pytest.MonkeyPatch):  # noqa: ANN201
+    s = fake_scheduler()
+    use_backend(monkeypatch, s)
+    return s
+
+
+def _state(db, name: str):  # noqa: ANN001, ANN202
+    with db.read() as s:
+        j = get_job(s, name)
+        a = j.attempts[-1]
+        return j.state, a.state, a.failure_class and a.failure_class.value, a.counted
+
+
+def _pass(db, cfg, backend) -> PassReport:  # noqa: ANN001
+    rep = PassReport()
+    observe(db, cfg, lambda _n: backend, polled_rows(db), rep)
+    return rep
+
+
+def test_one_poll_per_backend_for_every_attempt_and_exits_end_attempts_with_their_class(db, cfg, sched):
+    for n in ("runs", "crashes", "finishes"):
+        submit(db, cfg, SubmitRequest(name=n, command=["true"], outputs=["o.txt"] if n == "finishes" else []))
+    fin = cfg.runs_root / "finishes"
+    (fin / "o.txt").write_text("x\n")
+    protocol.write_done_marker(fin, "finishes", 1, ["o.txt"])
+    sched.ended.update(crashes=1, finishes=0)
+    calls: list[int] = []
+    real_poll = sched.poll
+    sched.poll = lambda refs: calls.append(len(refs)) or real_poll(refs)
+    rep = _pass(db, cfg, sched)
+    assert calls == [3] and (rep.polled, rep.backend_calls, rep.errors) == (3, 1, [])
+    assert _state(db, "runs")[:3] == (JobState.RUNNING, AttemptState.RUNNING, None)
+    assert _state(db, "crashes")[:3] == (JobState.RETRYABLE_FAILED, AttemptState.FAILED, "crash")
+    assert _state(db, "crashes")[3] is True  # the job's own failure counts against --max-attempts
+    assert _state(db, "finishes")[:2] == (JobState.DONE, AttemptState.SUCCEEDED)
+    assert {c["name"] for c in rep.changed} == {"runs", "crashes", "finishes"}
+    assert _pass(db, cfg, sched).changed == []  # nothing new: nothing written
+
+
+def test_a_scheduler_that_cannot_answer_changes_nothing(db, cfg, sched):
+    submit(db, cfg, SubmitRequest(name="j", command=["true"]))
+    before = _state(db, "j")
+    sched.poll = lambda refs: (_ for _ in ()).throw(RuntimeError("sacct: connection refused"))
+    rep = _pass(db, cfg, sched)
+    assert rep.errors == ["local poll failed: sacct: connection refused"] and rep.query_failures == 1
+    assert _state(db, "j") == before
+    sched.poll = lambda refs: {r.token: Outcome(Phase.UNKNOWN, reason="no sacct record") for r in refs}
+    rep = _pass(db, cfg, sched)
+    assert (rep.unknown, rep.undecided) == (1, ["j: no sacct record"]) and _state(db, "j") == before
+
+
+def test_one_jobs_surprise_is_its_own_error_and_the_other_jobs_are_still_observed(db, cfg, sched, monkeypatch):
+    for n in ("bad", "good"):
+        submit(db, cfg, SubmitRequest(name=n, command=["true"]))
+    sched.ended.update(bad=1, good=1)
+    import orchestrator.observe as obs
+
+    real = obs.evidence_of_end
+
+    def boom(r, out):  # noqa: ANN001, ANN202
+        if r.run_dir.endswith("/bad"):
+            raise KeyError("a job-written value orch did not expect")
+        return real(r, out)
+
+    monkeypatch.setattr(obs, "evidence_of_end", boom)
+    rep = _pass(db, cfg, sched)
+    assert len(rep.errors) == 1 and rep.errors[0].startswith("bad: KeyError"), rep.errors
+    assert _state(db, "good")[0] is JobState.RETRYABLE_FAILED and _state(db, "bad")[1] is AttemptState.SUBMITTED

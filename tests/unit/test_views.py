@@ -1,0 +1,78 @@
+"""orchestrator.views: the read-only views behind status/show/logs. `orch status` has two paths to one set of
+rows (SQLAlchemy on any DB; stdlib sqlite3 on SQLite): they must agree row for row. `orch show` is the DB
+plus what the run dir holds; `orch logs` names the attempt's files or refuses a number that does not exist."""
+
+from __future__ import annotations
+
+import pytest
+from orchkit import fake_scheduler, use_backend
+
+from orchestrator import protocol
+from orchestrator.errors import UsageError
+from orchestrator.reconcile import reconcile_pass
+from orchestrator.statusview import fast_status_rows
+from orchestrator.submit import SubmitRequest, submit
+from orchestrator.sweep import SweepRequest, submit_sweep
+from orchestrator.views import log_paths, show_job, show_sweep, status_rows
+
+
+@pytest.fixture
+def sched(monkeypatch: pytest.MonkeyPatch):  # noqa: ANN201
+    s = fake_scheduler()
+    use_backend(monkeypatch, s)
+    monkeypatch.setattr("orchestrator.sweep.get_backend", lambda _name: s)
+    monkeypatch.setattr("orchestrator.backends.get_backend", lambda _name: s)  # log_paths' live probe
+    return s
+
+
+def _jobs_in_every_state(db, cfg, sched) -> None:  # noqa: ANN001
+    for n in ("run", "fail", "ok"):
+        submit(db, cfg, SubmitRequest(name=n, command=["true"], outputs=["o.txt"] if n == "ok" else []))
+    submit_sweep(db, cfg, SweepRequest(name="sw", command=["echo", "{x}"], params=[{"x": 1}, {"x": 2}]))
+    ok = cfg.runs_root / "ok"
+    (ok / "o.txt").write_text("x\n")
+    protocol.write_done_marker(ok, "ok", 1, ["o.txt"])
+    protocol.write_progress(cfg.runs_root / "run", 1, step=7)
+    sched.ended.update(fail=1, ok=0)
+    reconcile_pass(db, cfg, backend_for=lambda _n: sched)
+
+
+def test_the_fast_and_the_slow_status_paths_give_the_same_rows(db, cfg, sched):
+    _jobs_in_every_state(db, cfg, sched)
+    slow = status_rows(db, cfg)
+    fast = fast_status_rows(cfg)
+    assert fast is not None, "the fast path declined a private SQLite DB at the current revision"
+    assert fast == slow
+    states = {r["name"]: r["state"] for r in slow}
+    assert (states["run"], states["fail"], states["ok"]) == ("running", "retryable_failed", "done_marker_verified")
+    assert {r["sweep"] for r in slow} == {None, "sw"} and next(r for r in slow if r["name"] == "run")["step"] == 7
+    for state in ("running", "retryable_failed"):
+        assert fast_status_rows(cfg, state) == status_rows(db, cfg, state) == [r for r in slow if r["state"] == state]
+
+
+def test_show_job_joins_the_db_and_the_run_dir(db, cfg, sched):
+    _jobs_in_every_state(db, cfg, sched)
+    d = show_job(db, "fail")
+    assert (d["name"], d["state"], d["run_dir"]) == ("fail", "retryable_failed", str(cfg.runs_root / "fail"))
+    (a,) = d["attempts"]
+    assert a["failure_class"] == "crash" and a["restart_history"] == [] and a["action"]["action"] == "resume"
+    assert d["preemptions"] == {"total": 0, "in_place": 0} and d["problems"] == []
+    assert show_job(db, "ok")["state"] == "done_marker_verified"
+
+
+def test_show_sweep_lists_its_tasks_and_is_none_for_a_plain_job(db, cfg, sched):
+    _jobs_in_every_state(db, cfg, sched)
+    sw = show_sweep(db, "sw")
+    assert [t["task"] for t in sw["task_list"]] == [0, 1] and sw["params"] == [{"x": 1}, {"x": 2}]
+    assert show_sweep(db, "run") is None
+
+
+def test_log_paths_names_the_attempts_files_and_refuses_an_attempt_that_does_not_exist(db, cfg, sched):
+    _jobs_in_every_state(db, cfg, sched)
+    paths, live = log_paths(db, "run", None)
+    d = protocol.attempt_dir(cfg.runs_root / "run", 1)
+    assert paths == [d / protocol.STDOUT_LOG, d / protocol.STDERR_LOG]
+    assert live() is True  # the scheduler says running
+    assert log_paths(db, "fail", 1)[1]() is False  # ended: no backend call needed
+    with pytest.raises(UsageError, match=r"job 'run' has no attempt 3 \(attempts: \[1\]\)"):
+        log_paths(db, "run", 3)
