@@ -43,6 +43,7 @@ from __future__ import annotations
 
 import os
 import re
+import time
 from pathlib import Path
 from typing import Any
 
@@ -50,6 +51,7 @@ import torch
 from transformers import TrainerCallback, TrainerControl, TrainerState, TrainingArguments
 
 from orchestrator import protocol
+from orchestrator.kit import stall
 from orchestrator.kit.commit import clean_stale, commit_checkpoint
 from orchestrator.kit.dist import any_rank
 from orchestrator.kit.heartbeat import Heartbeat
@@ -138,6 +140,8 @@ class OrchCallback(TrainerCallback):
             control.should_training_stop = True
             self._stopping = True
             self.flag.record_step(state.global_step)
+        # HF saves after this hook when should_save is set; on_save adds its duration to save_stall_s.
+        self._save_began = time.monotonic() if control.should_save else None
         return control
 
     @staticmethod
@@ -149,6 +153,9 @@ class OrchCallback(TrainerCallback):
 
     def on_save(self, args: TrainingArguments, state: TrainerState, control: TrainerControl,
                 **kwargs: Any) -> None:
+        if getattr(self, "_save_began", None) is not None:
+            stall.add(time.monotonic() - self._save_began)  # HF's own write blocked the loop (goodput)
+            self._save_began = None
         if not self.run.is_writer:
             return
         src = Path(args.output_dir) / f"checkpoint-{state.global_step}"

@@ -47,6 +47,7 @@ from typing import Any, BinaryIO
 import torch
 
 from orchestrator import protocol
+from orchestrator.kit.stall import blocked_saving
 
 WriteHook = Callable[[int, str], None]  # (step, file path) before each write: fault injection
 
@@ -312,6 +313,10 @@ class CheckpointManager:
         ``background=True`` snapshots the state to CPU memory now (the only part the training loop
         waits for) and writes, fsyncs, commits and prunes in a worker thread.
         """
+        with blocked_saving():  # the caller's blocked time is the heartbeat's save_stall_s
+            return self._save_blocking(step, files, background)
+
+    def _save_blocking(self, step: int, files: Mapping[str, Any], background: bool) -> Path | None:
         self.wait()
         if background:
             state = snapshot(dict(files))
@@ -337,7 +342,8 @@ class CheckpointManager:
     def wait(self) -> tuple[int, Path] | None:
         """Wait for the in-flight save; raise its error. Returns the newest committed (step, path)."""
         if self._thread is not None:
-            self._thread.join()
+            with blocked_saving():
+                self._thread.join()
             self._thread = None
         self.poll()
         return self.last_committed
