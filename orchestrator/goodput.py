@@ -128,7 +128,8 @@ class JobSplit:
 
     def as_dict(self) -> dict[str, Any]:
         return {"name": self.name, **self.group, **_totals(self.seconds, self.held_s, self.gpu_seconds()),
-                "attempts": [a.as_dict() for a in self.attempts]}
+                "attempts": [a.as_dict() for a in self.attempts],
+                "waits": [{"seconds": w, "cause": c} for w, c in self.waiting]}
 
     def gpu_seconds(self) -> dict[str, float] | None:
         """Held seconds × GPUs per category; None unless every attempt's GPU count is known."""

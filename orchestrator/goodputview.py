@@ -47,10 +47,45 @@ def beats_of(run_dir: str, n: int) -> tuple[Beat, ...]:
     return tuple(out)
 
 
+def _iso_epoch(v: Any) -> float | None:
+    if not isinstance(v, str):
+        return None
+    try:
+        dt = datetime.fromisoformat(v)
+    except ValueError:
+        return None
+    return (dt if dt.tzinfo else dt.replace(tzinfo=UTC)).timestamp()
+
+
+def held_interval(a: Any, run_dir: str) -> tuple[float | None, float | None]:
+    """(start, end) of the attempt's hold: the wrapper's own records when they are this attempt's, else the DB.
+
+    The DB's started_at/ended_at are when a reconcile pass *observed* the start and the end (a pass every
+    few seconds locally, a minute on a cron): the wrapper's ``wrapper.json`` started_at and ``exit.json``
+    ended_at are when the program started and exited. wrapper.json is rewritten by each in-place restart,
+    so with restarts the DB's start is used.
+    """
+    adir = protocol.attempt_dir(run_dir, a.n)
+    start, end = _epoch(a.started_at), _epoch(a.ended_at)
+    if not a.restarts:
+        try:
+            w = protocol.read_json_bounded(adir / protocol.WRAPPER_FILE, limit=64 * 1024)
+        except (OSError, ValueError):
+            w = None
+        if isinstance(w, dict) and w.get("token") == a.token and (t := _iso_epoch(w.get("started_at"))):
+            start = t
+    if end is not None:
+        rec = protocol.read_exit(adir, a.token)
+        if rec is not None and (t := _iso_epoch(rec.ended_at)) is not None and start is not None and t >= start:
+            end = t
+    return start, end
+
+
 def attempt_facts(a: Any, run_dir: str, gpus: int | None) -> AttemptFacts:
     """One attempt row (models.Attempt) and its heartbeats as the pure module's input."""
     cls = a.failure_class
-    return AttemptFacts(n=a.n, started=_epoch(a.started_at), ended=_epoch(a.ended_at),
+    started, ended = held_interval(a, run_dir)
+    return AttemptFacts(n=a.n, started=started, ended=ended,
                         failure_class=getattr(cls, "value", cls), stop_reason=a.stop_reason,
                         stop_requested=_epoch(a.stop_requested_at), beats=beats_of(run_dir, a.n),
                         gpus=gpus, restarts=a.restarts or 0)
@@ -125,6 +160,8 @@ def dur(seconds: float | None) -> str:
     """A duration for people: 12.3 s, 4.5 min, 2.25 h."""
     if seconds is None:
         return "-"
+    if seconds < 1:
+        return f"{seconds:.3f} s"
     if seconds < 120:
         return f"{seconds:.1f} s"
     if seconds < 7200:
