@@ -184,3 +184,37 @@ def summary_lines(d: dict[str, Any]) -> list[str]:
         head += f" ({sum(gpu.values()) / 3600:.2f} GPU-h)"
     return [head + f"; waiting {dur(d['seconds'].get('waiting', 0.0))} (not held)",
             "held: " + split_line(d["seconds"], d["held_s"])]
+
+
+# ------------------------------------------------------------------------------------------
+# Prometheus (orch metrics): the same numbers as `orch report --since all`'s by_partition
+# ------------------------------------------------------------------------------------------
+def goodput_families(by_partition: dict[str, dict[str, Any]], family: Any) -> list[str]:
+    """Gauge families for ``metrics.render`` (``family(name, kind, help, samples)`` is its formatter)."""
+    def lab(part: str, **extra: str) -> str:
+        labels = {"partition": part, **extra}
+        return ",".join(f'{k}="{_escape(v)}"' for k, v in labels.items())
+
+    parts = sorted(by_partition.items())
+    out = family("orch_goodput_seconds", "gauge",
+                 "Seconds of held machine time by goodput category (README: Goodput), per backend/partition, "
+                 "over every job in the table; category waiting is wall time between attempts, not held.",
+                 [(f"orch_goodput_seconds{{{lab(p, category=c)}}}", v) for p, g in parts
+                  for c, v in g["seconds"].items()])
+    out += family("orch_goodput_ratio", "gauge", "useful / held seconds, per backend/partition.",
+                  [(f"orch_goodput_ratio{{{lab(p)}}}", g["goodput"]) for p, g in parts if g["goodput"] is not None])
+    out += family("orch_goodput_preemptions_per_hour", "gauge", "Preemptions per held hour, per backend/partition.",
+                  [(f"orch_goodput_preemptions_per_hour{{{lab(p)}}}", g["preemptions_per_hour"]) for p, g in parts
+                   if g["preemptions_per_hour"] is not None])
+    out += family("orch_goodput_unsignalled_failures", "gauge",
+                  "Attempts ended by a failure with no warning (killed, node_fail, oom), per backend/partition.",
+                  [(f"orch_goodput_unsignalled_failures{{{lab(p)}}}", g["unsignalled_failures"]) for p, g in parts])
+    out += family("orch_goodput_mtbf_unsignalled_seconds", "gauge",
+                  "Held seconds per unsignalled failure, per backend/partition (absent while there was none).",
+                  [(f"orch_goodput_mtbf_unsignalled_seconds{{{lab(p)}}}", g["mtbf_unsignalled_s"]) for p, g in parts
+                   if g["mtbf_unsignalled_s"] is not None])
+    return out
+
+
+def _escape(v: str) -> str:
+    return v.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")

@@ -16,6 +16,7 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
 from localkit import wrapper_record
 
 from orchestrator import protocol
@@ -162,3 +163,31 @@ def _gaps(run_dir: Path, attempts: list[dict]) -> list[float]:
         ended = protocol.read_exit(protocol.attempt_dir(run_dir, k)).ended_at
         out.append(protocol_time(wrapper_record(run_dir, k + 1)["started_at"]) - protocol_time(ended))
     return out
+
+
+def test_metrics_carry_the_same_split_by_partition_and_report_matches_show(orch):
+    """`orch metrics` has one gauge per category and partition equal to `orch report --json`, which equals the
+    sum of `orch show --json` over the jobs (real local jobs: one verified, one crash that never stepped)."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    orch("submit", "--name", "ok", "--outputs", "result/*", "--", "sh", "-c",
+         "mkdir -p result && echo ok > result/out.txt", check=True)
+    orch("submit", "--name", "bad", "--max-attempts", "1", "--", "sh", "-c", "exit 3", check=True)
+    orch.wait("ok", {"done_marker_verified"}, timeout=60)
+    orch.wait("bad", {"failed"}, timeout=60)
+    rep = json.loads(orch("report", "--since", "1h", "--json", check=True).stdout)
+    part = rep["by_partition"]["local/-"]
+    shows = [orch.show(n)["goodput"] for n in ("ok", "bad")]
+    for cat, v in part["seconds"].items():
+        assert abs(v - sum(s["seconds"][cat] for s in shows)) < 1e-6, cat
+    assert part["seconds"]["failed_attempt"] > 0  # `sh -c "exit 3"` wrote no heartbeat: a failed attempt
+    gauges = {}
+    for fam in text_string_to_metric_families(orch("metrics", check=True).stdout):
+        for smp in fam.samples:
+            if smp.name == "orch_goodput_seconds":
+                gauges[(smp.labels["partition"], smp.labels["category"])] = smp.value
+    # the gauges cover every job (no window); these are the only jobs
+    assert {c: gauges[("local/-", c)] for c in part["seconds"]} == pytest.approx(part["seconds"], abs=1e-3)
+    bad = orch("report", "--since", "7x")
+    assert bad.returncode == 2 and bad.stderr.strip().count("\n") == 0 and "--since '7x'" in bad.stderr
+    assert not bad.stdout
