@@ -39,3 +39,19 @@ def test_another_threads_save_is_counted_but_a_later_heartbeat_starts_from_zero(
     hb.post(step=3)
     hb.write_now()
     assert protocol.read_progress(tmp_path, 2)["save_stall_s"] == 0
+
+
+def test_a_background_save_stalls_the_loop_only_while_it_waits_for_it(tmp_path):
+    import torch
+
+    from orchestrator.kit.checkpoint import CheckpointManager
+
+    ckpts = CheckpointManager(tmp_path, write_hook=lambda step, path: time.sleep(0.1))
+    t0 = stall.total()
+    ckpts.save(1, {"model.pt": torch.zeros(4), "meta.json": {"step": 1}}, background=True)
+    assert stall.total() - t0 < 0.1  # the writer thread's sleeps are not the loop's
+    ckpts.wait()  # now the loop blocks until the commit
+    waited = stall.total() - t0
+    assert waited >= 0.1
+    ckpts.save(2, {"model.pt": torch.zeros(4)}, background=False)
+    assert stall.total() - t0 - waited >= 0.1  # a synchronous save blocks for all of it, counted once
