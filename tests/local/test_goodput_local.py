@@ -191,3 +191,33 @@ def test_metrics_carry_the_same_split_by_partition_and_report_matches_show(orch)
     bad = orch("report", "--since", "7x")
     assert bad.returncode == 2 and bad.stderr.strip().count("\n") == 0 and "--since '7x'" in bad.stderr
     assert not bad.stdout
+
+
+def test_orch_hands_each_attempt_the_mtbf_of_unwarned_failures_on_its_partition(orch):
+    """ORCH_MTBF_S = (held + prior) / (unwarned failures + 1) over the partition's history (orchestrator/mtbf.py):
+    a first job sees the prior alone; after a job whose attempt was killed by SIGKILL, the next job sees it
+    computed from the table's held time and that one failure."""
+    from localkit import db_rows
+
+    from orchestrator.kit.interval import PRIOR_MTBF_S
+
+    show_env = 'mkdir -p result && echo "$ORCH_MTBF_S|$ORCH_MTBF_SOURCE" > result/env.txt'
+    orch("submit", "--name", "first", "--outputs", "result/*", "--", "sh", "-c", show_env, check=True)
+    orch.wait("first", {"done_marker_verified"}, timeout=60)
+    m, source = (orch.runs / "first" / "result" / "env.txt").read_text().strip().split("|")
+    assert float(m) == PRIOR_MTBF_S and "0 unwarned" in source  # nothing had ended when it launched
+    orch.write_config("[policy]\ncrash_backoff_s = 0\n")
+    killed_once = '[ "$ORCH_ATTEMPT" = 1 ] && kill -9 $$; mkdir -p result; echo ok > result/out.txt'
+    orch("submit", "--name", "k", "--outputs", "result/*", "--", "sh", "-c", killed_once, check=True)
+    orch.wait("k", {"done_marker_verified"}, timeout=60)
+    assert orch.show("k")["attempts"][0]["failure_class"] == "killed"
+    orch("submit", "--name", "second", "--outputs", "result/*", "--", "sh", "-c", show_env, check=True)
+    orch.wait("second", {"done_marker_verified"}, timeout=60)
+    m, source = (orch.runs / "second" / "result" / "env.txt").read_text().strip().split("|")
+    rows = db_rows(orch.home, "SELECT a.started_at, a.ended_at FROM attempts a JOIN jobs j ON j.id = a.job_id "
+                              "WHERE j.name IN ('first', 'k') AND a.started_at IS NOT NULL")
+    from datetime import datetime
+
+    held = sum((datetime.fromisoformat(str(e)) - datetime.fromisoformat(str(s))).total_seconds() for s, e in rows)
+    assert float(m) == pytest.approx((held + PRIOR_MTBF_S) / 2, abs=0.05)
+    assert source.startswith("local/-: 1 unwarned failure(s)")
