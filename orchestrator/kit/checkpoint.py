@@ -39,6 +39,7 @@ import secrets
 import shutil
 import sys
 import threading
+import time
 from collections.abc import Callable, Iterator, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -220,6 +221,7 @@ class CheckpointManager:
         self.last_committed: tuple[int, Path] | None = None
         self._thread: threading.Thread | None = None
         self._error: CheckpointError | None = None
+        self.last_save_s: float | None = None  # write + commit of the newest committed save (its total cost)
 
     # --- reading ---------------------------------------------------------------------------------
     def latest_verified(self, on_corrupt: Callable[[Path, str], None] | None = None
@@ -349,6 +351,7 @@ class CheckpointManager:
         return self.last_committed
 
     def _save(self, step: int, files: Mapping[str, Any]) -> Path:
+        t0 = time.monotonic()
         final = self.root / protocol.checkpoint_name(step)
         if final.exists():
             if protocol.verify_checkpoint(final) is None:
@@ -372,6 +375,7 @@ class CheckpointManager:
                 raise CheckpointError(step, e, sum(_nbytes(v) for v in files.values())) from e
             raise
         self.last_committed = (step, final)
+        self.last_save_s = time.monotonic() - t0
         try:
             self.prune()
         except OSError as e:  # the new checkpoint is committed; a failed prune only costs disk
