@@ -25,7 +25,7 @@ import time
 ENV_MTBF = "ORCH_MTBF_S"  # set by orch for every attempt: seconds between unsignalled failures
 ENV_MTBF_SOURCE = "ORCH_MTBF_SOURCE"  # how orch got it (history or prior), for the job's log
 PRIOR_MTBF_S = 24 * 3600.0  # no history: one unwarned failure per day of held time (Daly's own example's M)
-MIN_INTERVAL_S = 1.0  # never save more often than this, whatever a tiny δ and M give
+MIN_INTERVAL_S = 0.25  # never save more often than this, whatever a tiny δ and M give
 
 
 def daly_interval(cost_s: float, mtbf_s: float) -> float:
