@@ -20,7 +20,8 @@ in-place requeue appends a second run to the same history)::
                 extrapolated back from the first two beats;
 * ``hang_detection`` last beat -> orch asked the hung attempt to stop; ``teardown`` the rest of the tail
                 (stop signal -> exit, a dying node's last seconds);
-* ``failed_attempt`` all of the held time of an attempt that ended without computing one step;
+* ``failed_attempt`` all of the held time of an attempt that ended in a failure without computing one step;
+  (a program without heartbeats: all ``useful`` when it succeeded, ``failed_attempt`` when it failed);
 * ``waiting``   previous attempt's end (or the job's creation) -> this attempt's start: not held.
 
 The step time of a run is (t_L − t_a − save stall) / steps computed, so heartbeats (written every
@@ -181,8 +182,10 @@ def _split_run(run: list[Beat], start: float, end: float, kept_until: int | None
         out.assumptions.append(f"attempt {out.n}: no resumed_from in its heartbeats; its first beat (step {r}) "
                                "taken as the start step")
     new = [b for b in run if b.step > r]
-    if not new:  # never computed a step: all startup while it runs, a failed attempt once it ended
-        s[Category.FAILED_ATTEMPT if ended or not last else Category.STARTUP] += end - start
+    if not new:  # never computed a step: startup while it runs or when it succeeded (nothing left to do),
+        # time in a failed attempt when it ended otherwise (an earlier run of an attempt restarted in place too)
+        failed = (ended and out.cause is not None) or not last
+        s[Category.FAILED_ATTEMPT if failed else Category.STARTUP] += end - start
         return None
     t_last = _clamp(new[-1].time, start, end)
     s_last = max(b.step for b in new)
@@ -229,10 +232,11 @@ def split_attempt(a: AttemptFacts, kept_until: int | None, now: float) -> Attemp
     end = max(a.ended if ended else now, a.started)
     out.held_s = end - a.started
     runs = runs_of([b for b in a.beats if math.isfinite(b.time)])
-    if not runs:
-        out.seconds[Category.FAILED_ATTEMPT if ended else Category.STARTUP] = out.held_s
-        out.assumptions.append(f"attempt {a.n}: no heartbeats; all held time "
-                               + ("in a failed attempt" if ended else "counted as startup so far"))
+    if not runs:  # a program without orch's kit: nothing to split by
+        cat = (Category.STARTUP if not ended else Category.USEFUL if a.failure_class is None
+               else Category.FAILED_ATTEMPT)
+        out.seconds[cat] = out.held_s
+        out.assumptions.append(f"attempt {a.n}: no heartbeats; all held time counted as {cat.value}")
         return out
     start = a.started
     for k, run in enumerate(runs):

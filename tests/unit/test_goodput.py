@@ -135,3 +135,11 @@ def test_every_held_second_lands_in_exactly_one_category_for_random_histories():
         s = split_attempt(a, rng.choice([None, 0, 3, 10]), now=end)
         assert held_sum(s) == pytest.approx(s.held_s, abs=1e-9)
         assert all(v >= -1e-9 for v in s.seconds.values()), s
+
+
+def test_a_successful_attempt_without_heartbeats_is_useful_and_one_with_no_step_left_is_startup():
+    plain = split_attempt(AttemptFacts(1, 0.0, 5.0, None), None, now=100.0)  # `sh -c ...`: no kit, exit 0
+    assert plain.seconds[C.USEFUL] == 5 and any("no heartbeats" in x for x in plain.assumptions)
+    # resumed at max_steps after a preemption on the last step: it only restored and wrote the result
+    finisher = split_attempt(AttemptFacts(2, 0.0, 4.0, None, beats=(Beat(3, 60, 60),)), None, now=100.0)
+    assert finisher.seconds[C.STARTUP] == 4 and finisher.seconds[C.FAILED_ATTEMPT] == 0
