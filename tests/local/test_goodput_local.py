@@ -165,38 +165,11 @@ def _gaps(run_dir: Path, attempts: list[dict]) -> list[float]:
     return out
 
 
-def test_metrics_carry_the_same_split_by_partition_and_report_matches_show(orch):
-    """`orch metrics` has one gauge per category and partition equal to `orch report --json`, which equals the
-    sum of `orch show --json` over the jobs (real local jobs: one verified, one crash that never stepped)."""
-    from prometheus_client.parser import text_string_to_metric_families
-
-    orch("submit", "--name", "ok", "--outputs", "result/*", "--", "sh", "-c",
-         "mkdir -p result && echo ok > result/out.txt", check=True)
-    orch("submit", "--name", "bad", "--max-attempts", "1", "--", "sh", "-c", "exit 3", check=True)
-    orch.wait("ok", {"done_marker_verified"}, timeout=60)
-    orch.wait("bad", {"failed"}, timeout=60)
-    rep = json.loads(orch("report", "--since", "1h", "--json", check=True).stdout)
-    part = rep["by_partition"]["local/-"]
-    shows = [orch.show(n)["goodput"] for n in ("ok", "bad")]
-    for cat, v in part["seconds"].items():
-        assert abs(v - sum(s["seconds"][cat] for s in shows)) < 1e-6, cat
-    assert part["seconds"]["failed_attempt"] > 0  # `sh -c "exit 3"` wrote no heartbeat: a failed attempt
-    gauges = {}
-    for fam in text_string_to_metric_families(orch("metrics", check=True).stdout):
-        for smp in fam.samples:
-            if smp.name == "orch_goodput_seconds":
-                gauges[(smp.labels["partition"], smp.labels["category"])] = smp.value
-    # the gauges cover every job (no window); these are the only jobs
-    assert {c: gauges[("local/-", c)] for c in part["seconds"]} == pytest.approx(part["seconds"], abs=1e-3)
-    bad = orch("report", "--since", "7x")
-    assert bad.returncode == 2 and bad.stderr.strip().count("\n") == 0 and "--since '7x'" in bad.stderr
-    assert not bad.stdout
-
-
-def test_orch_hands_each_attempt_the_mtbf_of_unwarned_failures_on_its_partition(orch):
+def test_orch_hands_each_attempt_the_mtbf_and_report_metrics_and_show_agree(orch):
     """ORCH_MTBF_S = (held + prior) / (unwarned failures + 1) over the partition's history (orchestrator/mtbf.py):
     a first job sees the prior alone; after a job whose attempt was killed by SIGKILL, the next job sees it
-    computed from the table's held time and that one failure."""
+    computed from the table's held time and that one failure. Then `orch metrics` has one gauge per category
+    and partition equal to `orch report --json`, which equals the sum of `orch show --json` over the jobs."""
     from localkit import db_rows
 
     from orchestrator.kit.interval import PRIOR_MTBF_S
@@ -221,3 +194,27 @@ def test_orch_hands_each_attempt_the_mtbf_of_unwarned_failures_on_its_partition(
     held = sum((datetime.fromisoformat(str(e)) - datetime.fromisoformat(str(s))).total_seconds() for s, e in rows)
     assert float(m) == pytest.approx((held + PRIOR_MTBF_S) / 2, abs=0.05)
     assert source.startswith("local/-: 1 unwarned failure(s)")
+    check_report_metrics_and_show_agree(orch, ["first", "k", "second"])
+
+
+def check_report_metrics_and_show_agree(orch, names: list[str]) -> None:
+    from prometheus_client.parser import text_string_to_metric_families
+
+    rep = json.loads(orch("report", "--since", "1h", "--json", check=True).stdout)
+    part = rep["by_partition"]["local/-"]
+    shows = [orch.show(n)["goodput"] for n in names]
+    for cat, v in part["seconds"].items():
+        assert abs(v - sum(s["seconds"][cat] for s in shows)) < 1e-6, cat
+    # `sh -c 'kill -9 $$'` wrote no heartbeat: a failed attempt; the jobs that exited 0 without one: useful
+    assert part["seconds"]["failed_attempt"] > 0 and part["seconds"]["useful"] > 0
+    assert part["unsignalled_failures"] == 1 and part["mtbf_unsignalled_s"] == pytest.approx(part["held_s"])
+    gauges = {}
+    for fam in text_string_to_metric_families(orch("metrics", check=True).stdout):
+        for smp in fam.samples:
+            if smp.name == "orch_goodput_seconds":
+                gauges[(smp.labels["partition"], smp.labels["category"])] = smp.value
+    # the gauges cover every job (no window); these are the only jobs
+    assert {c: gauges[("local/-", c)] for c in part["seconds"]} == pytest.approx(part["seconds"], abs=1e-3)
+    bad = orch("report", "--since", "7x")
+    assert bad.returncode == 2 and bad.stderr.strip().count("\n") == 0 and "--since '7x'" in bad.stderr
+    assert not bad.stdout
