@@ -148,9 +148,13 @@ def _grouped(splits: Iterable[JobSplit], key: str) -> dict[str, dict[str, Any]]:
     return {k: summarize(v) for k, v in sorted(groups.items())}
 
 
+GAUGE_WINDOW = timedelta(days=7)
+
+
 def fleet_gauges(db: Any, now: float | None = None) -> dict[str, Any]:
-    """What the Prometheus gauges carry: the whole table's split by partition (no window: a gauge is a level)."""
-    return report(db, None, now)["by_partition"]
+    """What the Prometheus gauges carry: ``orch report --since 7d``'s split by partition. Bounded to a window
+    because every reconcile pass may export it, and each job in it costs a read of its heartbeat histories."""
+    return report(db, GAUGE_WINDOW, now)["by_partition"]
 
 
 # ------------------------------------------------------------------------------------------
@@ -198,7 +202,8 @@ def goodput_families(by_partition: dict[str, dict[str, Any]], family: Any) -> li
     parts = sorted(by_partition.items())
     out = family("orch_goodput_seconds", "gauge",
                  "Seconds of held machine time by goodput category (README: Goodput), per backend/partition, "
-                 "over every job in the table; category waiting is wall time between attempts, not held.",
+                 "over the jobs of the last 7 days (orch report --since 7d); category waiting is wall time "
+                 "between attempts, not held.",
                  [(f"orch_goodput_seconds{{{lab(p, category=c)}}}", v) for p, g in parts
                   for c, v in g["seconds"].items()])
     out += family("orch_goodput_ratio", "gauge", "useful / held seconds, per backend/partition.",

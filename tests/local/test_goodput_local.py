@@ -213,7 +213,7 @@ def check_report_metrics_and_show_agree(orch, names: list[str]) -> None:
         for smp in fam.samples:
             if smp.name == "orch_goodput_seconds":
                 gauges[(smp.labels["partition"], smp.labels["category"])] = smp.value
-    # the gauges cover every job (no window); these are the only jobs
+    # the gauges cover the jobs of the last 7 days: these are the only jobs
     assert {c: gauges[("local/-", c)] for c in part["seconds"]} == pytest.approx(part["seconds"], abs=1e-3)
     bad = orch("report", "--since", "7x")
     assert bad.returncode == 2 and bad.stderr.strip().count("\n") == 0 and "--since '7x'" in bad.stderr
