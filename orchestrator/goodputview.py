@@ -117,20 +117,18 @@ def show_goodput(job: Any, now: float | None = None) -> dict[str, Any]:
 
 def report(db: Any, since: timedelta | None, now: float | None = None) -> dict[str, Any]:
     """``orch report``: the fleet's split (jobs created or with an attempt active in the window), by partition
-    (``backend/partition``) and by sweep."""
-    from sqlalchemy import or_, select
-    from sqlalchemy.orm import selectinload
-
-    from orchestrator.models import Attempt, Job
+    (``backend/partition``) and by sweep. Through SQLAlchemy (any DB); ``goodputfast`` runs the same queries
+    through sqlite3."""
+    from orchestrator.goodputfast import jobs_from_rows, report_selects
 
     now = time.time() if now is None else now
-    q = select(Job).options(selectinload(Job.attempts), selectinload(Job.sweep)).order_by(Job.id)
+    jobs_q, attempts_q = report_selects(since is not None)
+    params = {}
     if since is not None:
-        cutoff = datetime.fromtimestamp(now, UTC).replace(tzinfo=None) - since
-        active = select(Attempt.job_id).where(or_(Attempt.ended_at.is_(None), Attempt.ended_at >= cutoff))
-        q = q.where(or_(Job.created_at >= cutoff, Job.id.in_(active)))
+        params = {"cutoff": datetime.fromtimestamp(now, UTC).replace(tzinfo=None) - since}
     with db.read() as s:
-        jobs = list(s.scalars(q))  # loaded eagerly; the heartbeat files are read after the transaction
+        jobs = jobs_from_rows(s.execute(jobs_q, params).all(), s.execute(attempts_q, params).all())
+    # the heartbeat files are read after the transaction
     return report_of([job_split(j, now) for j in jobs], since)
 
 

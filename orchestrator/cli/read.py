@@ -272,8 +272,13 @@ def report(since: str, as_json: bool) -> None:
     from orchestrator.goodputview import report as build
 
     window = None if since == "all" else parse_since(since)  # checked before the DB is opened
-    _cfg, db = _ctx()
-    rep = build(db, window)
+    from orchestrator.config import load_config
+    from orchestrator.goodputfast import fast_report
+
+    rep = fast_report(load_config(), window)  # no SQLAlchemy import, as `orch status` (statusview)
+    if rep is None:
+        _cfg, db = _ctx()
+        rep = build(db, window)
     if as_json:
         _emit(rep)
         return
