@@ -130,8 +130,8 @@ class OrchRun:
                 self._save(background=True)
 
     def _save_due(self, step: int) -> bool:
-        if self.auto_save is not None:
-            return self.auto_save.due()
+        if self.auto_save is not None:  # only rank 0 writes; the others would only copy state dicts
+            return self.run.is_writer and self.auto_save.due()
         return bool(self.save_every) and step % self.save_every == 0
 
     def log(self, **fields: Any) -> None:
