@@ -51,6 +51,13 @@ def _int_at_least(lo: int) -> type:
     return conv  # type: ignore[return-value]
 
 
+def _save_interval(pos1: type) -> type:
+    """``auto`` or an integer >= 1."""
+    def conv(text: str) -> int | str:
+        return "auto" if text == "auto" else pos1(text)
+    return conv
+
+
 def _positive_float(text: str) -> float:
     try:
         v = float(text)
@@ -89,7 +96,9 @@ def build_parser() -> argparse.ArgumentParser:
                     help="samples per forward/backward (default: the batch size); must divide --batch-size")
     ap.add_argument("--lr", type=_positive_float, default=1e-3)
     ap.add_argument("--warmup-steps", type=pos0, default=5)
-    ap.add_argument("--save-interval", type=pos1, default=10, help="checkpoint every N optimizer steps")
+    ap.add_argument("--save-interval", type=_save_interval(pos1), default=10, metavar="N|auto",
+                    help="checkpoint every N optimizer steps; auto: at Daly's interval for the measured save cost "
+                         "and the MTBF orch hands the job (ORCH_MTBF_S; README: Checkpoint interval)")
     ap.add_argument("--keep-last-k", type=pos1, default=3)
     ap.add_argument("--seed", type=pos0, default=0)
     ap.add_argument("--resume", default="auto", metavar="auto|none|PATH",

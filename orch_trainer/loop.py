@@ -44,6 +44,7 @@ from orch_trainer.trained import Trained
 from orchestrator import protocol
 from orchestrator.kit.checkpoint import CheckpointError, CheckpointManager
 from orchestrator.kit.heartbeat import Heartbeat
+from orchestrator.kit.interval import AutoSaveInterval
 from orchestrator.kit.preemption import PreemptionFlag
 
 __all__ = ["BoundaryHook", "Trained", "TrainLoop", "Trainer", "TrainerExit", "is_oom"]
@@ -172,6 +173,10 @@ class TrainLoop:
         self._tok_s: float | None = None
         if "oom" in self.faults.pending_kinds:
             self.model.register_forward_pre_hook(self._oom_fault_hook)
+        # --save-interval auto: Daly's interval for the measured save cost and orch's ORCH_MTBF_S
+        self.auto_save = AutoSaveInterval() if args.save_interval == "auto" else None
+        if self.auto_save is not None:
+            log(f"--save-interval auto: MTBF {self.auto_save.mtbf_s:.0f} s ({self.auto_save.source})")
 
     def run(self) -> Trained:
         a = self.args
@@ -200,7 +205,7 @@ class TrainLoop:
                 log(f"step {s}/{a.max_steps} loss {loss_v:.4f} lr {self.scheduler.get_last_lr()[0]:.2e} "
                     f"tok/s {tok_s:.0f}")
             self._poll_save()
-            if s % a.save_interval == 0:
+            if self._save_due(s):
                 self._save(s, background=a.background_save)
         return Trained(step=self.step, last_loss=self._last_loss, tok_s=self._tok_s, micro=self.micro,
                        accum=self.accum, oom_events=tuple(self.oom_events),
@@ -291,15 +296,23 @@ class TrainLoop:
                                 loss=repr(loss_v), grad_norm=repr(gn_v))
 
     # ============================ saving and stopping =============================================
+    def _save_due(self, s: int) -> bool:
+        if self.auto_save is None:
+            return s % self.args.save_interval == 0
+        return self.auto_save.due()
+
     def _save(self, step: int, *, background: bool, rng: dict[str, Any] | None = None) -> None:
         rng = rng if rng is not None else capture_rng(self._cuda)
         meta = checkpoint_meta(self.args, step=step, micro=self.micro, accum=self.accum,
                                data_sha256=self.data_sha256, oom_events=self.oom_events, attempt=self.attempt.n)
         files = state_files(self.model, self.optimizer, self.scheduler, rng, meta)
+        t0 = time.monotonic()
         try:
             self.ckpts.save(step, files, background=background)
         except CheckpointError as e:
             raise self.attempt.save_failed(e) from e
+        if self.auto_save is not None:  # the loop's blocked time is the cost the interval weighs
+            self.auto_save.record_save(time.monotonic() - t0, self.ckpts.last_save_s)  # total: the newest commit
         self._post_progress(saving=step)
         self.heartbeat.beat_now()
 
@@ -340,4 +353,5 @@ class TrainLoop:
             self._tok_s = tok_s
         self.heartbeat.post(**progress_fields(self.args, step=self.step, last_loss=self._last_loss,
                                               tok_s=self._tok_s, tokens_per_step=self.tokens_per_step,
-                                              saving=saving, resumed_from=self.start_step))
+                                              saving=saving, resumed_from=self.start_step),
+                            **(self.auto_save.fields() if self.auto_save is not None else {}))

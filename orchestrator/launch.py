@@ -56,6 +56,7 @@ from orchestrator.lifecycle import (
     utcnow,
 )
 from orchestrator.models import Attempt, Job
+from orchestrator.mtbf import mtbf_env
 from orchestrator.observe import finish
 from orchestrator.policy import command_for
 from orchestrator.protocol import ENV_SWEEP, ENV_SWEEP_PARAMS, ENV_TASK_INDEX, FailureClass
@@ -206,6 +207,7 @@ def _ready(db: Database, cfg: Config, name: str, backend_name: str | None, recla
             return Launched(outcome=LaunchOutcome.LOST_CLAIM)
         argv, overrides = command_for(job, a.plan)
         env = {protocol.ENV_OVERRIDES: _dumps(overrides)}
+        env.update(mtbf_env(s, job.backend, job.resources))  # ORCH_MTBF_S: --save-interval auto's M (mtbf.py)
         if job.sweep is not None and job.task_index is not None:
             env.update(sweep_env(job.sweep.name, job.task_index, job.sweep.params))
         spec = SubmitSpec(job=job.name, attempt=a.n, token=a.token, run_dir=Path(job.run_dir), command=tuple(argv),

@@ -24,6 +24,7 @@ from orchestrator import protocol
 from orchestrator.config import Config
 from orchestrator.db import Database
 from orchestrator.errors import OrchError
+from orchestrator.goodputview import fleet_gauges, goodput_families
 from orchestrator.lifecycle import JobState, utcnow
 from orchestrator.models import Attempt, Job, PassStats
 from orchestrator.observe import PassReport
@@ -44,6 +45,7 @@ class FleetMetrics:
     redone: list[int] = field(default_factory=list)  # one entry per measured preemption
     unmeasured: int = 0  # preemptions followed by an attempt whose resume step is not recorded
     last_pass: PassStats | None = None
+    goodput: dict | None = None  # goodputview.fleet_gauges: the held-time split by partition
 
 
 def record_pass(s: Session, rep: PassReport, name: str = PASS) -> None:
@@ -81,7 +83,7 @@ def collect(db: Database) -> FleetMetrics:
         restarted = s.execute(select(Job.run_dir, Attempt.n, Attempt.token, Attempt.restarts)
                               .join(Job, Job.id == Attempt.job_id).where(Attempt.restarts > 0)).all()
         stats = s.get(PassStats, PASS)
-    snap = FleetMetrics(jobs, failures, last, last_pass=stats)
+    snap = FleetMetrics(jobs, failures, last, last_pass=stats, goodput=fleet_gauges(db))
     for run_dir, n, failure_step in pairs:
         done = steps_redone(run_dir, n, failure_step)
         if done is None:
@@ -201,6 +203,7 @@ def render(snap: FleetMetrics) -> str:
                    "Preempted attempts with a successor whose resume step is not recorded (a program that "
                    "writes no resumed_from heartbeat field): not in orch_preemption_steps_redone.",
                    [("orch_preemptions_unmeasured", snap.unmeasured)])
+    out += goodput_families(snap.goodput or {}, _family)
     p = snap.last_pass
     if p is not None:
         out += _family("orch_reconcile_last_pass_duration_seconds", "gauge",

@@ -11,6 +11,7 @@ from sqlalchemy import select
 from orchestrator import protocol
 from orchestrator.config import Config
 from orchestrator.db import Database
+from orchestrator.goodputview import show_goodput
 from orchestrator.jobs import attempt_ref, attempt_view, get_job
 from orchestrator.lifecycle import ATTEMPT_LIVE, AttemptState, JobState, held_reason
 from orchestrator.models import Attempt, Event, Job
@@ -44,6 +45,7 @@ def show_job(db: Database, name: str, events: bool = False) -> dict[str, Any]:
             "created_at": job.created_at.isoformat(timespec="seconds") + "Z",
             "attempts": [attempt_view(a) for a in job.attempts],
             "held": _held(s, job),
+            "goodput": show_goodput(job),  # where its held time went (orchestrator/goodput.py)
         }
         if events:
             d["events"] = history(s, job)

@@ -104,6 +104,9 @@ def show(name: str, as_json: bool, events: bool) -> None:
         _say(f"  {d['held']}")
     if d.get("overrides"):
         _say(f"  overrides for the next attempt: {json.dumps(d['overrides'], sort_keys=True)}")
+    gp = _goodput_lines(d.get("goodput"))
+    for line in gp.pop(0) if gp else []:
+        _say(f"  {line}")
     for a in d["attempts"]:
         fields = [f"id={_cell(a['external_id'])}", f"class={_cell(a['failure_class'])}",
                   f"step={_cell(a['failure_step'])}", f"exit={_cell(a['exit_code'])}",
@@ -120,6 +123,8 @@ def show(name: str, as_json: bool, events: bool) -> None:
             _say(f"    moved to trash at launch: {t.get('path')} ({t.get('why') or 'no reason recorded'})")
         for t in a.get("set_aside") or []:
             _say(f"    set aside at launch: {t.get('path')} -> {t.get('as')} ({t.get('why')})")
+        if gp:
+            _say(f"    {gp.pop(0)}")
     if d.get("foreign_checkpoint_files"):
         _say(f"  left in place (not orch's): checkpoints/{', checkpoints/'.join(d['foreign_checkpoint_files'])}")
     for problem in d.get("problems") or []:
@@ -130,6 +135,20 @@ def show(name: str, as_json: bool, events: bool) -> None:
             who = "job" if e["attempt"] is None else f"attempt {e['attempt']}"
             move = f"{e['from'] or '(created)'} -> {e['to']}" if e["from"] != e["to"] else "note"
             _say(f"    {e['at']}  {who}: {move}" + (f"  ({e['reason']})" if e["reason"] else ""))
+
+
+def _goodput_lines(g: dict[str, Any] | None) -> list[Any]:
+    """[job's summary lines, then one line per attempt]: where the held time went (README: Goodput)."""
+    if not g:
+        return []
+    from orchestrator.goodputview import dur, split_line, summary_lines
+
+    out: list[Any] = [summary_lines(g)]
+    for a in g["attempts"]:
+        steps = (f"; {a['steps_computed']} steps, {a['steps_redone']} redone later, "
+                 f"{dur(a['step_time_s'])}/step" if a["steps_computed"] else "")
+        out.append(f"held {dur(a['held_s'])}: {split_line(a['seconds'], a['held_s'])}{steps}")
+    return out
 
 
 def _say(line: str) -> None:
@@ -245,3 +264,49 @@ def _restarts_note(history: list[dict]) -> str:
         return ""
     parts = [r["class"] + (f" at step {r['step']}" if r.get("step") is not None else "") for r in history]
     return f" ({', '.join(parts)})"
+
+
+@main.command()
+@click.option("--since", "since", default="7d", show_default=True, metavar="AGE",
+              help="Jobs created, or with an attempt running or ended, in the last AGE (30m, 12h, 7d, 2w); 'all' "
+                   "for every job.")
+@click.option("--json", "as_json", is_flag=True, help="One JSON document: fleet, by_partition, by_sweep.")
+def report(since: str, as_json: bool) -> None:
+    """Goodput of the fleet: where held machine time went (useful, lost work, startup, save stall, hang
+    detection, teardown, failed attempts; waiting between attempts), by partition and by sweep, with
+    preemptions per held hour, mean time between unsignalled failures and the largest badput causes."""
+    from orchestrator.goodputview import dur, parse_since, summary_lines
+    from orchestrator.goodputview import report as build
+
+    window = None if since == "all" else parse_since(since)  # checked before the DB is opened
+    from orchestrator.config import load_config
+    from orchestrator.goodputfast import fast_report
+
+    rep = fast_report(load_config(), window)  # no SQLAlchemy import, as `orch status` (statusview)
+    if rep is None:
+        _cfg, db = _ctx()
+        rep = build(db, window)
+    if as_json:
+        _emit(rep)
+        return
+    f = rep["fleet"]
+    if not f["jobs"]:
+        click.echo(f"no jobs in the last {since}" if window else "no jobs")
+        return
+    lines = [f"fleet ({f['jobs']} jobs, since {since}): " + summary_lines(f)[0], "  " + summary_lines(f)[1],
+             _rates(f)]
+    lines += ["top badput: " + ("; ".join(f"{c['category']} ({c['cause']}) {dur(c['seconds'])}"
+                                          for c in f["top_badput"]) or "-")]
+    for title, key in (("partition", "by_partition"), ("sweep", "by_sweep")):
+        for name, g in rep[key].items():
+            lines += [f"{title} {name} ({g['jobs']} jobs): " + summary_lines(g)[0], "  " + summary_lines(g)[1],
+                      "  " + _rates(g)]
+    click.echo(printable("\n".join(lines)))
+
+
+def _rates(g: dict[str, Any]) -> str:
+    from orchestrator.goodputview import dur
+
+    pph = g["preemptions_per_hour"]
+    return (f"preemptions {g['preemptions']} ({pph:.2f}/held h)" if pph is not None else "preemptions 0") + \
+        f"; unsignalled failures {g['unsignalled_failures']}, mean time between: {dur(g['mtbf_unsignalled_s'])}"

@@ -43,6 +43,7 @@ from __future__ import annotations
 
 import os
 import re
+import time
 from pathlib import Path
 from typing import Any
 
@@ -50,9 +51,11 @@ import torch
 from transformers import TrainerCallback, TrainerControl, TrainerState, TrainingArguments
 
 from orchestrator import protocol
+from orchestrator.kit import stall
 from orchestrator.kit.commit import clean_stale, commit_checkpoint
 from orchestrator.kit.dist import any_rank
 from orchestrator.kit.heartbeat import Heartbeat
+from orchestrator.kit.interval import AutoSaveInterval
 from orchestrator.kit.log import log
 from orchestrator.kit.preemption import PreemptionFlag
 from orchestrator.kit.run import Run, signal_name
@@ -73,8 +76,11 @@ class OrchCallback(TrainerCallback):
     ``save_total_limit`` (all when that is None too). HF's own rotation no longer sees them.
     """
 
-    def __init__(self, keep_last_k: int | None = None, run_dir: str | os.PathLike[str] | None = None) -> None:
+    def __init__(self, keep_last_k: int | None = None, run_dir: str | os.PathLike[str] | None = None,
+                 save_every: str | None = None) -> None:
         self.run = Run.from_env(run_dir)
+        # save_every="auto": also save at Daly's interval for the measured save cost and orch's ORCH_MTBF_S
+        self.auto_save = AutoSaveInterval() if save_every == "auto" else None
         self.keep_last_k = keep_last_k
         self.flag = PreemptionFlag()
         self._installed = False
@@ -132,12 +138,16 @@ class OrchCallback(TrainerCallback):
                     **kwargs: Any) -> TrainerControl:
         if self._heartbeat is not None:
             self._heartbeat.post(step=state.global_step, max_steps=state.max_steps, resumed_from=self._resumed_from,
-                                 **self._last_loss(state))
+                                 **(self.auto_save.fields() if self.auto_save else {}), **self._last_loss(state))
         if any_rank(self.flag.requested):
             control.should_save = True
             control.should_training_stop = True
             self._stopping = True
             self.flag.record_step(state.global_step)
+        if self.auto_save is not None and any_rank(self.auto_save.due()):  # every rank the same decision
+            control.should_save = True
+        # HF saves after this hook when should_save is set; on_save adds its duration to save_stall_s.
+        self._save_began = time.monotonic() if control.should_save else None
         return control
 
     @staticmethod
@@ -149,7 +159,13 @@ class OrchCallback(TrainerCallback):
 
     def on_save(self, args: TrainingArguments, state: TrainerState, control: TrainerControl,
                 **kwargs: Any) -> None:
+        began = getattr(self, "_save_began", None)
+        if began is not None:
+            stall.add(time.monotonic() - began)  # HF's own write blocked the loop (goodput)
+            self._save_began = None
         if not self.run.is_writer:
+            if self.auto_save is not None and began is not None:  # its part of the collective save
+                self.auto_save.record_save(time.monotonic() - began)
             return
         src = Path(args.output_dir) / f"checkpoint-{state.global_step}"
         if not src.is_dir():
@@ -159,6 +175,8 @@ class OrchCallback(TrainerCallback):
         keep = self.keep_last_k if self.keep_last_k is not None else args.save_total_limit
         self._committed = commit_checkpoint(self.run.run_dir, state.global_step, move_from=src,
                                             keep_last_k=keep)
+        if self.auto_save is not None and began is not None:  # HF's write and our commit: the save's cost
+            self.auto_save.record_save(time.monotonic() - began)
 
     # --- the end -----------------------------------------------------------------------------------
     def on_train_end(self, args: TrainingArguments, state: TrainerState, control: TrainerControl,

@@ -38,6 +38,7 @@ from __future__ import annotations
 
 import os
 import signal
+import time
 from pathlib import Path
 from typing import Any
 
@@ -47,6 +48,7 @@ from lightning.pytorch.callbacks import Callback
 from orchestrator import protocol
 from orchestrator.kit.commit import clean_stale, commit_checkpoint
 from orchestrator.kit.heartbeat import Heartbeat
+from orchestrator.kit.interval import AutoSaveInterval
 from orchestrator.kit.preemption import DEFAULT_SIGNALS, PreemptionFlag
 from orchestrator.kit.rng import capture_rng, restore_rng
 from orchestrator.kit.run import Run, signal_name
@@ -77,7 +79,7 @@ class OrchCallback(Callback):
     failures; a signal needs none). ``keep_last_k``: committed checkpoints kept.
     """
 
-    def __init__(self, every_n_steps: int | None = None, keep_last_k: int = 2,
+    def __init__(self, every_n_steps: int | str | None = None, keep_last_k: int = 2,
                  run_dir: str | os.PathLike[str] | None = None) -> None:
         self.every_n_steps = every_n_steps
         self.keep_last_k = keep_last_k
@@ -89,6 +91,8 @@ class OrchCallback(Callback):
         self._saved: tuple[int, Path] | None = None
         self._stop: SystemExit | None = None
         self._pending_rng: dict[str, Any] | None = None
+        # every_n_steps="auto": Daly's interval for the measured save cost and orch's ORCH_MTBF_S (kit/interval.py)
+        self.auto_save = AutoSaveInterval() if every_n_steps == "auto" else None
 
     @property
     def state_key(self) -> str:
@@ -147,10 +151,17 @@ class OrchCallback(Callback):
         if self._heartbeat is not None:
             loss = outputs.get("loss") if isinstance(outputs, dict) else outputs
             self._heartbeat.post(step=step, resumed_from=self._resumed_from,
+                                 **(self.auto_save.fields() if self.auto_save else {}),
                                  **({"loss": float(loss)} if loss is not None else {}))
         stop = trainer.strategy.reduce_boolean_decision(self.flag.requested, all=False)
         if stop:
             self._stop_at(trainer, step)
+        elif self.auto_save is not None:
+            # every rank the same answer: save_checkpoint is collective (a rank that alone saved would hang)
+            if trainer.strategy.reduce_boolean_decision(self.auto_save.due(), all=False):
+                t0 = time.monotonic()
+                self._save(trainer, step)
+                self.auto_save.record_save(time.monotonic() - t0)
         elif self.every_n_steps and step % self.every_n_steps == 0:
             self._save(trainer, step)
 

@@ -33,6 +33,7 @@ Step numbering: ``steps(n)`` yields 1..n; when the body for step ``s`` returns, 
 from __future__ import annotations
 
 import os
+import time
 import traceback
 from collections.abc import Iterator
 from pathlib import Path
@@ -46,6 +47,7 @@ from orchestrator.kit.checkpoint import CheckpointManager
 from orchestrator.kit.commit import clean_stale
 from orchestrator.kit.dist import any_rank
 from orchestrator.kit.heartbeat import Heartbeat
+from orchestrator.kit.interval import AutoSaveInterval
 from orchestrator.kit.log import log
 from orchestrator.kit.preemption import PreemptionFlag
 from orchestrator.kit.rng import capture_rng, restore_rng
@@ -60,11 +62,13 @@ class OrchRun:
     """
 
     def __init__(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer | None = None,
-                 scheduler: Any = None, *, state: dict[str, Any] | None = None, save_every: int | None = 100,
+                 scheduler: Any = None, *, state: dict[str, Any] | None = None, save_every: int | str | None = 100,
                  keep_last_k: int = 2, run_dir: str | os.PathLike[str] | None = None) -> None:
         self.model, self.optimizer, self.scheduler = model, optimizer, scheduler
         self.state = state if state is not None else {}
         self.save_every = save_every
+        # save_every="auto": Daly's interval for the measured save cost and orch's ORCH_MTBF_S (kit/interval.py)
+        self.auto_save = AutoSaveInterval() if save_every == "auto" else None
         self.keep_last_k = keep_last_k
         self._run_dir_arg = run_dir
         self.step = 0
@@ -121,9 +125,14 @@ class OrchRun:
             self.step = step
             if self.run.is_writer:
                 self.heartbeat.post(step=step, max_steps=max_steps, resumed_from=self.resumed_from or 0,
-                                    **self._fields)
-            if self.save_every and step % self.save_every == 0 and step < max_steps:
+                                    **(self.auto_save.fields() if self.auto_save else {}), **self._fields)
+            if self._save_due(step) and step < max_steps:
                 self._save(background=True)
+
+    def _save_due(self, step: int) -> bool:
+        if self.auto_save is not None:  # only rank 0 writes; the others would only copy state dicts
+            return self.run.is_writer and self.auto_save.due()
+        return bool(self.save_every) and step % self.save_every == 0
 
     def log(self, **fields: Any) -> None:
         """Numbers to show in ``attempts/<n>/progress.json`` with the next step (e.g. ``loss=``)."""
@@ -155,7 +164,10 @@ class OrchRun:
         self._saved_step = self.step
         if not self.run.is_writer:
             return None
+        t0 = time.monotonic()
         self._saved_path = self.ckpts.save(self.step, files, background=background)  # prunes after commit
+        if self.auto_save is not None:  # what the loop waited is the cost the interval weighs
+            self.auto_save.record_save(time.monotonic() - t0, self.ckpts.last_save_s)
         return self._saved_path
 
     # --- leaving: the marker, or nothing -----------------------------------------------------------

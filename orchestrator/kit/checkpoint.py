@@ -39,6 +39,7 @@ import secrets
 import shutil
 import sys
 import threading
+import time
 from collections.abc import Callable, Iterator, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -47,6 +48,7 @@ from typing import Any, BinaryIO
 import torch
 
 from orchestrator import protocol
+from orchestrator.kit.stall import blocked_saving
 
 WriteHook = Callable[[int, str], None]  # (step, file path) before each write: fault injection
 
@@ -219,6 +221,7 @@ class CheckpointManager:
         self.last_committed: tuple[int, Path] | None = None
         self._thread: threading.Thread | None = None
         self._error: CheckpointError | None = None
+        self.last_save_s: float | None = None  # write + commit of the newest committed save (its total cost)
 
     # --- reading ---------------------------------------------------------------------------------
     def latest_verified(self, on_corrupt: Callable[[Path, str], None] | None = None
@@ -312,6 +315,10 @@ class CheckpointManager:
         ``background=True`` snapshots the state to CPU memory now (the only part the training loop
         waits for) and writes, fsyncs, commits and prunes in a worker thread.
         """
+        with blocked_saving():  # the caller's blocked time is the heartbeat's save_stall_s
+            return self._save_blocking(step, files, background)
+
+    def _save_blocking(self, step: int, files: Mapping[str, Any], background: bool) -> Path | None:
         self.wait()
         if background:
             state = snapshot(dict(files))
@@ -337,12 +344,14 @@ class CheckpointManager:
     def wait(self) -> tuple[int, Path] | None:
         """Wait for the in-flight save; raise its error. Returns the newest committed (step, path)."""
         if self._thread is not None:
-            self._thread.join()
+            with blocked_saving():
+                self._thread.join()
             self._thread = None
         self.poll()
         return self.last_committed
 
     def _save(self, step: int, files: Mapping[str, Any]) -> Path:
+        t0 = time.monotonic()
         final = self.root / protocol.checkpoint_name(step)
         if final.exists():
             if protocol.verify_checkpoint(final) is None:
@@ -366,6 +375,7 @@ class CheckpointManager:
                 raise CheckpointError(step, e, sum(_nbytes(v) for v in files.values())) from e
             raise
         self.last_committed = (step, final)
+        self.last_save_s = time.monotonic() - t0
         try:
             self.prune()
         except OSError as e:  # the new checkpoint is committed; a failed prune only costs disk

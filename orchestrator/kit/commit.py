@@ -14,6 +14,7 @@ from typing import Any
 
 from orchestrator import protocol
 from orchestrator.kit.log import log
+from orchestrator.kit.stall import blocked_saving
 
 
 # =========================================================================================
@@ -49,6 +50,12 @@ def commit_checkpoint(run_dir: Path, step: int, *, write: Callable[[Path], None]
     commit: pruning first could leave none after a crash). An already committed, verifying ``step-N``
     is kept as it is (a periodic save and a preemption save of the same step).
     """
+    with blocked_saving():  # Lightning's write and every commit block the loop: the heartbeat's save_stall_s
+        return _commit(run_dir, step, write, move_from, keep_last_k)
+
+
+def _commit(run_dir: Path, step: int, write: Callable[[Path], None] | None, move_from: Path | None,
+            keep_last_k: int | None) -> Path:
     root = run_dir / protocol.CHECKPOINTS_DIR
     root.mkdir(parents=True, exist_ok=True)
     final = root / protocol.checkpoint_name(step)

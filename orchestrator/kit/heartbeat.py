@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from orchestrator import protocol
+from orchestrator.kit import stall
 
 
 class Heartbeat:
@@ -35,6 +36,8 @@ class Heartbeat:
         # whose recent tokens/s falls far below its own median (a slow node, a throttled disk).
         self._rates: collections.deque[float] = collections.deque(maxlen=200)
         self._last: tuple[int, float] | None = None
+        self._stall_base = stall.total()  # save_stall_s: this attempt's blocked saving (goodput accounting)
+        self._stall_written = 0.0
         self._thread = threading.Thread(target=self._run, name="heartbeat", daemon=True)
 
     def start(self) -> Heartbeat:
@@ -73,8 +76,10 @@ class Heartbeat:
 
     def _write(self) -> None:
         posted, fields = self._posted, dict(self._fields)
-        if posted == self._written:
+        stalled = round(stall.total() - self._stall_base, 6)
+        if posted == self._written and stalled == self._stall_written:  # a save after the last post: one beat
             return
+        fields.setdefault("save_stall_s", stalled)
         step, per_step, now = fields.get("step"), fields.get("tokens_per_step"), time.monotonic()
         if isinstance(step, int) and per_step and self._last is not None and step > self._last[0]:
             self._rates.append((step - self._last[0]) * per_step / (now - self._last[1]))
@@ -84,7 +89,7 @@ class Heartbeat:
             self._last = (step, now)
         try:
             protocol.write_progress(self.run_dir, self.attempt, **fields)
-            self._written = posted
+            self._written, self._stall_written = posted, stalled
         except Exception as e:  # a full disk must not stop training; the checkpoint path reports it
             if not self._warned:
                 self._warned = True

@@ -1,0 +1,333 @@
+"""Goodput accounting: where a job's held machine time went, from what orch already records (pure functions).
+
+Every second an attempt held its machine (``started_at`` -> ``ended_at``, or now while it runs) falls in
+exactly one category, so the categories of an attempt add up to its held time; ``waiting`` is wall time
+between attempts, not held. The definitions follow Google's ml-goodput-measurement (productive step spans,
+wasted progress after a disruption = a step logged again, startup, checkpoint save time) and Meta's ETT
+(allocation -> first batch, failure -> productive again); see ../shared/notes/goodput.md. Inputs, per
+attempt: the DB's times and failure class, and the heartbeat history (``progress.jsonl``: wall time,
+step, ``resumed_from``, and the kit's cumulative ``save_stall_s``). One attempt, one run of it (a Slurm
+in-place requeue appends a second run to the same history)::
+
+    started ── startup ── t_a ──── training: useful | lost | save_stall ──── t_L ── tail ── ended
+                          (loop start: the beat at the resume step)      (last beat)   hang_detection
+                                                                                        | teardown
+
+* ``useful``    steps kept (up to the step the next attempt resumed from) × the attempt's step time;
+* ``lost_work`` steps computed again by a later attempt × the same step time;
+* ``save_stall``the time the loop was blocked saving (the kit's ``save_stall_s``; 0 when not reported);
+* ``startup``   held start -> the loop's first step (restore included): the beat at the resume step, else
+                extrapolated back from the first two beats;
+* ``hang_detection`` last beat -> orch asked the hung attempt to stop; ``teardown`` the rest of the tail
+                (stop signal -> exit, a dying node's last seconds);
+* ``failed_attempt`` all of the held time of an attempt that ended in a failure without computing one step;
+  (a program without heartbeats: all ``useful`` when it succeeded, ``failed_attempt`` when it failed);
+* ``waiting``   previous attempt's end (or the job's creation) -> this attempt's start: not held.
+
+The step time of a run is (t_L − t_a − save stall) / steps computed, so heartbeats (written every
+``ORCH_HEARTBEAT_S``) bound the error of each boundary by one heartbeat interval. Stdlib only: read
+commands import this without torch or SQLAlchemy.
+"""
+
+from __future__ import annotations
+
+import enum
+import math
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+__all__ = ["Category", "Beat", "AttemptFacts", "AttemptSplit", "JobSplit", "split_attempt", "split_job",
+           "summarize", "UNSIGNALLED", "BADPUT"]
+
+
+class Category(enum.StrEnum):
+    USEFUL = "useful"
+    LOST_WORK = "lost_work"
+    STARTUP = "startup"
+    SAVE_STALL = "save_stall"
+    HANG_DETECTION = "hang_detection"
+    TEARDOWN = "teardown"
+    FAILED_ATTEMPT = "failed_attempt"
+    WAITING = "waiting"  # wall time between attempts; not held, never in held totals
+
+
+HELD = tuple(c for c in Category if c is not Category.WAITING)
+BADPUT = tuple(c for c in HELD if c is not Category.USEFUL)
+# Failures that give no warning, so only a periodic save bounds the work they lose (Daly's M counts these):
+# kill -9 / a SIGKILL with no record, a node failure, an OOM kill. Signalled preemptions save on the signal.
+UNSIGNALLED = frozenset({"killed", "node_fail", "oom"})
+
+
+@dataclass(frozen=True)
+class Beat:
+    """One heartbeat line: wall time (epoch s), last completed step, the attempt's start step, save stall so far."""
+
+    time: float
+    step: int
+    resumed_from: int | None = None
+    stall_s: float | None = None
+    saved_step: int | None = None
+
+
+@dataclass(frozen=True)
+class AttemptFacts:
+    """What orch knows of one attempt. Times are epoch seconds; ``ended`` None while it still runs."""
+
+    n: int
+    started: float | None
+    ended: float | None
+    failure_class: str | None = None
+    stop_reason: str | None = None  # "hang" when orch's hang detector asked it to stop
+    stop_requested: float | None = None
+    beats: tuple[Beat, ...] = ()
+    gpus: int | None = None
+    restarts: int = 0
+
+
+@dataclass
+class AttemptSplit:
+    n: int
+    held_s: float
+    seconds: dict[str, float]
+    steps_computed: int = 0
+    steps_kept: int = 0
+    steps_redone: int = 0
+    step_time_s: float | None = None
+    cause: str | None = None  # the failure class that ended it (None: it succeeded or still runs)
+    gpus: int | None = None
+    restarts: int = 0  # in-place requeues by the scheduler (each a preemption: views._preemptions' rule)
+    assumptions: list[str] = field(default_factory=list)
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"n": self.n, "held_s": self.held_s, "seconds": dict(self.seconds), "gpus": self.gpus,
+                "steps_computed": self.steps_computed, "steps_kept": self.steps_kept,
+                "steps_redone": self.steps_redone, "step_time_s": self.step_time_s, "cause": self.cause,
+                "restarts": self.restarts,
+                "assumptions": list(self.assumptions)}
+
+
+@dataclass
+class JobSplit:
+    name: str
+    attempts: list[AttemptSplit]
+    waiting: list[tuple[float, str]]  # (seconds, cause: "queue" or the class of the attempt before)
+    group: dict[str, str | None] = field(default_factory=dict)  # backend, partition, sweep
+
+    @property
+    def seconds(self) -> dict[str, float]:
+        out = _zero()
+        for a in self.attempts:
+            for k, v in a.seconds.items():
+                out[k] += v
+        out[Category.WAITING.value] = sum(w for w, _ in self.waiting)
+        return out
+
+    @property
+    def held_s(self) -> float:
+        return sum(a.held_s for a in self.attempts)
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"name": self.name, **self.group, **_totals(self.seconds, self.held_s, self.gpu_seconds()),
+                "attempts": [a.as_dict() for a in self.attempts],
+                "waits": [{"seconds": w, "cause": c} for w, c in self.waiting]}
+
+    def gpu_seconds(self) -> dict[str, float] | None:
+        """Held seconds × GPUs per category; None unless every attempt's GPU count is known."""
+        if not self.attempts or any(a.gpus is None for a in self.attempts):
+            return None
+        out = {c.value: 0.0 for c in HELD}
+        for a in self.attempts:
+            for k, v in a.seconds.items():
+                out[k] += v * (a.gpus or 0)
+        return out
+
+
+def _zero() -> dict[str, float]:
+    return {c.value: 0.0 for c in Category}
+
+
+def _totals(seconds: dict[str, float], held: float, gpu: dict[str, float] | None) -> dict[str, Any]:
+    return {"held_s": held, "seconds": seconds, "goodput": (seconds[Category.USEFUL] / held) if held > 0 else None,
+            "gpu_seconds": gpu}
+
+
+# ------------------------------------------------------------------------------------------
+# one attempt
+# ------------------------------------------------------------------------------------------
+def runs_of(beats: Sequence[Beat]) -> list[list[Beat]]:
+    """The runs of one attempt: a new run starts where ``resumed_from`` changes or the step goes back
+    (a Slurm in-place requeue appends its heartbeats to the same history)."""
+    runs: list[list[Beat]] = []
+    for b in sorted(beats, key=lambda b: b.time):
+        prev = runs[-1][-1] if runs else None
+        if prev is None or b.step < prev.step or b.resumed_from != prev.resumed_from:
+            runs.append([])
+        runs[-1].append(b)
+    return runs
+
+
+def _clamp(v: float, lo: float, hi: float) -> float:
+    return min(max(v, lo), hi)
+
+
+def _split_run(run: list[Beat], start: float, end: float, kept_until: int | None, last: bool,
+               ended: bool, out: AttemptSplit) -> float | None:
+    """Add one run's seconds (``start`` -> its last beat) to ``out``; return the last beat's time (where the
+    tail begins), or None when the run computed no step (then all of ``start`` -> ``end`` is counted)."""
+    s = out.seconds
+    r = run[0].resumed_from
+    if r is None:
+        r = run[0].step
+        out.assumptions.append(f"attempt {out.n}: no resumed_from in its heartbeats; its first beat (step {r}) "
+                               "taken as the start step")
+    new = [b for b in run if b.step > r]
+    if not new:  # never computed a step: startup while it runs or when it succeeded (nothing left to do),
+        # time in a failed attempt when it ended otherwise (an earlier run of an attempt restarted in place too)
+        failed = (ended and out.cause is not None) or not last
+        s[Category.FAILED_ATTEMPT if failed else Category.STARTUP] += end - start
+        return None
+    t_last = _clamp(new[-1].time, start, end)
+    s_last = max(b.step for b in new)
+    at_start = [b for b in run if b.step == r and b.time <= new[0].time]
+    if at_start:  # the loop-start beat (write_now at the resume step)
+        t_a, base = at_start[0].time, at_start[0].stall_s or 0.0
+    elif len(new) >= 2 and new[-1].step > new[0].step:
+        per = (new[-1].time - new[0].time) / (new[-1].step - new[0].step)
+        t_a, base = new[0].time - (new[0].step - r) * per, 0.0
+        out.assumptions.append(f"attempt {out.n}: no beat at its start step; loop start extrapolated from "
+                               "the step rate")
+    else:
+        t_a, base = start, 0.0
+        out.assumptions.append(f"attempt {out.n}: one beat only; all time before it counted as training")
+    t_a = _clamp(t_a, start, t_last)
+    stall = _clamp((new[-1].stall_s or 0.0) - base, 0.0, t_last - t_a)
+    steps = s_last - r
+    training = t_last - t_a - stall
+    dt = training / steps
+    if kept_until is None:
+        saved = [b.saved_step for b in run if b.saved_step is not None]
+        # The last attempt of a job: what it computed is kept while it runs or succeeded; after a failure
+        # only up to its last save (the next attempt resumes there).
+        kept_until = max(saved) if ended and out.cause and saved else s_last
+    kept = int(_clamp(kept_until - r, 0, steps))
+    s[Category.STARTUP] += t_a - start
+    s[Category.USEFUL] += kept * dt
+    s[Category.LOST_WORK] += (steps - kept) * dt
+    s[Category.SAVE_STALL] += stall
+    out.steps_computed += steps
+    out.steps_kept += kept
+    out.steps_redone += steps - kept
+    out.step_time_s = dt
+    return t_last
+
+
+def split_attempt(a: AttemptFacts, kept_until: int | None, now: float) -> AttemptSplit:
+    """Split attempt ``a``'s held time. ``kept_until``: the step the next attempt resumed from (None: none yet)."""
+    out = AttemptSplit(n=a.n, held_s=0.0, seconds={c.value: 0.0 for c in HELD}, cause=a.failure_class, gpus=a.gpus,
+                       restarts=a.restarts)
+    if a.started is None:
+        return out
+    ended = a.ended is not None
+    end = max(a.ended if ended else now, a.started)
+    out.held_s = end - a.started
+    runs = runs_of([b for b in a.beats if math.isfinite(b.time)])
+    if not runs:  # a program without orch's kit: nothing to split by
+        cat = (Category.STARTUP if not ended else Category.USEFUL if a.failure_class is None
+               else Category.FAILED_ATTEMPT)
+        out.seconds[cat] = out.held_s
+        out.assumptions.append(f"attempt {a.n}: no heartbeats; all held time counted as {cat.value}")
+        return out
+    start = a.started
+    for k, run in enumerate(runs):
+        last = k == len(runs) - 1
+        nxt = runs[k + 1][0].resumed_from if not last else kept_until
+        run_end = end if last else _clamp(run[-1].time, start, end)
+        tail_from = _split_run(run, start, run_end, nxt, last, ended, out)
+        if tail_from is not None and last:
+            _split_tail(a, tail_from, end, out)
+        start = run_end
+    return out
+
+
+def _split_tail(a: AttemptFacts, t_last: float, end: float, out: AttemptSplit) -> None:
+    """Last beat -> end: the hang detector's delay (to its stop request), then teardown."""
+    tail = max(0.0, end - t_last)
+    hung = a.stop_reason == "hang" or a.failure_class == "hang"
+    if hung:
+        detect = tail if a.stop_requested is None else _clamp(a.stop_requested - t_last, 0.0, tail)
+        out.seconds[Category.HANG_DETECTION] += detect
+        out.seconds[Category.TEARDOWN] += tail - detect
+    else:
+        out.seconds[Category.TEARDOWN] += tail
+
+
+# ------------------------------------------------------------------------------------------
+# a job, and many jobs
+# ------------------------------------------------------------------------------------------
+def first_resume(a: AttemptFacts) -> int | None:
+    """The step attempt ``a`` resumed from (its first heartbeat's ``resumed_from``), None if unknown."""
+    runs = runs_of(a.beats)
+    return runs[0][0].resumed_from if runs else None
+
+
+def split_job(name: str, attempts: Sequence[AttemptFacts], created: float, now: float,
+              group: dict[str, str | None] | None = None) -> JobSplit:
+    """Every attempt's split, each told where the next attempt that reports a resume point resumed."""
+    ordered = sorted(attempts, key=lambda a: a.n)
+    splits: list[AttemptSplit] = []
+    waiting: list[tuple[float, str]] = []
+    prev_end, prev_cause = created, "queue"
+    for i, a in enumerate(ordered):
+        kept_until = next((r for b in ordered[i + 1:] if (r := first_resume(b)) is not None), None)
+        splits.append(split_attempt(a, kept_until, now))
+        wait_end = a.started if a.started is not None else (a.ended if a.ended is not None else now)
+        waiting.append((max(0.0, wait_end - prev_end), prev_cause))
+        prev_end = max(prev_end, a.ended if a.ended is not None else (a.started or prev_end))
+        prev_cause = a.failure_class or "ok"
+    return JobSplit(name=name, attempts=splits, waiting=waiting, group=dict(group or {}))
+
+
+def mtbf_unsignalled(held_s: float, failures: int) -> float | None:
+    """Mean held time between failures that gave no warning; None when none was seen."""
+    return held_s / failures if failures else None
+
+
+def summarize(jobs: Iterable[JobSplit], top: int = 5) -> dict[str, Any]:
+    """Fleet totals: the split, goodput, preemptions per held hour, mean time between unsignalled
+    failures, and the largest badput causes (category and the failure class behind it)."""
+    seconds, held, gpu, gpu_known = _zero(), 0.0, {c.value: 0.0 for c in HELD}, True
+    preemptions = unsignalled = 0
+    causes: dict[tuple[str, str], float] = {}
+    n_jobs = 0
+    for j in jobs:
+        n_jobs += 1
+        held += j.held_s
+        for k, v in j.seconds.items():
+            seconds[k] += v
+        g = j.gpu_seconds()
+        if g is None:
+            gpu_known = False
+        else:
+            for k, v in g.items():
+                gpu[k] += v
+        prev = "start"
+        for a in j.attempts:
+            preemptions += (a.cause == "preempted") + a.restarts
+            unsignalled += a.cause in UNSIGNALLED
+            for k, v in a.seconds.items():
+                if k == Category.USEFUL or v <= 0:
+                    continue
+                cause = prev if k == Category.STARTUP else (a.cause or "ok")
+                causes[(k, cause)] = causes.get((k, cause), 0.0) + v
+            prev = f"after {a.cause}" if a.cause else "start"
+        for w, cause in j.waiting:
+            if w > 0:
+                key = (Category.WAITING.value, cause if cause == "queue" else f"after {cause}")
+                causes[key] = causes.get(key, 0.0) + w
+    ranked = sorted(causes.items(), key=lambda kv: -kv[1])[:top]
+    hours = held / 3600
+    return {"jobs": n_jobs, **_totals(seconds, held, gpu if gpu_known and n_jobs else None),
+            "preemptions": preemptions, "preemptions_per_hour": preemptions / hours if hours > 0 else None,
+            "unsignalled_failures": unsignalled, "mtbf_unsignalled_s": mtbf_unsignalled(held, unsignalled),
+            "top_badput": [{"category": k, "cause": c, "seconds": v} for (k, c), v in ranked]}

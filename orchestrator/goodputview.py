@@ -1,0 +1,223 @@
+"""Goodput from the job table and the run dirs: ``orch show``'s split, ``orch report``, the Prometheus gauges.
+
+Reads attempts' times and classes (DB) and each attempt's heartbeat history (``progress.jsonl``); computes with
+the pure functions of ``orchestrator.goodput``. No schema change: everything it needs is already recorded.
+Imports no torch (read commands stay fast); SQLAlchemy only inside the functions that query.
+"""
+
+from __future__ import annotations
+
+import re
+import time
+from collections.abc import Iterable
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+from orchestrator import protocol
+from orchestrator.errors import UsageError
+from orchestrator.goodput import AttemptFacts, Beat, JobSplit, split_job, summarize
+
+_SINCE_RE = re.compile(r"^([0-9]{1,6})([smhdw])$")
+_UNIT_S = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400}
+
+
+def parse_since(text: str) -> timedelta:
+    """``7d``, ``12h``, ``30m``, ``90s``, ``2w`` -> a timedelta; anything else is a usage error (exit 2)."""
+    m = _SINCE_RE.fullmatch(text.strip()) if isinstance(text, str) else None
+    if m is None:
+        raise UsageError(f"--since {text[:40]!r}: expected a number and a unit s, m, h, d or w (e.g. 7d)")
+    return timedelta(seconds=int(m.group(1)) * _UNIT_S[m.group(2)])
+
+
+def _epoch(dt: datetime | None) -> float | None:
+    return None if dt is None else dt.replace(tzinfo=UTC).timestamp()
+
+
+def beats_of(run_dir: str, n: int) -> tuple[Beat, ...]:
+    """The attempt's heartbeat history as beats (records without a time or a step are skipped)."""
+    out = []
+    for r in protocol.read_progress_history(run_dir, n):
+        t, step = r.get("time"), r.get("step")
+        if not isinstance(t, float | int) or not isinstance(step, int):
+            continue
+        stall = r.get("save_stall_s")
+        out.append(Beat(float(t), step, r.get("resumed_from"),
+                        float(stall) if isinstance(stall, float | int) and not isinstance(stall, bool) else None,
+                        r.get("saved_step")))
+    return tuple(out)
+
+
+def _iso_epoch(v: Any) -> float | None:
+    if not isinstance(v, str):
+        return None
+    try:
+        dt = datetime.fromisoformat(v)
+    except ValueError:
+        return None
+    return (dt if dt.tzinfo else dt.replace(tzinfo=UTC)).timestamp()
+
+
+def held_interval(a: Any, run_dir: str) -> tuple[float | None, float | None]:
+    """(start, end) of the attempt's hold: the wrapper's own records when they are this attempt's, else the DB.
+
+    The DB's started_at/ended_at are when a reconcile pass *observed* the start and the end (a pass every
+    few seconds locally, a minute on a cron): the wrapper's ``wrapper.json`` started_at and ``exit.json``
+    ended_at are when the program started and exited. wrapper.json is rewritten by each in-place restart,
+    so with restarts the DB's start is used.
+    """
+    adir = protocol.attempt_dir(run_dir, a.n)
+    start, end = _epoch(a.started_at), _epoch(a.ended_at)
+    if not a.restarts:
+        try:
+            w = protocol.read_json_bounded(adir / protocol.WRAPPER_FILE, limit=64 * 1024)
+        except (OSError, ValueError):
+            w = None
+        if isinstance(w, dict) and w.get("token") == a.token and (t := _iso_epoch(w.get("started_at"))):
+            start = t
+    if end is not None:
+        rec = protocol.read_exit(adir, a.token)
+        if rec is not None and (t := _iso_epoch(rec.ended_at)) is not None and start is not None and t >= start:
+            end = t
+    return start, end
+
+
+def attempt_facts(a: Any, run_dir: str, gpus: int | None) -> AttemptFacts:
+    """One attempt row (models.Attempt) and its heartbeats as the pure module's input."""
+    cls = a.failure_class
+    started, ended = held_interval(a, run_dir)
+    return AttemptFacts(n=a.n, started=started, ended=ended,
+                        failure_class=getattr(cls, "value", cls), stop_reason=a.stop_reason,
+                        stop_requested=_epoch(a.stop_requested_at), beats=beats_of(run_dir, a.n),
+                        gpus=gpus, restarts=a.restarts or 0)
+
+
+def _gpus(resources: dict[str, Any]) -> int | None:
+    g = resources.get("gpus") if isinstance(resources, dict) else None
+    return g if isinstance(g, int) and not isinstance(g, bool) and g >= 0 else None
+
+
+def group_of(job: Any) -> dict[str, str | None]:
+    part = job.resources.get("partition") if isinstance(job.resources, dict) else None
+    return {"backend": job.backend, "partition": f"{job.backend}/{part or '-'}",
+            "sweep": job.sweep.name if job.sweep is not None else None}
+
+
+def job_split(job: Any, now: float | None = None) -> JobSplit:
+    """The split of one job (models.Job with its attempts loaded)."""
+    now = time.time() if now is None else now
+    gpus = _gpus(job.resources)
+    facts = [attempt_facts(a, job.run_dir, gpus) for a in job.attempts]
+    return split_job(job.name, facts, _epoch(job.created_at) or now, now, group_of(job))
+
+
+def show_goodput(job: Any, now: float | None = None) -> dict[str, Any]:
+    """``orch show``'s ``goodput`` object: the job's totals and every attempt's split."""
+    return job_split(job, now).as_dict()
+
+
+def report(db: Any, since: timedelta | None, now: float | None = None) -> dict[str, Any]:
+    """``orch report``: the fleet's split (jobs created or with an attempt active in the window), by partition
+    (``backend/partition``) and by sweep. Through SQLAlchemy (any DB); ``goodputfast`` runs the same queries
+    through sqlite3."""
+    from orchestrator.goodputfast import jobs_from_rows, report_selects
+
+    now = time.time() if now is None else now
+    jobs_q, attempts_q = report_selects(since is not None)
+    params = {}
+    if since is not None:
+        params = {"cutoff": datetime.fromtimestamp(now, UTC).replace(tzinfo=None) - since}
+    with db.read() as s:
+        jobs = jobs_from_rows(s.execute(jobs_q, params).all(), s.execute(attempts_q, params).all())
+    # the heartbeat files are read after the transaction
+    return report_of([job_split(j, now) for j in jobs], since)
+
+
+def report_of(splits: list[JobSplit], since: timedelta | None) -> dict[str, Any]:
+    return {"since_s": since.total_seconds() if since is not None else None, "fleet": summarize(splits),
+            "by_partition": _grouped(splits, "partition"), "by_sweep": _grouped(splits, "sweep")}
+
+
+def _grouped(splits: Iterable[JobSplit], key: str) -> dict[str, dict[str, Any]]:
+    groups: dict[str, list[JobSplit]] = {}
+    for j in splits:
+        k = j.group.get(key)
+        if k is not None:
+            groups.setdefault(k, []).append(j)
+    return {k: summarize(v) for k, v in sorted(groups.items())}
+
+
+GAUGE_WINDOW = timedelta(days=7)
+
+
+def fleet_gauges(db: Any, now: float | None = None) -> dict[str, Any]:
+    """What the Prometheus gauges carry: ``orch report --since 7d``'s split by partition. Bounded to a window
+    because every reconcile pass may export it, and each job in it costs a read of its heartbeat histories."""
+    return report(db, GAUGE_WINDOW, now)["by_partition"]
+
+
+# ------------------------------------------------------------------------------------------
+# text
+# ------------------------------------------------------------------------------------------
+def dur(seconds: float | None) -> str:
+    """A duration for people: 12.3 s, 4.5 min, 2.25 h."""
+    if seconds is None:
+        return "-"
+    if seconds < 1:
+        return f"{seconds:.3f} s"
+    if seconds < 120:
+        return f"{seconds:.1f} s"
+    if seconds < 7200:
+        return f"{seconds / 60:.1f} min"
+    return f"{seconds / 3600:.2f} h"
+
+
+def split_line(seconds: dict[str, float], held: float) -> str:
+    """``useful 18.4 s (33%), lost_work 4.6 s (8%), ...``: every held category that is not zero, largest first."""
+    parts = sorted(((k, v) for k, v in seconds.items() if k != "waiting" and v > 0.0005), key=lambda kv: -kv[1])
+    return ", ".join(f"{k} {dur(v)}" + (f" ({100 * v / held:.0f}%)" if held > 0 else "") for k, v in parts) or "-"
+
+
+def summary_lines(d: dict[str, Any]) -> list[str]:
+    """Two lines for a job's or a group's totals: goodput and the held split; waiting (not held)."""
+    gp = d.get("goodput")
+    head = f"goodput {100 * gp:.1f}% of {dur(d['held_s'])} held" if gp is not None else "goodput - (nothing held yet)"
+    gpu = d.get("gpu_seconds")
+    if gpu:
+        head += f" ({sum(gpu.values()) / 3600:.2f} GPU-h)"
+    return [head + f"; waiting {dur(d['seconds'].get('waiting', 0.0))} (not held)",
+            "held: " + split_line(d["seconds"], d["held_s"])]
+
+
+# ------------------------------------------------------------------------------------------
+# Prometheus (orch metrics): the same numbers as `orch report --since all`'s by_partition
+# ------------------------------------------------------------------------------------------
+def goodput_families(by_partition: dict[str, dict[str, Any]], family: Any) -> list[str]:
+    """Gauge families for ``metrics.render`` (``family(name, kind, help, samples)`` is its formatter)."""
+    def lab(part: str, **extra: str) -> str:
+        labels = {"partition": part, **extra}
+        return ",".join(f'{k}="{_escape(v)}"' for k, v in labels.items())
+
+    parts = sorted(by_partition.items())
+    out = family("orch_goodput_seconds", "gauge",
+                 "Seconds of held machine time by goodput category (README: Goodput), per backend/partition, "
+                 "over the jobs of the last 7 days (orch report --since 7d); category waiting is wall time "
+                 "between attempts, not held.",
+                 [(f"orch_goodput_seconds{{{lab(p, category=c)}}}", v) for p, g in parts
+                  for c, v in g["seconds"].items()])
+    out += family("orch_goodput_ratio", "gauge", "useful / held seconds, per backend/partition.",
+                  [(f"orch_goodput_ratio{{{lab(p)}}}", g["goodput"]) for p, g in parts if g["goodput"] is not None])
+    out += family("orch_goodput_preemptions_per_hour", "gauge", "Preemptions per held hour, per backend/partition.",
+                  [(f"orch_goodput_preemptions_per_hour{{{lab(p)}}}", g["preemptions_per_hour"]) for p, g in parts
+                   if g["preemptions_per_hour"] is not None])
+    out += family("orch_goodput_unsignalled_failures", "gauge",
+                  "Attempts ended by a failure with no warning (killed, node_fail, oom), per backend/partition.",
+                  [(f"orch_goodput_unsignalled_failures{{{lab(p)}}}", g["unsignalled_failures"]) for p, g in parts])
+    out += family("orch_goodput_mtbf_unsignalled_seconds", "gauge",
+                  "Held seconds per unsignalled failure, per backend/partition (absent while there was none).",
+                  [(f"orch_goodput_mtbf_unsignalled_seconds{{{lab(p)}}}", g["mtbf_unsignalled_s"]) for p, g in parts
+                   if g["mtbf_unsignalled_s"] is not None])
+    return out
+
+
+def _escape(v: str) -> str:
+    return v.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")

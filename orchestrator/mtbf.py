@@ -1,0 +1,78 @@
+"""The mean time between unwarned failures orch hands every attempt (``ORCH_MTBF_S``), from the job table.
+
+A job with ``--save-interval auto`` (``orch_run(save_every="auto")``) saves at Daly's interval for its measured
+save cost and this M (``orchestrator/kit/interval.py``). M is per backend/partition: the held time of the
+attempts that ended there in the last ``WINDOW``, over the failures among them that gave no warning (classes
+``killed``, ``node_fail``, ``oom``; a signalled preemption saves on its signal). With the prior M0 counted
+as one more failure-free stretch ending in one failure::
+
+    M = (H + M0) / (n + 1)
+
+no history gives M0, a long clean history grows past M0, and many failures give about H / n. The SCR library
+estimates M online the same way but counts every allocation end as a failure; orch counts only unwarned ones.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+from orchestrator.goodput import UNSIGNALLED
+from orchestrator.kit.interval import ENV_MTBF, ENV_MTBF_SOURCE, PRIOR_MTBF_S
+
+WINDOW = timedelta(days=30)
+CACHE_S = 60.0  # a sweep's 1,000 launches in one process ask once per partition, not 1,000 times
+
+_cache: dict[tuple[str, str], tuple[float, dict[str, str]]] = {}
+_lock = threading.Lock()
+
+
+def estimate_mtbf(held_s: float, failures: int, prior_s: float = PRIOR_MTBF_S) -> float:
+    """M = (H + M0) / (n + 1): the prior is one failure-free stretch of M0 ending in a failure."""
+    return (max(0.0, held_s) + prior_s) / (max(0, failures) + 1)
+
+
+def partition_key(backend: str, resources: Any) -> str:
+    part = resources.get("partition") if isinstance(resources, dict) else None
+    return f"{backend}/{part or '-'}"
+
+
+def mtbf_env(s: Any, backend: str, resources: Any, now: float | None = None) -> dict[str, str]:
+    """``ORCH_MTBF_S`` and ``ORCH_MTBF_SOURCE`` for a job on ``backend`` with ``resources`` (a read session ``s``)."""
+    now = time.time() if now is None else now
+    key = (backend, partition_key(backend, resources))
+    with _lock:
+        hit = _cache.get(key)
+        if hit is not None and now - hit[0] < CACHE_S:
+            return dict(hit[1])
+    held, failures = _history(s, backend, key[1], now)
+    m = estimate_mtbf(held, failures)
+    env = {ENV_MTBF: f"{m:.1f}",
+           ENV_MTBF_SOURCE: f"{key[1]}: {failures} unwarned failure(s) in {held / 3600:.2f} h held over "
+                            f"{WINDOW.days} days, prior {PRIOR_MTBF_S / 3600:.0f} h"}
+    with _lock:
+        _cache[key] = (now, env)
+    return dict(env)
+
+
+def _history(s: Any, backend: str, part: str, now: float) -> tuple[float, int]:
+    """(held seconds, unwarned failures) of the attempts that ended on ``part`` within WINDOW."""
+    from sqlalchemy import select
+
+    from orchestrator.models import Attempt, Job
+
+    cutoff = datetime.fromtimestamp(now, UTC).replace(tzinfo=None) - WINDOW
+    rows = s.execute(select(Attempt.started_at, Attempt.ended_at, Attempt.failure_class, Job.resources)
+                     .join(Job, Job.id == Attempt.job_id)
+                     .where(Job.backend == backend, Attempt.ended_at >= cutoff))
+    held, failures = 0.0, 0
+    for started, ended, cls, resources in rows:
+        if partition_key(backend, resources) != part:
+            continue
+        # started_at is when a pass saw it running: a kill -9 in the first seconds may never have been seen
+        # running, and is still a failure (its held time, unknown to the DB, counts as 0)
+        held += max(0.0, (ended - started).total_seconds()) if started is not None else 0.0
+        failures += getattr(cls, "value", cls) in UNSIGNALLED
+    return held, failures

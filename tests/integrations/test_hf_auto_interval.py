@@ -1,0 +1,44 @@
+"""hf.OrchCallback(save_every="auto"): HF saves at Daly's interval for the cost the callback measures (HF's own
+write and orch's commit) and the MTBF orch hands it, even with save_strategy="no". In-process, no orch."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+import torch
+from autospy import assert_saves_one_interval_apart, spy
+from transformers import GPT2Config, GPT2LMHeadModel, Trainer, TrainerCallback, TrainingArguments
+
+from orchestrator import protocol
+from orchestrator.integrations import hf
+from orchestrator.kit.interval import daly_interval
+
+
+class _Slow(TrainerCallback):
+    def on_step_end(self, *a, **k) -> None:  # noqa: ANN002, ANN003 - HF's hook signature
+        time.sleep(0.02)
+
+
+def test_hf_auto_saves_at_the_interval_and_reports_what_it_was_given(tmp_path, monkeypatch):
+    for k in [k for k in __import__("os").environ if k.startswith("ORCH_")]:
+        monkeypatch.delenv(k)
+    monkeypatch.setenv("ORCH_MTBF_S", "2")
+    monkeypatch.setenv("ORCH_HEARTBEAT_S", "0.05")
+    monkeypatch.chdir(tmp_path)
+    torch.manual_seed(0)
+    data = [{"input_ids": torch.arange(8) % 32, "labels": torch.arange(8) % 32}] * 240
+    model = GPT2LMHeadModel(GPT2Config(n_layer=1, n_head=2, n_embd=16, vocab_size=32, n_positions=8))
+    args = TrainingArguments(output_dir="out", max_steps=60, per_device_train_batch_size=4, save_strategy="no",
+                             report_to=[], use_cpu=True, disable_tqdm=True)
+    cb = hf.OrchCallback(run_dir=tmp_path, keep_last_k=100, save_every="auto")
+    events = spy(cb.auto_save)
+    Trainer(model=model, args=args, train_dataset=data, callbacks=[_Slow(), cb]).train()
+    beats = [b for b in protocol.read_progress_history(tmp_path, 1) if "save_cost_s" in b]
+    assert beats and all(b["mtbf_s"] == 2 for b in beats)
+    last = beats[-1]
+    assert last["save_interval_s"] == pytest.approx(max(0.25, daly_interval(last["save_cost_s"], 2)), rel=1e-6)
+    saved = [s for s, _ in protocol.verified_checkpoints(tmp_path)]
+    assert min(saved) == 1  # the first save measures the cost
+    assert len(saved) == len([e for e in events if e[0] == "saved"])
+    assert_saves_one_interval_apart(events, 60)

@@ -1,0 +1,48 @@
+"""`--save-interval auto` in the bundled trainer (real steps, real saves): it saves at Daly's interval for the
+save cost it measures and the MTBF orch hands it, and the interval follows the cost when saves get slower."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+from trainerkit import BASE_ARGS, run_inproc
+
+from orchestrator import protocol
+from orchestrator.kit.interval import daly_interval
+
+SLOW_FROM = 40  # from this step on, every save takes 0.3 s longer (a slower disk)
+
+
+def test_auto_interval_follows_the_measured_save_cost(tmp_path, monkeypatch):
+    monkeypatch.setenv("ORCH_MTBF_S", "3")  # what orch would hand over: ~one unwarned failure per 3 s
+    slowed: set[int] = set()
+
+    def hook(trainer, step: int, micro: int) -> None:
+        if step == 1 and micro == 0:
+            inner = trainer.ckpts.write_hook
+
+            def slow(save_step: int, path: str) -> None:
+                if save_step >= SLOW_FROM and save_step not in slowed:
+                    slowed.add(save_step)
+                    time.sleep(0.3)
+                inner(save_step, path)
+            trainer.ckpts.write_hook = slow
+
+    rc = run_inproc(tmp_path, *BASE_ARGS, "--save-interval", "auto", "--no-background-save", "--max-steps", "120",
+                    hook=hook)
+    assert rc == 0
+    saves = [b for b in protocol.read_progress_history(tmp_path, 1) if "saved_step" in b and "save_cost_s" in b]
+    assert all(b["mtbf_s"] == 3 for b in saves)
+    for b in saves:  # the interval in force is Daly's for the smoothed cost, every time
+        assert b["save_interval_s"] == pytest.approx(max(0.25, daly_interval(b["save_cost_s"], 3)), rel=1e-6)
+    fast = [b for b in saves if b["saved_step"] < SLOW_FROM]
+    slow = [b for b in saves if b["saved_step"] >= SLOW_FROM]
+    assert len(fast) >= 2 and len(slow) >= 2, [b["saved_step"] for b in saves]
+    assert slow[-1]["save_cost_s"] >= 0.2 > fast[-1]["save_cost_s"]
+    assert slow[-1]["save_interval_s"] > fast[-1]["save_interval_s"]
+    # the saves come one interval apart: a save's beat -> the next one's is the interval in force, plus the
+    # next save itself, plus at most one step and one heartbeat write (0.2 s here)
+    for a, b in zip(saves, saves[1:], strict=False):
+        gap = b["time"] - a["time"]
+        assert a["save_interval_s"] - 0.05 <= gap <= a["save_interval_s"] + 0.3 + 0.5 + 0.2, (a, b)

@@ -1,0 +1,145 @@
+"""Goodput accounting (orchestrator/goodput.py): hand-computed splits of scripted attempt histories.
+
+Each case is a timeline written out in seconds; the expected numbers are worked by hand in the comments.
+"""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from orchestrator.goodput import (
+    HELD,
+    AttemptFacts,
+    Beat,
+    Category,
+    split_attempt,
+    split_job,
+    summarize,
+)
+
+C = Category
+
+
+def held_sum(split) -> float:
+    return sum(split.seconds[c.value] for c in HELD)
+
+
+def preempted_then_resumed() -> list[AttemptFacts]:
+    # attempt 1: held 0 -> 40. Loop starts at 10 (beat at step 0), save of step 20 blocks 2 s (stall 2 by
+    # t=32), the SIGTERM save of step 25 blocks 2 s more (last beat t=37, stall 4). Preempted.
+    a1 = AttemptFacts(1, 0.0, 40.0, "preempted", beats=(
+        Beat(10, 0, 0, 0.0), Beat(20, 10, 0, 0.0), Beat(32, 20, 0, 2.0, saved_step=20), Beat(35, 25, 0, 2.0),
+        Beat(37, 25, 0, 4.0, saved_step=25)), gpus=4)
+    # attempt 2: held 50 -> 66, resumes from step 20 (as if the step-25 save were lost), loop at 55, step 30 at 65.
+    a2 = AttemptFacts(2, 50.0, 66.0, None, beats=(Beat(55, 20, 20, 0.0), Beat(65, 30, 20, 0.0)), gpus=4)
+    return [a1, a2]
+
+
+def test_a_preemption_splits_into_startup_useful_lost_stall_teardown_and_waiting():
+    job = split_job("j", preempted_then_resumed(), created=-5.0, now=1000.0)
+    a1, a2 = job.attempts
+    # attempt 1: training 37 - 10 - stall 4 = 23 s for 25 steps -> 0.92 s/step; 20 kept, 5 redone
+    assert a1.step_time_s == pytest.approx(0.92)
+    assert (a1.steps_kept, a1.steps_redone) == (20, 5)
+    assert a1.seconds[C.STARTUP] == pytest.approx(10)
+    assert a1.seconds[C.USEFUL] == pytest.approx(18.4)
+    assert a1.seconds[C.LOST_WORK] == pytest.approx(4.6)
+    assert a1.seconds[C.SAVE_STALL] == pytest.approx(4)
+    assert a1.seconds[C.TEARDOWN] == pytest.approx(3)
+    assert held_sum(a1) == pytest.approx(a1.held_s) == pytest.approx(40)
+    # attempt 2: startup 5, 10 steps in 10 s all kept (it succeeded), 1 s to exit
+    assert (a2.seconds[C.STARTUP], a2.seconds[C.USEFUL], a2.seconds[C.TEARDOWN]) == pytest.approx((5, 10, 1))
+    # waiting: 5 s in the queue before attempt 1, 10 s between the preemption and attempt 2 (not held)
+    assert job.waiting == [(5.0, "queue"), (10.0, "preempted")]
+    total = job.seconds
+    assert total[C.WAITING] == 15
+    assert job.held_s == 56
+    assert job.gpu_seconds()[C.USEFUL] == pytest.approx(4 * 28.4)
+
+
+def test_hang_detection_runs_from_the_last_beat_to_orchs_stop_request():
+    a = AttemptFacts(1, 0.0, 45.0, "hang", stop_reason="hang", stop_requested=41.0,
+                     beats=(Beat(1, 0, 0, 0.0), Beat(11, 10, 0, 0.0)))
+    s = split_attempt(a, kept_until=None, now=100.0)
+    assert s.seconds[C.HANG_DETECTION] == pytest.approx(30)
+    assert s.seconds[C.TEARDOWN] == pytest.approx(4)
+    assert s.seconds[C.STARTUP] == pytest.approx(1)
+    assert held_sum(s) == pytest.approx(45)
+
+
+def test_an_attempt_that_never_computed_a_step_is_time_in_a_failed_attempt_once_ended_startup_while_running():
+    crashed = split_attempt(AttemptFacts(1, 0.0, 7.0, "crash"), None, now=100.0)
+    assert crashed.seconds[C.FAILED_ATTEMPT] == 7 and held_sum(crashed) == 7
+    restoring = split_attempt(AttemptFacts(1, 0.0, None, None, beats=(Beat(3, 40, 40, 0.0),)), None, now=9.0)
+    assert restoring.seconds[C.STARTUP] == 9 and restoring.seconds[C.FAILED_ATTEMPT] == 0
+
+
+def test_a_failed_last_attempt_keeps_only_up_to_its_last_save():
+    # killed at step 30 after a save of step 20: no next attempt yet, the next one resumes from 20
+    a = AttemptFacts(1, 0.0, 32.0, "killed", beats=(Beat(0, 0, 0, 0.0), Beat(20, 20, 0, 0.0, saved_step=20),
+                                                     Beat(30, 30, 0, 0.0)))
+    s = split_attempt(a, None, now=100.0)
+    assert (s.steps_kept, s.steps_redone) == (20, 10)
+    assert s.seconds[C.LOST_WORK] == pytest.approx(10)
+
+
+def test_no_beat_at_the_start_step_extrapolates_the_loop_start_from_the_step_rate():
+    # resumed from 100, first beat at step 110 (t=30), then step 120 (t=40): 1 s/step, so the loop began at 20
+    a = AttemptFacts(3, 0.0, 41.0, None, beats=(Beat(30, 110, 100), Beat(40, 120, 100)))
+    s = split_attempt(a, None, now=100.0)
+    assert s.seconds[C.STARTUP] == pytest.approx(20)
+    assert s.seconds[C.USEFUL] == pytest.approx(20)
+    assert any("extrapolated" in x for x in s.assumptions)
+
+
+def test_an_in_place_requeue_is_two_runs_of_one_attempt_and_the_second_keeps_what_it_resumed_from():
+    # run 1: loop at 2, step 10 at 12 (saved at 8 -> run 2 resumes from 8); run 2: beat at 30 (step 8), step 20 at 42
+    a = AttemptFacts(1, 0.0, 43.0, None, restarts=1, beats=(
+        Beat(2, 0, 0), Beat(12, 10, 0), Beat(30, 8, 8), Beat(42, 20, 8)))
+    s = split_attempt(a, None, now=100.0)
+    assert (s.steps_kept, s.steps_redone) == (8 + 12, 2)
+    assert s.seconds[C.LOST_WORK] == pytest.approx(2)
+    assert s.seconds[C.STARTUP] == pytest.approx(2 + 18)  # requeue gap 12 -> 30 counted as the second startup
+    assert held_sum(s) == pytest.approx(43)
+
+
+def test_fleet_summary_rates_and_top_causes():
+    pre = split_job("a", preempted_then_resumed(), created=-5.0, now=1000.0)
+    killed = split_job("b", [AttemptFacts(1, 0.0, 3600.0, "killed", beats=(Beat(0, 0, 0), Beat(3000, 10, 0)))],
+                       created=0.0, now=1e4)
+    rep = summarize([pre, killed])
+    assert rep["jobs"] == 2 and rep["held_s"] == pytest.approx(3656)
+    assert rep["preemptions"] == 1 and rep["preemptions_per_hour"] == pytest.approx(3600 / 3656)
+    assert rep["unsignalled_failures"] == 1 and rep["mtbf_unsignalled_s"] == pytest.approx(3656)
+    assert rep["top_badput"][0] == {"category": "teardown", "cause": "killed", "seconds": pytest.approx(600)}
+    assert rep["gpu_seconds"] is None  # job b's GPU count is unknown
+    assert rep["goodput"] == pytest.approx((28.4 + 3000) / 3656)
+
+
+def test_every_held_second_lands_in_exactly_one_category_for_random_histories():
+    rng = random.Random(7)
+    for _ in range(300):
+        start = rng.uniform(0, 10)
+        end = start + rng.uniform(0, 100)
+        t, step, stall, beats = start + rng.uniform(-5, 20), rng.randint(0, 5), 0.0, []
+        r = step if rng.random() < 0.8 else None
+        for _ in range(rng.randint(0, 8)):
+            beats.append(Beat(t, step, r, stall if rng.random() < 0.7 else None))
+            t += rng.uniform(0, 15)
+            step += rng.randint(0, 5)
+            stall += rng.uniform(0, 3)
+        a = AttemptFacts(1, start, end if rng.random() < 0.8 else None, rng.choice([None, "preempted", "hang"]),
+                         stop_requested=rng.uniform(start, end), beats=tuple(beats))
+        s = split_attempt(a, rng.choice([None, 0, 3, 10]), now=end)
+        assert held_sum(s) == pytest.approx(s.held_s, abs=1e-9)
+        assert all(v >= -1e-9 for v in s.seconds.values()), s
+
+
+def test_a_successful_attempt_without_heartbeats_is_useful_and_one_with_no_step_left_is_startup():
+    plain = split_attempt(AttemptFacts(1, 0.0, 5.0, None), None, now=100.0)  # `sh -c ...`: no kit, exit 0
+    assert plain.seconds[C.USEFUL] == 5 and any("no heartbeats" in x for x in plain.assumptions)
+    # resumed at max_steps after a preemption on the last step: it only restored and wrote the result
+    finisher = split_attempt(AttemptFacts(2, 0.0, 4.0, None, beats=(Beat(3, 60, 60),)), None, now=100.0)
+    assert finisher.seconds[C.STARTUP] == 4 and finisher.seconds[C.FAILED_ATTEMPT] == 0

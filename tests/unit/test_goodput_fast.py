@@ -1,0 +1,69 @@
+"""`orch report`'s fast path (goodputfast): the SQL kept in the source is what the models compile today, and
+it reports exactly what the SQLAlchemy path reports from the same rows (a real SQLite DB)."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime, timedelta
+
+import pytest
+
+from orchestrator import goodputfast
+from orchestrator.goodputview import report
+from orchestrator.lifecycle import AttemptState, JobState
+from orchestrator.models import Attempt, Job, Sweep
+from orchestrator.protocol import FailureClass
+
+
+def test_the_report_sql_in_the_source_is_what_the_models_compile_today():
+    from sqlalchemy.dialects import sqlite
+
+    for variant, windowed in (("all", False), ("window", True)):
+        for q, name, keys in zip(goodputfast.report_selects(windowed), ("jobs", "attempts"),
+                                 (goodputfast.JOB_KEYS, goodputfast.ATTEMPT_KEYS), strict=True):
+            compiled = q.compile(dialect=sqlite.dialect())
+            assert goodputfast.REPORT_SQL[variant][name] == str(compiled), f"{variant} {name}: {str(compiled)!r}"
+            assert list(compiled.positiontup or ()) == (["cutoff", "cutoff"] if windowed else [])
+            assert keys == tuple(q.selected_columns.keys())
+
+
+def test_fast_and_slow_paths_report_the_same(cfg, db, tmp_path):
+    if goodputfast.fast_jobs(cfg, None, 0.0) is None and cfg.db_url.startswith("sqlite"):
+        pytest.fail("the fast path refused a fresh private SQLite DB")
+    t0 = datetime(2026, 12, 1, 12, 0, 0)
+    with db.write() as s:
+        sw = Sweep(name="sw", backend="local", params=[{}])
+        s.add(sw)
+        s.flush()
+        for k, (created, cls) in enumerate([(t0, FailureClass.KILLED), (t0 - timedelta(days=30), None)]):
+            job = Job(name=f"j{k}", state=JobState.FAILED, backend="slurm", run_dir=str(tmp_path / f"j{k}"),
+                      command=["x"], resources={"partition": "spot", "gpus": 2}, created_at=created,
+                      sweep_id=sw.id if k == 0 else None, task_index=0 if k == 0 else None)
+            s.add(job)
+            s.flush()
+            s.add(Attempt(job_id=job.id, n=1, token=f"t{k}", state=AttemptState.FAILED, backend="slurm",
+                          started_at=created + timedelta(seconds=10), ended_at=created + timedelta(seconds=70),
+                          failure_class=cls))
+    now = t0.replace(tzinfo=UTC).timestamp() + 3600  # the DB's times are naive UTC
+    for since in (None, timedelta(days=7)):
+        slow = report(db, since, now)
+        fast = goodputfast.fast_report(cfg, since, now)
+        if not cfg.db_url.startswith("sqlite"):
+            assert fast is None  # PostgreSQL: always the slow path
+            continue
+        assert fast == slow
+        assert fast["fleet"]["jobs"] == (2 if since is None else 1)
+    assert slow["by_partition"]["slurm/spot"]["unsignalled_failures"] == 1
+    assert slow["by_sweep"]["sw"]["gpu_seconds"]["failed_attempt"] == pytest.approx(120)
+
+
+def test_a_db_at_another_revision_takes_the_slow_path(cfg, db):
+    import sqlite3
+
+    from orchestrator.config import sqlite_path
+
+    path = sqlite_path(cfg.db_url)
+    assert path is not None  # not an each_db test: always SQLite
+    assert goodputfast.fast_jobs(cfg, None, 0.0) == []
+    with sqlite3.connect(path) as c:  # an older schema: its columns may differ from the SQL kept here
+        c.execute("UPDATE alembic_version SET version_num = '0004'")
+    assert goodputfast.fast_jobs(cfg, None, 0.0) is None
