@@ -52,7 +52,7 @@ def test_one_poll_per_backend_for_every_attempt_and_exits_end_attempts_with_thei
     assert _state(db, "crashes")[:3] == (JobState.RETRYABLE_FAILED, AttemptState.FAILED, "crash")
     assert _state(db, "crashes")[3] is True  # the job's own failure counts against --max-attempts
     assert _state(db, "finishes")[:2] == (JobState.DONE, AttemptState.SUCCEEDED)
-    assert {c["name"] for c in rep.changed} == {"runs", "crashes", "finishes"}
+    assert {c.name for c in rep.changed} == {"runs", "crashes", "finishes"}
     assert _pass(db, cfg, sched).changed == []  # nothing new: nothing written
 
 
