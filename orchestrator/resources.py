@@ -19,7 +19,8 @@ def resources_of(r: dict[str, Any]) -> Resources:
     """The job row's ``resources`` JSON as the typed value a backend takes."""
     return Resources(partition=r.get("partition"), gpus=r.get("gpus"), cpus_per_task=r.get("cpus_per_task"),
                      mem_mb=r.get("mem_mb"), time_s=r.get("time_s"), account=r.get("account"),
-                     extra_sbatch=tuple(r.get("extra_sbatch") or ()))
+                     extra_sbatch=tuple(r.get("extra_sbatch") or ()), nodes=r.get("nodes"),
+                     nproc_per_node=r.get("nproc_per_node"), gpus_per_node=r.get("gpus_per_node"))
 
 
 def resources_dict(r: Resources) -> dict[str, Any]:

@@ -94,6 +94,7 @@ class SlurmBackend(Backend):
     """Attempts as Slurm batch jobs named ``orch-<token>``; see the module docstring."""
 
     name = "slurm"
+    multi_node = True
 
     def __init__(self, *, python: str | None = None, query_timeout_s: float | None = None) -> None:
         # The interpreter that runs orch's wrapper on the compute node: the same venv path by
