@@ -152,3 +152,66 @@ def test_torchrun_parses_the_composed_command():
     args = get_args_parser().parse_args(argv[3:])
     assert (args.nproc_per_node, args.standalone, args.no_python, args.shutdown_timeout) == ("2", True, True, 90)
     assert [args.training_script, *args.training_script_args] == list(CMD)
+
+
+def _fake_tool(bin_dir: Path, name: str, stdout: str, log: Path) -> None:
+    """A stand-in for a Slurm command on PATH that records its argv (unit tests only)."""
+    bin_dir.mkdir(exist_ok=True)
+    tool = bin_dir / name
+    tool.write_text(f"#!/bin/sh\necho \"{name} $*\" >> {log}\ncat <<'OUT'\n{stdout}\nOUT\n")
+    tool.chmod(0o755)
+
+
+def test_wrapper_stops_of_its_own_go_to_the_job_steps_never_to_srun(tmp_path, monkeypatch):
+    """Under Slurm the ranks run in a job step: the warning (and a spot notice) reach them as
+    ``scancel --signal=<SIG> <job>`` (every step, every node); a SIGTERM sent to srun would SIGKILL the step."""
+    import signal
+    import subprocess
+
+    from orchestrator import wrapper
+
+    log = tmp_path / "calls.log"
+    _fake_tool(tmp_path / "bin", "scancel", "", log)
+    monkeypatch.setenv("PATH", f"{tmp_path / 'bin'}:/usr/bin:/bin")
+    child = subprocess.Popen(["sleep", "30"])
+    try:
+        sup = wrapper.Supervisor(child, "USR2", under_slurm=True, step_job="4242")
+        sup.on_signal(signal.SIGUSR2, None)  # the scheduler's warning to the batch process
+        notice = wrapper.Supervisor(child, "TERM", under_slurm=True, step_job="4242")
+        notice.on_notice("aws: terminate")  # a cloud's spot notice
+        sup.reap_signallers()
+        notice.reap_signallers()
+        assert child.poll() is None  # srun itself got nothing
+        assert log.read_text().splitlines() == ["scancel --signal=USR2 4242", "scancel --signal=TERM 4242"]
+        assert (sup.stop_signal, sup.stop_source, notice.stop_source) == ("USR2", "warning", "spot_notice")
+    finally:
+        child.kill()
+        child.wait()
+
+
+@pytest.mark.parametrize("preempt_time,expected", [("2026-12-01T17:53:32", True), ("None", False)])
+def test_preemption_is_read_from_scontrol(tmp_path, monkeypatch, preempt_time, expected):
+    from orchestrator import wrapper
+
+    log = tmp_path / "calls.log"
+    line = (f"JobId=318 JobState=RUNNING Requeue=1 Restarts=0 PreemptEligibleTime=2026-12-01T17:53:28 "
+            f"PreemptTime={preempt_time} SuspendTime=None NodeList=vm")
+    _fake_tool(tmp_path / "bin", "scontrol", line, log)
+    monkeypatch.setenv("PATH", f"{tmp_path / 'bin'}:/usr/bin:/bin")
+    assert wrapper._being_preempted("318") is expected
+    assert log.read_text().splitlines() == ["scontrol show job -o 318"]
+
+
+def test_without_nproc_the_command_runs_as_given_even_a_users_own_torchrun(monkeypatch):
+    from orchestrator import wrapper
+
+    monkeypatch.delenv("SLURM_JOB_ID", raising=False)
+
+    own = ["torchrun", "--standalone", "--nproc-per-node", "2", "train.py"]
+    a = wrapper._parse(["--run-dir", "/r", "--job", "j", "--attempt", "1", "--token", "t", "--", *own])
+    assert wrapper._program(a) == (own, None, None)
+    a = wrapper._parse(["--run-dir", "/r", "--job", "j", "--attempt", "1", "--token", "t", "--nproc-per-node", "2",
+                        "--grace", "90", "--", "python", "train.py"])
+    argv, world, step_job = wrapper._program(a)
+    assert world == 2 and step_job is None and argv[-3:] == ["--", "python", "train.py"]
+    assert argv[argv.index("--shutdown-timeout") + 1] == "90"
