@@ -72,3 +72,46 @@ def _alive(pid: int) -> bool:
             return f.read().rsplit(")", 1)[1].split()[0] not in ("Z", "X")
     except OSError:
         return False
+
+
+def test_ranks_orphaned_by_torchrun_death_are_stopped_with_the_attempt(orch, tmp_path):
+    """torchrun starts each rank in a session of its own: SIGKILL torchrun and the ranks would run on as
+    orphans beside the next attempt. The wrapper stops every process carrying the attempt's token."""
+    logs = tmp_path / "logs"
+    logs.mkdir()
+    prog = rank_program(tmp_path)
+    orch("submit", "--name", "orph", "--nproc-per-node", "2", "--max-attempts", "1", "--", sys.executable,
+         str(prog), "--max-steps", "100000", "--sleep", "0.05", "--log-dir", str(logs), env=GLOO_ENV, check=True)
+    token = orch.show("orph")["attempts"][0]["token"]
+    envs = wait_for(lambda: len(e := rank_envs(logs, 1)) == 2 and e, 60, "both ranks' environments")
+    assert {e["sid"] for e in envs.values()} != {None} and len({e["sid"] for e in envs.values()}) == 2
+    carriers = token_carriers(token)
+    torchrun = [q for q in carriers if "torch.distributed.run" in q.cmdline()]
+    assert len(torchrun) == 1
+    torchrun[0].kill()
+    a1 = wait_for(lambda: (a := orch("reconcile") and orch.show("orph")["attempts"][0])["state"]
+                  not in ("running", "submitted", "stopping") and a, 60, "attempt 1 to end")
+    assert a1["state"] == "failed", a1
+    assert not token_carriers(token)
+    for env in envs.values():
+        assert not _alive(env["pid"]), env
+
+
+def test_local_kill_reaches_ranks_outside_the_session(tmp_path):
+    """LocalBackend.kill (a stop past its grace) SIGKILLs the attempt's session AND what left it carrying the
+    token (a torchrun worker): with only the session killed, such a process lived on."""
+    from orchestrator.backends.base import AttemptRef, SubmitSpec
+    from orchestrator.backends.local import LocalBackend
+
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    token = "tok-" + os.urandom(4).hex()
+    # a process in a new session (as torchrun starts its workers), then the program itself waits
+    spec = SubmitSpec(job="k", attempt=1, token=token, run_dir=run_dir,
+                      command=("bash", "-c", "setsid sleep 300 & sleep 300"))
+    backend = LocalBackend()
+    ext = backend.submit(spec)
+    wait_for(lambda: any(q.cmdline()[:1] == ["sleep"] and os.getsid(q.pid) == q.pid for q in token_carriers(token)),
+             30, "the process that left the session")
+    backend.kill([AttemptRef(ext, token, run_dir, 1)])
+    wait_for(lambda: not token_carriers(token), 30, "every process of the attempt to be gone")

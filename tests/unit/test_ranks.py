@@ -215,3 +215,13 @@ def test_without_nproc_the_command_runs_as_given_even_a_users_own_torchrun(monke
     argv, world, step_job = wrapper._program(a)
     assert world == 2 and step_job is None and argv[-3:] == ["--", "python", "train.py"]
     assert argv[argv.index("--shutdown-timeout") + 1] == "90"
+
+
+def test_wrapper_refuses_several_nodes_outside_slurm(monkeypatch):
+    from orchestrator import wrapper
+
+    monkeypatch.delenv("SLURM_JOB_ID", raising=False)
+    a = wrapper._parse(["--run-dir", "/r", "--job", "j", "--attempt", "1", "--token", "t", "--nproc-per-node", "2",
+                        "--nodes", "2", "--", "python", "train.py"])
+    with pytest.raises(ranks.RankLaunchError, match="needs a Slurm allocation"):
+        wrapper._program(a)  # torchrun --standalone would wait for a second node for ever
