@@ -31,6 +31,10 @@ BAD = [
     ("nodes without nproc", ["--backend", "slurm", "--nodes", "2"], "--nodes needs --nproc-per-node"),
     ("gpus and gpus-per-node", ["--backend", "slurm", "--gpus", "1", "--gpus-per-node", "1"],
      "--gpus and --gpus-per-node"),
+    ("sbatch-arg --nodes with ranks", ["--backend", "slurm", "--nproc-per-node", "2", "--sbatch-arg", "--nodes=2"],
+     "orch sets --nodes itself"),
+    ("sbatch-arg getopt prefix --ntasks-per with ranks", ["--backend", "slurm", "--nproc-per-node", "2",
+     "--sbatch-arg", "--ntasks-per=4"], "orch sets --ntasks-per itself"),
     ("gpus-per-node 0", ["--backend", "slurm", "--gpus-per-node", "0"], "Invalid value for '--gpus-per-node'"),
 ]
 
