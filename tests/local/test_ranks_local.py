@@ -36,6 +36,9 @@ def test_two_ranks_see_torchrun_env_cancel_stops_every_rank_requeue_resumes_veri
     torchrun = cmdline_of(token_carriers(token), "torch.distributed.run")
     assert torchrun is not None and torchrun[torchrun.index("--shutdown-timeout") + 1] == "60", torchrun
     assert "--standalone" in torchrun and torchrun[torchrun.index("--nproc-per-node") + 1] == "2"
+    orch("reconcile", check=True)
+    live = orch.show("mr")["attempts"][0]  # while it runs: from the wrapper's record of this attempt
+    assert (live["state"], live["world_size"], live["nodes"]) == ("running", 2, os.uname().nodename), live
 
     wait_for(lambda: len(steps_done(logs, 1)) >= 5, 60, "rank 1 at step 5")
     assert orch("cancel", "mr").returncode == 0
