@@ -45,6 +45,7 @@ def attempt_view(a: Attempt) -> dict[str, Any]:
         "failure_class": a.failure_class.value if a.failure_class else None, "failure_step": a.failure_step,
         "detail": a.detail, "action": a.action.as_dict() if a.action else None, "overrides": a.overrides or {},
         "counted": a.counted, "restarts": a.restarts, "token": a.token,
+        "world_size": a.world_size, "nodes": a.nodes,
         "stop_reason": a.stop_reason, "stop_requested_at": _iso(a.stop_requested_at),
         "submitted_at": _iso(a.submitted_at), "started_at": _iso(a.started_at), "ended_at": _iso(a.ended_at),
     }

@@ -57,7 +57,7 @@ from orchestrator.lifecycle import (
 )
 from orchestrator.models import Attempt, Job
 from orchestrator.mtbf import mtbf_env
-from orchestrator.observe import finish
+from orchestrator.observe import STOP_GRACE_S, finish
 from orchestrator.policy import command_for
 from orchestrator.protocol import ENV_SWEEP, ENV_SWEEP_PARAMS, ENV_TASK_INDEX, FailureClass
 from orchestrator.resources import resources_dict, resources_of
@@ -215,7 +215,7 @@ def _ready(db: Database, cfg: Config, name: str, backend_name: str | None, recla
                           warning_signal=job.resources.get("warning_signal") or "TERM", umask=cfg.umask,
                           task=job.task_index, base_env=job.environment.vars if job.environment else None,
                           spot_notice=job.resources.get("spot_notice") or cfg.spot_notice,
-                          spot_url=cfg.spot_url, spot_interval_s=cfg.spot_interval_s)
+                          spot_url=cfg.spot_url, spot_interval_s=cfg.spot_interval_s, grace_s=STOP_GRACE_S)
         job_id, attempt_id, plan, outputs, env_id = job.id, a.id, a.plan, list(job.outputs), job.env_id
         keep = keep_globs(job.resources)
         backend_name = backend_name or job.backend

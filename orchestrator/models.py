@@ -146,6 +146,10 @@ class Attempt(Base):
     batch_token: Mapped[str | None] = mapped_column(String(64), index=True, default=None)
     stop_requested_at: Mapped[datetime | None] = mapped_column(default=None)  # stopping since
     stop_reason: Mapped[StopReason | None] = mapped_column(_enum(StopReason, 16), default=None)
+    # Where it ran (issue 19), from the wrapper's exit record: ranks orch launched (None: the program as given)
+    # and the node list (Slurm's NodeList, or the hostname).
+    world_size: Mapped[int | None] = mapped_column(default=None)
+    nodes: Mapped[str | None] = mapped_column(Text, default=None)
     submitted_at: Mapped[datetime | None] = mapped_column(default=None)
     started_at: Mapped[datetime | None] = mapped_column(default=None)
     ended_at: Mapped[datetime | None] = mapped_column(default=None)

@@ -313,6 +313,8 @@ def finish(db: Database, cfg: Config, attempt_id: int, ev: Evidence | None, rep:
         common["exit_code"] = out.exit_code if out.exit_code is not None else (-out.signal if out.signal else None)
         if out.backend_state:
             common["backend_state"] = out.backend_state[:64]
+        if ev.exit_record is not None:  # where it ran (issue 19): the wrapper's record of its last run
+            common["world_size"], common["nodes"] = ev.exit_record.world_size, ev.exit_record.nodes
     if ev is not None and ev.verification.verified:
         with db.write() as s:
             a, job = s.get(Attempt, attempt_id), s.get(Job, job.id)

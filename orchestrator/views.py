@@ -60,6 +60,8 @@ def show_job(db: Database, name: str, events: bool = False) -> dict[str, Any]:
         # What this attempt's launch moved to the trash and set aside as torn, and why (issue 17: a
         # requeue trashed HF's checkpoints and show said nothing).
         a.update(launch_record(d["run_dir"], a["n"]))
+        if a["state"] in _LIVE and a["world_size"] is None and a["nodes"] is None:
+            a.update(_where_it_runs(d["run_dir"], a["n"], a["token"]))
     if last is not None:
         prog = protocol.read_progress(d["run_dir"], last) or {}
         d["last_step"] = prog.get("step")
@@ -74,6 +76,23 @@ def history(s: Any, job: Job) -> list[dict[str, Any]]:
     rows = s.scalars(select(Event).where(Event.job_id == job.id).order_by(Event.id))
     return [{"at": e.at.isoformat(timespec="seconds") + "Z", "attempt": numbers.get(e.attempt_id),
              "from": e.from_state, "to": e.to_state, "reason": e.reason} for e in rows]
+
+
+_LIVE = {s.value for s in ATTEMPT_LIVE}
+
+
+def _where_it_runs(run_dir: str, n: int, token: str) -> dict[str, Any]:
+    """world_size and nodes of a live attempt, from its wrapper's record (the DB has them once it ends): a job-
+    written file, so only this token's record, and only values of the right type."""
+    try:
+        w = protocol.read_json_bounded(protocol.attempt_dir(run_dir, n) / protocol.WRAPPER_FILE, limit=1 << 16)
+    except (OSError, ValueError):
+        return {}
+    if not isinstance(w, dict) or w.get("token") != token:
+        return {}
+    size, nodes = w.get("world_size"), w.get("nodes")
+    return {"world_size": size if protocol.is_int(size, 1, 10**7) else None,
+            "nodes": nodes[:500] if isinstance(nodes, str) else None}
 
 
 def _preemptions(attempts: list[dict[str, Any]]) -> dict[str, int]:

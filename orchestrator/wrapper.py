@@ -30,7 +30,16 @@ What it guarantees:
   script whose export then raised; issue 10: a program that exits 0 after SIGTERM was verified). A
   done.json the program wrote itself and then exited non-zero or was stopped is set aside
   (``done.rejected-<k>.json``), never verified. Stop signals are blocked from the program's exit until
-  exit.json is written, and any that arrived meanwhile undo the marker: no TERM is ever followed by one.
+  exit.json is written, and any that arrived meanwhile undo the marker: no TERM is ever followed by one;
+- multi-rank (``--nproc-per-node K [--nodes N]``, issue 19): the wrapper runs the command once per rank through
+  torchrun (``orchestrator/ranks.py``) and stays the one process that records the attempt's end. Locally
+  torchrun is its child and gets every stop as above; torchrun starts its workers in sessions of their own,
+  so what carries the attempt's token in its environment is stopped with the job's session. Under Slurm
+  the ranks run in a job step (srun, one torchrun per node): a stop of the wrapper's own (the warning, a spot
+  notice) goes to every step of the job on every node as ``scancel --signal`` (a SIGTERM to srun itself
+  SIGKILLs the step, measured), and after a preemption's grace-start SIGTERM ended the step, the wrapper
+  waits for Slurm's own signal at the end of the grace, so Slurm requeues the job in place (a batch
+  script that exits during the grace ends FAILED, not requeued, measured on 22.05).
 """
 
 from __future__ import annotations
@@ -39,6 +48,7 @@ import argparse
 import errno
 import glob
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -46,13 +56,16 @@ import threading
 import time
 from pathlib import Path
 
-from orchestrator import memlimit, protocol, spotnotice, testhooks
+from orchestrator import memlimit, protocol, ranks, spotnotice, testhooks
 from orchestrator.ballast import Ballast
 
 FORWARDED = (signal.SIGTERM, signal.SIGUSR2, signal.SIGINT, signal.SIGUSR1)
 STOPS = frozenset({signal.SIGTERM, signal.SIGINT, signal.SIGUSR2})  # what makes an attempt "stopped"
 WRAPPER_FILE = protocol.WRAPPER_FILE  # back-compat name
 LEFTOVER_GRACE_S = 5.0  # what a program's leftover processes get between SIGTERM and SIGKILL
+# How long, at most, a multi-rank Slurm wrapper waits for Slurm's end-of-grace signal after a preemption ended
+# its ranks' step (Slurm signals the batch process GraceTime + up to ~10 s after the step).
+PREEMPT_LINGER_S = float(os.environ.get("ORCH_PREEMPT_LINGER_S", "600"))
 
 
 def _parse(argv: list[str]) -> argparse.Namespace:
@@ -74,6 +87,11 @@ def _parse(argv: list[str]) -> argparse.Namespace:
                     help="watch this cloud's metadata endpoint for a spot interruption notice (default: off)")
     ap.add_argument("--spot-url", default=None, help="the metadata endpoint's base URL")
     ap.add_argument("--spot-interval", type=float, default=5.0, help="seconds between polls")
+    ap.add_argument("--nproc-per-node", type=int, default=None,
+                    help="run the command as this many ranks per node under torchrun (orchestrator/ranks.py)")
+    ap.add_argument("--nodes", type=int, default=1, help="nodes of a multi-rank job (Slurm: one torchrun each)")
+    ap.add_argument("--grace", type=float, default=ranks.DEFAULT_GRACE_S,
+                    help="seconds torchrun gives the ranks between a stop signal and SIGKILL (--shutdown-timeout)")
     ap.add_argument("--mem-mb", type=int, default=None,
                     help="run the program in a memory cgroup with this limit (local backend; orchestrator/memlimit.py)")
     ap.add_argument("command", nargs=argparse.REMAINDER)
@@ -84,6 +102,8 @@ def _parse(argv: list[str]) -> argparse.Namespace:
         ap.error("no command given after --")
     if not 0.05 <= a.spot_interval <= 86400:  # also refuses nan
         ap.error(f"--spot-interval {a.spot_interval} is not 0.05..86400 seconds")
+    if (a.nproc_per_node is not None and a.nproc_per_node < 1) or a.nodes < 1 or not 0 < a.grace <= 10**7:
+        ap.error(f"--nproc-per-node {a.nproc_per_node} --nodes {a.nodes} --grace {a.grace}: need K, N >= 1, grace > 0")
     return a
 
 
@@ -112,10 +132,15 @@ def write_outputs_marker(run_dir: Path, job: str, attempt: int, patterns: list[s
 class Supervisor:
     """The program's process and the stops delivered to it."""
 
-    def __init__(self, child: subprocess.Popen, warning_signal: str, under_slurm: bool) -> None:
+    def __init__(self, child: subprocess.Popen, warning_signal: str, under_slurm: bool,
+                 step_job: str | None = None, token: str | None = None) -> None:
         self.child = child
+        self.token = token  # the attempt's: processes that left the session but carry it are the job's too
         self.warning = getattr(signal, "SIG" + warning_signal)
         self.under_slurm = under_slurm
+        # A Slurm job whose ranks run in job steps (srun): our own stops go to its steps, never to srun.
+        self.step_job = step_job
+        self._signallers: list[subprocess.Popen] = []
         self.stop_signal: str | None = None  # the first stop the program got (never an --outputs marker)
         self.stop_source: protocol.StopSource | None = None
         self.notice: str | None = None  # the spot notice that caused the stop
@@ -129,10 +154,33 @@ class Supervisor:
                 self.stop_signal, self.stop_source = signal.Signals(sig).name.removeprefix("SIG"), source
 
     def _send(self, sig: int) -> None:
+        if self.step_job is not None:
+            self._signal_steps(sig)
+            return
         try:
             self.child.send_signal(sig)
         except ProcessLookupError:
             pass
+
+    def _signal_steps(self, sig: int) -> None:
+        """``sig`` to every process of every step of the job, on every node (``scancel --signal`` without
+        ``--batch``/``--full`` spares the batch step). Never ``srun`` itself: srun answers SIGTERM by
+        SIGKILLing its step (measured on 22.05: the ranks got no chance to checkpoint). Not waited for here
+        (a signal handler); reaped at the end."""
+        name = signal.Signals(sig).name.removeprefix("SIG")
+        try:
+            self._signallers.append(subprocess.Popen(
+                ["scancel", f"--signal={name}", str(self.step_job)], stdin=subprocess.DEVNULL,
+                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
+        except OSError as e:
+            print(f"orch wrapper: cannot signal the job's steps: {e}", file=sys.stderr, flush=True)
+
+    def reap_signallers(self, timeout: float = 30.0) -> None:
+        for p in self._signallers:
+            try:
+                p.wait(timeout=timeout)
+            except subprocess.TimeoutExpired:
+                p.kill()
 
     def on_signal(self, signum: int, _frame: object) -> None:
         if signum == signal.SIGUSR2:
@@ -184,22 +232,30 @@ class Supervisor:
                     self._send(signal.SIGTERM)
                     deadline = time.monotonic() + kill_grace
                 else:
-                    kill_session(signal.SIGKILL)
+                    kill_session(signal.SIGKILL, self.token)
                     deadline = None
 
 
-def _session_members() -> list[int]:
-    """Other live processes of this wrapper's session (the local backend's job)."""
+def _session_members(token: str | None = None) -> list[int]:
+    """Other live processes of this wrapper's session (the local backend's job), and, with ``token``, those
+    whose environment carries the attempt's token: torchrun starts each worker in a session of its own, and
+    ranks of a cancelled job outlived torchrun as orphans (issue 19)."""
     me, sid = os.getpid(), os.getsid(0)
     if sid != me:  # not a session leader (run by hand, or under Slurm's slurmstepd): nothing to tidy
         return []
     from orchestrator.backends import proctable
 
-    return [p.pid for p in proctable.all_procs() if p.session == sid and p.pid != me and not p.zombie]
+    out = []
+    for p in proctable.all_procs():
+        if p.pid == me or p.zombie:
+            continue
+        if p.session == sid or (token and proctable.environ_has(p.pid, protocol.ENV_TOKEN, token)):
+            out.append(p.pid)
+    return out
 
 
-def kill_session(sig: int) -> list[int]:
-    pids = _session_members()
+def kill_session(sig: int, token: str | None = None) -> list[int]:
+    pids = _session_members(token)
     for pid in pids:
         try:
             os.kill(pid, sig)
@@ -208,14 +264,57 @@ def kill_session(sig: int) -> list[int]:
     return pids
 
 
-def stop_leftovers(grace_s: float = LEFTOVER_GRACE_S) -> None:
+def stop_leftovers(grace_s: float = LEFTOVER_GRACE_S, token: str | None = None) -> None:
     """What the program left running ends with it: SIGTERM, then SIGKILL after ``grace_s``."""
-    if not kill_session(signal.SIGTERM):
+    if not kill_session(signal.SIGTERM, token):
         return
     deadline = time.monotonic() + grace_s
-    while _session_members() and time.monotonic() < deadline:
+    while _session_members(token) and time.monotonic() < deadline:
         time.sleep(0.05)
-    kill_session(signal.SIGKILL)
+    kill_session(signal.SIGKILL, token)
+
+
+def _program(a: argparse.Namespace) -> tuple[list[str], int | None, str | None]:
+    """(argv to run, the world size orch launched or None, the Slurm job whose steps run the ranks or None).
+
+    Raises ``ranks.RankLaunchError``. Without ``--nproc-per-node`` the command runs as given, a user's own
+    ``torchrun ...`` included (never wrapped twice).
+    """
+    if not a.nproc_per_node:
+        return list(a.command), None, None
+    r = ranks.Ranks(a.nodes, a.nproc_per_node, max(a.grace, a.kill_grace))
+    job_id = os.environ.get("SLURM_JOB_ID")
+    if job_id:
+        return ranks.slurm_step_argv(sys.executable, r, a.command, os.environ), r.world_size, job_id
+    if a.nodes > 1:  # torchrun --standalone would wait for nodes that never come
+        raise ranks.RankLaunchError(f"--nodes {a.nodes} needs a Slurm allocation; this machine is one node")
+    return ranks.torchrun_argv(sys.executable, r, a.command), r.world_size, None
+
+
+def _being_preempted(job_id: str) -> bool:
+    """Slurm says the job is in a preemption's grace (``scontrol show job``'s PreemptTime is set, measured on
+    22.05 while the job still shows RUNNING). False when it cannot be asked: the wrapper then ends as usual
+    and orch requeues the stopped attempt by itself."""
+    try:
+        p = subprocess.run(["scontrol", "show", "job", "-o", job_id], capture_output=True, text=True,
+                           timeout=ranks.SCONTROL_TIMEOUT_S, stdin=subprocess.DEVNULL, check=False)
+    except (OSError, subprocess.TimeoutExpired):
+        return False
+    m = re.search(r"\bPreemptTime=(\S+)", p.stdout if p.returncode == 0 else "")
+    return bool(m) and m.group(1) not in ("None", "Unknown", "(null)")
+
+
+def _await_preemption(sup: Supervisor, job_id: str) -> None:
+    """The ranks' step ended but no stop reached us: if Slurm is preempting the job, wait (bounded) for its
+    signal to the batch process at the grace's end. Exiting now ends the job FAILED during the grace, and
+    Slurm does not requeue it in place (measured on 22.05; deploy/slurm/README.md)."""
+    if sup.stop_signal is not None or not _being_preempted(job_id):
+        return
+    print(f"orch wrapper: the job is being preempted; waiting up to {PREEMPT_LINGER_S:.0f} s for Slurm's "
+          "signal so it is requeued in place", file=sys.stderr, flush=True)
+    deadline = time.monotonic() + PREEMPT_LINGER_S
+    while sup.stop_signal is None and time.monotonic() < deadline:
+        time.sleep(0.2)  # on_signal notes the stop
 
 
 def _start_watcher(a: argparse.Namespace, sup: Supervisor) -> spotnotice.Watcher | None:
@@ -304,19 +403,26 @@ def _attempt(a: argparse.Namespace, run_dir: Path, adir: Path, restart: int, bal
         return 0
 
     marker_before = _marker_identity(run_dir)
+    where = os.environ.get("SLURM_JOB_NODELIST") or os.uname().nodename
+    try:
+        argv, world_size, step_job = _program(a)
+    except ranks.RankLaunchError as e:
+        record(127, error=f"cannot launch the ranks: {e}", nodes=where)
+        return 127
     flags = os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_NOFOLLOW
     with open(os.open(adir / protocol.STDOUT_LOG, flags, 0o666), "ab") as out, \
             open(os.open(adir / protocol.STDERR_LOG, flags, 0o666), "ab") as err:
         cgroup = memlimit.for_attempt(a.token, a.mem_mb, err)  # issue 17: tells a kernel OOM kill apart
         try:
-            child = subprocess.Popen(a.command, stdin=subprocess.DEVNULL, stdout=out, stderr=err,
+            child = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=out, stderr=err,
                                      env=env, cwd=str(run_dir), preexec_fn=cgroup.join_self if cgroup else None)
         except OSError as e:  # command not found / not executable: the job's own fault, recorded
-            err.write(f"orch wrapper: cannot start {a.command[0]!r}: {e}\n".encode())
+            err.write(f"orch wrapper: cannot start {argv[0]!r}: {e}\n".encode())
             memlimit.close(cgroup)
-            record(127, error=str(e))
+            record(127, error=str(e), world_size=world_size, nodes=where)
             return 127
-        sup = Supervisor(child, a.warning_signal, under_slurm="SLURM_JOB_ID" in os.environ)
+        sup = Supervisor(child, a.warning_signal, under_slurm="SLURM_JOB_ID" in os.environ, step_job=step_job,
+                         token=a.token)
         for s in FORWARDED:
             signal.signal(s, sup.on_signal)
         watcher = _start_watcher(a, sup)
@@ -324,24 +430,28 @@ def _attempt(a: argparse.Namespace, run_dir: Path, adir: Path, restart: int, bal
             protocol.atomic_write_json(adir / protocol.WRAPPER_FILE, {
                 "token": a.token, "pid": os.getpid(), "child_pid": child.pid, "host": os.uname().nodename,
                 "slurm_job_id": os.environ.get("SLURM_JOB_ID"), "restart_count": restart,
-                "command": a.command, "started_at": protocol.now_iso()})
+                "command": a.command, "started_at": protocol.now_iso(), "world_size": world_size, "nodes": where,
+                **({"ranks_command": argv} if world_size else {})})
         except OSError as e:
             ballast.disk_full |= e.errno == errno.ENOSPC
         rc, timed_out = sup.wait(a.time_limit, a.kill_grace)
+        if step_job is not None:
+            _await_preemption(sup, step_job)
         # From the program's exit until exit.json is written, a stop stays pending instead of running
         # the handler: the marker decision below sees every stop that arrived before it commits.
         signal.pthread_sigmask(signal.SIG_BLOCK, STOPS)
         if watcher is not None:
             watcher.stop()
     try:
-        stop_leftovers()
+        sup.reap_signallers()
+        stop_leftovers(token=a.token)
         oom_kill = memlimit.close(cgroup)
         sig = -rc if rc < 0 else None
         marker_error, aside = _end_of_run(a, run_dir, adir, rc, sup, ballast, marker_before)
         testhooks.site("wrapper_end_decided")  # a stop from here on came after the decision: held, not recorded
         record(rc, signal=sig, time_limit_reached=timed_out, stop_signal=sup.stop_signal,
                stop_source=sup.stop_source, notice=sup.notice, marker_error=marker_error, marker_set_aside=aside,
-               oom_kill=oom_kill)
+               oom_kill=oom_kill, world_size=world_size, nodes=where)
     finally:
         signal.pthread_sigmask(signal.SIG_UNBLOCK, STOPS)
     return 128 + sig if sig else rc

@@ -53,6 +53,10 @@ class Resources:
     def extra(self, key: str, default: Any = None) -> Any:
         """The backend-specific option ``key``, or ``default`` when not given."""
         return dict(self.extras).get(key, default)
+    # Multi-rank (issue 19): the program runs as nodes x nproc_per_node ranks under torchrun (orchestrator/ranks.py).
+    nodes: int | None = None
+    nproc_per_node: int | None = None
+    gpus_per_node: int | None = None
 
 
 @dataclass(frozen=True)
@@ -84,6 +88,9 @@ class SubmitSpec:
     # The launch claim's fencing generation: the wrapper runs the program only while the attempt dir's
     # fence file names it (None: launched by an orch from before fencing, no check).
     fence: int | None = None
+    # SIGTERM -> SIGKILL that torchrun gives the ranks of a multi-rank job (its --shutdown-timeout): orch's stop
+    # grace, never torchrun's fixed 30 s. None: ranks.DEFAULT_GRACE_S.
+    grace_s: float | None = None
 
     def job_environ(self) -> dict[str, str]:
         """The attempt's process environment before orch's own variables are added."""
@@ -111,6 +118,10 @@ class SubmitSpec:
             argv += ["--time-limit", str(time_limit_s)]
         if mem_mb:
             argv += ["--mem-mb", str(int(mem_mb))]
+        if self.resources.nproc_per_node:  # the wrapper starts the ranks through torchrun (orchestrator/ranks.py)
+            argv += ["--nproc-per-node", str(self.resources.nproc_per_node), "--nodes", str(self.resources.nodes or 1)]
+            if self.grace_s is not None:
+                argv += ["--grace", f"{self.grace_s:g}"]
         if self.spot_notice != "off":
             argv += ["--spot-notice", self.spot_notice, "--spot-interval", str(self.spot_interval_s)]
             if self.spot_url:
@@ -179,6 +190,8 @@ class Capabilities:
     # The ``Resources.extras`` keys this backend takes (Slurm's partition, account, ...); any other is refused
     # before a row is written.
     extras: frozenset[str] = frozenset()
+    # One job may span several nodes (--nodes N > 1: one torchrun per node through the scheduler).
+    multi_node: bool = False
 
 
 class Backend(ABC):

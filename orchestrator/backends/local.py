@@ -256,12 +256,15 @@ class LocalBackend(Backend):
             _signal_all([live.leader] if live.leader else _tops(live.members), signal.SIGTERM)
 
     def kill(self, refs: Sequence[AttemptRef]) -> None:
-        """SIGKILL every process of each attempt's session (a job that ignored SIGTERM)."""
+        """SIGKILL every process of each attempt's session (a job that ignored SIGTERM), and every process
+        that left it but carries the attempt's token (torchrun's workers run in sessions of their own: with
+        torchrun and the wrapper killed, the ranks lived on as orphans, issue 19)."""
         table, here = proctable.sessions(), proctable.namespaces()
         for ref in refs:
             live = liveness(ref.external_id, ref.token, table, here)
             if live.state == "alive":
                 _signal_all(live.members or ([live.leader] if live.leader else []), signal.SIGKILL)
+                _signal_all(_token_carriers(ref.token, live.members), signal.SIGKILL)
 
     def find_by_token(self, refs: Sequence[AttemptRef]) -> dict[str, str]:
         """A lost launch is found by its token in a live process's environment (kernel data), or by
@@ -290,6 +293,13 @@ class LocalBackend(Backend):
         # One process-table scan for a whole sweep: one per task was 18% of submitting 1,000 (bench P6).
         found = live_by_run_dir(run_dirs) if run_dirs else {}
         return {d: found.get(os.path.realpath(d), []) for d in run_dirs}
+
+
+def _token_carriers(token: str, known: Sequence[proctable.Proc]) -> list[proctable.Proc]:
+    """Live processes outside ``known`` whose kernel-held environment carries ``token`` (the job's, by proof)."""
+    seen = {p.pid for p in known}
+    return [p for p in proctable.all_procs() if p.pid not in seen and not p.zombie
+            and proctable.environ_has(p.pid, protocol.ENV_TOKEN, token)]
 
 
 def _free_bytes(path: Path) -> int | None:

@@ -164,6 +164,15 @@ def job_options(f: Any) -> Any:
         click.option("--account", callback=_plain_cb, help="Slurm account."),
         click.option("--gpus", type=click.IntRange(0, 1024), help="GPUs per job."),
         click.option("--cpus-per-task", type=click.IntRange(1, 4096), help="CPUs per task."),
+        click.option("--nproc-per-node", type=click.IntRange(1, 4096), default=None,
+                     help="Run the program as this many ranks per node under torchrun (RANK, LOCAL_RANK, WORLD_SIZE, "
+                          "MASTER_ADDR, ... set for each); locally torchrun --standalone, on Slurm one torchrun per "
+                          "node through srun."),
+        click.option("--nodes", type=click.IntRange(1, 100_000), default=None,
+                     help="Nodes of a multi-rank job (with --nproc-per-node; only on a backend that runs several "
+                          "nodes). Default 1."),
+        click.option("--gpus-per-node", type=click.IntRange(1, 1024), default=None,
+                     help="GPUs on each node (Slurm: --gpus-per-node)."),
         click.option("--mem", help="Memory, Slurm style: 500M, 16G."),
         click.option("--time", "time_", help="Time limit, Slurm style: 30, 4:00:00, 2-00:00:00."),
         # One schema with orch.toml's policy.max_attempts (orchestrator.settings): orch.toml accepted 0.
@@ -207,6 +216,41 @@ def _check_extras(backend: str, extras: dict[str, Any]) -> None:
         raise click.BadParameter(f"{'/'.join(EXTRA_OPTIONS.values())} need {takers}") from None
 
 
+RANK_SBATCH_OPTIONS = ("nodes", "ntasks", "ntasks-per-node", "gpus-per-node")
+
+
+def rank_resources(opts: dict[str, Any]) -> dict[str, Any]:
+    """``nodes``/``nproc_per_node``/``gpus_per_node`` from the options, refused (exit 2) where the backend cannot
+    run them: asked of the backend's ``multi_node`` capability, never its name."""
+    out: dict[str, Any] = {}
+    nproc, nodes, gpn = opts.get("nproc_per_node"), opts.get("nodes"), opts.get("gpus_per_node")
+    if nodes is not None:
+        if nproc is None:  # N nodes each running the one program would be N copies, not N ranks
+            raise click.BadParameter("--nodes needs --nproc-per-node (the ranks each node runs)", param_hint="--nodes")
+        from orchestrator.backends import get_backend
+
+        if not get_backend(opts["backend"]).capabilities.multi_node:
+            raise click.BadParameter(f"--nodes: the {opts['backend']} backend runs a job on this machine only "
+                                     "(drop --nodes; --nproc-per-node sets the ranks)", param_hint="--nodes")
+        out["nodes"] = nodes
+    if nproc is not None:
+        out["nproc_per_node"] = nproc
+        out.setdefault("nodes", 1)
+        for arg in opts.get("sbatch_args") or ():
+            opt = arg[2:].split("=", 1)[0].lower()
+            # sbatch takes the last --nodes (and getopt prefixes: --nod=2): srun would use the nodes orch asked for
+            # while the allocation held others, idle.
+            if opt and any(owned.startswith(opt) for owned in RANK_SBATCH_OPTIONS):
+                raise click.BadParameter(f"{arg!r}: with --nproc-per-node, orch sets --{opt} itself (use --nodes, "
+                                         "--gpus-per-node)", param_hint="--sbatch-arg")
+    if gpn is not None:
+        if opts.get("gpus") is not None:
+            raise click.BadParameter("give --gpus and --gpus-per-node not both (per node is what a node gets)",
+                                     param_hint="--gpus-per-node")
+        out["gpus_per_node"] = gpn
+    return out
+
+
 def job_settings(opts: dict[str, Any]) -> tuple[str, dict[str, Any], int | None, tuple[str, ...]]:
     """(backend, resources, max_attempts, outputs) from ``job_options``' values: argument checks only."""
     resources: dict[str, Any] = {}
@@ -232,6 +276,7 @@ def job_settings(opts: dict[str, Any]) -> tuple[str, dict[str, Any], int | None,
     if extras:
         _check_extras(opts["backend"], extras)
         resources[EXTRAS_KEY] = extras
+    resources.update(rank_resources(opts))
     if opts["warning_signal"] is not None:
         resources["warning_signal"] = opts["warning_signal"]
     if opts["spot_notice"] is not None:

@@ -111,6 +111,8 @@ def show(name: str, as_json: bool, events: bool) -> None:
         fields = [f"id={_cell(a['external_id'])}", f"class={_cell(a['failure_class'])}",
                   f"step={_cell(a['failure_step'])}", f"exit={_cell(a['exit_code'])}",
                   f"restarts={a['restarts']}" + _restarts_note(a.get("restart_history") or [])]
+        if a.get("world_size") or a.get("nodes"):
+            fields.append(f"ranks={_cell(a.get('world_size'))}  nodes={_cell(a.get('nodes'))}")
         _say(f"  attempt {a['n']}: {a['state']}  " + "  ".join(fields))
         if a.get("detail"):
             _say(f"    detail: {a['detail']}")

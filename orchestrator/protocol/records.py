@@ -301,6 +301,10 @@ class ExitRecord:
     # Where the wrapper moved a done.json the program wrote itself and then exited non-zero or was stopped.
     marker_set_aside: str | None = None
     oom_kill: int | None = None  # OOM kills the attempt's memory cgroup counted (None: no cgroup; memlimit.py)
+    # Where it ran (issue 19): ranks orch launched (None: the program's own business, e.g. its own torchrun) and
+    # the nodes (Slurm's SLURM_JOB_NODELIST, e.g. "gpu[01-02]"; locally the hostname).
+    world_size: int | None = None
+    nodes: str | None = None
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -369,6 +373,8 @@ def _read_exit_at(path: Path, token: str | None) -> ExitRecord | None:
         disk_full=r.get("disk_full") is True,
         marker_set_aside=text("marker_set_aside"),
         oom_kill=r["oom_kill"] if is_int(r.get("oom_kill"), 0, 10**9) else None,
+        world_size=r["world_size"] if is_int(r.get("world_size"), 1, 10**7) else None,
+        nodes=text("nodes"),
     )
 
 

@@ -105,7 +105,7 @@ class SlurmBackend(Backend):
     name = "slurm"
     # A sweep is one array that Slurm queues and throttles (%N); liveness is a squeue round trip.
     capabilities = Capabilities(group_queue=True, host_liveness=False,
-                                extras=frozenset({"partition", "account", "extra_sbatch"}))
+                                extras=frozenset({"partition", "account", "extra_sbatch"}), multi_node=True)
 
     def __init__(self, *, python: str | None = None, query_timeout_s: float | None = None) -> None:
         # The interpreter that runs orch's wrapper on the compute node: the same venv path by

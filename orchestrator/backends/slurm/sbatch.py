@@ -203,6 +203,11 @@ def resource_options(r: Resources) -> list[str]:
     if r.gpus:  # 0 / None: no GPU requested
         # gres, not --gpus-per-node: works with count-only and File= gres alike, no cons_tres needed
         argv.append(f"--gres=gpu:{_positive('gpus', r.gpus)}")
+    if r.nproc_per_node or r.nodes:
+        # One task per node: the wrapper's srun starts one torchrun on each, which starts the node's ranks.
+        argv += [f"--nodes={_positive('nodes', r.nodes or 1)}", "--ntasks-per-node=1"]
+    if r.gpus_per_node:
+        argv.append(f"--gpus-per-node={_positive('gpus_per_node', r.gpus_per_node)}")
     if r.cpus_per_task is not None:
         argv.append(f"--cpus-per-task={_positive('cpus_per_task', r.cpus_per_task)}")
     if r.mem_mb is not None:

@@ -1,0 +1,109 @@
+"""Multi-rank launch (``--nproc-per-node K [--nodes N]``): the command that starts the program once per rank.
+
+torchrun itself (``python -m torch.distributed.run``) is the engine, so every rank gets torchrun's own
+environment (RANK, LOCAL_RANK, WORLD_SIZE, LOCAL_WORLD_SIZE, MASTER_ADDR, MASTER_PORT) and an unchanged
+torchrun script runs as it would under torchrun. orch's job wrapper stays the one process that decides how
+the attempt ended (exit.json, done.json); torchrun sits below it:
+
+* locally:  wrapper -> ``torchrun --standalone --nproc-per-node K`` -> K ranks;
+* on Slurm: wrapper (the batch process, on the first node) -> ``srun --nodes N --ntasks-per-node=1`` ->
+  one torchrun per node -> K ranks each, with c10d rendezvous on the first node of the allocation
+  (``scontrol show hostnames $SLURM_JOB_NODELIST | head -1``) at a port derived from the job id.
+
+torchrun waits a fixed 30 s between the SIGTERM it passes to its workers and their SIGKILL unless told
+(pytorch #119856); ``--shutdown-timeout`` (torch >= 2.10, read in torch/distributed/run.py) is set to the
+job's grace, so torchrun never cuts a checkpoint short before orch or the scheduler would.
+
+Stdlib only: the wrapper imports it on the compute node.
+"""
+
+from __future__ import annotations
+
+import math
+import subprocess
+import zlib
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+TORCHRUN = ("-m", "torch.distributed.run")
+# torchrun forwards these to its workers (and then waits the shutdown timeout); its default lacks SIGUSR1/2,
+# and SIGUSR2 is the time-limit warning a program may opt into: its default action would kill torchrun.
+SIGNALS_TO_HANDLE = "SIGTERM,SIGINT,SIGHUP,SIGQUIT,SIGUSR1,SIGUSR2"
+RDZV_PORT_BASE, RDZV_PORT_SPAN = 20000, 10000  # below Linux's ephemeral range (32768-60999)
+DEFAULT_GRACE_S = 60.0  # orch's own SIGTERM -> SIGKILL for a stop (observe.STOP_GRACE_S)
+SCONTROL_TIMEOUT_S = 30.0
+
+
+class RankLaunchError(RuntimeError):
+    """The rank command cannot be composed (the allocation's node list could not be read)."""
+
+
+@dataclass(frozen=True)
+class Ranks:
+    """How many ranks the program runs as, and the grace torchrun gives them after a stop signal."""
+
+    nodes: int = 1
+    nproc_per_node: int = 1
+    grace_s: float = DEFAULT_GRACE_S
+
+    @property
+    def world_size(self) -> int:
+        return self.nodes * self.nproc_per_node
+
+
+def shutdown_timeout(grace_s: float) -> int:
+    """torchrun takes whole seconds; round up so the grace is never shortened."""
+    return max(1, math.ceil(grace_s))
+
+
+def torchrun_argv(python: str, r: Ranks, command: Sequence[str], rdzv: tuple[str, int, str] | None = None) -> list[str]:
+    """torchrun running ``command`` (any executable: ``--no-python``) as ``r.nproc_per_node`` local ranks.
+
+    ``rdzv``: (host, port, id) of the c10d rendezvous of a multi-node job; None: ``--standalone`` (one node).
+    """
+    argv = [python, *TORCHRUN, "--nnodes", str(r.nodes), "--nproc-per-node", str(r.nproc_per_node),
+            "--max-restarts", "0",  # a failed rank fails the attempt: orch's policy decides the retry
+            "--shutdown-timeout", str(shutdown_timeout(r.grace_s)), "--signals-to-handle", SIGNALS_TO_HANDLE]
+    if rdzv is None:
+        argv.append("--standalone")
+    else:
+        host, port, rid = rdzv
+        argv += ["--rdzv-backend", "c10d", "--rdzv-endpoint", f"{host}:{port}", "--rdzv-id", rid]
+    return [*argv, "--no-python", "--", *command]
+
+
+def rdzv_port(job_id: str) -> int:
+    """The rendezvous port of a Slurm job: a function of its id (every node computes the same one, and two
+    jobs sharing a first node rarely collide), the same again after an in-place requeue."""
+    return RDZV_PORT_BASE + zlib.crc32(job_id.encode()) % RDZV_PORT_SPAN
+
+
+def slurm_hosts(nodelist: str) -> list[str]:
+    """``scontrol show hostnames NODELIST``: the allocation's hosts, in Slurm's order."""
+    try:
+        p = subprocess.run(["scontrol", "show", "hostnames", nodelist], capture_output=True, text=True,
+                           timeout=SCONTROL_TIMEOUT_S, stdin=subprocess.DEVNULL, check=False)
+    except (OSError, subprocess.TimeoutExpired) as e:
+        raise RankLaunchError(f"scontrol show hostnames {nodelist}: {e}") from None
+    hosts = [h.strip() for h in p.stdout.splitlines() if h.strip()]
+    if p.returncode != 0 or not hosts:
+        raise RankLaunchError(f"scontrol show hostnames {nodelist} failed ({p.returncode}): "
+                              f"{(p.stderr or '').strip()[:200]}")
+    return hosts
+
+
+def slurm_step_argv(python: str, r: Ranks, command: Sequence[str], env: Mapping[str, str]) -> list[str]:
+    """srun starting one torchrun per node of the allocation, rendezvous on its first node.
+
+    ``--cpus-per-task`` is passed on explicitly: srun of Slurm 22.05 does not inherit the batch job's.
+    """
+    job_id = env.get("SLURM_JOB_ID") or ""
+    nodelist = env.get("SLURM_JOB_NODELIST") or env.get("SLURM_NODELIST") or ""
+    if not job_id or not nodelist:
+        raise RankLaunchError("not inside a Slurm allocation (no SLURM_JOB_ID / SLURM_JOB_NODELIST)")
+    master = slurm_hosts(nodelist)[0]
+    srun = ["srun", f"--nodes={r.nodes}", f"--ntasks={r.nodes}", "--ntasks-per-node=1", "--kill-on-bad-exit=1"]
+    cpus = env.get("SLURM_CPUS_PER_TASK") or ""
+    if cpus.isdigit():
+        srun.append(f"--cpus-per-task={cpus}")
+    return srun + torchrun_argv(python, r, command, rdzv=(master, rdzv_port(job_id), job_id))

@@ -1,0 +1,120 @@
+"""Multi-rank jobs on the local backend (issue 19): ``orch submit --nproc-per-node 2`` starts the program once per
+rank through ``torchrun --standalone``; every rank sees torchrun's environment; ``orch cancel`` stops every rank
+(none is left in the process table, although torchrun starts each in a session of its own); the attempt ends
+stopped, and ``orch requeue`` resumes it from the checkpoint the stop wrote, 0 steps redone, verified.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+from rankkit import GLOO_ENV, TORCHRUN_ENV, cmdline_of, rank_envs, rank_program, steps_done, token_carriers, wait_for
+
+from orchestrator import protocol
+
+DONE = {"done_marker_verified"}
+
+
+def test_two_ranks_see_torchrun_env_cancel_stops_every_rank_requeue_resumes_verified(orch, tmp_path):
+    logs = tmp_path / "logs"
+    logs.mkdir()
+    prog = rank_program(tmp_path)
+    p = orch("submit", "--name", "mr", "--nproc-per-node", "2", "--", sys.executable, str(prog),
+             "--max-steps", "60", "--sleep", "0.1", "--log-dir", str(logs), env=GLOO_ENV)
+    assert p.returncode == 0, p.stdout + p.stderr
+    run_dir = orch.runs / "mr"
+    token = orch.show("mr")["attempts"][0]["token"]
+
+    envs = wait_for(lambda: len(e := rank_envs(logs, 1)) == 2 and e, 60, "both ranks' environments")
+    for rank, env in envs.items():
+        assert all(env[k] for k in TORCHRUN_ENV), env
+        assert (int(env["RANK"]), env["WORLD_SIZE"], env["LOCAL_WORLD_SIZE"], env["world"]) == (rank, "2", "2", 2)
+        assert int(env["LOCAL_RANK"]) == rank
+    assert envs[0]["MASTER_PORT"] == envs[1]["MASTER_PORT"]
+    # torchrun is told the job's grace, not its own fixed 30 s, between SIGTERM and SIGKILL of the ranks
+    torchrun = cmdline_of(token_carriers(token), "torch.distributed.run")
+    assert torchrun is not None and torchrun[torchrun.index("--shutdown-timeout") + 1] == "60", torchrun
+    assert "--standalone" in torchrun and torchrun[torchrun.index("--nproc-per-node") + 1] == "2"
+    orch("reconcile", check=True)
+    live = orch.show("mr")["attempts"][0]  # while it runs: from the wrapper's record of this attempt
+    assert (live["state"], live["world_size"], live["nodes"]) == ("running", 2, os.uname().nodename), live
+
+    wait_for(lambda: len(steps_done(logs, 1)) >= 5, 60, "rank 1 at step 5")
+    assert orch("cancel", "mr").returncode == 0
+    a1 = wait_for(lambda: (a := orch("reconcile") and orch.show("mr")["attempts"][0])["state"] != "stopping"
+                  and a["state"] != "running" and a, 60, "attempt 1 to end")
+    # Every rank stopped: nothing that carries the attempt's token is left, whatever its session.
+    left = token_carriers(token)
+    assert not left, [(q.pid, q.cmdline()) for q in left]
+    for env in envs.values():
+        assert not _alive(env["pid"]), env
+    assert (a1["state"], a1["failure_class"]) == ("cancelled", "cancelled"), a1
+    rec = protocol.read_exit(run_dir / "attempts" / "1", token)
+    assert rec is not None and rec.stop_signal == "TERM", rec
+    assert (a1["world_size"], a1["nodes"]) == (2, os.uname().nodename), a1
+    stopped_at = protocol.read_failure(run_dir, 1)
+    assert stopped_at["class"] == "preempted", stopped_at  # the kit's own record: checkpointed at the stop
+
+    p = orch("requeue", "mr")
+    assert p.returncode == 0, p.stdout + p.stderr
+    assert orch.wait("mr", DONE, timeout=120) in DONE
+    for rank in (0, 1):
+        steps = [s for _a, s in steps_done(logs, rank)]
+        assert steps == list(range(1, 61)), (rank, steps)  # 0 steps redone, none skipped, on every rank
+    show = orch.show("mr")
+    assert [a["state"] for a in show["attempts"]] == ["cancelled", "succeeded"]
+    assert show["attempts"][1]["world_size"] == 2
+    assert rank_envs(logs, 2).keys() == {0, 1}
+    assert orch("verify", "mr").stdout == "VERIFIED\n"
+
+
+def _alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] not in ("Z", "X")
+    except OSError:
+        return False
+
+
+def test_ranks_orphaned_by_torchrun_death_are_stopped_with_the_attempt(orch, tmp_path):
+    """torchrun starts each rank in a session of its own: SIGKILL torchrun and the ranks would run on as
+    orphans beside the next attempt. The wrapper stops every process carrying the attempt's token."""
+    logs = tmp_path / "logs"
+    logs.mkdir()
+    prog = rank_program(tmp_path)
+    orch("submit", "--name", "orph", "--nproc-per-node", "2", "--max-attempts", "1", "--", sys.executable,
+         str(prog), "--max-steps", "100000", "--sleep", "0.05", "--log-dir", str(logs), env=GLOO_ENV, check=True)
+    token = orch.show("orph")["attempts"][0]["token"]
+    envs = wait_for(lambda: len(e := rank_envs(logs, 1)) == 2 and e, 60, "both ranks' environments")
+    assert {e["sid"] for e in envs.values()} != {None} and len({e["sid"] for e in envs.values()}) == 2
+    carriers = token_carriers(token)
+    torchrun = [q for q in carriers if "torch.distributed.run" in q.cmdline()]
+    assert len(torchrun) == 1
+    torchrun[0].kill()
+    a1 = wait_for(lambda: (a := orch("reconcile") and orch.show("orph")["attempts"][0])["state"]
+                  not in ("running", "submitted", "stopping") and a, 60, "attempt 1 to end")
+    assert a1["state"] == "failed", a1
+    assert not token_carriers(token)
+    for env in envs.values():
+        assert not _alive(env["pid"]), env
+
+
+def test_local_kill_reaches_ranks_outside_the_session(tmp_path):
+    """LocalBackend.kill (a stop past its grace) SIGKILLs the attempt's session AND what left it carrying the
+    token (a torchrun worker): with only the session killed, such a process lived on."""
+    from orchestrator.backends.base import AttemptRef, SubmitSpec
+    from orchestrator.backends.local import LocalBackend
+
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    token = "tok-" + os.urandom(4).hex()
+    # a process in a new session (as torchrun starts its workers), then the program itself waits
+    spec = SubmitSpec(job="k", attempt=1, token=token, run_dir=run_dir,
+                      command=("bash", "-c", "setsid sleep 300 & sleep 300"))
+    backend = LocalBackend()
+    ext = backend.submit(spec)
+    wait_for(lambda: any(q.cmdline()[:1] == ["sleep"] and os.getsid(q.pid) == q.pid for q in token_carriers(token)),
+             30, "the process that left the session")
+    backend.kill([AttemptRef(ext, token, run_dir, 1)])
+    wait_for(lambda: not token_carriers(token), 30, "every process of the attempt to be gone")

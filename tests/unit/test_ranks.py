@@ -1,0 +1,232 @@
+"""Multi-rank launch (issue 19): the options' refusals, the sbatch options, and the torchrun/srun command the
+wrapper composes, for one node and for ``--nodes 2`` (which cannot run on the one-node dev cluster: its
+composition and rendezvous endpoint are checked here against ``scontrol show hostnames`` output instead).
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+from test_cli_args import assert_nothing_created
+
+from orchestrator import ranks
+from orchestrator.backends import get_backend
+from orchestrator.backends.base import Resources, SubmitSpec
+from orchestrator.backends.slurm import SlurmBackend
+from orchestrator.cli import main
+
+CMD = ("/venv/bin/python", "train.py", "--lr", "0.1")
+
+BAD = [
+    ("nproc 0", ["--nproc-per-node", "0"], "Invalid value for '--nproc-per-node'"),
+    ("nproc -1", ["--nproc-per-node", "-1"], "Invalid value for '--nproc-per-node'"),
+    ("nodes 0", ["--backend", "slurm", "--nproc-per-node", "1", "--nodes", "0"], "Invalid value for '--nodes'"),
+    ("nodes on local", ["--nproc-per-node", "2", "--nodes", "2"],
+     "--nodes: the local backend runs a job on this machine only"),
+    ("nodes 1 on local", ["--nproc-per-node", "2", "--nodes", "1"],
+     "--nodes: the local backend runs a job on this machine only"),
+    ("nodes without nproc", ["--backend", "slurm", "--nodes", "2"], "--nodes needs --nproc-per-node"),
+    ("gpus and gpus-per-node", ["--backend", "slurm", "--gpus", "1", "--gpus-per-node", "1"],
+     "--gpus and --gpus-per-node"),
+    ("sbatch-arg --nodes with ranks", ["--backend", "slurm", "--nproc-per-node", "2", "--sbatch-arg", "--nodes=2"],
+     "orch sets --nodes itself"),
+    ("sbatch-arg getopt prefix --ntasks-per with ranks", ["--backend", "slurm", "--nproc-per-node", "2",
+     "--sbatch-arg", "--ntasks-per=4"], "orch sets --ntasks-per itself"),
+    ("gpus-per-node 0", ["--backend", "slurm", "--gpus-per-node", "0"], "Invalid value for '--gpus-per-node'"),
+]
+
+
+@pytest.mark.parametrize("args,message", [b[1:] for b in BAD], ids=[b[0] for b in BAD])
+@pytest.mark.parametrize("command", ["submit", "sweep"])
+def test_rank_options_refused_with_exit_2_before_anything_exists(orch, monkeypatch, command, args, message):
+    monkeypatch.setenv("ORCH_HOME", str(orch.home))
+    monkeypatch.delenv("ORCH_DB_URL", raising=False)
+    extra = ["--grid", "x=1,2"] if command == "sweep" else []
+    r = CliRunner().invoke(main, [command, "--name", "ok-name", *extra, *args, "--", "bash", "-c", "exit 0"])
+    assert r.exit_code == 2, (r.stdout, r.stderr, r.exception)
+    assert message in r.stderr and "Traceback" not in r.stderr
+    assert r.stdout == ""
+    assert not orch.home.exists()
+    assert_nothing_created(orch)
+
+
+def test_multi_node_is_asked_of_the_backend_capability_not_its_name(monkeypatch, orch):
+    """A backend that says it runs several nodes gets --nodes, whatever its name."""
+    from orchestrator.backends.base import Capabilities
+    from orchestrator.backends.local import LocalBackend
+    from orchestrator.cli.args import job_settings
+
+    assert get_backend("slurm").capabilities.multi_node and not get_backend("local").capabilities.multi_node
+    monkeypatch.setattr(LocalBackend, "capabilities", Capabilities(host_liveness=True, multi_node=True))
+    opts = {"backend": "local", "mem": None, "time_": None, "partition": None, "account": None, "gpus": None,
+            "cpus_per_task": None, "sbatch_args": (), "warning_signal": None, "spot_notice": None, "keep": (),
+            "max_attempts": None, "outputs": (), "nproc_per_node": 2, "nodes": 3, "gpus_per_node": None}
+    _backend, res, _m, _o = job_settings(opts)
+    assert (res["nproc_per_node"], res["nodes"]) == (2, 3)
+
+
+def test_submit_stores_the_ranks_with_the_job_resources(orch):
+    p = orch("submit", "--name", "r2", "--backend", "slurm", "--partition", "nope-no-such", "--nproc-per-node", "2",
+             "--nodes", "2", "--gpus-per-node", "1", "--", "true")
+    # The partition does not exist: sbatch refuses, but the job row (and what it asked for) exists.
+    show = orch.show("r2")
+    assert show["resources"]["nproc_per_node"] == 2 and show["resources"]["nodes"] == 2, (p.stderr, show)
+    assert show["resources"]["gpus_per_node"] == 1
+
+
+def _spec(**res: object) -> SubmitSpec:
+    return SubmitSpec(job="j", attempt=1, token="tok1", run_dir=Path("/runs/j"), command=CMD,
+                      resources=Resources(**res), grace_s=90.0)  # type: ignore[arg-type]
+
+
+def test_sbatch_gets_one_task_per_node_and_gpus_per_node():
+    argv = SlurmBackend().sbatch_argv(_spec(nodes=2, nproc_per_node=4, gpus_per_node=4), Path("/runs/j/s.sbatch"))
+    assert "--nodes=2" in argv and "--ntasks-per-node=1" in argv and "--gpus-per-node=4" in argv
+    plain = SlurmBackend().sbatch_argv(_spec(), Path("/runs/j/s.sbatch"))
+    assert not [a for a in plain if a.startswith(("--nodes", "--ntasks", "--gpus-per-node"))]
+
+
+def test_wrapper_argv_carries_the_ranks_and_the_grace_only_when_asked():
+    argv = _spec(nodes=2, nproc_per_node=4).wrapper_argv("/py")
+    cut = argv.index("--")
+    assert argv[cut + 1:] == list(CMD)  # the user's command is unchanged: the wrapper composes torchrun
+    head = argv[:cut]
+    assert head[head.index("--nproc-per-node") + 1] == "4" and head[head.index("--nodes") + 1] == "2"
+    assert head[head.index("--grace") + 1] == "90"
+    plain = _spec().wrapper_argv("/py")
+    assert "--nproc-per-node" not in plain and "--grace" not in plain  # `orch submit -- torchrun ...`: as before
+
+
+def test_local_torchrun_is_standalone_with_the_job_grace_as_shutdown_timeout():
+    argv = ranks.torchrun_argv("/py", ranks.Ranks(nodes=1, nproc_per_node=2, grace_s=90), CMD)
+    assert argv[:3] == ["/py", "-m", "torch.distributed.run"]
+    assert "--standalone" in argv and "--rdzv-endpoint" not in argv
+    assert argv[argv.index("--nproc-per-node") + 1] == "2" and argv[argv.index("--nnodes") + 1] == "1"
+    # torchrun's SIGTERM -> SIGKILL of its workers is 30 s unless told: the job's grace instead (> 30 s here)
+    assert argv[argv.index("--shutdown-timeout") + 1] == "90"
+    assert "SIGUSR2" in argv[argv.index("--signals-to-handle") + 1].split(",")  # the warning signal is forwarded
+    assert argv[-len(CMD) - 2:] == ["--no-python", "--", *CMD]
+
+
+HOSTNAMES_2 = "gpu-a17\ngpu-a18\n"  # `scontrol show hostnames gpu-a[17-18]`
+
+
+def test_two_nodes_one_torchrun_per_node_through_srun_rendezvous_on_the_first_node(monkeypatch):
+    calls: list[list[str]] = []
+
+    def fake_run(argv, **_kw):  # noqa: ANN001, ANN202 - stands in for scontrol on a 2-node allocation
+        calls.append(list(argv))
+        import subprocess
+
+        return subprocess.CompletedProcess(argv, 0, HOSTNAMES_2, "")
+
+    monkeypatch.setattr(ranks.subprocess, "run", fake_run)
+    env = {"SLURM_JOB_ID": "4242", "SLURM_JOB_NODELIST": "gpu-a[17-18]", "SLURM_CPUS_PER_TASK": "8"}
+    argv = ranks.slurm_step_argv("/py", ranks.Ranks(nodes=2, nproc_per_node=4, grace_s=75), CMD, env)
+    assert calls == [["scontrol", "show", "hostnames", "gpu-a[17-18]"]]
+    cut = argv.index("/py")
+    srun, torchrun = argv[:cut], argv[cut:]
+    assert srun[0] == "srun"
+    assert {"--nodes=2", "--ntasks=2", "--ntasks-per-node=1", "--cpus-per-task=8"} <= set(srun)
+    port = ranks.rdzv_port("4242")
+    assert 20000 <= port < 30000 and port == ranks.rdzv_port("4242") != ranks.rdzv_port("4243")
+    assert torchrun[torchrun.index("--rdzv-endpoint") + 1] == f"gpu-a17:{port}"
+    assert torchrun[torchrun.index("--rdzv-backend") + 1] == "c10d"
+    assert torchrun[torchrun.index("--rdzv-id") + 1] == "4242"
+    assert torchrun[torchrun.index("--nnodes") + 1] == "2" and torchrun[torchrun.index("--nproc-per-node") + 1] == "4"
+    assert torchrun[torchrun.index("--shutdown-timeout") + 1] == "75"
+    assert "--standalone" not in torchrun and torchrun[-len(CMD):] == list(CMD)
+
+
+def test_slurm_step_refuses_an_allocation_it_cannot_read(monkeypatch):
+    import subprocess
+
+    monkeypatch.setattr(ranks.subprocess, "run", lambda argv, **kw: subprocess.CompletedProcess(argv, 1, "", "boom"))
+    with pytest.raises(ranks.RankLaunchError, match="scontrol show hostnames"):
+        ranks.slurm_step_argv("/py", ranks.Ranks(2, 1, 60), CMD, {"SLURM_JOB_ID": "1", "SLURM_JOB_NODELIST": "a[1-2]"})
+
+
+def test_torchrun_parses_the_composed_command():
+    """The composed argv is what the installed torchrun (torch 2.13) accepts, the user's argv intact."""
+    from torch.distributed.run import get_args_parser
+
+    argv = ranks.torchrun_argv(sys.executable, ranks.Ranks(1, 2, 90), CMD)
+    args = get_args_parser().parse_args(argv[3:])
+    assert (args.nproc_per_node, args.standalone, args.no_python, args.shutdown_timeout) == ("2", True, True, 90)
+    assert [args.training_script, *args.training_script_args] == list(CMD)
+
+
+def _fake_tool(bin_dir: Path, name: str, stdout: str, log: Path) -> None:
+    """A stand-in for a Slurm command on PATH that records its argv (unit tests only)."""
+    bin_dir.mkdir(exist_ok=True)
+    tool = bin_dir / name
+    tool.write_text(f"#!/bin/sh\necho \"{name} $*\" >> {log}\ncat <<'OUT'\n{stdout}\nOUT\n")
+    tool.chmod(0o755)
+
+
+def test_wrapper_stops_of_its_own_go_to_the_job_steps_never_to_srun(tmp_path, monkeypatch):
+    """Under Slurm the ranks run in a job step: the warning (and a spot notice) reach them as
+    ``scancel --signal=<SIG> <job>`` (every step, every node); a SIGTERM sent to srun would SIGKILL the step."""
+    import signal
+    import subprocess
+
+    from orchestrator import wrapper
+
+    log = tmp_path / "calls.log"
+    _fake_tool(tmp_path / "bin", "scancel", "", log)
+    monkeypatch.setenv("PATH", f"{tmp_path / 'bin'}:/usr/bin:/bin")
+    child = subprocess.Popen(["sleep", "30"])
+    try:
+        sup = wrapper.Supervisor(child, "USR2", under_slurm=True, step_job="4242")
+        sup.on_signal(signal.SIGUSR2, None)  # the scheduler's warning to the batch process
+        notice = wrapper.Supervisor(child, "TERM", under_slurm=True, step_job="4242")
+        notice.on_notice("aws: terminate")  # a cloud's spot notice
+        sup.reap_signallers()
+        notice.reap_signallers()
+        assert child.poll() is None  # srun itself got nothing
+        assert log.read_text().splitlines() == ["scancel --signal=USR2 4242", "scancel --signal=TERM 4242"]
+        assert (sup.stop_signal, sup.stop_source, notice.stop_source) == ("USR2", "warning", "spot_notice")
+    finally:
+        child.kill()
+        child.wait()
+
+
+@pytest.mark.parametrize("preempt_time,expected", [("2026-12-01T17:53:32", True), ("None", False)])
+def test_preemption_is_read_from_scontrol(tmp_path, monkeypatch, preempt_time, expected):
+    from orchestrator import wrapper
+
+    log = tmp_path / "calls.log"
+    line = (f"JobId=318 JobState=RUNNING Requeue=1 Restarts=0 PreemptEligibleTime=2026-12-01T17:53:28 "
+            f"PreemptTime={preempt_time} SuspendTime=None NodeList=vm")
+    _fake_tool(tmp_path / "bin", "scontrol", line, log)
+    monkeypatch.setenv("PATH", f"{tmp_path / 'bin'}:/usr/bin:/bin")
+    assert wrapper._being_preempted("318") is expected
+    assert log.read_text().splitlines() == ["scontrol show job -o 318"]
+
+
+def test_without_nproc_the_command_runs_as_given_even_a_users_own_torchrun(monkeypatch):
+    from orchestrator import wrapper
+
+    monkeypatch.delenv("SLURM_JOB_ID", raising=False)
+
+    own = ["torchrun", "--standalone", "--nproc-per-node", "2", "train.py"]
+    a = wrapper._parse(["--run-dir", "/r", "--job", "j", "--attempt", "1", "--token", "t", "--", *own])
+    assert wrapper._program(a) == (own, None, None)
+    a = wrapper._parse(["--run-dir", "/r", "--job", "j", "--attempt", "1", "--token", "t", "--nproc-per-node", "2",
+                        "--grace", "90", "--", "python", "train.py"])
+    argv, world, step_job = wrapper._program(a)
+    assert world == 2 and step_job is None and argv[-3:] == ["--", "python", "train.py"]
+    assert argv[argv.index("--shutdown-timeout") + 1] == "90"
+
+
+def test_wrapper_refuses_several_nodes_outside_slurm(monkeypatch):
+    from orchestrator import wrapper
+
+    monkeypatch.delenv("SLURM_JOB_ID", raising=False)
+    a = wrapper._parse(["--run-dir", "/r", "--job", "j", "--attempt", "1", "--token", "t", "--nproc-per-node", "2",
+                        "--nodes", "2", "--", "python", "train.py"])
+    with pytest.raises(ranks.RankLaunchError, match="needs a Slurm allocation"):
+        wrapper._program(a)  # torchrun --standalone would wait for a second node for ever
