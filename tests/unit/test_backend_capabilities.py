@@ -61,9 +61,10 @@ def test_each_backend_declares_its_capabilities() -> None:
     local, slurm = get_backend("local").capabilities, get_backend("slurm").capabilities
     # Local: orch keeps a sweep's queue, liveness is this host's process table, no backend-specific options.
     assert local == Capabilities(group_queue=False, host_liveness=True, extras=frozenset())
-    # Slurm: a sweep is one array that Slurm queues and throttles; liveness is a squeue round trip.
+    # Slurm: a sweep is one array that Slurm queues and throttles; liveness is a squeue round trip; a job may
+    # span nodes (one torchrun per node through srun).
     assert slurm == Capabilities(group_queue=True, host_liveness=False,
-                                 extras=frozenset({"partition", "account", "extra_sbatch"}))
+                                 extras=frozenset({"partition", "account", "extra_sbatch"}), multi_node=True)
 
 
 def test_a_backend_that_declares_nothing_gets_the_conservative_answers() -> None:

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
-from test_cli_args import assert_nothing_created
+from test_cli import assert_nothing_created
 
 from orchestrator import ranks
 from orchestrator.backends import get_backend
