@@ -1,6 +1,6 @@
 """memlimit: which memory cgroup the wrapper uses, from /proc/self/cgroup and mountinfo as recorded on a
 hybrid host (v2 without the memory controller, v1 memory) and on a v2 host with it delegated. The cgroup
-file system is stood in for by plain files (a unit test); tests/local/test_memlimit.py uses the real one."""
+file system is stood in for by plain files (a unit test); tests/local/test_memlimit_oom.py uses the real one."""
 
 from __future__ import annotations
 
