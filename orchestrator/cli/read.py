@@ -294,7 +294,7 @@ def report(since: str, as_json: bool) -> None:
         for name, g in rep[key].items():
             lines += [f"{title} {name} ({g['jobs']} jobs): " + summary_lines(g)[0], "  " + summary_lines(g)[1],
                       "  " + _rates(g)]
-    click.echo(printable("\n".join(lines)))
+    click.echo("\n".join(printable(line) for line in lines))  # names are the user's: escaped, line by line
 
 
 def _rates(g: dict[str, Any]) -> str:

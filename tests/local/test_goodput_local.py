@@ -215,6 +215,10 @@ def check_report_metrics_and_show_agree(orch, names: list[str]) -> None:
                 gauges[(smp.labels["partition"], smp.labels["category"])] = smp.value
     # the gauges cover the jobs of the last 7 days: these are the only jobs
     assert {c: gauges[("local/-", c)] for c in part["seconds"]} == pytest.approx(part["seconds"], abs=1e-3)
+    text = orch("report", check=True).stdout.splitlines()
+    assert text[0].startswith("fleet (3 jobs, since 7d): goodput ") and "\\" not in "".join(text), text
+    assert any(line.startswith("partition local/- (3 jobs)") for line in text), text
+    assert any(line.startswith("top badput: ") and "failed_attempt (killed)" in line for line in text), text
     bad = orch("report", "--since", "7x")
     assert bad.returncode == 2 and bad.stderr.strip().count("\n") == 0 and "--since '7x'" in bad.stderr
     assert not bad.stdout
