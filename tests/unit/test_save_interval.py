@@ -43,7 +43,7 @@ def test_orch_hands_over_the_mtbf_and_a_bad_or_missing_value_means_the_prior():
 
 
 def test_with_injected_unwarned_failures_the_work_lost_per_failure_is_about_half_the_interval():
-    """A simulated run (virtual time): 1 s steps, saves costing δ = 5 s, failures at exponential times with
+    """A simulated run (virtual time): 5 s steps, saves costing δ = 5 s, failures at exponential times with
     mean M = 2 h. Daly's τ here is ~265 s; what each failure loses (compute since the last save ended) averages
     ~τ/2 (a little less: a failure is more likely early than late in a long interval... by memorylessness it
     is uniform enough at τ << M)."""
@@ -52,11 +52,11 @@ def test_with_injected_unwarned_failures_the_work_lost_per_failure_is_about_half
     t = [0.0]
     auto = AutoSaveInterval(mtbf_s=m, clock=lambda: t[0])
     lost, next_fail = [], rng.expovariate(1 / m)
-    while len(lost) < 400:
+    while len(lost) < 200:
         if auto.due():
             t[0] += delta
             auto.record_save(delta)
-        t[0] += 1.0
+        t[0] += 5.0
         if t[0] >= next_fail:
             lost.append(t[0] - auto._last_end)  # compute since the last save: redone after the restart
             auto._last_end = t[0]  # the restart resumes from that save (restore time not modelled)
