@@ -295,10 +295,12 @@ def mtbf_unsignalled(held_s: float, failures: int) -> float | None:
 
 def summarize(jobs: Iterable[JobSplit], top: int = 5) -> dict[str, Any]:
     """Fleet totals: the split, goodput, preemptions per held hour, mean time between unsignalled
-    failures, and the largest badput causes (category and the failure class behind it)."""
+    failures, the largest badput causes of held time (category and the failure class behind it), and the
+    waiting between attempts by what ended the attempt before (``queue``: before the first)."""
     seconds, held, gpu, gpu_known = _zero(), 0.0, {c.value: 0.0 for c in HELD}, True
     preemptions = unsignalled = 0
     causes: dict[tuple[str, str], float] = {}
+    waits: dict[str, float] = {}
     n_jobs = 0
     for j in jobs:
         n_jobs += 1
@@ -321,13 +323,14 @@ def summarize(jobs: Iterable[JobSplit], top: int = 5) -> dict[str, Any]:
                 cause = prev if k == Category.STARTUP else (a.cause or "ok")
                 causes[(k, cause)] = causes.get((k, cause), 0.0) + v
             prev = f"after {a.cause}" if a.cause else "start"
-        for w, cause in j.waiting:
+        for w, cause in j.waiting:  # wall time, not held: ranked apart from the held badput
             if w > 0:
-                key = (Category.WAITING.value, cause if cause == "queue" else f"after {cause}")
-                causes[key] = causes.get(key, 0.0) + w
+                key = cause if cause == "queue" else f"after {cause}"
+                waits[key] = waits.get(key, 0.0) + w
     ranked = sorted(causes.items(), key=lambda kv: -kv[1])[:top]
     hours = held / 3600
     return {"jobs": n_jobs, **_totals(seconds, held, gpu if gpu_known and n_jobs else None),
             "preemptions": preemptions, "preemptions_per_hour": preemptions / hours if hours > 0 else None,
             "unsignalled_failures": unsignalled, "mtbf_unsignalled_s": mtbf_unsignalled(held, unsignalled),
-            "top_badput": [{"category": k, "cause": c, "seconds": v} for (k, c), v in ranked]}
+            "top_badput": [{"category": k, "cause": c, "seconds": v} for (k, c), v in ranked],
+            "waiting_by_cause": [{"cause": c, "seconds": v} for c, v in sorted(waits.items(), key=lambda kv: -kv[1])]}
