@@ -95,6 +95,9 @@ class OrchRun:
         self.heartbeat = Heartbeat(self.run.run_dir, self.run.attempt, self.run.heartbeat_s)
         if self.run.is_writer:
             self.heartbeat.start()
+            # the history's first line is the resume step, now: where goodput's startup (restore included) ends
+            self.heartbeat.post(step=self.step, resumed_from=self.resumed_from or 0)
+            self.heartbeat.write_now()
         return self
 
     def _restore(self, step: int, path: Path) -> None:
