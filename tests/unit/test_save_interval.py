@@ -63,3 +63,19 @@ def test_with_injected_unwarned_failures_the_work_lost_per_failure_is_about_half
             next_fail = t[0] + rng.expovariate(1 / m)
     tau = daly_interval(delta, m)
     assert sum(lost) / len(lost) == pytest.approx(tau / 2, rel=0.15)
+
+
+def test_a_resumed_attempt_starts_from_the_cost_its_predecessor_measured(tmp_path):
+    """A restart must not pay an extra save at its first step to measure δ again (with a 5-minute save, one
+    per failure): the previous attempt's heartbeat says what δ was; only a first attempt measures it first."""
+    from orchestrator import protocol
+
+    now = [100.0]
+    first = AutoSaveInterval.for_run(tmp_path, 1, mtbf_s=3600, clock=lambda: now[0])
+    assert first.cost_s is None and first.due()
+    protocol.write_progress(tmp_path, 1, step=7, save_cost_s=4.0, mtbf_s=3600)
+    protocol.write_progress(tmp_path, 2, step=7)  # attempt 2 died in its restore: no cost of its own
+    third = AutoSaveInterval.for_run(tmp_path, 3, mtbf_s=3600, clock=lambda: now[0])
+    assert third.cost_s == 4.0 and not third.due()  # the checkpoint it resumed from is the newest save
+    now[0] += daly_interval(4.0, 3600)
+    assert third.due()
