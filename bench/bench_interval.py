@@ -1,0 +1,133 @@
+"""P7d: the checkpoint interval orch chooses (``--save-interval auto``) against the best fixed one and fixed defaults,
+in a simulated trace of failures that give no warning (a SIMULATION: nothing here is measured).
+
+Why a simulation: the interval matters for kill -9, node failures and OOM kills, which lose the work since the last
+committed save; P7 (bench/_preempt_sim.py) models signalled preemptions, after which orch saves on the signal and
+the interval hardly matters. The model (machine time = time a machine is held):
+
+* a 24 h job of 2 s steps (ASSUMED, as P7c); a save stalls training for C seconds (ASSUMED: 10, 60, 300 s, as P7c)
+  and counts once that stall is over;
+* unwarned failures arrive as a Poisson process in machine time (rate λ), during training, saves and restarts;
+  each loses the work since the last committed save; then a restart of 5.15 s + C (P4's measured restart, plus
+  loading what was saved, as P7c), which a further failure can interrupt;
+* ``auto``: the kit's own ``AutoSaveInterval`` (orchestrator/kit/interval.py) on a virtual clock, given M = 1/λ (what
+  orch's estimate converges to with history) or the 24 h prior (no history), measuring C at every save; a restarted
+  attempt starts from its predecessor's C, as the kit does; the first attempt saves at its first step;
+* ``best fixed``: the best of 24 fixed intervals (1 step to 4 h, log-spaced), picked in hindsight on the same
+  traces (an oracle no real job has); ``every 10 steps`` is the bundled trainer's default, ``every 100 steps``
+  orch_run's, ``every 10 min`` P7's column.
+
+Goodput = work / machine time, mean (min–max) over 20 seeded traces, the same traces for every strategy.
+Run: ``python bench/bench_interval.py`` (about a minute on one core); prints P7d's table.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+import statistics
+import sys
+from collections.abc import Callable
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from orchestrator.kit.interval import PRIOR_MTBF_S, AutoSaveInterval, daly_interval  # noqa: E402
+
+WORK_S = 24 * 3600.0
+STEP_S = 2.0
+RESTART_S = 5.15
+SEEDS = range(20)
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.t = 0.0
+
+    def __call__(self) -> float:
+        return self.t
+
+
+def simulate(next_save_in: Callable[[Clock, float, float], float], on_save: Callable[[float], None],
+             on_restart: Callable[[], None], rate_per_s: float, cost: float, seed: int, clock: Clock) -> float:
+    """Goodput of one trace. ``next_save_in(clock, work, ck)``: training seconds until the next save is due."""
+    rng = random.Random(seed)
+    clock.t, work, ck = 0.0, 0.0, 0.0
+    next_fail = rng.expovariate(rate_per_s)
+    on_restart()
+    while work < WORK_S:
+        due_in = max(0.0, next_save_in(clock, work, ck))
+        train = min(math.ceil(due_in / STEP_S - 1e-9) * STEP_S, WORK_S - work)  # saves at step boundaries
+        if clock.t + train > next_fail:  # a failure mid-training: back to the last save
+            clock.t, work = next_fail, ck
+        else:
+            clock.t += train
+            work += train
+            if work >= WORK_S:
+                break
+            if clock.t + cost > next_fail:  # a failure mid-save: that save never committed
+                clock.t, work = next_fail, ck
+            else:
+                clock.t += cost
+                ck = work
+                on_save(cost)
+                continue
+        restart = RESTART_S + cost
+        next_fail = clock.t + rng.expovariate(rate_per_s)
+        while clock.t + restart > next_fail:  # failures during the restart
+            clock.t = next_fail
+            next_fail = clock.t + rng.expovariate(rate_per_s)
+        clock.t += restart
+        on_restart()
+    return WORK_S / clock.t
+
+
+def fixed(interval: float, rate: float, cost: float, seed: int) -> float:
+    clock = Clock()
+    return simulate(lambda c, w, ck: interval - (w - ck), lambda _c: None, lambda: None, rate, cost, seed, clock)
+
+
+def auto(mtbf: float, rate: float, cost: float, seed: int) -> float:
+    clock = Clock()
+    state: dict[str, AutoSaveInterval | None] = {"a": None}
+
+    def restart() -> None:  # a new process: the predecessor's C carries over (AutoSaveInterval.resume_from)
+        prev = state["a"]
+        state["a"] = AutoSaveInterval(mtbf_s=mtbf, clock=clock,
+                                      initial_cost_s=prev.cost_s if prev is not None else None)
+
+    def due_in(c: Clock, _w: float, _ck: float) -> float:
+        a = state["a"]
+        return 0.0 if a.cost_s is None else a._last_end + a.interval_s - c.t
+
+    return simulate(due_in, lambda s: state["a"].record_save(s), restart, rate, cost, seed, clock)
+
+
+def stats(values: list[float]) -> str:
+    return f"{100 * statistics.mean(values):.1f} ({100 * min(values):.1f}–{100 * max(values):.1f}) %"
+
+
+def main() -> None:
+    grid = [STEP_S * 2 ** (k / 2) for k in range(24)]  # 2 s .. ~4.1 h
+    print("| C (ASSUMED) | λ (unwarned) | Daly τ | auto, M = 1/λ | auto, M = 24 h prior | best fixed (hindsight) "
+          "| every 10 steps (20 s) | every 100 steps (200 s) | every 10 min |")
+    print("|---|---|---|---|---|---|---|---|---|")
+    for cost in (10.0, 60.0, 300.0):
+        for per_h in (0.25, 1.0, 4.0):
+            rate = per_h / 3600
+            runs = {name: [f(rate, cost, s) for s in SEEDS] for name, f in (
+                ("auto", lambda r, c, s: auto(1 / r, r, c, s)),
+                ("prior", lambda r, c, s: auto(PRIOR_MTBF_S, r, c, s)),
+                ("10", lambda r, c, s: fixed(10 * STEP_S, r, c, s)),
+                ("100", lambda r, c, s: fixed(100 * STEP_S, r, c, s)),
+                ("600", lambda r, c, s: fixed(600.0, r, c, s)))}
+            best_iv, best = max(((iv, [fixed(iv, rate, cost, s) for s in SEEDS]) for iv in grid),
+                                key=lambda kv: statistics.mean(kv[1]))
+            tau = daly_interval(cost, 1 / rate)
+            print(f"| {cost:.0f} s | {per_h}/h | {tau / 60:.1f} min | {stats(runs['auto'])} | {stats(runs['prior'])} "
+                  f"| {stats(best)} @ {best_iv / 60:.1f} min | {stats(runs['10'])} | {stats(runs['100'])} "
+                  f"| {stats(runs['600'])} |", flush=True)
+
+
+if __name__ == "__main__":
+    main()
