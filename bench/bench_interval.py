@@ -10,9 +10,11 @@ the interval hardly matters. The model (machine time = time a machine is held):
 * unwarned failures arrive as a Poisson process in machine time (rate λ), during training, saves and restarts;
   each loses the work since the last committed save; then a restart of 5.15 s + C (P4's measured restart, plus
   loading what was saved, as P7c), which a further failure can interrupt;
-* ``auto``: the kit's own ``AutoSaveInterval`` (orchestrator/kit/interval.py) on a virtual clock, given M = 1/λ (what
-  orch's estimate converges to with history) or the 24 h prior (no history), measuring C at every save; a restarted
-  attempt starts from its predecessor's C, as the kit does; the first attempt saves at its first step;
+* ``auto``: the kit's own ``AutoSaveInterval`` (orchestrator/kit/interval.py) on a virtual clock, measuring C at
+  every save (a restarted attempt starts from its predecessor's C, as the kit does; the first attempt saves at its
+  first step), given M = 1/λ (an oracle: what orch's estimate approaches with history), or orch's own estimate
+  ``mtbf.estimate_mtbf`` from this job's history so far at each restart (a partition with no other history), or
+  only the 24 h prior;
 * ``best fixed``: the best of 24 fixed intervals (1 step to 4 h, log-spaced), picked in hindsight on the same
   traces (an oracle no real job has); ``every 10 steps`` is the bundled trainer's default, ``every 100 steps``
   orch_run's, ``every 10 min`` P7's column.
@@ -33,6 +35,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from orchestrator.kit.interval import PRIOR_MTBF_S, AutoSaveInterval, daly_interval  # noqa: E402
+from orchestrator.mtbf import estimate_mtbf  # noqa: E402
 
 WORK_S = 24 * 3600.0
 STEP_S = 2.0
@@ -87,13 +90,17 @@ def fixed(interval: float, rate: float, cost: float, seed: int) -> float:
     return simulate(lambda c, w, ck: interval - (w - ck), lambda _c: None, lambda: None, rate, cost, seed, clock)
 
 
-def auto(mtbf: float, rate: float, cost: float, seed: int) -> float:
+def auto(mtbf: float | Callable[[float, int], float], rate: float, cost: float, seed: int) -> float:
+    """``mtbf``: fixed, or ``f(held_s, failures)``: what orch would hand each attempt from this job's own history."""
     clock = Clock()
     state: dict[str, AutoSaveInterval | None] = {"a": None}
+    starts = [0]
 
     def restart() -> None:  # a new process: the predecessor's C carries over (AutoSaveInterval.resume_from)
         prev = state["a"]
-        state["a"] = AutoSaveInterval(mtbf_s=mtbf, clock=clock,
+        m = mtbf(clock.t, starts[0]) if callable(mtbf) else mtbf  # every start after the first follows a failure
+        starts[0] += 1
+        state["a"] = AutoSaveInterval(mtbf_s=m, clock=clock,
                                       initial_cost_s=prev.cost_s if prev is not None else None)
 
     def due_in(c: Clock, _w: float, _ck: float) -> float:
@@ -109,14 +116,16 @@ def stats(values: list[float]) -> str:
 
 def main() -> None:
     grid = [STEP_S * 2 ** (k / 2) for k in range(24)]  # 2 s .. ~4.1 h
-    print("| C (ASSUMED) | λ (unwarned) | Daly τ | auto, M = 1/λ | auto, M = 24 h prior | best fixed (hindsight) "
-          "| every 10 steps (20 s) | every 100 steps (200 s) | every 10 min |")
-    print("|---|---|---|---|---|---|---|---|---|")
+    print("| C (ASSUMED) | λ (unwarned) | Daly τ | auto, M = 1/λ | auto, M learnt (orch's estimate) "
+          "| auto, M = 24 h prior | best fixed (hindsight) | every 10 steps (20 s) | every 100 steps (200 s) "
+          "| every 10 min |")
+    print("|---|---|---|---|---|---|---|---|---|---|")
     for cost in (10.0, 60.0, 300.0):
         for per_h in (0.25, 1.0, 4.0):
             rate = per_h / 3600
             runs = {name: [f(rate, cost, s) for s in SEEDS] for name, f in (
                 ("auto", lambda r, c, s: auto(1 / r, r, c, s)),
+                ("learnt", lambda r, c, s: auto(estimate_mtbf, r, c, s)),
                 ("prior", lambda r, c, s: auto(PRIOR_MTBF_S, r, c, s)),
                 ("10", lambda r, c, s: fixed(10 * STEP_S, r, c, s)),
                 ("100", lambda r, c, s: fixed(100 * STEP_S, r, c, s)),
@@ -124,7 +133,8 @@ def main() -> None:
             best_iv, best = max(((iv, [fixed(iv, rate, cost, s) for s in SEEDS]) for iv in grid),
                                 key=lambda kv: statistics.mean(kv[1]))
             tau = daly_interval(cost, 1 / rate)
-            print(f"| {cost:.0f} s | {per_h}/h | {tau / 60:.1f} min | {stats(runs['auto'])} | {stats(runs['prior'])} "
+            print(f"| {cost:.0f} s | {per_h}/h | {tau / 60:.1f} min | {stats(runs['auto'])} | {stats(runs['learnt'])} "
+                  f"| {stats(runs['prior'])} "
                   f"| {stats(best)} @ {best_iv / 60:.1f} min | {stats(runs['10'])} | {stats(runs['100'])} "
                   f"| {stats(runs['600'])} |", flush=True)
 
