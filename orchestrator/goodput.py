@@ -1,6 +1,7 @@
 """Goodput accounting: where a job's held machine time went, from what orch already records (pure functions).
 
-Every second an attempt held its machine (``started_at`` -> ``ended_at``, or now while it runs) falls in
+Every second an attempt held its machine (its start -> its end, or now while it runs; goodputview takes them
+from the wrapper's records, else the DB) falls in
 exactly one category, so the categories of an attempt add up to its held time; ``waiting`` is wall time
 between attempts, not held. The definitions follow Google's ml-goodput-measurement (productive step spans,
 wasted progress after a disruption = a step logged again, startup, checkpoint save time) and Meta's ETT
@@ -15,12 +16,12 @@ in-place requeue appends a second run to the same history)::
 
 * ``useful``    steps kept (up to the step the next attempt resumed from) × the attempt's step time;
 * ``lost_work`` steps computed again by a later attempt × the same step time;
-* ``save_stall``the time the loop was blocked saving (the kit's ``save_stall_s``; 0 when not reported);
+* ``save_stall`` the time the loop was blocked saving (the kit's ``save_stall_s``; 0 when not reported);
 * ``startup``   held start -> the loop's first step (restore included): the beat at the resume step, else
                 extrapolated back from the first two beats;
 * ``hang_detection`` last beat -> orch asked the hung attempt to stop; ``teardown`` the rest of the tail
                 (stop signal -> exit, a dying node's last seconds);
-* ``failed_attempt`` all of the held time of an attempt that ended in a failure without computing one step;
+* ``failed_attempt`` all of the held time of an attempt that ended in a failure without computing one step
   (a program without heartbeats: all ``useful`` when it succeeded, ``failed_attempt`` when it failed);
 * ``waiting``   previous attempt's end (or the job's creation) -> this attempt's start: not held.
 
@@ -42,6 +43,8 @@ __all__ = ["Category", "Beat", "AttemptFacts", "AttemptSplit", "JobSplit", "spli
 
 
 class Category(enum.StrEnum):
+    """Where a held second went (README: Goodput); ``waiting`` is the one that is not held."""
+
     USEFUL = "useful"
     LOST_WORK = "lost_work"
     STARTUP = "startup"
