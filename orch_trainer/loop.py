@@ -174,7 +174,8 @@ class TrainLoop:
         if "oom" in self.faults.pending_kinds:
             self.model.register_forward_pre_hook(self._oom_fault_hook)
         # --save-interval auto: Daly's interval for the measured save cost and orch's ORCH_MTBF_S
-        self.auto_save = AutoSaveInterval() if args.save_interval == "auto" else None
+        self.auto_save = (AutoSaveInterval.for_run(attempt.run_dir, attempt.n) if args.save_interval == "auto"
+                          else None)
         if self.auto_save is not None:
             log(f"--save-interval auto: MTBF {self.auto_save.mtbf_s:.0f} s ({self.auto_save.source})")
 

@@ -1,6 +1,7 @@
 """Goodput accounting: where a job's held machine time went, from what orch already records (pure functions).
 
-Every second an attempt held its machine (``started_at`` -> ``ended_at``, or now while it runs) falls in
+Every second an attempt held its machine (its start -> its end, or now while it runs; goodputview takes them
+from the wrapper's records, else the DB) falls in
 exactly one category, so the categories of an attempt add up to its held time; ``waiting`` is wall time
 between attempts, not held. The definitions follow Google's ml-goodput-measurement (productive step spans,
 wasted progress after a disruption = a step logged again, startup, checkpoint save time) and Meta's ETT
@@ -15,12 +16,12 @@ in-place requeue appends a second run to the same history)::
 
 * ``useful``    steps kept (up to the step the next attempt resumed from) × the attempt's step time;
 * ``lost_work`` steps computed again by a later attempt × the same step time;
-* ``save_stall``the time the loop was blocked saving (the kit's ``save_stall_s``; 0 when not reported);
+* ``save_stall`` the time the loop was blocked saving (the kit's ``save_stall_s``; 0 when not reported);
 * ``startup``   held start -> the loop's first step (restore included): the beat at the resume step, else
                 extrapolated back from the first two beats;
 * ``hang_detection`` last beat -> orch asked the hung attempt to stop; ``teardown`` the rest of the tail
                 (stop signal -> exit, a dying node's last seconds);
-* ``failed_attempt`` all of the held time of an attempt that ended in a failure without computing one step;
+* ``failed_attempt`` all of the held time of an attempt that ended in a failure without computing one step
   (a program without heartbeats: all ``useful`` when it succeeded, ``failed_attempt`` when it failed);
 * ``waiting``   previous attempt's end (or the job's creation) -> this attempt's start: not held.
 
@@ -42,6 +43,8 @@ __all__ = ["Category", "Beat", "AttemptFacts", "AttemptSplit", "JobSplit", "spli
 
 
 class Category(enum.StrEnum):
+    """Where a held second went (README: Goodput); ``waiting`` is the one that is not held."""
+
     USEFUL = "useful"
     LOST_WORK = "lost_work"
     STARTUP = "startup"
@@ -295,10 +298,12 @@ def mtbf_unsignalled(held_s: float, failures: int) -> float | None:
 
 def summarize(jobs: Iterable[JobSplit], top: int = 5) -> dict[str, Any]:
     """Fleet totals: the split, goodput, preemptions per held hour, mean time between unsignalled
-    failures, and the largest badput causes (category and the failure class behind it)."""
+    failures, the largest badput causes of held time (category and the failure class behind it), and the
+    waiting between attempts by what ended the attempt before (``queue``: before the first)."""
     seconds, held, gpu, gpu_known = _zero(), 0.0, {c.value: 0.0 for c in HELD}, True
     preemptions = unsignalled = 0
     causes: dict[tuple[str, str], float] = {}
+    waits: dict[str, float] = {}
     n_jobs = 0
     for j in jobs:
         n_jobs += 1
@@ -321,13 +326,14 @@ def summarize(jobs: Iterable[JobSplit], top: int = 5) -> dict[str, Any]:
                 cause = prev if k == Category.STARTUP else (a.cause or "ok")
                 causes[(k, cause)] = causes.get((k, cause), 0.0) + v
             prev = f"after {a.cause}" if a.cause else "start"
-        for w, cause in j.waiting:
+        for w, cause in j.waiting:  # wall time, not held: ranked apart from the held badput
             if w > 0:
-                key = (Category.WAITING.value, cause if cause == "queue" else f"after {cause}")
-                causes[key] = causes.get(key, 0.0) + w
+                key = cause if cause == "queue" else f"after {cause}"
+                waits[key] = waits.get(key, 0.0) + w
     ranked = sorted(causes.items(), key=lambda kv: -kv[1])[:top]
     hours = held / 3600
     return {"jobs": n_jobs, **_totals(seconds, held, gpu if gpu_known and n_jobs else None),
             "preemptions": preemptions, "preemptions_per_hour": preemptions / hours if hours > 0 else None,
             "unsignalled_failures": unsignalled, "mtbf_unsignalled_s": mtbf_unsignalled(held, unsignalled),
-            "top_badput": [{"category": k, "cause": c, "seconds": v} for (k, c), v in ranked]}
+            "top_badput": [{"category": k, "cause": c, "seconds": v} for (k, c), v in ranked],
+            "waiting_by_cause": [{"cause": c, "seconds": v} for c, v in sorted(waits.items(), key=lambda kv: -kv[1])]}

@@ -299,11 +299,13 @@ def report(since: str, as_json: bool) -> None:
              _rates(f)]
     lines += ["top badput: " + ("; ".join(f"{c['category']} ({c['cause']}) {dur(c['seconds'])}"
                                           for c in f["top_badput"]) or "-")]
+    lines += ["waiting (not held): " + ("; ".join(f"{w['cause']} {dur(w['seconds'])}" for w in f["waiting_by_cause"])
+                                        or "-")]
     for title, key in (("partition", "by_partition"), ("sweep", "by_sweep")):
         for name, g in rep[key].items():
             lines += [f"{title} {name} ({g['jobs']} jobs): " + summary_lines(g)[0], "  " + summary_lines(g)[1],
                       "  " + _rates(g)]
-    click.echo(printable("\n".join(lines)))
+    click.echo("\n".join(printable(line) for line in lines))  # names are the user's: escaped, line by line
 
 
 def _rates(g: dict[str, Any]) -> str:

@@ -118,6 +118,8 @@ class OrchCallback(TrainerCallback):
             self._resumed_from = state.global_step
             self._heartbeat.post(step=state.global_step, max_steps=state.max_steps, resumed_from=state.global_step)
             self._heartbeat.write_now()
+        if self.auto_save is not None:  # δ from the previous attempt; the interval from the loop's start
+            self.auto_save.resume_from(self.run.run_dir, self.run.attempt)
 
     def _set_aside_unfinished(self, output_dir: Path) -> None:
         """Rename ``checkpoint-N`` dirs left in ``output_dir``: a save that never reached ``on_save``.

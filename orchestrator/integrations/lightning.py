@@ -120,6 +120,8 @@ class OrchCallback(Callback):
         for s in DEFAULT_SIGNALS:
             signal.signal(s, self.flag._handle)  # the flag's own handler: it records the stop (stop.json)
         self._last_step = self._resumed_from = trainer.global_step
+        if self.auto_save is not None:  # δ from the previous attempt; the interval from the loop's start
+            self.auto_save.resume_from(self.run.run_dir, self.run.attempt)
         if self._heartbeat is not None:  # the attempt's first heartbeat names the resume step at once
             self._heartbeat.post(step=self._resumed_from, resumed_from=self._resumed_from)
             self._heartbeat.write_now()

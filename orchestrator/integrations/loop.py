@@ -95,6 +95,11 @@ class OrchRun:
         self.heartbeat = Heartbeat(self.run.run_dir, self.run.attempt, self.run.heartbeat_s)
         if self.run.is_writer:
             self.heartbeat.start()
+            # the history's first line is the resume step, now: where goodput's startup (restore included) ends
+            self.heartbeat.post(step=self.step, resumed_from=self.resumed_from or 0)
+            self.heartbeat.write_now()
+        if self.auto_save is not None:  # δ from the previous attempt; the interval from this loop's start
+            self.auto_save.resume_from(self.run.run_dir, self.run.attempt)
         return self
 
     def _restore(self, step: int, path: Path) -> None:

@@ -12,8 +12,9 @@ count in M (kill -9, node failures, OOM kills): a signalled preemption saves on 
 periodic save. orch hands the job M for its backend/partition from the job table (``ORCH_MTBF_S``, see
 ``orchestrator/mtbf.py``); without it the prior ``PRIOR_MTBF_S`` is used. δ is measured by the job, save by
 save: the blocking part (what the loop waits: the whole save when synchronous, the snapshot when in the
-background), smoothed, so the interval follows δ as saves get slower or faster. Before the first save δ is
-unknown: the first save comes at the first step boundary, and measures it (CheckFreq profiles first too).
+background), smoothed, so the interval follows δ as saves get slower or faster. A later attempt starts from
+the δ its predecessor's last heartbeat reports; in a first attempt δ is unknown, so the first save comes at
+the first step boundary and measures it (CheckFreq profiles first too).
 """
 
 from __future__ import annotations
@@ -21,6 +22,9 @@ from __future__ import annotations
 import math
 import os
 import time
+from pathlib import Path
+
+from orchestrator import protocol
 
 ENV_MTBF = "ORCH_MTBF_S"  # set by orch for every attempt: seconds between unsignalled failures
 ENV_MTBF_SOURCE = "ORCH_MTBF_SOURCE"  # how orch got it (history or prior), for the job's log
@@ -60,7 +64,8 @@ class AutoSaveInterval:
     """
 
     def __init__(self, mtbf_s: float | None = None, *, smoothing: float = 0.5,
-                 min_interval_s: float = MIN_INTERVAL_S, clock=time.monotonic) -> None:  # noqa: ANN001
+                 min_interval_s: float = MIN_INTERVAL_S, clock=time.monotonic,  # noqa: ANN001
+                 initial_cost_s: float | None = None) -> None:
         if mtbf_s is None:
             mtbf_s, self.source = mtbf_from_env()
         else:
@@ -69,10 +74,24 @@ class AutoSaveInterval:
         self.smoothing = smoothing
         self.min_interval_s = min_interval_s
         self.clock = clock
-        self.cost_s: float | None = None  # smoothed blocking time of one save
+        self.cost_s: float | None = initial_cost_s  # smoothed blocking time of one save
         self.total_s: float | None = None  # smoothed whole save (write + commit), when the caller knows it
         self._last_end: float = clock()
         self.saves = 0
+
+    @classmethod
+    def for_run(cls, run_dir: Path | str, attempt: int, **kwargs: object) -> AutoSaveInterval:
+        """For attempt ``attempt`` of a run: δ starts at what the latest earlier attempt measured (its last
+        heartbeat's ``save_cost_s``), so a restart does not pay an extra save at its first step to measure it
+        again (with a 5-minute save: one per failure); the checkpoint it resumed from counts as the last save."""
+        return cls(**kwargs).resume_from(run_dir, attempt)  # type: ignore[arg-type]
+
+    def resume_from(self, run_dir: Path | str, attempt: int) -> AutoSaveInterval:
+        """Start δ at the latest earlier attempt's measurement (unless known) and the interval now."""
+        if self.cost_s is None:
+            self.cost_s = previous_cost(run_dir, attempt)
+        self._last_end = self.clock()
+        return self
 
     @property
     def interval_s(self) -> float:
@@ -102,3 +121,12 @@ class AutoSaveInterval:
         if self.total_s is not None:
             out["save_total_s"] = self.total_s
         return out
+
+
+def previous_cost(run_dir: Path | str, attempt: int) -> float | None:
+    """``save_cost_s`` of the latest earlier attempt's last heartbeat that has one (job-written: range-checked)."""
+    for n in range(attempt - 1, max(0, attempt - 20), -1):  # a bounded look back
+        v = (protocol.read_progress(run_dir, n) or {}).get("save_cost_s")
+        if isinstance(v, int | float) and not isinstance(v, bool) and math.isfinite(v) and v >= 0:
+            return float(v)
+    return None

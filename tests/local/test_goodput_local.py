@@ -166,7 +166,7 @@ def _gaps(run_dir: Path, attempts: list[dict]) -> list[float]:
 
 
 def test_orch_hands_each_attempt_the_mtbf_and_report_metrics_and_show_agree(orch):
-    """ORCH_MTBF_S = (held + prior) / (unwarned failures + 1) over the partition's history (orchestrator/mtbf.py):
+    """ORCH_MTBF_S = (held + w·prior) / (unwarned failures + w), w = 0.25, over the partition's history (mtbf.py):
     a first job sees the prior alone; after a job whose attempt was killed by SIGKILL, the next job sees it
     computed from the table's held time and that one failure. Then `orch metrics` has one gauge per category
     and partition equal to `orch report --json`, which equals the sum of `orch show --json` over the jobs."""
@@ -192,7 +192,7 @@ def test_orch_hands_each_attempt_the_mtbf_and_report_metrics_and_show_agree(orch
     from datetime import datetime
 
     held = sum((datetime.fromisoformat(str(e)) - datetime.fromisoformat(str(s))).total_seconds() for s, e in rows)
-    assert float(m) == pytest.approx((held + PRIOR_MTBF_S) / 2, abs=0.05)
+    assert float(m) == pytest.approx((held + 0.25 * PRIOR_MTBF_S) / 1.25, abs=0.05)
     assert source.startswith("local/-: 1 unwarned failure(s)")
     check_report_metrics_and_show_agree(orch, ["first", "k", "second"])
 
@@ -215,6 +215,10 @@ def check_report_metrics_and_show_agree(orch, names: list[str]) -> None:
                 gauges[(smp.labels["partition"], smp.labels["category"])] = smp.value
     # the gauges cover the jobs of the last 7 days: these are the only jobs
     assert {c: gauges[("local/-", c)] for c in part["seconds"]} == pytest.approx(part["seconds"], abs=1e-3)
+    text = orch("report", check=True).stdout.splitlines()
+    assert text[0].startswith("fleet (3 jobs, since 7d): goodput ") and "\\" not in "".join(text), text
+    assert any(line.startswith("partition local/- (3 jobs)") for line in text), text
+    assert any(line.startswith("top badput: ") and "failed_attempt (killed)" in line for line in text), text
     bad = orch("report", "--since", "7x")
     assert bad.returncode == 2 and bad.stderr.strip().count("\n") == 0 and "--since '7x'" in bad.stderr
     assert not bad.stdout

@@ -46,3 +46,16 @@ def test_auto_interval_follows_the_measured_save_cost(tmp_path, monkeypatch):
     for a, b in zip(saves, saves[1:], strict=False):
         gap = b["time"] - a["time"]
         assert a["save_interval_s"] - 0.05 <= gap <= a["save_interval_s"] + 0.3 + 0.5 + 0.2, (a, b)
+
+
+def test_a_resumed_attempt_keeps_its_predecessors_save_cost_and_does_not_save_at_once(tmp_path, monkeypatch):
+    monkeypatch.setenv("ORCH_MTBF_S", "3")
+    args = (*BASE_ARGS, "--save-interval", "auto", "--no-background-save", "--max-steps", "40")
+    assert run_inproc(tmp_path, *args, attempt=1, stop_at=(12, 0)) == protocol.EXIT_PREEMPTED
+    cost = protocol.read_progress(tmp_path, 1)["save_cost_s"]
+    assert run_inproc(tmp_path, *args, attempt=2) == 0
+    beats = protocol.read_progress_history(tmp_path, 2)
+    resumed = beats[0]["resumed_from"]
+    assert beats[0]["save_cost_s"] == cost  # δ carried over from attempt 1's last heartbeat
+    saves = [b["saved_step"] for b in beats if "saved_step" in b]
+    assert resumed + 1 not in saves  # no save at the first step just to measure δ again

@@ -114,6 +114,10 @@ def test_fleet_summary_rates_and_top_causes():
     assert rep["preemptions"] == 1 and rep["preemptions_per_hour"] == pytest.approx(3600 / 3656)
     assert rep["unsignalled_failures"] == 1 and rep["mtbf_unsignalled_s"] == pytest.approx(3656)
     assert rep["top_badput"][0] == {"category": "teardown", "cause": "killed", "seconds": pytest.approx(600)}
+    # waiting is wall time, not held: ranked on its own, never among the badput of held time
+    assert all(c["category"] != "waiting" for c in rep["top_badput"])
+    assert rep["waiting_by_cause"] == [{"cause": "after preempted", "seconds": 10.0},
+                                       {"cause": "queue", "seconds": 5.0}]
     assert rep["gpu_seconds"] is None  # job b's GPU count is unknown
     assert rep["goodput"] == pytest.approx((28.4 + 3000) / 3656)
 
