@@ -123,7 +123,9 @@ def save_stall(runs: list[Run], save_interval: int, t_step: float) -> float:
     """Training-visible cost of one periodic save: the step after a save boundary − the median step."""
     dts = [b[1] - a[1] for r in runs for a, b in zip(r.steps, r.steps[1:], strict=False)
            if a[0] % save_interval == 0 and b[0] == a[0] + 1]
-    return max(0.0, statistics.median(dts) - t_step) if dts else 0.0
+    # Floored at 0.1 ms (below what a step timer resolves): a background save can show no visible cost, and a
+    # cost of 0 gives Daly's interval 0, which the simulation divides by (ZeroDivisionError under load, seen once).
+    return max(1e-4, statistics.median(dts) - t_step) if dts else 1e-4
 
 
 def checkpoint_mb(run_dir: Path) -> float:
