@@ -19,6 +19,7 @@ The evidence is the job table itself (``attempts.nodes`` + class + end time); on
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import re
 import sys
@@ -30,7 +31,7 @@ from typing import TYPE_CHECKING, Any
 from orchestrator.protocol import FailureClass
 
 if TYPE_CHECKING:
-    from orchestrator.backends.base import Backend, Resources
+    from orchestrator.backends.base import Backend, Resources, SubmitSpec
     from orchestrator.config import Config
     from orchestrator.db import Database
 
@@ -265,6 +266,12 @@ def exclusion_for(db: Database, cfg: Config, backend: Backend, resources: Resour
     if warning:
         print(f"orch: warning: {warning}", file=sys.stderr)
     return tuple(exclude)
+
+
+def with_exclusion(db: Database, cfg: Config, backend: Backend, spec: SubmitSpec) -> SubmitSpec:
+    """``spec`` with the nodes it must avoid (unchanged where nothing is excluded)."""
+    exclude = exclusion_for(db, cfg, backend, spec.resources)
+    return dataclasses.replace(spec, exclude_nodes=exclude) if exclude else spec
 
 
 def _now() -> datetime:

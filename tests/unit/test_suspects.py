@@ -122,3 +122,91 @@ def test_no_exclusion_when_fewer_than_the_jobs_nodes_would_remain():
 def test_no_exclusion_when_the_partitions_nodes_are_unknown():
     ex, warning = choose_exclusion({"gpu01"}, None, needed=1)
     assert ex == [] and "cannot" in warning
+
+
+# ------------------------------------------------------------------------------------------
+# through the services: evidence from the attempts table, --exclude in the submission, clears
+# ------------------------------------------------------------------------------------------
+def _node_scheduler(monkeypatch, usable, exclusion=True):  # noqa: ANN001, ANN202
+    """The shared fake, reporting the node list as sacct's NodeList does (no exit record: a node that died
+    takes the wrapper with it), able to exclude nodes, with ``usable`` as the partition's nodes."""
+    import dataclasses
+
+    from orchkit import fake_scheduler, use_backend
+
+    from orchestrator.backends.base import Capabilities
+
+    s = fake_scheduler("fakeslurm")
+    s.capabilities = Capabilities(node_exclusion=exclusion)
+    s.specs = []
+    s.usable_nodes = lambda _resources: usable
+    plain_submit, plain_poll = s.submit, s.poll
+    s.submit = lambda spec: (s.specs.append(spec), plain_submit(spec))[1]
+    s.poll = lambda refs: {t: dataclasses.replace(o, nodes="gpu[01-02]") for t, o in plain_poll(refs).items()}
+    use_backend(monkeypatch, s)
+    return s
+
+
+def _three_jobs_crash(db, cfg, sched) -> None:  # noqa: ANN001
+    from orchestrator.reconcile import reconcile_pass
+    from orchestrator.submit import SubmitRequest, submit
+
+    for n in ("a", "b", "c"):
+        submit(db, cfg, SubmitRequest(name=n, command=["true"], backend="fakeslurm"))
+    sched.ended.update(a=1, b=1, c=1)
+    reconcile_pass(db, cfg, backend_for=lambda _n: sched)
+
+
+def _submit_d(db, cfg, sched, **kw):  # noqa: ANN001, ANN202
+    from orchestrator.submit import SubmitRequest, submit
+
+    submit(db, cfg, SubmitRequest(name="d", command=["true"], backend="fakeslurm", **kw))
+    return next(sp for sp in sched.specs if sp.job == "d").exclude_nodes
+
+
+def test_a_node_list_from_the_scheduler_is_recorded_when_no_exit_record_says_where(db, cfg, monkeypatch):
+    from orchestrator.jobs import get_job
+
+    sched = _node_scheduler(monkeypatch, frozenset({"gpu01", "gpu02", "gpu03"}))
+    _three_jobs_crash(db, cfg, sched)
+    with db.read() as s:
+        a = get_job(s, "a").attempts[0]
+        assert (a.failure_class, a.nodes) == (F.CRASH, "gpu[01-02]")
+
+
+def test_new_attempts_exclude_the_suspects_and_a_clear_ends_it(db, cfg, monkeypatch):
+    from orchestrator.errors import UsageError
+    from orchestrator.models import NodeClear
+    from orchestrator.suspects import clear, current_suspects
+
+    sched = _node_scheduler(monkeypatch, frozenset({"gpu01", "gpu02", "gpu03"}))
+    _three_jobs_crash(db, cfg, sched)
+    assert set(current_suspects(db, cfg, "fakeslurm")) == {"gpu01", "gpu02"}
+    assert _submit_d(db, cfg, sched) == ("gpu01", "gpu02")
+    for bad in ("gpu03", "gpu01;rm", ""):  # not a suspect / not a node name: refused, nothing written
+        with pytest.raises(UsageError, match="--clear"):
+            clear(db, cfg, "fakeslurm", bad)
+    with db.read() as s:
+        assert s.query(NodeClear).count() == 0
+    clear(db, cfg, "fakeslurm", "gpu01")
+    assert set(current_suspects(db, cfg, "fakeslurm")) == {"gpu02"}
+
+
+def test_a_job_is_never_left_without_enough_nodes(db, cfg, monkeypatch, capfd):
+    sched = _node_scheduler(monkeypatch, frozenset({"gpu01", "gpu02"}))  # both nodes are suspects
+    _three_jobs_crash(db, cfg, sched)
+    assert _submit_d(db, cfg, sched) == ()
+    assert "not excluding suspect node(s) gpu01,gpu02: the partition has 2 nodes" in capfd.readouterr().err
+
+
+def test_a_backend_that_cannot_exclude_nodes_is_never_asked_to(db, cfg, monkeypatch):
+    sched = _node_scheduler(monkeypatch, frozenset({"gpu01", "gpu02", "gpu03"}), exclusion=False)
+    _three_jobs_crash(db, cfg, sched)
+    assert _submit_d(db, cfg, sched) == ()
+
+
+def test_k_zero_in_orch_toml_turns_exclusion_off(db, cfg, monkeypatch):
+    sched = _node_scheduler(monkeypatch, frozenset({"gpu01", "gpu02", "gpu03"}))
+    _three_jobs_crash(db, cfg, sched)
+    cfg.suspect_failures = 0
+    assert _submit_d(db, cfg, sched) == ()
