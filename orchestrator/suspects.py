@@ -254,6 +254,35 @@ def clear(db: Database, cfg: Config, backend: str, node: str) -> Suspect:
     return suspect
 
 
+def node_backends() -> list[str]:
+    """The backends that can exclude nodes (asked by capability, never by name)."""
+    from orchestrator.backends import BACKENDS, get_backend
+
+    return [b for b in BACKENDS if get_backend(b).capabilities.node_exclusion]
+
+
+def all_suspects(db: Database, cfg: Config) -> list[dict[str, Any]]:
+    """Every excluded node of every backend that can exclude nodes, with its evidence (``orch nodes``)."""
+    rows = []
+    for b in node_backends():
+        rows += [dict(s.as_dict(), backend=b) for _, s in sorted(current_suspects(db, cfg, b).items())]
+    return rows
+
+
+def clear_anywhere(db: Database, cfg: Config, node: str) -> None:
+    """``orch nodes --clear``: end ``node``'s exclusion on the backend that excludes it. UsageError (nothing
+    written) when no backend does."""
+    from orchestrator.errors import UsageError
+
+    if not NODE_NAME_RE.match(node or ""):
+        raise UsageError(f"--clear {node!r}: not a node name")
+    for b in node_backends():
+        if node in current_suspects(db, cfg, b):
+            clear(db, cfg, b, node)
+            return
+    raise UsageError(f"--clear {node}: not an excluded node (orch nodes lists them)")
+
+
 def exclusion_for(db: Database, cfg: Config, backend: Backend, resources: Resources) -> tuple[str, ...]:
     """The nodes a new attempt with ``resources`` should exclude on ``backend`` (empty where the backend
     cannot exclude nodes, the rule is off, or excluding would leave the job unschedulable)."""

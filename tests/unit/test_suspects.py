@@ -210,3 +210,53 @@ def test_k_zero_in_orch_toml_turns_exclusion_off(db, cfg, monkeypatch):
     _three_jobs_crash(db, cfg, sched)
     cfg.suspect_failures = 0
     assert _submit_d(db, cfg, sched) == ()
+
+
+# ------------------------------------------------------------------------------------------
+# orch nodes
+# ------------------------------------------------------------------------------------------
+def _home_with_suspects(orch, monkeypatch) -> None:  # noqa: ANN001
+    """Three jobs crashed on gpu[01-02] under a fake named slurm, in the CLI's own ORCH_HOME."""
+    from orchestrator.config import load_config
+    from orchestrator.db import Database
+    from orchestrator.reconcile import reconcile_pass
+    from orchestrator.submit import SubmitRequest, submit
+
+    sched = _node_scheduler(monkeypatch, frozenset({"gpu01", "gpu02", "gpu03"}))
+    sched.name = "slurm"
+    cfg = load_config(orch.home)
+    db = Database(cfg)
+    for n in ("a", "b", "c"):
+        submit(db, cfg, SubmitRequest(name=n, command=["true"], backend="slurm"))
+    sched.ended.update(a=1, b=1, c=1)
+    reconcile_pass(db, cfg, backend_for=lambda _n: sched)
+    db.engine.dispose()
+
+
+def test_orch_nodes_lists_suspects_with_their_evidence_and_clear_ends_one(orch, monkeypatch):
+    import json
+    import sqlite3
+
+    _home_with_suspects(orch, monkeypatch)
+    rows = json.loads(orch.cli("nodes", "--json").stdout)
+    assert [r["node"] for r in rows] == ["gpu01", "gpu02"]
+    assert rows[0]["jobs"] == ["a", "b", "c"] and rows[0]["backend"] == "slurm"
+    assert {(e["job"], e["attempt"], e["class"]) for e in rows[0]["evidence"]} == {
+        ("a", 1, "crash"), ("b", 1, "crash"), ("c", 1, "crash")}
+    text = orch.cli("nodes").stdout
+    assert "gpu01" in text and "a,b,c" in text and "crash" in text
+    for bad, msg in (("gpu09", "orch: --clear gpu09: not an excluded node (orch nodes lists them)\n"),
+                     ("gpu01;x", "orch: --clear 'gpu01;x': not a node name\n")):
+        p = orch.cli("nodes", "--clear", bad)
+        assert (p.returncode, p.stderr) == (2, msg)
+    with sqlite3.connect(orch.home / "orch.db") as c:
+        assert c.execute("SELECT count(*) FROM node_clears").fetchone()[0] == 0
+    p = orch.cli("nodes", "--clear", "gpu01")
+    assert (p.returncode, p.stdout) == (0, "cleared gpu01 (its exclusion ends now)\n")
+    assert [r["node"] for r in json.loads(orch.cli("nodes", "--json").stdout)] == ["gpu02"]
+
+
+def test_orch_nodes_with_no_suspects_says_so(orch):
+    p = orch.cli("nodes")
+    assert (p.returncode, p.stdout) == (0, "no suspect nodes\n")
+    assert orch.cli("nodes", "--json").stdout.strip() == "[]"
