@@ -23,7 +23,7 @@ def _spec(tmp_path: Path, **kw) -> SubmitSpec:  # noqa: ANN003
 
 def test_sacct_nodelist_is_the_outcomes_node_list_and_none_assigned_is_none():
     text = ("7|orch-a|NODE_FAIL|0:0|3|None|7|gpu[01-02]\n"
-            "8|orch-b|PENDING|0:0|4|Priority|8|None assigned\n"
+            "8|orch-b|CANCELLED by 0|0:0|4|None|8|None assigned\n"  # cancelled while pending
             "9|orch-c|FAILED|1:0|5|None|9\n")  # a line from before NodeList was asked
     recs = st.parse_sacct(text)
     assert st.outcome_from_records(recs["7"]).nodes == "gpu[01-02]"
@@ -73,7 +73,7 @@ def test_an_array_excludes_too(monkeypatch, tmp_path):
     assert "--exclude=gpu02" in calls[0]
 
 
-SINFO = ("gpu01|gpu*|idle\ngpu02|gpu*|mix\ngpu03|gpu*|drain\ngpu04|gpu*|down*\ngpu05|gpu*|alloc\n"
+SINFO = ("gpu01|gpu*|idle\ngpu02|gpu*|mix\ngpu03|gpu*|drain\ngpu04|gpu*|down*\ngpu05|gpu*|alloc\ngpu06|gpu*|idle*\n"
          "cpu01|cpu|idle\ngpu01|debug|idle\n")
 
 

@@ -192,6 +192,21 @@ def test_new_attempts_exclude_the_suspects_and_a_clear_ends_it(db, cfg, monkeypa
     assert set(current_suspects(db, cfg, "fakeslurm")) == {"gpu02"}
 
 
+def test_a_sweeps_group_submission_excludes_the_suspects_too(db, cfg, monkeypatch):
+    import dataclasses
+
+    from orchestrator.sweep import SweepRequest, submit_sweep
+
+    sched = _node_scheduler(monkeypatch, frozenset({"gpu01", "gpu02", "gpu03"}))
+    _three_jobs_crash(db, cfg, sched)
+    sched.capabilities = dataclasses.replace(sched.capabilities, group_queue=True)  # launch_group's path
+    monkeypatch.setattr("orchestrator.sweep.get_backend", lambda _name: sched)
+    submit_sweep(db, cfg, SweepRequest(name="sw", command=["echo", "{x}"], params=[{"x": 1}, {"x": 2}],
+                                       backend="fakeslurm"))
+    tasks = [sp for sp in sched.specs if sp.job.startswith("sw")]
+    assert len(tasks) == 2 and {sp.exclude_nodes for sp in tasks} == {("gpu01", "gpu02")}
+
+
 def test_a_job_is_never_left_without_enough_nodes(db, cfg, monkeypatch, capfd):
     sched = _node_scheduler(monkeypatch, frozenset({"gpu01", "gpu02"}))  # both nodes are suspects
     _three_jobs_crash(db, cfg, sched)
@@ -257,6 +272,8 @@ def test_orch_nodes_lists_suspects_with_their_evidence_and_clear_ends_one(orch, 
 
 
 def test_orch_nodes_with_no_suspects_says_so(orch):
+    p = orch.cli("nodes", "--clear", "a b")  # refused before ORCH_HOME or the DB is created
+    assert (p.returncode, p.stderr, orch.home.exists()) == (2, "orch: --clear 'a b': not a node name\n", False)
     p = orch.cli("nodes")
     assert (p.returncode, p.stdout) == (0, "no suspect nodes\n")
     assert orch.cli("nodes", "--json").stdout.strip() == "[]"

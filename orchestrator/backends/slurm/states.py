@@ -267,8 +267,8 @@ def combine(sacct_outcome: Outcome | None, live: tuple[str, str, str] | None, *,
     return sacct_outcome
 
 
-# sinfo's short states (%t) in which a node can take a job; a trailing flag (*: not responding, ~: powered
-# off, #: powering up, !, %, $, @, ^, -) is read as the base state, except '*', which means unreachable.
+# sinfo's short states (%t) in which a node can take a job; a trailing flag (~: powered off, #: powering up,
+# !, %, $, @, ^, -) is read as the base state, except '*' (not responding), which is kept and so never matches.
 USABLE_NODE_STATES = frozenset({"idle", "mix", "alloc", "comp"})
 
 
@@ -284,7 +284,7 @@ def usable_nodes(text: str, partition: str | None) -> frozenset[str]:
         default = part.endswith("*")
         if (part.rstrip("*") != partition) if partition is not None else not default:
             continue
-        if state.endswith("*") or state.rstrip("~#!%$@^-") not in USABLE_NODE_STATES:
+        if state.rstrip("~#!%$@^-") not in USABLE_NODE_STATES:  # "idle*" (not responding) stays unusable
             continue
         out.add(node)
     return frozenset(out)
