@@ -58,6 +58,9 @@ class Config:
     keep_last_k: int = _d("policy.keep_last_k")
     input_missing_attempts: int = _d("policy.input_missing_attempts")
     no_progress_attempts: int = _d("policy.no_progress_attempts")
+    suspect_failures: int = _d("nodes.suspect_failures")
+    suspect_window_s: float = _d("nodes.suspect_window_s")
+    exclusion_s: float = _d("nodes.exclusion_s")
     lease_ttl_s: float = _d("reconcile.lease_ttl_s")
     busy_timeout_ms: int = _d("reconcile.busy_timeout_ms")
     group_shared: bool = False  # run dirs 0750 / files 0640 instead of 0700 / 0600

@@ -63,6 +63,7 @@ from orchestrator.protocol import ENV_SWEEP, ENV_SWEEP_PARAMS, ENV_TASK_INDEX, F
 from orchestrator.resources import resources_dict, resources_of
 from orchestrator.resumestate import SET_ASIDE_KEY, TRASHED_KEY, keep_globs
 from orchestrator.rundir import check_run_dir
+from orchestrator.suspects import exclusion_for, with_exclusion
 from orchestrator.trash import empty_trash, leftovers_why, move_to_trash
 
 A, J = AttemptState, JobState
@@ -267,7 +268,7 @@ def launch(db: Database, cfg: Config, name: str, backend: Backend | None = None,
         return Launched(moved=r.moved, outcome=lost)
     testhooks.site("fence_checked")
     try:
-        external_id = backend.submit(r.spec)
+        external_id = backend.submit(with_exclusion(db, cfg, backend, r.spec))
 
     except (BackendError, OSError) as e:
         _submission_failed(db, cfg, [r], e)
@@ -328,7 +329,9 @@ def launch_group(db: Database, cfg: Config, names: list[str], backend: Backend, 
         batch = new_batch_token()
         members = [r for r in members if _mark_batch(db, r.attempt_id, batch)]
         try:
-            ids = backend.submit_group([r.spec for r in members], batch, throttle)
+            exclude = exclusion_for(db, cfg, backend, members[0].spec.resources) if members else ()
+            ids = backend.submit_group([dataclasses.replace(r.spec, exclude_nodes=exclude) for r in members],
+                                       batch, throttle)
         except (BackendError, OSError) as e:
             try:
                 _submission_failed(db, cfg, members, e)

@@ -28,7 +28,7 @@ NAMING = {
     "pk": "pk_%(table_name)s",
 }
 
-__all__ = ["Base", "Environment", "Sweep", "Job", "Attempt", "Event", "Lease", "PassStats", "utcnow"]
+__all__ = ["Base", "Environment", "Sweep", "Job", "Attempt", "Event", "Lease", "PassStats", "NodeClear", "utcnow"]
 
 
 def _enum(cls: type, length: int) -> Enum:
@@ -198,3 +198,15 @@ class PassStats(Base):
     query_failures: Mapped[int] = mapped_column(default=0)  # scheduler queries of the last pass that failed
     passes_total: Mapped[int] = mapped_column(default=0)
     query_failures_total: Mapped[int] = mapped_column(default=0)
+
+
+class NodeClear(Base):
+    """``orch nodes --clear NAME``: the failures on ``node`` that ended before ``cleared_at`` no longer count
+    (issue 20, orchestrator/suspects.py; the evidence itself is the attempts table)."""
+
+    __tablename__ = "node_clears"
+
+    id: Mapped[int] = mapped_column(primary_key=True)
+    node: Mapped[str] = mapped_column(String(128), index=True)
+    backend: Mapped[str] = mapped_column(String(16))
+    cleared_at: Mapped[datetime]

@@ -315,6 +315,8 @@ def finish(db: Database, cfg: Config, attempt_id: int, ev: Evidence | None, rep:
             common["backend_state"] = out.backend_state[:64]
         if ev.exit_record is not None:  # where it ran (issue 19): the wrapper's record of its last run
             common["world_size"], common["nodes"] = ev.exit_record.world_size, ev.exit_record.nodes
+        if not common.get("nodes") and out.nodes:  # no exit record (a node that failed took the wrapper with
+            common["nodes"] = out.nodes  # it): the scheduler's node list, so suspect nodes see it (issue 20)
     if ev is not None and ev.verification.verified:
         with db.write() as s:
             a, job = s.get(Attempt, attempt_id), s.get(Job, job.id)

@@ -69,6 +69,14 @@ NUMERIC: tuple[Setting, ...] = (
     _s("policy", "no_progress_attempts", int, 0, 1000, 3,
        "the job's own failures (timeout, crash, hang, oom, killed) without a newer checkpoint on this many "
        "consecutive attempts end it as no_progress; 0 turns the guard off"),
+    # Suspect nodes (issue 20, orchestrator/suspects.py): on backends that can exclude nodes (Slurm).
+    _s("nodes", "suspect_failures", int, 0, 1000, 3,
+       "a node on which this many different jobs failed (crash, node_fail, hang, killed) within "
+       "nodes.suspect_window_s is excluded from new attempts; 0 turns suspect nodes off"),
+    _s("nodes", "suspect_window_s", float, 1, MAX_NUMBER, 21600.0,
+       "the window (seconds) in which those failures must fall"),
+    _s("nodes", "exclusion_s", float, 0, MAX_NUMBER, 43200.0,
+       "how long (seconds) a suspect node stays excluded after the failure that made it one"),
     _s("reconcile", "lease_ttl_s", float, 0, MAX_NUMBER, 120.0, "how long a reconcile pass's lease lasts"),
     _s("reconcile", "busy_timeout_ms", int, 0, MAX_NUMBER, 30000, "how long a DB access waits for a lock"),
 )
@@ -81,6 +89,7 @@ KNOWN_KEYS: dict[str, frozenset[str]] = {
     "reconcile": frozenset(s.key for s in NUMERIC if s.table == "reconcile"),
     "metrics": frozenset({"textfile_dir"}),
     "spot": frozenset({"notice", "url", "interval_s"}),
+    "nodes": frozenset(s.key for s in NUMERIC if s.table == "nodes"),
 }
 
 

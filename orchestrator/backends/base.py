@@ -91,6 +91,9 @@ class SubmitSpec:
     # SIGTERM -> SIGKILL that torchrun gives the ranks of a multi-rank job (its --shutdown-timeout): orch's stop
     # grace, never torchrun's fixed 30 s. None: ranks.DEFAULT_GRACE_S.
     grace_s: float | None = None
+    # Nodes this attempt must not run on (suspect nodes, orchestrator/suspects.py); only a backend whose
+    # ``Capabilities.node_exclusion`` is set is ever given any.
+    exclude_nodes: tuple[str, ...] = ()
 
     def job_environ(self) -> dict[str, str]:
         """The attempt's process environment before orch's own variables are added."""
@@ -154,6 +157,9 @@ class Outcome:
     reason: str = ""
     restart_count: int = 0  # Slurm in-place requeues of this same attempt
     cause: FailureClass | None = None  # why it ended, when the scheduler knows (preempted, oom, ...)
+    # Where it ran, as the scheduler says (Slurm's NodeList, compressed): the node list of an attempt whose
+    # wrapper left no exit record (a node failure takes the wrapper with it), for suspect nodes (issue 20).
+    nodes: str | None = None
 
 
 class BackendError(RuntimeError):
@@ -192,6 +198,10 @@ class Capabilities:
     extras: frozenset[str] = frozenset()
     # One job may span several nodes (--nodes N > 1: one torchrun per node through the scheduler).
     multi_node: bool = False
+    # The scheduler can keep an attempt off named nodes (``SubmitSpec.exclude_nodes``, Slurm's --exclude) and
+    # list a partition's usable nodes (``usable_nodes``): orch then steers new attempts around suspect nodes
+    # (orchestrator/suspects.py). False: suspects are never computed for it.
+    node_exclusion: bool = False
 
 
 class Backend(ABC):
@@ -236,6 +246,11 @@ class Backend(ABC):
 
     def max_group_size(self) -> int | None:
         """The most tasks one :meth:`submit_group` can take (task indices 0..n-1), None for no limit."""
+        return None
+
+    def usable_nodes(self, resources: Resources) -> frozenset[str] | None:
+        """The nodes a job with ``resources`` could run on now (its partition's, not down or drained); None
+        when they cannot be listed. Asked only with ``Capabilities.node_exclusion`` and a suspect to exclude."""
         return None
 
     def kill(self, refs: Sequence[AttemptRef]) -> None:

@@ -4,7 +4,16 @@ Exit codes: 0 success; 1 unexpected error; 2 usage error; 3 refused; 4 not verif
 """
 
 # Each command module registers its commands on ``main`` when imported.
-from orchestrator.cli import manage, metrics_cmd, plot_cmd, read, submit_cmd, sweep_cmd, watch_cmd  # noqa: F401
+from orchestrator.cli import (  # noqa: F401
+    manage,
+    metrics_cmd,
+    nodes_cmd,
+    plot_cmd,
+    read,
+    submit_cmd,
+    sweep_cmd,
+    watch_cmd,
+)
 from orchestrator.cli.app import EXIT_NOT_VERIFIED, STATES, main
 
 __all__ = ["EXIT_NOT_VERIFIED", "STATES", "main"]

@@ -62,9 +62,10 @@ def test_each_backend_declares_its_capabilities() -> None:
     # Local: orch keeps a sweep's queue, liveness is this host's process table, no backend-specific options.
     assert local == Capabilities(group_queue=False, host_liveness=True, extras=frozenset())
     # Slurm: a sweep is one array that Slurm queues and throttles; liveness is a squeue round trip; a job may
-    # span nodes (one torchrun per node through srun).
+    # span nodes (one torchrun per node through srun); suspect nodes are kept out with --exclude (issue 20).
     assert slurm == Capabilities(group_queue=True, host_liveness=False,
-                                 extras=frozenset({"partition", "account", "extra_sbatch"}), multi_node=True)
+                                 extras=frozenset({"partition", "account", "extra_sbatch"}), multi_node=True,
+                                 node_exclusion=True)
 
 
 def test_a_backend_that_declares_nothing_gets_the_conservative_answers() -> None:

@@ -64,6 +64,9 @@ def test_a_misspelt_class_in_policy_caps_is_refused_naming_it(tmp_path):
     ("[policy]\ncrash_backoff_s = 1e300\n", "<toml>: policy.crash_backoff_s must be a number 0..1e+09, got 1e+300"),
     ("[reconcile]\nbusy_timeout_ms = -5\n", "<toml>: reconcile.busy_timeout_ms must be an integer 0..1e+09, got -5"),
     ("[policy.caps]\nnan = -1\n", "<toml>: policy.caps.nan must be an integer 0..1000000, got -1"),
+    ("[nodes]\nsuspect_failures = -1\n", "<toml>: nodes.suspect_failures must be an integer 0..1000, got -1"),
+    ("[nodes]\nsuspect_window_s = 0\n", "<toml>: nodes.suspect_window_s must be a number 1..1e+09, got 0"),
+    ("[nodes]\nexclusion_s = nan\n", "<toml>: nodes.exclusion_s must be a number 0..1e+09, got nan"),
 ])
 def test_a_value_out_of_the_schemas_bounds_is_refused_naming_the_key(tmp_path, text, message):
     assert _refused(tmp_path, text) == message
@@ -74,6 +77,11 @@ def test_the_new_policy_keys_are_read(tmp_path):
                              "max_attempts = 1000\n")
     assert (cfg.input_missing_attempts, cfg.no_progress_attempts, cfg.backoff_cap_s, cfg.max_attempts) == \
         (5, 0, 60.0, 1000)
+
+
+def test_the_suspect_node_keys_are_read(tmp_path):
+    cfg, _ = _load(tmp_path, "[nodes]\nsuspect_failures = 0\nsuspect_window_s = 60\nexclusion_s = 120\n")
+    assert (cfg.suspect_failures, cfg.suspect_window_s, cfg.exclusion_s) == (0, 60.0, 120.0)
 
 
 def test_defaults_come_from_the_schema(tmp_path):

@@ -92,6 +92,7 @@ from orchestrator.backends.slurm.sbatch import (
     batch_script,
     check_env,
     clean_submit_env,
+    exclude_options,
     job_name_for,
     positive_or_zero,
     resource_options,
@@ -105,7 +106,8 @@ class SlurmBackend(Backend):
     name = "slurm"
     # A sweep is one array that Slurm queues and throttles (%N); liveness is a squeue round trip.
     capabilities = Capabilities(group_queue=True, host_liveness=False,
-                                extras=frozenset({"partition", "account", "extra_sbatch"}), multi_node=True)
+                                extras=frozenset({"partition", "account", "extra_sbatch"}), multi_node=True,
+                                node_exclusion=True)
 
     def __init__(self, *, python: str | None = None, query_timeout_s: float | None = None) -> None:
         # The interpreter that runs orch's wrapper on the compute node: the same venv path by
@@ -132,7 +134,7 @@ class SlurmBackend(Backend):
             f"--chdir={_check_path('run dir', spec.run_dir)}",
             f"--signal=B:{WARNING_SIGNAL}@{warning_lead_s(r.time_s)}",
         ]
-        argv += resource_options(r)
+        argv += resource_options(r) + exclude_options(spec.exclude_nodes, r)
         argv.append(_check_path("batch script", script))
         return argv
 
@@ -203,6 +205,7 @@ class SlurmBackend(Backend):
             f"--signal=B:{WARNING_SIGNAL}@{warning_lead_s(first.resources.time_s)}",
             f"--array={','.join(map(str, indices))}" + (f"%{_positive('throttle', throttle)}" if throttle else ""),
             *resource_options(first.resources),
+            *exclude_options(first.exclude_nodes, first.resources),
             _check_path("batch script", script),
         ]
         batch_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
@@ -230,6 +233,18 @@ class SlurmBackend(Backend):
             return None
         m = re.search(r"^MaxArraySize\s*=\s*(\d+)\s*$", p.stdout if p.returncode == 0 else "", re.MULTILINE)
         return int(m.group(1)) if m else None
+
+    def usable_nodes(self, resources: Resources) -> frozenset[str] | None:
+        """The nodes of the job's partition (the default one, marked ``*``, when it names none) that can run a
+        job: idle, mixed, allocated or completing, not down, drained or reserved. One ``sinfo -N`` call; None
+        when sinfo fails (then suspect nodes are not excluded: never unschedulable, orchestrator/suspects.py)."""
+        try:
+            p = _run(["sinfo", "-h", "-N", "-o", "%N|%P|%t"], self.query_timeout_s)
+        except (OSError, subprocess.TimeoutExpired):
+            return None
+        if p.returncode != 0:
+            return None
+        return slurm_states.usable_nodes(p.stdout, resources.extra("partition"))
 
     # ------------------------------------------------------------------------------------------
     def _squeue(self, ids: Sequence[str]) -> dict[str, tuple[str, str, str]] | None:

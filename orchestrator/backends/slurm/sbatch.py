@@ -193,6 +193,22 @@ def positive_or_zero(what: str, value: object) -> int:
     return value
 
 
+# The user's own node choice in --sbatch-arg; orch then adds no --exclude (sbatch keeps only the last one).
+_NODE_CHOICE_OPTIONS = ("exclude", "nodelist")
+
+
+def exclude_options(exclude: Sequence[str], r: Resources) -> list[str]:
+    """``--exclude=`` for suspect nodes (orchestrator/suspects.py), every name validated; nothing when the job's
+    own --sbatch-arg chooses nodes (--exclude/--nodelist, or a getopt prefix of one): the user's choice wins."""
+    if not exclude:
+        return []
+    for arg in r.extra("extra_sbatch", ()):
+        opt = str(arg)[2:].split("=", 1)[0].lower()
+        if opt and any(full.startswith(opt) for full in _NODE_CHOICE_OPTIONS):
+            return []
+    return ["--exclude=" + ",".join(_check_value("node name", n, _WORD_RE) for n in exclude)]
+
+
 def resource_options(r: Resources) -> list[str]:
     """sbatch options for the resources (every value validated)."""
     argv = []

@@ -103,11 +103,15 @@ class SacctRecord:
     signal: int | None
     db_index: int
     reason: str = ""
+    nodes: str | None = None  # NodeList (compressed); None for "None assigned" (never started)
 
 
-# JobID comes last: for array tasks it is "<array id>_<task>" (JobIDRaw is a per-task number that
-# orch never learns); for plain jobs it equals JobIDRaw. Lines without it parse as plain jobs.
-SACCT_FIELDS = ("JobIDRaw", "JobName", "State", "ExitCode", "DBIndex", "Reason", "JobID")
+# JobID: for array tasks it is "<array id>_<task>" (JobIDRaw is a per-task number that orch never learns);
+# for plain jobs it equals JobIDRaw. Lines without it parse as plain jobs. NodeList comes last: where the run
+# was (issue 20's suspect nodes need it for an attempt whose wrapper left no exit record). Parsed by position.
+SACCT_FIELDS = ("JobIDRaw", "JobName", "State", "ExitCode", "DBIndex", "Reason", "JobID", "NodeList")
+_MIN_SACCT_FIELDS = 6  # JobIDRaw..Reason: JobID and NodeList may be missing
+_NO_NODES = ("", "None assigned", "None")
 _ARRAY_TASK_RE = re.compile(r"^(\d+)_(\d+)$")
 _ARRAY_PENDING_RE = re.compile(r"^(\d+)_\[([0-9,\-:%]+)\]$")
 MAX_EXPANDED_TASKS = 100_000
@@ -148,17 +152,19 @@ def parse_sacct(text: str) -> dict[str, list[SacctRecord]]:
     out: dict[str, list[tuple[int, int, SacctRecord]]] = {}
     for n, line in enumerate(text.splitlines()):
         parts = line.split("|")
-        if len(parts) < len(SACCT_FIELDS) - 1:
+        if len(parts) < _MIN_SACCT_FIELDS:
             continue
         raw, name, state, exit_field, dbi, reason = (x.strip() for x in parts[:6])
         keys = record_keys(raw, parts[6].strip() if len(parts) > 6 else raw)
+        nodes = parts[7].strip() if len(parts) > 7 else ""
         try:
             db_index = int(dbi)
         except ValueError:
             db_index = -1
         code, sig = parse_exit_code(exit_field)
         for key in keys:
-            rec = SacctRecord(key, name, normalize_state(state), code, sig, db_index, reason)
+            rec = SacctRecord(key, name, normalize_state(state), code, sig, db_index, reason,
+                              None if nodes in _NO_NODES else nodes)
             out.setdefault(key, []).append((db_index, n, rec))
     return {k: [r for _, _, r in sorted(v, key=lambda t: (t[0], t[1]))] for k, v in out.items()}
 
@@ -214,7 +220,7 @@ def outcome_from_records(records: Iterable[SacctRecord], *, over_memory_line: st
         state = OOM_STATE
         reason = over_memory_line.strip()[:300]
     return Outcome(Phase.EXITED, exit_code=newest.exit_code, signal=newest.signal, backend_state=state,
-                   reason=reason, restart_count=restarts, cause=STATE_CAUSE.get(state))
+                   reason=reason, restart_count=restarts, cause=STATE_CAUSE.get(state), nodes=newest.nodes)
 
 
 def _reason(rec: SacctRecord) -> str:
@@ -259,3 +265,26 @@ def combine(sacct_outcome: Outcome | None, live: tuple[str, str, str] | None, *,
                        restart_count=sacct_outcome.restart_count,
                        reason=f"sacct says {sacct_outcome.backend_state}; squeue could not confirm it")
     return sacct_outcome
+
+
+# sinfo's short states (%t) in which a node can take a job; a trailing flag (~: powered off, #: powering up,
+# !, %, $, @, ^, -) is read as the base state, except '*' (not responding), which is kept and so never matches.
+USABLE_NODE_STATES = frozenset({"idle", "mix", "alloc", "comp"})
+
+
+def usable_nodes(text: str, partition: str | None) -> frozenset[str]:
+    """``sinfo -h -N -o '%N|%P|%t'`` -> the nodes of ``partition`` (None: the default one, ``gpu*``) whose
+    state can run a job."""
+    out = set()
+    for line in text.splitlines():
+        parts = [x.strip() for x in line.split("|")]
+        if len(parts) != 3:
+            continue
+        node, part, state = parts
+        default = part.endswith("*")
+        if (part.rstrip("*") != partition) if partition is not None else not default:
+            continue
+        if state.rstrip("~#!%$@^-") not in USABLE_NODE_STATES:  # "idle*" (not responding) stays unusable
+            continue
+        out.add(node)
+    return frozenset(out)

@@ -1,0 +1,79 @@
+"""Suspect nodes (issue 20) on the real dev cluster: one node, ``vm``, in every partition.
+
+* ``--exclude`` reaches sbatch: sbatch refuses a job that excludes ``vm`` outright (no node left: a permanent
+  refusal, what orch must never cause), and the same argv held shows ``ExcNodeList=vm`` in ``scontrol show job``.
+* After three different jobs crashed on ``vm``, ``orch nodes`` names it with its evidence, and a new job is
+  still submitted without an exclusion (the partition's only node), runs, and is verified; the warning says why.
+"""
+
+from __future__ import annotations
+
+import re
+
+from slurmkit import SlurmKit, node_idle, run
+
+
+def _scontrol(job_id: str) -> str:
+    p = run("scontrol", "show", "job", job_id)
+    assert p.returncode == 0, p.stderr
+    return p.stdout
+
+
+def test_exclude_nodes_reach_sbatch_and_excluding_the_only_node_is_refused_for_good(slurm: SlurmKit) -> None:
+    import dataclasses
+
+    import pytest
+
+    from orchestrator.backends.slurm.sbatch import SlurmSubmitRefused
+
+    spec = dataclasses.replace(slurm.spec("excl", ["true"]), exclude_nodes=("vm",))
+    # Measured on 22.05: sbatch refuses a job whose exclusion leaves no node ("Requested node configuration is not
+    # available"), which orch takes as permanent (the job would end invalid): why orch never excludes them all.
+    with pytest.raises(SlurmSubmitRefused, match="Requested node configuration is not available"):
+        slurm.backend.submit(spec)
+    # The same argv, held (a held job is accepted and stays inspectable): the exclusion is in the job.
+    argv = slurm.backend.sbatch_argv(spec, spec.attempt_dir / "slurm" / "job.sbatch")
+    assert "--exclude=vm" in argv
+    script = spec.attempt_dir / "slurm" / "job.sbatch"
+    script.parent.mkdir(parents=True, exist_ok=True)
+    script.write_text("#!/bin/sh\ntrue\n")
+    p = run(*argv[:2], "--hold", *argv[2:])
+    assert p.returncode == 0, p.stderr
+    job_id = p.stdout.strip().split(";")[0]
+    slurm.job_ids.append(job_id)
+    out = _scontrol(job_id)
+    assert re.search(r"\bExcNodeList=vm\b", out), out
+
+
+def test_a_job_whose_only_node_is_suspect_still_runs(orch) -> None:
+    node_idle()
+    orch.write_config("[policy]\nmax_attempts = 1\n")
+    ids: list[str] = []
+    try:
+        for n in ("c1", "c2", "c3"):
+            p = orch("submit", "--backend", "slurm", "--name", n, "--cpus-per-task", "1", "--", "false")
+            assert p.returncode == 0, p.stdout + p.stderr
+        for n in ("c1", "c2", "c3"):
+            assert orch.wait(n, {"failed"}, timeout=180) == "failed"
+            (a,) = orch.show(n)["attempts"]
+            assert (a["failure_class"], a["nodes"]) == ("crash", "vm"), a
+        rows = orch.json("nodes")
+        assert [(r["node"], r["jobs"]) for r in rows] == [("vm", ["c1", "c2", "c3"])], rows
+
+        p = orch("submit", "--backend", "slurm", "--name", "ok", "--cpus-per-task", "1", "--outputs", "o.txt", "--",
+                 "sh", "-c", "echo x > o.txt")
+        assert p.returncode == 0, p.stdout + p.stderr
+        assert "not excluding suspect node(s) vm: the partition has 1 node and the job needs 1" in p.stderr
+        ext = orch.show("ok")["attempts"][0]["external_id"]
+        ids.append(ext)
+        assert re.search(r"\bExcNodeList=\(null\)", _scontrol(ext))
+        assert orch.wait("ok", {"done_marker_verified", "failed"}, timeout=180) == "done_marker_verified"
+
+        p = orch("nodes", "--clear", "vm")
+        assert (p.returncode, p.stdout) == (0, "cleared vm (its exclusion ends now)\n")
+        assert orch.json("nodes") == []
+    finally:
+        for row in orch.json("status"):
+            ids += [a["external_id"] for a in orch.show(row["name"])["attempts"] if a.get("external_id")]
+        if ids:
+            run("scancel", *ids)
