@@ -26,8 +26,8 @@ import pytest
 from slurmkit import SIGNALLED, STATE, SlurmKit, cluster_up, events, node_idle, phases, run
 
 from orchestrator import protocol
-from orchestrator.backends.base import Phase
-from orchestrator.backends.slurm import warning_lead_s
+from orchestrator.backends.base import AttemptRef, Phase
+from orchestrator.backends.slurm import SlurmBackend, warning_lead_s
 from orchestrator.classify import classify
 from orchestrator.protocol import read_exit
 
@@ -124,7 +124,18 @@ def test_e2e_preemption_spot_requeues_in_place_spot_cancel_requeues_by_orch(orch
             "--wrap", "sleep 2")  # needs both cores: preempts both trainers
     assert p.returncode == 0, p.stderr
     slurm_cleanup.append(p.stdout.strip())
-    rows = drive(orch, ["pre-spot", "pre-cancel"], settled, timeout=480, log=log)
+    # What the backend answers for the spot job at every pass (this test also holds the backend-level claims of
+    # the former test_backend_slurm preemption test, issue 18's CI time): never EXITED before the rerun.
+    a = orch.show("pre-spot")["attempts"][0]
+    spot_ref, backend, answers = AttemptRef(ids["pre-spot"], a["token"], spot, 1), SlurmBackend(), []
+
+    def settled_watching(r: dict) -> bool:
+        o = backend.poll([spot_ref]).get(spot_ref.token)
+        if o is not None:
+            answers.append((o.phase.value, o.backend_state, o.restart_count))
+        return settled(r)
+
+    rows = drive(orch, ["pre-spot", "pre-cancel"], settled_watching, timeout=480, log=log)
 
     # spot: requeued in place by Slurm — one orch attempt, same Slurm id, never a failed state
     assert rows["pre-spot"]["state"] == DONE, log
@@ -139,6 +150,11 @@ def test_e2e_preemption_spot_requeues_in_place_spot_cancel_requeues_by_orch(orch
     first_run = json.loads((spot / "attempts" / "1" / "failure.prev-1.json").read_text())
     assert first_run["step"] < steps  # it really was stopped before the end
     assert_lost_at_most_one_step(first_run, resumed_from(spot))
+    assert not [x for x in answers if x[0] == "exited" and x[2] == 0], answers  # no EXITED before the rerun
+    assert any(x[0] in ("pending", "running") and x[2] == 1 for x in answers), answers  # the rerun, seen live
+    assert json.loads((spot / "attempts" / "1" / "exit.prev-1.json").read_text())["returncode"] == 143
+    dup = run("sacct", "-X", "-n", "-P", "--duplicates", "-j", ids["pre-spot"], "-o", "State").stdout.split()
+    assert dup == ["PREEMPTED", "COMPLETED"], dup
 
     # spot-cancel: the Slurm job ends PREEMPTED; orch classifies, requeues, attempt 2 resumes
     assert rows["pre-cancel"]["state"] == DONE, log
@@ -269,6 +285,20 @@ def test_e2e_sacct_failing_changes_no_job_then_everything_reconciles(orch, slurm
                 assert row["state"] in {"running", "submitted"}, (name, row)
             time.sleep(2)
         assert both_finished()
+        # The backend's own answer once the jobs are gone from squeue (the former backend-level outage test):
+        # sacct cannot say how they ended, so UNKNOWN, never EXITED.
+        refs = [AttemptRef(a["external_id"], a["token"], orch.runs / n, a["n"])
+                for n in ("outage-a", "outage-b") for a in orch.show(n)["attempts"][-1:]]
+        t1 = time.time()
+        while run("squeue", "-h", "-j", ",".join(r.external_id for r in refs), "-o", "%i").stdout.strip():
+            assert time.time() - t1 < 60, run("squeue").stdout
+            time.sleep(1)
+        out = SlurmBackend().poll(refs)
+        assert {out[r.token].phase for r in refs} == {Phase.UNKNOWN}, out
+        assert all("sacct failed" in out[r.token].reason for r in refs), out
+        orch("reconcile", check=True)  # and a pass after that still changes nothing
+        for name, row in statuses(orch).items():
+            assert row["state"] in {"running", "submitted"}, (name, row)
     finally:
         p = cluster_up()
         assert p.returncode == 0, p.stdout + p.stderr
