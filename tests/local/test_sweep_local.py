@@ -181,15 +181,21 @@ def test_a_job_cannot_take_a_sweeps_name(orch):
     assert [j["name"] for j in orch.json("status", "--tasks")] == ["grid.0000"]
 
 
-def _waiting_on_flock(pid: int, lock_file: Path) -> bool:
-    """``pid`` is blocked in flock() on ``lock_file`` (a ``->`` line of /proc/locks names the waiter)."""
+def _waiting_on_lock(pid: int, lock_file: Path) -> bool:
+    """``pid`` has ``lock_file`` open: orch's bounded lock wait opens the file, then polls a non-blocking flock
+    (issue 16), so while another process holds it, an open descriptor is the observable sign of the wait (a
+    blocking flock's ``->`` line in /proc/locks never appears: the earlier check waited out the 30 s bound)."""
     try:
-        ino = os.stat(lock_file).st_ino
-    except FileNotFoundError:
+        fds = os.listdir(f"/proc/{pid}/fd")
+    except OSError:
         return False
-    with open("/proc/locks") as f:
-        return any(ln.split()[1] == "->" and ln.split()[5] == str(pid) and ln.split()[6].endswith(f":{ino}")
-                   for ln in f)
+    for fd in fds:
+        try:
+            if os.readlink(f"/proc/{pid}/fd/{fd}") == str(lock_file):
+                return True
+        except OSError:
+            continue
+    return False
 
 
 def test_two_launchers_at_once_never_run_more_tasks_than_the_throttle(orch, tmp_path):
@@ -217,11 +223,14 @@ def test_two_launchers_at_once_never_run_more_tasks_than_the_throttle(orch, tmp_
         second = subprocess.Popen([*cli, "th.0001"], env=orch.env, text=True, stdout=subprocess.PIPE,
                                   stderr=subprocess.PIPE)
         # The second requeue reaches the launch lock and waits there (before the fix it launched at once).
-        wait_for(lambda: second.poll() is not None or _waiting_on_flock(second.pid, orch.home / "sweep-launch.lock"),
+        wait_for(lambda: second.poll() is not None or _waiting_on_lock(second.pid, orch.home / "sweep-launch.lock"),
                  what="the second requeue waiting for the launch lock or done")
+        assert second.poll() is None, second.communicate()
         go.touch()
         assert first.wait(60) == 0, first.communicate()
         assert second.wait(60) == 0, second.communicate()
+        out2 = second.communicate()[0]
+        assert "gave up" not in out2, out2  # it got the lock once the first had launched, and found no room
         assert _tasks_alive("th") == {"0"}, "the throttle let a second task run"
         assert orch.state("th.0001") == "pending"  # queued: the reconciler starts it when th.0000 ends
     finally:
