@@ -5,10 +5,11 @@
 #   deploy/slurm/cluster.sh down     stop slurmd, slurmctld, slurmdbd, MariaDB and munged (state is kept)
 #   deploy/slurm/cluster.sh status   one line per daemon, then sinfo; exit 0 iff the cluster is usable
 #
-# Debian 12 as root, no systemd, no cgroups. Measured facts behind each setting are in
+# Debian 12 as root, no systemd; cgroup v1 memory for task/cgroup. Measured facts behind each setting are in
 # ../shared/notes/slurm-dev-cluster.md and deploy/slurm/README.md. Everything orch's tests rely on:
 #   partitions spot (default, preempted -> requeued in place), spot-cancel (preempted -> cancelled),
-#   prio (preempts both); 2 fake GPUs (gres with File=); OverMemoryKill memory enforcement; sacct.
+#   prio (preempts both); 2 fake GPUs (gres with File=); memory enforced by the job's memory cgroup
+#   (task/cgroup: a kernel OOM kill, sacct OUT_OF_MEMORY, as on real clusters); sacct.
 # State lives under $ORCH_SLURM_STATE (default /var/lib/orch-slurm), config in /etc/slurm.
 set -euo pipefail
 
@@ -142,9 +143,10 @@ SlurmctldPort=6817
 SlurmdPort=6818
 MpiDefault=none
 MailProg=/bin/true
-# No cgroups or systemd in this container: track processes by parentage.
+# No systemd in this container: track processes by parentage. task/cgroup puts each job in a memory
+# cgroup (cgroup.conf: ConstrainRAMSpace), as real clusters do; the kernel OOM-kills a job over it.
 ProctrackType=proctrack/linuxproc
-TaskPlugin=task/none
+TaskPlugin=task/cgroup
 ReturnToService=2
 SwitchType=switch/none
 InactiveLimit=0
@@ -163,11 +165,12 @@ DefMemPerCPU=1000
 PreemptType=preempt/partition_prio
 PreemptMode=REQUEUE
 JobRequeue=1
-# Memory enforcement without cgroups: the accounting poller kills a job over its --mem
-# (sacct then says FAILED 0:9 and the job output says "exceeded memory limit").
+# Memory is enforced by the cgroup (cgroup.conf), not by the accounting poller: slurmctld refuses
+# JobAcctGatherParams=OverMemoryKill together with ConstrainRAMSpace ("two incompatible memory
+# enforcement mechanisms"). The poller's form (sacct FAILED 0:9 + "exceeded memory limit" in the job
+# output, seen here before cgroups) is kept by tests/unit/test_slurm_states.py from its recorded output.
 JobAcctGatherType=jobacct_gather/linux
 JobAcctGatherFrequency=task=2
-JobAcctGatherParams=OverMemoryKill
 AccountingStorageType=accounting_storage/slurmdbd
 AccountingStorageHost=localhost
 AccountingStoreFlags=job_comment
@@ -177,6 +180,18 @@ NodeName=$HOST CPUs=$cpus Sockets=$sockets CoresPerSocket=$cores ThreadsPerCore=
 PartitionName=spot Nodes=$HOST Default=YES PriorityTier=1 PreemptMode=REQUEUE GraceTime=$GRACE_S MaxTime=INFINITE State=UP
 PartitionName=spot-cancel Nodes=$HOST PriorityTier=1 PreemptMode=CANCEL GraceTime=$GRACE_S MaxTime=INFINITE State=UP
 PartitionName=prio Nodes=$HOST PriorityTier=10 PreemptMode=OFF MaxTime=INFINITE State=UP
+EOF
+    # cgroup v1 (this container has it mounted at /sys/fs/cgroup, no systemd): memory only. Cores and
+    # devices are not constrained (2 shared cores; fake GPU files are not devices).
+    write_if_changed "$CONF_DIR/cgroup.conf" 644 <<EOF
+CgroupPlugin=cgroup/v1
+CgroupAutomount=no
+CgroupMountpoint=/sys/fs/cgroup
+ConstrainRAMSpace=yes
+AllowedRAMSpace=100
+ConstrainSwapSpace=no
+ConstrainCores=no
+ConstrainDevices=no
 EOF
     write_if_changed "$CONF_DIR/gres.conf" 644 <<EOF
 NodeName=$HOST Name=gpu File=$STATE/gpu/fakegpu[0-1]

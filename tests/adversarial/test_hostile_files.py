@@ -18,7 +18,7 @@ from __future__ import annotations
 import json
 import os
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from pathlib import Path
 
 import advjob
@@ -32,10 +32,9 @@ from advkit import (
     status_map,
     wait_no_procs,
 )
-from orchkit import Orch, use_backend, wait_for
+from orchkit import Orch, fake_scheduler, use_backend, wait_for
 
 from orchestrator import protocol
-from orchestrator.backends.base import AttemptRef, Backend, Outcome, Phase, SubmitSpec
 from orchestrator.config import load_config
 from orchestrator.db import Database
 from orchestrator.reconcile import reconcile_pass
@@ -104,29 +103,6 @@ def test_fifos_named_like_job_files_never_block_any_pass(orch):
                                   "complete.json", "stop.json")})  # issue 17: the kit's records, read at exit
 
 
-class Scheduler(Backend):
-    """The scheduler boundary, faked: every attempt is running until ``ended``, then exited with its code."""
-
-    name = "local"
-
-    def __init__(self, codes: dict[str, int]) -> None:
-        self.codes, self.tokens, self.ended = codes, {}, False
-
-    def submit(self, spec: SubmitSpec) -> str:
-        self.tokens[spec.job] = spec.token
-        return f"fake-{spec.token}"
-
-    def poll(self, refs: Sequence[AttemptRef]) -> dict[str, Outcome]:
-        return {r.token: Outcome(Phase.EXITED, exit_code=self.codes[r.run_dir.name]) if self.ended
-                else Outcome(Phase.RUNNING) for r in refs}
-
-    def cancel(self, refs: Sequence[AttemptRef]) -> None:
-        pass
-
-    def find_by_token(self, refs: Sequence[AttemptRef]) -> dict[str, str]:
-        return {}
-
-
 def _bounded(fn: Callable[[], object], what: str, timeout: float = 30) -> object:
     """``fn()``, failing the test if it does not return within ``timeout`` (a read that blocks or never
     ends would otherwise hang the whole session instead of failing this test)."""
@@ -165,7 +141,7 @@ def test_out_of_range_json_in_a_job_file_never_stops_the_pass_or_sticks_the_job(
     orch.write_config(CONFIG)
     bad = {f"bad-{kind.replace('_', '-')}": kind for kind in JSON_KINDS}
     codes = {"ok": 0, **{n: 3 if fname in ("run_config.json", "failure.json") else 1 for n in bad}}
-    sched = Scheduler(codes)
+    sched = fake_scheduler()  # every attempt running until sched.ended names its exit code
     use_backend(monkeypatch, sched)
     for k in [k for k in os.environ if k.startswith(("ORCH_", "SLURM_"))]:
         monkeypatch.delenv(k)
@@ -187,7 +163,7 @@ def test_out_of_range_json_in_a_job_file_never_stops_the_pass_or_sticks_the_job(
         ok = orch.runs / "ok"
         (ok / "o.txt").write_text("x\n")
         protocol.write_done_marker(ok, "ok", 1, ["o.txt"])  # what the wrapper does after the ok job's exit 0
-        sched.ended = True
+        sched.ended.update(codes)
         one_pass()
         one_pass()
         rows = {r["name"]: r for r in json.loads(orch.cli("status", "--json").stdout)}

@@ -20,6 +20,7 @@ from pathlib import Path
 import pgkit
 import pytest
 from localkit import db_rows
+from orchkit import wait_for
 from sqlalchemy import create_engine, insert, text
 
 from orchestrator.config import load_config
@@ -34,13 +35,6 @@ def _sessions(url: str, where: str) -> int:
     ((n,),) = pgkit.rows(url, "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() "
                               f"AND pid != pg_backend_pid() AND {where}")
     return n
-
-
-def _wait_for(what: str, cond, timeout: float = 60) -> None:  # noqa: ANN001
-    deadline = time.monotonic() + timeout
-    while not cond():
-        assert time.monotonic() < deadline, f"not seen within {timeout}s: {what}"
-        time.sleep(0.05)
 
 
 def _cli(orch, *args: str, env: dict | None = None) -> subprocess.Popen:  # noqa: ANN001
@@ -80,8 +74,8 @@ def test_two_reconcilers_insert_the_lease_at_once_the_loser_returns_false_and_it
     t = threading.Thread(target=second, daemon=True)
     t.start()
     # The second finds no row (the first's is uncommitted) and its INSERT waits on the primary key.
-    _wait_for("the second reconciler's INSERT waiting on a lock",
-              lambda: _sessions(db_url, "wait_event_type = 'Lock'") == 1)
+    wait_for(lambda: _sessions(db_url, "wait_event_type = 'Lock'") == 1,
+             what="the second reconciler's INSERT waiting on a lock")
     if first_commits:
         conn.commit()
     else:
@@ -115,13 +109,13 @@ def test_a_second_creator_of_a_name_being_created_waits_and_is_refused(orch, tmp
     b = None
     try:
         url = orch.env["ORCH_DB_URL"]
-        _wait_for("the first creator paused inside its write transaction",
-                  lambda: _sessions(url, "state = 'idle in transaction'") == 1)
+        wait_for(lambda: _sessions(url, "state = 'idle in transaction'") == 1,
+                 what="the first creator paused inside its write transaction")
         b = _cli(orch, "submit", "--name", "twin", "--", "true")
         # The second passed the early read check (the first's rows are uncommitted) and now waits for
         # the names lock; without that lock it would go on and insert a second "twin".
-        _wait_for("the second creator waiting on a lock",
-                  lambda: b.poll() is not None or _sessions(url, "wait_event_type = 'Lock'") == 1)
+        wait_for(lambda: b.poll() is not None or _sessions(url, "wait_event_type = 'Lock'") == 1,
+                 what="the second creator waiting on a lock")
         assert b.poll() is None, b.communicate()
         go.touch()
         a_out, a_err = a.communicate(timeout=120)
@@ -176,8 +170,8 @@ def test_reconcile_watch_carries_on_after_the_server_killed_its_idle_connections
                                           "WHERE datname = current_database() AND pid != pg_backend_pid()")
         assert killed >= 1
         orch("submit", "--name", "after", "--outputs", "out.txt", "--", "sh", "-c", "echo x > out.txt", check=True)
-        _wait_for("the watcher finishing the job submitted after the kill",
-                  lambda: watcher.poll() is not None or orch.state("after") == "done_marker_verified")
+        wait_for(lambda: watcher.poll() is not None or orch.state("after") == "done_marker_verified",
+                 what="the watcher finishing the job submitted after the kill")
         assert watcher.poll() is None, watcher.communicate()[1]
     finally:
         watcher.terminate()
@@ -198,8 +192,8 @@ def test_reconcile_watch_carries_on_after_its_connection_died_inside_a_pass(orch
         # The pause site says when it is reached; a sampled 'idle in transaction' also matched a
         # read transaction of an earlier step between two statements (CI flake, stop 16).
         reached = Path(str(go) + ".reached")
-        _wait_for("the watcher inside the transaction recording the success",
-                  lambda: watcher.poll() is not None or reached.exists())
+        wait_for(lambda: watcher.poll() is not None or reached.exists(),
+                 what="the watcher inside the transaction recording the success")
         assert _sessions(db_url, "state = 'idle in transaction'") >= 1
         assert watcher.poll() is None, watcher.communicate()
         ((killed,),) = pgkit.rows(db_url, "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity "
@@ -207,8 +201,8 @@ def test_reconcile_watch_carries_on_after_its_connection_died_inside_a_pass(orch
         assert killed >= 1
         assert orch.state("cut") == "submitted" or orch.state("cut") == "running"  # nothing committed
         go.touch()
-        _wait_for("the next pass recording the success",
-                  lambda: watcher.poll() is not None or orch.state("cut") == "done_marker_verified")
+        wait_for(lambda: watcher.poll() is not None or orch.state("cut") == "done_marker_verified",
+                 what="the next pass recording the success")
         assert watcher.poll() is None, watcher.communicate()
     finally:
         watcher.terminate()

@@ -9,12 +9,11 @@ from __future__ import annotations
 import json
 import os
 import sys
-import time
 
 import pytest
 from fakemeta import FakeMetadata
 from localkit import DONE, RETRYABLE, wrapper_record
-from orchkit import wait_for_file
+from orchkit import wait_for, wait_for_file
 
 from orchestrator import protocol
 
@@ -55,14 +54,6 @@ def submit(orch, name: str, *flags: str) -> None:  # noqa: ANN001
     orch("submit", "--name", name, "--outputs", "result/*", *flags, "--", sys.executable, "-c", PROGRAM, check=True)
 
 
-def wait_until(cond, timeout: float = 30, what: str = "") -> None:  # noqa: ANN001
-    deadline = time.monotonic() + timeout
-    while not cond():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"not within {timeout}s: {what}")
-        time.sleep(0.05)
-
-
 def exit_record(run_dir, n: int = 1) -> dict:  # noqa: ANN001
     p = protocol.attempt_dir(run_dir, n) / protocol.EXIT_FILE
     wait_for_file(p, 60)
@@ -77,7 +68,7 @@ def test_a_spot_notice_stops_the_job_within_an_interval_and_it_is_requeued_and_v
         submit(orch, "spot", *(["--spot-notice", provider] if how == "flag" else []))
         run = orch.runs / "spot"
         rec = wrapper_record(run)
-        wait_until(lambda: len(md.polls("quiet")) >= 2, what="two polls answered 'no notice'")
+        wait_for(lambda: len(md.polls("quiet")) >= 2, what="two polls answered 'no notice'")
         assert os.path.exists(f"/proc/{rec['child_pid']}")  # "no notice" stopped nothing
 
         notice_at = md.set("notice")
@@ -113,7 +104,7 @@ def test_garbage_answers_never_stop_the_job_or_the_wrapper_and_a_later_notice_st
         for mode in ("html", "500", "huge", "hang", "quiet"):
             md.set(mode)
             n = len(md.polls(mode))
-            wait_until(lambda n=n, mode=mode: len(md.polls(mode)) >= n + 2, what=f"two polls while {mode}")
+            wait_for(lambda n=n, mode=mode: len(md.polls(mode)) >= n + 2, what=f"two polls while {mode}")
             assert os.path.exists(f"/proc/{rec['child_pid']}") and os.path.exists(f"/proc/{rec['pid']}"), mode
             assert not (protocol.attempt_dir(run, 1) / protocol.EXIT_FILE).exists()
         md.set("notice")
@@ -154,7 +145,7 @@ def test_the_bundled_trainer_checkpoints_on_a_notice_and_resumes_from_that_step(
              "tiny", "--max-steps", "300", "--save-interval", "100000", "--heartbeat-interval", "0.2", check=True)
         run = orch.runs / "tr"
         progress = protocol.attempt_dir(run, 1) / protocol.PROGRESS_FILE
-        wait_until(lambda: progress.exists() and json.loads(progress.read_text()).get("step", 0) >= 3, 120,
+        wait_for(lambda: progress.exists() and json.loads(progress.read_text()).get("step", 0) >= 3, 120,
                    "the trainer at step 3")
         md.set("notice")
         ex = exit_record(run)

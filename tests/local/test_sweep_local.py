@@ -12,6 +12,7 @@ import time
 from pathlib import Path
 
 from localkit import db_rows
+from orchkit import wait_for
 
 # Each run appends "task attempt" to the sweep-wide log (a second run of a task shows as two lines),
 # holds for a moment (so the throttle has something to hold back), then writes its result.
@@ -180,15 +181,21 @@ def test_a_job_cannot_take_a_sweeps_name(orch):
     assert [j["name"] for j in orch.json("status", "--tasks")] == ["grid.0000"]
 
 
-def _waiting_on_flock(pid: int, lock_file: Path) -> bool:
-    """``pid`` is blocked in flock() on ``lock_file`` (a ``->`` line of /proc/locks names the waiter)."""
+def _waiting_on_lock(pid: int, lock_file: Path) -> bool:
+    """``pid`` has ``lock_file`` open: orch's bounded lock wait opens the file, then polls a non-blocking flock
+    (issue 16), so while another process holds it, an open descriptor is the observable sign of the wait (a
+    blocking flock's ``->`` line in /proc/locks never appears: the earlier check waited out the 30 s bound)."""
     try:
-        ino = os.stat(lock_file).st_ino
-    except FileNotFoundError:
+        fds = os.listdir(f"/proc/{pid}/fd")
+    except OSError:
         return False
-    with open("/proc/locks") as f:
-        return any(ln.split()[1] == "->" and ln.split()[5] == str(pid) and ln.split()[6].endswith(f":{ino}")
-                   for ln in f)
+    for fd in fds:
+        try:
+            if os.readlink(f"/proc/{pid}/fd/{fd}") == str(lock_file):
+                return True
+        except OSError:
+            continue
+    return False
 
 
 def test_two_launchers_at_once_never_run_more_tasks_than_the_throttle(orch, tmp_path):
@@ -210,16 +217,20 @@ def test_two_launchers_at_once_never_run_more_tasks_than_the_throttle(orch, tmp_
     first = subprocess.Popen([*cli, "th.0000"], env=paused, text=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     second = None
     try:
-        _wait(lambda: Path(f"{go}.reached").exists() or first.poll() is not None, "the first requeue counting its slot")
+        wait_for(lambda: Path(f"{go}.reached").exists() or first.poll() is not None,
+                 what="the first requeue counting its slot")
         assert first.poll() is None, first.communicate()
         second = subprocess.Popen([*cli, "th.0001"], env=orch.env, text=True, stdout=subprocess.PIPE,
                                   stderr=subprocess.PIPE)
         # The second requeue reaches the launch lock and waits there (before the fix it launched at once).
-        _wait(lambda: second.poll() is not None or _waiting_on_flock(second.pid, orch.home / "sweep-launch.lock"),
-              "the second requeue waiting for the launch lock or done")
+        wait_for(lambda: second.poll() is not None or _waiting_on_lock(second.pid, orch.home / "sweep-launch.lock"),
+                 what="the second requeue waiting for the launch lock or done")
+        assert second.poll() is None, second.communicate()
         go.touch()
         assert first.wait(60) == 0, first.communicate()
         assert second.wait(60) == 0, second.communicate()
+        out2 = second.communicate()[0]
+        assert "gave up" not in out2, out2  # it got the lock once the first had launched, and found no room
         assert _tasks_alive("th") == {"0"}, "the throttle let a second task run"
         assert orch.state("th.0001") == "pending"  # queued: the reconciler starts it when th.0000 ends
     finally:
@@ -229,13 +240,6 @@ def test_two_launchers_at_once_never_run_more_tasks_than_the_throttle(orch, tmp_
         orch("cancel", "th")
 
 
-def _wait(cond, what: str, timeout: float = 60) -> None:  # noqa: ANN001
-    deadline = time.time() + timeout
-    while not cond():
-        assert time.time() < deadline, f"timed out waiting for {what}"
-        time.sleep(0.05)
-
-
 def test_a_sweep_resubmitted_after_its_db_was_lost_is_refused_while_a_task_still_runs(orch, tmp_path):
     # The one process-table scan for all tasks must still find the one task that runs.
     gate = tmp_path / "go"
@@ -243,7 +247,7 @@ def test_a_sweep_resubmitted_after_its_db_was_lost_is_refused_while_a_task_still
             f'[ {{i}} = 2 ] && while [ ! -e {gate} ]; do sleep 0.1; done; echo ok > out.txt')
     try:
         assert orch(*args).returncode == 0
-        _wait(lambda: _tasks_alive("lv") == {"1"}, "tasks 0 and 2 done, task 1 alone running")
+        wait_for(lambda: _tasks_alive("lv") == {"1"}, what="tasks 0 and 2 done, task 1 alone running")
         for f in orch.home.glob("orch.db*"):  # the DB is lost; the runs root and the live task are not
             f.unlink()
         p = orch(*args)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import time
@@ -88,8 +89,9 @@ def phases(out: dict[str, Outcome], *refs: AttemptRef) -> tuple[Phase, ...]:
     return tuple(out[r.token].phase if r.token in out else Phase.UNKNOWN for r in refs)
 
 
-# Pending for these reasons, a job cannot start while a test runs (a benchmark's held submissions).
-_DORMANT = {"BeginTime", "JobHeldUser", "JobHeldAdmin"}
+# Pending for these reasons, a job cannot start while a test runs (a benchmark's held submissions; a job asking
+# for more nodes than this one-node cluster has, as a multi-node refusal test leaves behind).
+_DORMANT = {"BeginTime", "JobHeldUser", "JobHeldAdmin", "PartitionNodeLimit"}
 
 
 def node_idle(timeout: float = 60) -> None:
@@ -124,3 +126,46 @@ def start_requeued(ours: Callable[[str, str], bool]) -> None:
         jid, reason, name = (line.split("|") + ["", ""])[:3]
         if reason.strip() == "BeginTime" and ours(jid, name):
             run("scontrol", "update", f"jobid={jid}", "StartTime=now")
+
+
+# A program that records its runs and the signals it gets in events.jsonl (in its run dir, its cwd).
+# First run (SLURM_RESTART_COUNT unset or 0): waits for a signal, then exits 143 (what a trainer does
+# after checkpointing). A rerun after an in-place requeue: exits 0 at once.
+SIGNALLED = r'''
+import json, os, signal, sys, time
+RESTART = int(os.environ.get("SLURM_RESTART_COUNT") or 0)
+IGNORE = os.environ.get("IGNORE_SIGNALS", "").split(",")
+def log(**kw):
+    with open("events.jsonl", "a") as f:
+        f.write(json.dumps({"t": time.time(), "restart": RESTART, **kw}) + "\n")
+def handler(signum, _frame):
+    log(event="signal", sig=signal.Signals(signum).name)
+    if signal.Signals(signum).name not in IGNORE:
+        # Slurm signals every process of the job and orch's wrapper forwards the same signal: a
+        # second SIGTERM during interpreter shutdown would kill us by the signal instead of exit 143.
+        for s in (signal.SIGTERM, signal.SIGUSR2):
+            signal.signal(s, signal.SIG_IGN)
+        sys.exit(143)
+for s in (signal.SIGTERM, signal.SIGUSR2):
+    signal.signal(s, handler)
+log(event="start", job=os.environ.get("SLURM_JOB_ID"), attempt=os.environ.get("ORCH_ATTEMPT"))
+if RESTART > 0:
+    sys.exit(0)
+for _ in range(600):
+    time.sleep(0.5)
+'''
+
+
+def events(run_dir: Path) -> list[dict]:
+    p = run_dir / "events.jsonl"
+    return [json.loads(line) for line in p.read_text().splitlines()] if p.exists() else []
+
+
+def wait_started(run_dir: Path, timeout: float = 60) -> dict:
+    t0 = time.time()
+    while time.time() - t0 < timeout:
+        ev = [e for e in events(run_dir) if e["event"] == "start"]
+        if ev:
+            return ev[0]
+        time.sleep(0.3)
+    raise AssertionError(f"{run_dir.name} did not start: {run('squeue').stdout}")

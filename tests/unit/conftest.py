@@ -24,3 +24,15 @@ def db(cfg: Config) -> Database:
     d = Database(cfg)
     yield d
     d.engine.dispose()
+
+
+@pytest.fixture
+def sched(monkeypatch: pytest.MonkeyPatch):  # noqa: ANN201 - orchkit's FakeScheduler
+    """The shared fake scheduler (tests/orchkit.py) behind every service that looks a backend up by name."""
+    from orchkit import fake_scheduler, use_backend
+
+    s = fake_scheduler()
+    use_backend(monkeypatch, s)
+    monkeypatch.setattr("orchestrator.sweep.get_backend", lambda _name: s)
+    monkeypatch.setattr("orchestrator.backends.get_backend", lambda _name: s)  # views.log_paths' live probe
+    return s

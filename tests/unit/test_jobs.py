@@ -6,7 +6,6 @@ from __future__ import annotations
 import re
 
 import pytest
-from orchkit import fake_scheduler, use_backend
 
 from orchestrator.errors import JobNotFound
 from orchestrator.jobs import attempt_view, environment_id, expand_names, get_job, names_taken
@@ -14,14 +13,6 @@ from orchestrator.lifecycle import JobState
 from orchestrator.stop import cancel
 from orchestrator.submit import SubmitRequest, submit
 from orchestrator.sweep import SweepRequest, submit_sweep
-
-
-@pytest.fixture
-def sched(monkeypatch: pytest.MonkeyPatch):  # noqa: ANN201
-    s = fake_scheduler()
-    use_backend(monkeypatch, s)
-    monkeypatch.setattr("orchestrator.sweep.get_backend", lambda _name: s)
-    return s
 
 
 def test_get_job_finds_a_job_and_names_an_unknown_one(db, cfg, sched):

@@ -5,22 +5,12 @@ In-process on a real DB, the shared fake at the scheduler boundary."""
 
 from __future__ import annotations
 
-import pytest
-from orchkit import fake_scheduler, use_backend
-
 from orchestrator import protocol
 from orchestrator.backends.base import Outcome, Phase
 from orchestrator.jobs import get_job
 from orchestrator.lifecycle import AttemptState, JobState
 from orchestrator.observe import PassReport, observe, polled_rows
 from orchestrator.submit import SubmitRequest, submit
-
-
-@pytest.fixture
-def sched(monkeypatch: pytest.MonkeyPatch):  # noqa: ANN201
-    s = fake_scheduler()
-    use_backend(monkeypatch, s)
-    return s
 
 
 def _state(db, name: str):  # noqa: ANN001, ANN202

@@ -7,10 +7,10 @@ from __future__ import annotations
 import json
 import socket
 import threading
-import time
 
 import pytest
 from fakemeta import AWS_TOKEN, AZURE_VM, FakeMetadata, notice_body
+from orchkit import wait_for
 
 from orchestrator import spotnotice as sn
 from orchestrator.spotnotice import Answer, Notice, Trouble
@@ -18,14 +18,6 @@ from orchestrator.spotnotice import Answer, Notice, Trouble
 
 def ans(status: int, body: bytes | str) -> Answer:
     return Answer(status, {}, body.encode() if isinstance(body, str) else body)
-
-
-def wait_until(cond, timeout: float = 20, what: str = "") -> None:  # noqa: ANN001
-    deadline = time.monotonic() + timeout
-    while not cond():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"not within {timeout}s: {what}")
-        time.sleep(0.02)
 
 
 # --- parsers ------------------------------------------------------------------------------------------
@@ -165,12 +157,12 @@ def test_watcher_survives_every_kind_of_garbage_logs_once_and_still_delivers_the
         for mode in ("quiet", "html", "500", "huge", "hang", "trickle", "quiet"):
             md.set(mode)
             n = len(md.polls(mode))
-            wait_until(lambda n=n, mode=mode: len(md.polls(mode)) >= n + 2, what=f"two polls while {mode}")
+            wait_for(lambda n=n, mode=mode: len(md.polls(mode)) >= n + 2, what=f"two polls while {mode}")
             assert calls.notices == [] and w.thread.is_alive()
         assert w.troubles >= 10
         assert len([line for line in calls.lines if "polling continues" in line]) == 1, calls.lines
         md.set("notice")
-        wait_until(lambda: calls.notices, what="the notice")
+        wait_for(lambda: calls.notices, what="the notice")
         w.thread.join(5)
     assert calls.notices == [Notice("aws", "terminate at 2026-12-01T05:00:00Z")]
     assert not w.thread.is_alive()  # one notice, then the watcher is done
@@ -181,7 +173,7 @@ def test_a_stopped_watcher_delivers_nothing_and_polls_no_more():
     with FakeMetadata("gcp") as md:
         w = sn.Watcher("gcp", calls.notice, base_url=md.url, interval_s=0.05, log=calls.log)
         w.start()
-        wait_until(lambda: len(md.polls()) >= 2)
+        wait_for(lambda: len(md.polls()) >= 2)
         w.stop()
         w.thread.join(5)
         n = len(md.requests)

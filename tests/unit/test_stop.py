@@ -6,7 +6,6 @@ In-process on a real DB, a fake only at the scheduler boundary."""
 from __future__ import annotations
 
 import pytest
-from orchkit import fake_scheduler, use_backend
 
 from orchestrator.backends.base import BackendError
 from orchestrator.errors import JobNotFound
@@ -15,13 +14,6 @@ from orchestrator.lifecycle import AttemptState, JobState
 from orchestrator.reconcile import reconcile_pass
 from orchestrator.stop import cancel
 from orchestrator.submit import SubmitRequest, submit
-
-
-@pytest.fixture
-def sched(monkeypatch: pytest.MonkeyPatch):  # noqa: ANN201
-    s = fake_scheduler()
-    use_backend(monkeypatch, s)
-    return s
 
 
 def _running(db, cfg, sched, *names: str) -> None:  # noqa: ANN001

@@ -5,7 +5,6 @@ plus what the run dir holds; `orch logs` names the attempt's files or refuses a 
 from __future__ import annotations
 
 import pytest
-from orchkit import fake_scheduler, use_backend
 
 from orchestrator import protocol
 from orchestrator.errors import UsageError
@@ -14,15 +13,6 @@ from orchestrator.statusview import fast_status_rows
 from orchestrator.submit import SubmitRequest, submit
 from orchestrator.sweep import SweepRequest, submit_sweep
 from orchestrator.views import log_paths, show_job, show_sweep, status_rows
-
-
-@pytest.fixture
-def sched(monkeypatch: pytest.MonkeyPatch):  # noqa: ANN201
-    s = fake_scheduler()
-    use_backend(monkeypatch, s)
-    monkeypatch.setattr("orchestrator.sweep.get_backend", lambda _name: s)
-    monkeypatch.setattr("orchestrator.backends.get_backend", lambda _name: s)  # log_paths' live probe
-    return s
 
 
 def _jobs_in_every_state(db, cfg, sched) -> None:  # noqa: ANN001
