@@ -1,6 +1,7 @@
 """The test suite's own layout: test folders have no ``__init__.py``, so pytest imports every test module by
 its basename and two files of one name in two folders break collection for the whole run ("import file
-mismatch"; seen when unit tests were renamed to tests/unit/test_<module>.py beside the end-to-end tests/local/test_metrics.py (now test_metrics_textfile.py))."""
+mismatch"; seen when unit tests were renamed to tests/unit/test_<module>.py beside the end-to-end
+tests/local/test_metrics.py, now test_metrics_textfile.py)."""
 
 from __future__ import annotations
 
