@@ -51,7 +51,7 @@ from transformers import TrainerCallback, TrainerControl, TrainerState, Training
 
 from orchestrator import protocol
 from orchestrator.kit.commit import clean_stale, commit_checkpoint
-from orchestrator.kit.dist import any_rank
+from orchestrator.kit.dist import StopAgreement
 from orchestrator.kit.heartbeat import Heartbeat
 from orchestrator.kit.log import log
 from orchestrator.kit.preemption import PreemptionFlag
@@ -77,6 +77,7 @@ class OrchCallback(TrainerCallback):
         self.run = Run.from_env(run_dir)
         self.keep_last_k = keep_last_k
         self.flag = PreemptionFlag()
+        self.agreement = StopAgreement(self.flag)  # one decision for every rank, at a bounded cost
         self._installed = False
         self._heartbeat: Heartbeat | None = None
         self._stopping = False
@@ -133,9 +134,11 @@ class OrchCallback(TrainerCallback):
         if self._heartbeat is not None:
             self._heartbeat.post(step=state.global_step, max_steps=state.max_steps, resumed_from=self._resumed_from,
                                  **self._last_loss(state))
-        if any_rank(self.flag.requested):
+        if self.agreement.should_stop():
             control.should_save = True
             control.should_training_stop = True
+            # HF evaluates before it saves: a full evaluation must not stand between the signal and the save.
+            control.should_evaluate = False
             self._stopping = True
             self.flag.record_step(state.global_step)
         return control
