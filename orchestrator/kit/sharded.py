@@ -200,7 +200,10 @@ class ShardedCheckpointer:
             return final
         tmp = self.root / decision
         report, failed = self._write_own(step, tmp, replicated, per_rank)
-        if sharded is not None and not self._any(failed):
+        # DCP's save is collective: when one rank's own files failed, no rank enters it (it would wait for that
+        # rank). Only plain files can fail before it, so a sharded-only save skips this all-reduce.
+        plain = per_rank is not None or replicated is not None
+        if sharded is not None and not (plain and self._any(failed)):
             try:
                 self._write_sharded(step, tmp, sharded, report)
             except Exception as e:  # DCP raises on every rank when any rank's write failed
@@ -270,7 +273,7 @@ class ShardedCheckpointer:
         import torch.distributed.checkpoint as dcp
 
         root = tmp / SHARDED_DIR
-        writer = dcp.FileSystemWriter(root)
+        writer = dcp.FileSystemWriter(root, sync_files=False)  # the hashing filesystem fsyncs each file itself
         fs = _hashing_filesystem(self._hook(step, root))
         writer.fs = fs
         dcp.save(state, storage_writer=writer)
