@@ -170,7 +170,8 @@ class OrchCallback(TrainerCallback):
         if self._stopping or self.flag.requested:
             # A stop is never completion (issue 17), also when it came with the last step.
             self.flag.record_step(state.global_step)
-            raise self.run.preempted(state.global_step, signal_name(self.flag.signum), self._committed)
+            raise self.run.preempted(state.global_step, signal_name(self.flag.signum or self.agreement.signum),
+                                     self._committed)
         if self.run.is_writer:
             self._save_result(model)
             last = next((e for e in reversed(state.log_history) if "train_loss" in e or "loss" in e), {})

@@ -176,7 +176,7 @@ class OrchRun:
         path = self._save(background=False)
         self._stopped = True
         self.flag.record_step(self.step)
-        raise self.run.preempted(self.step, signal_name(self.flag.signum), path)
+        raise self.run.preempted(self.step, signal_name(self.flag.signum or self.agreement.signum), path)
 
     def _save(self, background: bool) -> Path | None:
         if self.step == 0 or self.step == self._saved_step:

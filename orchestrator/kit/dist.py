@@ -109,6 +109,7 @@ class StopAgreement:
         self.share = share
         self.max_interval_s = max_check_interval_s() if max_interval_s is None else max_interval_s
         self.every = 1  # steps between two agreements: agreed by all ranks at each agreement
+        self.signum: int | None = None  # the highest signal number any rank saw, once a stop is agreed
         self.agreements = 0
         self.agreement_s = 0.0  # total time spent in agreements
         self.boundaries = 0
@@ -155,10 +156,15 @@ class StopAgreement:
         import torch
 
         t0 = time.monotonic()
-        t = torch.tensor([1 if self.flag.requested else 0, -self._proposal()], dtype=torch.int64,
-                         device=_device(dist))
+        # The signal number, not just a bit: a rank that saw none still reports which stop it acts on.
+        signum = getattr(self.flag, "signum", None)
+        code = (signum or 1) if self.flag.requested else 0
+        t = torch.tensor([code, -self._proposal()], dtype=torch.int64, device=_device(dist))
         dist.all_reduce(t, op=dist.ReduceOp.MAX)
-        stop, every = bool(t[0].item()), int(-t[1].item())
+        code, every = int(t[0].item()), int(-t[1].item())
+        stop = code > 0
+        if code > 1:
+            self.signum = code
         cost = time.monotonic() - t0
         self._cost_s = cost if self._cost_s is None else 0.8 * self._cost_s + 0.2 * cost
         self.agreements += 1

@@ -197,3 +197,19 @@ def test_two_ranks_then_one_keeps_the_effective_batch_and_continues_the_loss_cur
     # micro-batches on one rank vs DDP's average of 2 ranks x 2): relative tolerance 1e-4.
     for s, loss in one.items():
         assert loss == pytest.approx(two[s], rel=1e-4), (s, loss, two[s])
+
+
+def test_with_very_short_steps_the_ranks_agree_every_n_steps_and_still_stop_after_one_step(tmp_path):
+    """Steps of ~1 ms: an all-reduce at every boundary would cost more than the step, so the ranks check every N
+    steps; N is agreed too, so a SIGTERM seen by rank 1 alone still stops both after the same step."""
+    run_dir, log = tmp_path / "run", tmp_path / "steps.log"
+    p = run_direct(run_dir, 2, "--max-steps", "3000", "--global-batch", "2", "--micro-batch", "1", "--dropout", "0",
+                   "--signal-step", "1:400", "--step-log", str(log), ok=False)
+    assert p.returncode != 0 and "preempted (SIGTERM) at step" in p.stderr, p.stderr[-3000:]
+    lines = log_lines(log)
+    last = {r: max(s for _a, rr, s, _l in lines if rr == r) for r in (0, 1)}
+    report = json.loads((protocol.attempt_dir(run_dir, 1) / protocol.FAILURE_FILE).read_text())
+    assert last[0] == last[1] == report["step"] > 400, (last, report)
+    assert "SIGTERM" in report["detail"], report  # rank 0 saw no signal: the agreement told it which one
+    assert sorted(committed(run_dir)) == [report["step"]]
+    assert_complete_step(committed(run_dir)[report["step"]], 2)
