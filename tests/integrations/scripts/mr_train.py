@@ -38,6 +38,7 @@ def main() -> None:
     ap.add_argument("--dropout", type=float, default=0.1)
     ap.add_argument("--sleep-per-step", type=float, default=0.0)
     ap.add_argument("--step-log")
+    ap.add_argument("--sharded", action="store_true", help="the sharded format on one rank too")
     ap.add_argument("--fail-save", default="")
     ap.add_argument("--kill-at", default="")
     ap.add_argument("--kill-step", default="")
@@ -66,7 +67,8 @@ def main() -> None:
         return bool(parts) and parts[:-2] == ([point] if point else []) and \
             int(parts[-2]) == rank and int(parts[-1]) == step
 
-    with orch_run(net, opt, state=state, save_every=a.save_every or None, keep_last_k=2, run_dir=a.run_dir) as run:
+    with orch_run(net, opt, state=state, save_every=a.save_every or None, keep_last_k=2, run_dir=a.run_dir,
+                  sharded=True if a.sharded else None) as run:
         def write_hook(step: int, _path: str) -> None:
             if fault(a.fail_save, "", step):
                 raise OSError(28, f"injected: rank {rank} cannot write step {step}")
