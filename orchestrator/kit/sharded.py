@@ -214,7 +214,11 @@ class ShardedCheckpointer:
         verdict = None
         if self.rank == 0:
             assert reports is not None
-            verdict = self._commit(step, tmp, final, reports, expect_dcp=sharded is not None)
+            try:
+                verdict = self._commit(step, tmp, final, reports, expect_dcp=sharded is not None)
+            except Exception as e:  # noqa: BLE001 - every rank must hear the verdict, or they wait in the broadcast
+                shutil.rmtree(tmp, ignore_errors=True)
+                verdict = f"commit of step {step} failed on rank 0: {e!r}"
         verdict = self._bcast(verdict)
         if verdict is not None:
             raise CheckpointError(step, RuntimeError(verdict), 0)
@@ -328,9 +332,19 @@ class ShardedCheckpointer:
         aside (``.corrupt-``) and the next older candidate is tried: never a partial load.
         """
         while True:
-            found = self._bcast(choose() if self.rank == 0 else None)
+            found: Any = None
+            if self.rank == 0:
+                try:
+                    found = choose()
+                except Exception as e:  # noqa: BLE001 - told to every rank, which raise it too (none waits)
+                    found = ("error", repr(e))
+            found = self._bcast(found)
             if found is None:
                 return None
+            if found[0] == "error":
+                from orchestrator.kit.run import RunDirError
+
+                raise RunDirError(f"choosing the checkpoint to resume from failed on rank 0: {found[1]}")
             step, path = found[0], Path(found[1])
             problem = self.verify_share(path)
             problems = self._all_problems(problem)
