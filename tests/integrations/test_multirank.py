@@ -213,3 +213,16 @@ def test_with_very_short_steps_the_ranks_agree_every_n_steps_and_still_stop_afte
     assert "SIGTERM" in report["detail"], report  # rank 0 saw no signal: the agreement told it which one
     assert sorted(committed(run_dir)) == [report["step"]]
     assert_complete_step(committed(run_dir)[report["step"]], 2)
+
+
+def test_rank_zero_failing_to_choose_the_resume_step_fails_every_rank_at_once(tmp_path):
+    """A rollback override naming another run's checkpoint that is gone: rank 0 refuses it (RunDirError). The
+    other ranks, waiting for rank 0's choice, hear the refusal and raise it too, rather than waiting in the
+    broadcast until the process group's timeout."""
+    env = quiet_env({"OMP_NUM_THREADS": "1", protocol.ENV_OVERRIDES: json.dumps(
+        {"resume": str(tmp_path / "other" / "checkpoints" / protocol.checkpoint_name(5))})})
+    p = subprocess.run(torchrun(2, "--max-steps", "4", "--run-dir", str(tmp_path / "run")), env=env,
+                       capture_output=True, text=True, timeout=180)
+    assert p.returncode != 0
+    assert p.stderr.count("RunDirError: choosing the checkpoint to resume from failed on rank 0") == 2, \
+        p.stderr[-4000:]
