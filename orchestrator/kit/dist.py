@@ -14,7 +14,9 @@ from typing import Any, Protocol
 ENV_STOP_CHECK_S = "ORCH_STOP_CHECK_S"  # the longest time between two stop agreements (seconds, default 1)
 ENV_GRACE_S = "ORCH_GRACE_S"  # the job's grace from the stop signal to SIGKILL, when the launcher exports it
 DEFAULT_STOP_CHECK_S = 1.0
-AGREEMENT_SHARE = 0.01  # the agreement may cost at most this share of the step time
+# The agreement may cost at most 1 % of the step time: aim at half of it, the rest is the margin for noise in the
+# measured step and all-reduce times (aimed at 1 %, bench P10 measured 1.04-1.07 %).
+AGREEMENT_SHARE = 0.005
 
 
 def global_rank() -> int:

@@ -27,7 +27,7 @@ def _agreement(step_s: float, cost_s: float, max_interval_s: float = 1.0) -> kdi
 
 
 def test_the_agreement_interval_keeps_its_cost_at_one_percent_of_the_step_time():
-    assert _agreement(0.005, 0.001)._proposal() == 20  # 1 ms every 20 x 5 ms: 1 %
+    assert _agreement(0.005, 0.001)._proposal() == 40  # 1 ms every 40 x 5 ms: 0.5 %, half the 1 % budget
     assert _agreement(1.0, 0.001)._proposal() == 1  # a long step: every step
 
 
