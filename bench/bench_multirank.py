@@ -225,12 +225,14 @@ def main() -> int:
     elif a.runs < 5:
         ap.error("--runs must be >= 5 (medians of fewer runs are noise)")
     seconds, save_mb, ctl_mb, steps = (0.5, 1, 1, 12) if a.quick else (a.seconds, a.mb, 512, 40)
+    # Quick: every code path once (each torchrun launch costs seconds of CI time on 2 cores).
+    rank_counts, step_times = ((2,), (0.02,)) if a.quick else ((2, 4), (0.002, 0.02))
     load_before = os.getloadavg()[0]
     work = Path(tempfile.mkdtemp(prefix="bench-multirank-", dir=str(C.ROOT)))
     rows = []
     try:
-        for ranks in (2, 4):
-            for step_s in (0.002, 0.02):
+        for ranks in rank_counts:
+            for step_s in step_times:
                 print(f"(a) agreement, {ranks} ranks, {step_s * 1e3:.0f} ms steps ...", flush=True)
                 r = bench_agree(ranks, step_s, seconds, work)
                 share = r["agreement_s"] / r["elapsed"]
@@ -239,7 +241,7 @@ def main() -> int:
                              f"{r['cost_median'] * 1e3:.2f} ms per all-reduce; every {r['every']} step(s)",
                              f"{share * 100:.2f} % of step time (every step: {every_step * 100:.1f} %)",
                              "<= 1 %" + _ok(share <= 0.01)])
-        for ranks in (2, 4):
+        for ranks in rank_counts:
             print(f"(b) SIGTERM to rank 1 of {ranks} ...", flush=True)
             took, stopped, newest, whole = bench_sigterm(ranks, work, steps)
             rows.append([f"(b) SIGTERM to rank 1 of {ranks}: all ranks stop, commit, exit",
