@@ -226,3 +226,23 @@ def test_rank_zero_failing_to_choose_the_resume_step_fails_every_rank_at_once(tm
     assert p.returncode != 0
     assert p.stderr.count("RunDirError: choosing the checkpoint to resume from failed on rank 0") == 2, \
         p.stderr[-4000:]
+
+
+def test_four_ranks_then_two_then_three_reshards_and_keeps_the_effective_batch(tmp_path):
+    """4 -> 2 -> 3 ranks (each attempt killed after a commit): DCP reshards the model and optimizer, each world size
+    accumulates global_batch / (micro x ranks) micro-batches, and the steps after each resume repeat the losses of
+    the steps the previous world size ran after the same commit (same samples: a global index), within 1e-4."""
+    args = ["--max-steps", "12", "--save-every", "4", "--dropout", "0", "--global-batch", "12", "--micro-batch", "1"]
+    run_dir = tmp_path / "run"
+    logs = [tmp_path / f"steps-{w}.log" for w in (4, 2, 3)]
+    for world, log, kill in ((4, logs[0], "0:6"), (2, logs[1], "1:10")):
+        p = run_direct(run_dir, world, *args, "--kill-step", kill, "--step-log", str(log), ok=False)
+        assert p.returncode != 0, p.stderr[-2000:]
+    p = run_direct(run_dir, 3, *args, "--step-log", str(logs[2]))
+    assert "resumed from step-00000008" in p.stderr, p.stderr[-3000:]
+    assert protocol.verify_done_marker(run_dir).verified
+    loss = [{s: v for _a, r, s, v in log_lines(log) if r == 0} for log in logs]
+    assert sorted(loss[0]) == list(range(1, 6)) and sorted(loss[1]) == list(range(5, 10)), loss
+    assert sorted(loss[2]) == list(range(9, 13)), loss
+    assert loss[1][5] == pytest.approx(loss[0][5], rel=1e-4)  # 4 -> 2 after the commit of step 4
+    assert loss[2][9] == pytest.approx(loss[1][9], rel=1e-4)  # 2 -> 3 after the commit of step 8
