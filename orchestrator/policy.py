@@ -215,11 +215,12 @@ def _backoff(cfg: Config, plan: RetryPlan, k: int) -> RetryPlan:
 def verified_checkpoints(run_dir: Path) -> tuple[list[tuple[int, Path]], list[str]]:
     """(verified checkpoints newest first, run-dir paths of committed-name ones that do not verify).
 
-    Full sha256: a same-size bit flip passes a size check (issue 9).
+    Full sha256 for a small single-writer checkpoint (issue 9: a same-size bit flip passes a size check); the
+    manifest and sizes for a sharded or large one, whose loader hashes every byte (``verify_checkpoint_bounded``).
     """
     good, bad = [], []
     for p in protocol.iter_checkpoint_dirs(run_dir):
-        if protocol.verify_checkpoint(p) is None:
+        if protocol.verify_checkpoint_bounded(p) is None:
             good.append((protocol.checkpoint_step(p) or 0, p))
         else:
             bad.append(f"{protocol.CHECKPOINTS_DIR}/{p.name}")

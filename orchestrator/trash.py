@@ -103,7 +103,7 @@ def leftovers_why(run_dir: Path, outputs: list[str], quarantine: Iterable[str] =
             if rel in quarantine:
                 out.setdefault(rel, "quarantined by the policy (NaN rollback)")
             elif protocol.checkpoint_step(p) is not None:
-                if (bad := protocol.verify_checkpoint(p)) is not None:
+                if (bad := protocol.verify_checkpoint_bounded(p)) is not None:
                     out.setdefault(rel, f"a checkpoint that does not verify: {bad}")
             elif protocol.TMP_INFIX in p.name and protocol.OWN_CHECKPOINT_RE.match(p.name):
                 out.setdefault(rel, "a checkpoint write that never committed")  # step-<8 digits>.tmp-...

@@ -53,7 +53,7 @@ from transformers import TrainerCallback, TrainerControl, TrainerState, Training
 from orchestrator import protocol
 from orchestrator.kit import stall
 from orchestrator.kit.commit import clean_stale, commit_checkpoint
-from orchestrator.kit.dist import any_rank
+from orchestrator.kit.dist import StopAgreement, any_rank
 from orchestrator.kit.heartbeat import Heartbeat
 from orchestrator.kit.interval import AutoSaveInterval
 from orchestrator.kit.log import log
@@ -83,6 +83,7 @@ class OrchCallback(TrainerCallback):
         self.auto_save = AutoSaveInterval() if save_every == "auto" else None
         self.keep_last_k = keep_last_k
         self.flag = PreemptionFlag()
+        self.agreement = StopAgreement(self.flag)  # one decision for every rank, at a bounded cost
         self._installed = False
         self._heartbeat: Heartbeat | None = None
         self._stopping = False
@@ -141,9 +142,11 @@ class OrchCallback(TrainerCallback):
         if self._heartbeat is not None:
             self._heartbeat.post(step=state.global_step, max_steps=state.max_steps, resumed_from=self._resumed_from,
                                  **(self.auto_save.fields() if self.auto_save else {}), **self._last_loss(state))
-        if any_rank(self.flag.requested):
+        if self.agreement.should_stop():
             control.should_save = True
             control.should_training_stop = True
+            # HF evaluates before it saves: a full evaluation must not stand between the signal and the save.
+            control.should_evaluate = False
             self._stopping = True
             self.flag.record_step(state.global_step)
         if self.auto_save is not None and any_rank(self.auto_save.due()):  # every rank the same decision
@@ -187,7 +190,8 @@ class OrchCallback(TrainerCallback):
         if self._stopping or self.flag.requested:
             # A stop is never completion (issue 17), also when it came with the last step.
             self.flag.record_step(state.global_step)
-            raise self.run.preempted(state.global_step, signal_name(self.flag.signum), self._committed)
+            raise self.run.preempted(state.global_step, signal_name(self.flag.signum or self.agreement.signum),
+                                     self._committed)
         if self.run.is_writer:
             self._save_result(model)
             last = next((e for e in reversed(state.log_history) if "train_loss" in e or "loss" in e), {})

@@ -9,7 +9,8 @@
 What it does, with public Lightning API only (``Callback`` hooks, ``Trainer.save_checkpoint``,
 ``fit(ckpt_path=...)``, ``Strategy.reduce_boolean_decision``):
 
-* SIGTERM / SIGUSR2 set a flag. At the next ``on_train_batch_end`` that closes an optimizer step, the
+* SIGTERM / SIGUSR2 set a flag. At the next ``on_train_batch_end`` that closes an optimizer step (or the next
+  validation batch end, when the signal comes during the validation inside ``fit``), the
   callback saves with ``trainer.save_checkpoint`` into ``checkpoints/step-<N>.tmp-*/model.ckpt`` and
   commits it in orch's format (fsynced, hashed, manifest last, renamed into place); the step's metrics
   are still logged, then the next hook raises ``SystemExit(143)`` with ``failure.json`` = ``preempted``.
@@ -193,6 +194,18 @@ class OrchCallback(Callback):
 
     def on_validation_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         self._raise_if_stopping()
+
+    def on_validation_batch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs: Any, batch: Any,
+                                batch_idx: int, dataloader_idx: int = 0) -> None:
+        """A validation batch boundary inside ``fit`` is a stop point too (issue 19: a SIGTERM during a long
+        validation waited for all of it, and then for one more training step, before the save). The model
+        is the one after the last optimizer step, so that step is what is checkpointed."""
+        if trainer.sanity_checking or self._stop is not None or not hasattr(self, "run"):
+            return
+        # Every rank runs the same validation batches (DistributedSampler): they agree here as at a step.
+        if trainer.strategy.reduce_boolean_decision(self.flag.requested, all=False):
+            self._stop_at(trainer, trainer.global_step)
+            self._raise_if_stopping()
 
     def on_train_epoch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         self._raise_if_stopping()

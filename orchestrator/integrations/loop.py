@@ -45,25 +45,32 @@ import torch
 from orchestrator import protocol
 from orchestrator.kit.checkpoint import CheckpointManager
 from orchestrator.kit.commit import clean_stale
-from orchestrator.kit.dist import any_rank
+from orchestrator.kit.dist import StopAgreement, any_rank, barrier, world_size
 from orchestrator.kit.heartbeat import Heartbeat
 from orchestrator.kit.interval import AutoSaveInterval
 from orchestrator.kit.log import log
 from orchestrator.kit.preemption import PreemptionFlag
 from orchestrator.kit.rng import capture_rng, restore_rng
 from orchestrator.kit.run import Run, signal_name
+from orchestrator.kit.sharded import ShardedCheckpointer, is_sharded
 
 
 class OrchRun:
     """The handle ``orch_run`` yields: ``steps()``, ``log()``, ``step``, ``resumed_from``, ``result_dir``.
 
     Create it in the main thread (it installs the SIGTERM/SIGUSR2 handler). Under torch.distributed every
-    rank enters it; ranks agree on a stop at each step boundary and only rank 0 writes.
+    rank enters it and the ranks agree on a stop at step boundaries (``StopAgreement``: one all-reduce,
+    every N steps where a step is very short). ``sharded`` (default: on when the process group has more
+    than one rank): every rank writes its part of each checkpoint (``ShardedCheckpointer``: model and
+    optimizer through torch.distributed.checkpoint, so FSDP shards and a resume on another world size
+    work; RNG per rank; ``state`` and the scheduler from rank 0), one verified commit per step; such saves
+    are blocking. Otherwise rank 0 writes the whole state, in the background.
     """
 
     def __init__(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer | None = None,
                  scheduler: Any = None, *, state: dict[str, Any] | None = None, save_every: int | str | None = 100,
-                 keep_last_k: int = 2, run_dir: str | os.PathLike[str] | None = None) -> None:
+                 keep_last_k: int = 2, run_dir: str | os.PathLike[str] | None = None,
+                 sharded: bool | None = None) -> None:
         self.model, self.optimizer, self.scheduler = model, optimizer, scheduler
         self.state = state if state is not None else {}
         self.save_every = save_every
@@ -71,6 +78,7 @@ class OrchRun:
         self.auto_save = AutoSaveInterval() if save_every == "auto" else None
         self.keep_last_k = keep_last_k
         self._run_dir_arg = run_dir
+        self._sharded_arg = sharded
         self.step = 0
         self.resumed_from: int | None = None
         self._fields: dict[str, Any] = {}
@@ -85,11 +93,18 @@ class OrchRun:
             raise SystemExit(protocol.EXIT_OK)
         # First, before the (possibly long) restore: a SIGTERM from here on ends as a clean preemption.
         self.flag = PreemptionFlag().install()
+        self.agreement = StopAgreement(self.flag)
         self.run.begin()
         if self.run.is_writer:
             clean_stale(self.run.run_dir)
         self.ckpts = CheckpointManager(self.run.run_dir, self.keep_last_k)
-        found = self.run.resume_checkpoint()
+        self.sharded = world_size() > 1 if self._sharded_arg is None else self._sharded_arg
+        self.sckpts = ShardedCheckpointer(self.run.run_dir, self.keep_last_k)
+        if self.sharded or world_size() > 1:
+            # Rank 0 picks from manifests and sizes; every rank hashes its share of the files (in parallel).
+            found = self.sckpts.resume(lambda: self.run.resume_checkpoint(hashes=False))
+        else:
+            found = self.run.resume_checkpoint()
         if found is not None:
             self._restore(*found)
         self.heartbeat = Heartbeat(self.run.run_dir, self.run.attempt, self.run.heartbeat_s)
@@ -102,17 +117,38 @@ class OrchRun:
             self.auto_save.resume_from(self.run.run_dir, self.run.attempt)
         return self
 
+    def _sharded_state(self) -> dict[str, Any]:
+        """Model (and optimizer) state as torch.distributed.checkpoint saves and reshards it."""
+        from torch.distributed.checkpoint.state_dict import get_model_state_dict, get_optimizer_state_dict
+
+        state: dict[str, Any] = {"model": get_model_state_dict(self.model)}
+        if self.optimizer is not None:
+            state["optim"] = get_optimizer_state_dict(self.model, self.optimizer)
+        return state
+
     def _restore(self, step: int, path: Path) -> None:
-        loaded = CheckpointManager.load(path)  # verifies every sha256 again, then torch.load(weights_only)
-        self.model.load_state_dict(loaded["model.pt"])
-        if self.optimizer is not None and "optim.pt" in loaded:
-            self.optimizer.load_state_dict(loaded["optim.pt"])
+        if is_sharded(path):
+            from torch.distributed.checkpoint.state_dict import set_model_state_dict, set_optimizer_state_dict
+
+            sharded = self._sharded_state()
+            loaded = self.sckpts.load(path, sharded=sharded)  # resume() verified every file
+            set_model_state_dict(self.model, sharded["model"])
+            if self.optimizer is not None:
+                set_optimizer_state_dict(self.model, self.optimizer, sharded["optim"])
+        else:
+            loaded = CheckpointManager.load(path)  # verifies every sha256 again, then torch.load(weights_only)
+            self.model.load_state_dict(loaded["model.pt"])
+            if self.optimizer is not None and "optim.pt" in loaded:
+                self.optimizer.load_state_dict(loaded["optim.pt"])
         if self.scheduler is not None and "sched.pt" in loaded:
             self.scheduler.load_state_dict(loaded["sched.pt"])
         if "state.pt" in loaded:
             self.state.clear()
             self.state.update(loaded["state.pt"])
-        restore_rng(loaded["rng.pt"])
+        if "rng.pt" in loaded:
+            restore_rng(loaded["rng.pt"])
+        else:  # saved on another world size: each rank keeps the RNG the program seeded
+            log(f"{path.name} was saved on another world size: per-rank RNG states not restored")
         self.step = self.resumed_from = self._saved_step = step
         self._saved_path = path
         log(f"resumed from {path.name} (step {step})")
@@ -135,8 +171,10 @@ class OrchRun:
                 self._save(background=True)
 
     def _save_due(self, step: int) -> bool:
-        if self.auto_save is not None:  # only rank 0 writes; the others would only copy state dicts
-            return self.run.is_writer and self.auto_save.due()
+        if self.auto_save is not None:
+            if self.sharded:  # a collective save: all ranks take one decision (any rank's), or they hang
+                return any_rank(self.auto_save.due())
+            return self.run.is_writer and self.auto_save.due()  # only rank 0 writes: no need to agree
         return bool(self.save_every) and step % self.save_every == 0
 
     def log(self, **fields: Any) -> None:
@@ -146,7 +184,7 @@ class OrchRun:
     def _boundary(self) -> None:
         """Between two steps: the only place a signal is acted on (the state is one completed step)."""
         self.ckpts.poll()  # a failed background save surfaces here, not silently at the end
-        if any_rank(self.flag.requested):
+        if self.agreement.should_stop():
             self._stop()
 
     def _stop(self) -> None:
@@ -154,12 +192,23 @@ class OrchRun:
         path = self._save(background=False)
         self._stopped = True
         self.flag.record_step(self.step)
-        raise self.run.preempted(self.step, signal_name(self.flag.signum), path)
+        raise self.run.preempted(self.step, signal_name(self.flag.signum or self.agreement.signum), path)
 
     def _save(self, background: bool) -> Path | None:
         if self.step == 0 or self.step == self._saved_step:
             committed = self.ckpts.wait()  # e.g. the periodic save of this very step is in flight
             return committed[1] if committed and committed[0] == self.step else self._saved_path
+        if self.sharded:
+            # Collective: every rank writes its part, rank 0 commits once all reported (or none does).
+            self._saved_step = self.step
+            t0 = time.monotonic()
+            self._saved_path = self.sckpts.save(
+                self.step, sharded=self._sharded_state(), per_rank={"rng.pt": capture_rng()},
+                replicated={"state.pt": dict(self.state), "meta.json": {"step": self.step},
+                            **({"sched.pt": self.scheduler.state_dict()} if self.scheduler is not None else {})})
+            if self.auto_save is not None:  # a sharded save blocks the loop for all of it
+                self.auto_save.record_save(time.monotonic() - t0, time.monotonic() - t0)
+            return self._saved_path
         files: dict[str, Any] = {"model.pt": self.model.state_dict(), "rng.pt": capture_rng(),
                                  "state.pt": dict(self.state), "meta.json": {"step": self.step}}
         if self.optimizer is not None:
@@ -180,7 +229,7 @@ class OrchRun:
                  tb: TracebackType | None) -> bool:
         try:
             if exc_type is None:
-                if any_rank(self.flag.requested):
+                if self.agreement.agree():
                     # A stop is never completion (issue 17): the last step is checkpointed and the next
                     # attempt, with 0 steps left, only writes the result.
                     log(f"{signal_name(self.flag.signum)} during the last step: stopping, not finishing")
@@ -191,14 +240,17 @@ class OrchRun:
                     torch.save(self.model.state_dict(), self.run.result_dir / "model.pt")
                     self.run.finish({"step": self.step, "resumed_from": self.resumed_from, **self._fields},
                                     step=self.step)
+                # Every rank leaves together, once the completion is recorded: a rank that went on to tear
+                # down its process group while rank 0 still wrote aborted now and then after a resume
+                # ("terminate called without an active exception", exit -6: the attempt was a crash).
+                barrier()
             elif not self._stopped and not issubclass(exc_type, SystemExit | KeyboardInterrupt):
                 try:
                     self.ckpts.wait()  # an in-flight save still commits: the next attempt loses less
                 except Exception as e:  # noqa: BLE001 - the original error is the one to report
                     log(f"background save failed too: {e!r}")
-                if self.run.is_writer:
-                    detail = "".join(traceback.format_exception(exc_type, exc, tb))[-1800:]
-                    protocol.write_failure(self.run.run_dir, self.run.attempt, "crash", self.step, detail)
+                detail = "".join(traceback.format_exception(exc_type, exc, tb))[-1800:]
+                self.run.crashed(self.step, exc, detail, rank=self.sckpts.rank, world=self.sckpts.world)
         finally:
             if self.run.is_writer:
                 self.heartbeat.stop()

@@ -10,7 +10,10 @@ bundled trainer (``orch_trainer``), which is the kit's first user, never its pro
 - :mod:`.commit`: commit a framework's own checkpoint files in orch's format (no torch);
 - :mod:`.run`: ``Run``, one attempt as the environment describes it: resume point, stop report, the end
   (``record_completion``: ``complete.json`` under orch's wrapper, which marks done after exit 0; else done.json);
-- :mod:`.rng`, :mod:`.dist`: RNG capture/restore, ranks and their agreement on a stop.
+- :mod:`.sharded`: ``ShardedCheckpointer``, one verified commit per step when every rank writes (DCP shards,
+  per-rank files), resume verified by the ranks in parallel, on any world size;
+- :mod:`.rng`, :mod:`.dist`: RNG capture/restore, ranks, their agreement on a stop (``StopAgreement``: one
+  all-reduce, every N steps at <= 1 % of the step time) and the gradient accumulation that keeps the batch.
 
 The done marker and the failure report are the run-dir protocol's (``orchestrator.protocol``).
 """

@@ -384,23 +384,32 @@ class CheckpointManager:
 
     def _write_file(self, path: Path, obj: Any, step: int) -> dict[str, Any]:
         hook = (lambda: self.write_hook(step, str(path))) if self.write_hook else None
-        with open(path, "xb") as f:
-            w = _OverlappedHashingWriter(f, hook)
-            try:
-                if path.name.endswith(".json"):
-                    w.write(json.dumps(obj, indent=1, sort_keys=True).encode())
-                else:
-                    with _torch_crc32(self.torch_crc32):
-                        torch.save(obj, w)
-                w.flush()
-            except Exception as e:
-                # A real ENOSPC inside torch.save surfaces as "RuntimeError: unexpected pos ..." from
-                # its zip writer; report the disk error itself so the failure class is right.
-                if w.error is not None and w.error is not e:
-                    raise w.error from e
-                raise
-            finally:
-                digest = w.hexdigest()
-            os.fsync(f.fileno())  # never retried after an error: the pages may already be marked clean
-        return {"size": w.size, "sha256": digest}
+        return write_file_hashed(path, obj, hook, torch_crc32=self.torch_crc32)
 
+
+def write_file_hashed(path: Path, obj: Any, hook: Callable[[], None] | None = None, *,
+                      torch_crc32: bool = False) -> dict[str, Any]:
+    """Write one new file (``*.json`` as JSON, else ``torch.save``), hashing while writing; fsync it.
+
+    Returns ``{"size", "sha256"}``: one pass over the bytes, no re-read (the sharded checkpointer's
+    per-rank files use it too).
+    """
+    with open(path, "xb") as f:
+        w = _OverlappedHashingWriter(f, hook)
+        try:
+            if path.name.endswith(".json"):
+                w.write(json.dumps(obj, indent=1, sort_keys=True).encode())
+            else:
+                with _torch_crc32(torch_crc32):
+                    torch.save(obj, w)
+            w.flush()
+        except Exception as e:
+            # A real ENOSPC inside torch.save surfaces as "RuntimeError: unexpected pos ..." from
+            # its zip writer; report the disk error itself so the failure class is right.
+            if w.error is not None and w.error is not e:
+                raise w.error from e
+            raise
+        finally:
+            digest = w.hexdigest()
+        os.fsync(f.fileno())  # never retried after an error: the pages may already be marked clean
+    return {"size": w.size, "sha256": digest}

@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from orchestrator import protocol
-from orchestrator.kit.dist import global_rank
+from orchestrator.kit.dist import global_rank, lost_peer
 from orchestrator.kit.log import log
 
 ENV_HEARTBEAT_S = "ORCH_HEARTBEAT_S"  # how often progress.json is rewritten (seconds, default 2)
@@ -106,13 +106,14 @@ class Run:
         if stale is not None:
             log(f"attempt {self.attempt} restarted in place: previous failure.json kept as {stale.name}")
 
-    def resume_checkpoint(self) -> tuple[int, Path] | None:
+    def resume_checkpoint(self, *, hashes: bool = True) -> tuple[int, Path] | None:
         """(step, dir) to resume from: the policy's ``resume`` override, else the newest verified one.
 
         ``ORCH_OVERRIDES`` ``{"resume": PATH}`` is a rollback (e.g. after a NaN): the checkpoints after
         it belong to the abandoned timeline and are renamed aside, since their names will be written
         again. A rollback target in this run's checkpoints/ that no longer verifies is set aside too, and
         the next OLDER verified one is used (none: a fresh start). ``{"resume": "none"}`` starts fresh.
+        ``hashes=False``: manifests and sizes only (a multi-rank job's ranks then hash the files in parallel).
         """
         wanted = self.overrides.get("resume")
         if wanted == "none":
@@ -120,7 +121,7 @@ class Run:
             return None
         if isinstance(wanted, str) and wanted:
             path = Path(wanted) if Path(wanted).is_absolute() else self.run_dir / wanted
-            problem = protocol.verify_checkpoint(path)
+            problem = protocol.verify_checkpoint(path, hashes=hashes)
             step = protocol.checkpoint_step(path)
             own = step is not None and path.parent.resolve() == (self.run_dir / protocol.CHECKPOINTS_DIR).resolve()
             if problem is not None and not own:
@@ -131,7 +132,7 @@ class Run:
                 # the job). Never a newer one than asked for: a rollback must not resume past the bad step.
                 log(f"resume override {wanted} does not verify ({problem}): set aside; using an older checkpoint")
                 self._set_aside(path, "corrupt")
-                found = self._newest_verified_before(step or 0)
+                found = self._newest_verified_before(step or 0, hashes=hashes)
                 if found is None:
                     self._set_aside_newer_than(-1)
                     return None
@@ -140,19 +141,19 @@ class Run:
             self._set_aside_newer_than(step)
             return step, path
         for path in protocol.iter_checkpoint_dirs(self.run_dir):
-            problem = protocol.verify_checkpoint(path)
+            problem = protocol.verify_checkpoint(path, hashes=hashes)
             if problem is None:
                 return protocol.checkpoint_step(path) or 0, path
             log(f"skipping checkpoint that does not verify: {problem}")
         return None
 
-    def _newest_verified_before(self, step: int) -> tuple[int, Path] | None:
+    def _newest_verified_before(self, step: int, *, hashes: bool = True) -> tuple[int, Path] | None:
         """(step, dir) of the newest checkpoint older than ``step`` that verifies; corrupt ones are set aside."""
         for path in protocol.iter_checkpoint_dirs(self.run_dir):
             s = protocol.checkpoint_step(path) or 0
             if s >= step:
                 continue
-            problem = protocol.verify_checkpoint(path)
+            problem = protocol.verify_checkpoint(path, hashes=hashes)
             if problem is None:
                 return s, path
             log(f"skipping checkpoint that does not verify: {problem}")
@@ -188,6 +189,32 @@ class Run:
             log(f"preempted ({reason}) at step {step}; checkpoint {rel}; exit {protocol.EXIT_PREEMPTED}")
         return SystemExit(protocol.EXIT_PREEMPTED)
 
+    def crashed(self, step: int | None, exc: BaseException | None, detail: str, *, rank: int = 0,
+                world: int = 1) -> None:
+        """Record why this rank's attempt failed, so that the attempt gets the right class.
+
+        One process: ``failure.json`` ``crash`` (rank 0). Several ranks: a rank that failed by itself writes
+        ``attempts/<n>/failure.rank-<r>.json`` (only rank 0 writes failure.json, and the others' tracebacks
+        were lost); a rank whose collective failed because a peer went away reports that peer's crash when
+        the peer recorded one, else ``killed`` (a kill -9, a lost node: requeued like a killed attempt, not a
+        bug of this program), and a survivor other than rank 0 writes it only when rank 0 has not.
+        """
+        adir = protocol.attempt_dir(self.run_dir, self.attempt)
+        if world > 1 and lost_peer(exc):
+            peer = _peer_crash(adir, rank)
+            cls, why = ("crash", peer) if peer else (
+                "killed", f"rank {rank} lost a peer rank in a collective (a rank was killed or stopped answering): "
+                          f"{detail[-600:]}")
+            if self.is_writer or not (adir / protocol.FAILURE_FILE).exists():
+                protocol.write_failure(self.run_dir, self.attempt, cls, step, why)
+            return
+        if self.is_writer:
+            protocol.write_failure(self.run_dir, self.attempt, "crash", step, detail)
+        else:
+            adir.mkdir(parents=True, exist_ok=True)
+            protocol.atomic_write_json(adir / RANK_FAILURE.format(rank), {"class": "crash", "step": step,
+                                                                          "rank": rank, "detail": detail[-1800:]})
+
     def finish(self, metrics: dict[str, Any], step: int | None = None) -> dict | None:
         """``result/metrics.json``, then :func:`record_completion` over every file under ``result/``: the LAST
         write of the integration. Under orch, what the script writes into ``result/`` after this is listed
@@ -199,6 +226,22 @@ class Run:
         files = sorted(str(p.relative_to(self.run_dir)) for p in self.result_dir.rglob("*")
                        if p.is_file() and not p.is_symlink())
         return record_completion(self.run_dir, self.job, self.attempt, files, step=step)
+
+
+RANK_FAILURE = "failure.rank-{:05d}.json"  # a non-writer rank's own failure, beside failure.json
+
+
+def _peer_crash(adir: Path, rank: int) -> str | None:
+    """The lowest other rank's own failure record in ``adir``, as one line of detail, or None."""
+    for p in sorted(adir.glob("failure.rank-*.json")):
+        if p.name == RANK_FAILURE.format(rank):
+            continue
+        try:
+            rec = protocol.read_json_bounded(p)
+            return f"{p.name}: {str(rec.get('detail', ''))[-1500:]}"
+        except (OSError, ValueError, AttributeError):
+            return f"{p.name} (unreadable)"
+    return None
 
 
 def marker_written_by_wrapper() -> bool:

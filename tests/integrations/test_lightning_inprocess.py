@@ -84,3 +84,43 @@ def test_sigterm_before_training_starts_exits_143_not_lightnings_0(tmp_path):
     report = protocol.read_failure(tmp_path, 1)
     assert (report["class"], report["step"], report["checkpoint"]) == ("preempted", 0, None), report
     assert not (tmp_path / "done.json").exists()
+
+
+class WithValidation(Tiny):
+    """Signals itself in validation batch ``signal_at_val`` of the first validation."""
+
+    def __init__(self, signal_at_val: int | None = None) -> None:
+        super().__init__()
+        self.signal_at_val = signal_at_val
+        self.val_batches = 0
+
+    def validation_step(self, batch: list[torch.Tensor], batch_idx: int) -> torch.Tensor:
+        self.val_batches += 1
+        if self.val_batches == self.signal_at_val:
+            os.kill(os.getpid(), signal.SIGTERM)
+        return self.lin(batch[0]).pow(2).mean()
+
+
+def test_sigterm_during_validation_stops_at_the_next_validation_batch_with_the_steps_checkpoint(tmp_path):
+    """Issue 19: a flag checked at training-step boundaries only waited for the whole validation (and one more
+    step) before saving: a SIGTERM during eval must be honoured at the next validation batch."""
+    def fit(module: WithValidation) -> int:
+        torch.manual_seed(0)
+        data = DataLoader(TensorDataset(torch.randn(64, 4)), batch_size=4)
+        trainer = L.Trainer(max_steps=8, val_check_interval=4, limit_val_batches=12, logger=False,
+                            enable_progress_bar=False, enable_checkpointing=False, enable_model_summary=False,
+                            num_sanity_val_steps=0, accelerator="cpu", callbacks=[orch.OrchCallback(run_dir=tmp_path)])
+        try:
+            trainer.fit(module, data, data, ckpt_path=orch.resume_path(tmp_path))
+        except SystemExit as e:
+            return e.code
+        return 0
+
+    module = WithValidation(signal_at_val=3)
+    assert fit(module) == protocol.EXIT_PREEMPTED
+    assert module.val_batches == 3, "validation went on after the stop was agreed"
+    report = protocol.read_failure(tmp_path, 1)
+    assert (report["class"], report["step"]) == ("preempted", 4), report  # the step validation followed
+    assert [s for s, _ in protocol.verified_checkpoints(tmp_path)] == [4]
+    assert fit(WithValidation()) == 0 and protocol.verify_done_marker(tmp_path).verified
+    assert protocol.read_json_bounded(tmp_path / "result" / "metrics.json")["global_step"] == 8

@@ -1,0 +1,123 @@
+"""The multi-rank kit's decisions, one at a time (issue 19): the agreement's interval, the commit's refusals,
+the controller's bounded verification, and the class a rank's failure gets. Real processes: tests/integrations/
+test_multirank.py."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import pytest
+
+from orchestrator import protocol
+from orchestrator.kit import dist as kdist
+from orchestrator.kit.run import Run
+from orchestrator.kit.sharded import _check_reports
+
+
+class _Flag:
+    requested = False
+
+
+def _agreement(step_s: float, cost_s: float, max_interval_s: float = 1.0) -> kdist.StopAgreement:
+    a = kdist.StopAgreement(_Flag(), max_interval_s=max_interval_s)
+    a._step_s, a._cost_s = step_s, cost_s
+    return a
+
+
+def test_the_agreement_interval_keeps_its_cost_at_one_percent_of_the_step_time():
+    assert _agreement(0.005, 0.001)._proposal() == 40  # 1 ms every 40 x 5 ms: 0.5 %, half the 1 % budget
+    assert _agreement(1.0, 0.001)._proposal() == 1  # a long step: every step
+
+
+def test_the_agreement_interval_never_exceeds_what_the_grace_allows():
+    assert _agreement(0.5, 0.1, max_interval_s=1.0)._proposal() == 2  # cost alone would ask for 20 steps
+    assert _agreement(3.0, 0.1, max_interval_s=1.0)._proposal() == 1
+
+
+def test_the_longest_time_between_agreements_comes_from_the_env_and_a_tenth_of_the_grace():
+    assert kdist.max_check_interval_s({}) == kdist.DEFAULT_STOP_CHECK_S
+    assert kdist.max_check_interval_s({kdist.ENV_STOP_CHECK_S: "3"}) == 3.0
+    assert kdist.max_check_interval_s({kdist.ENV_GRACE_S: "5"}) == 0.5
+    assert kdist.max_check_interval_s({kdist.ENV_STOP_CHECK_S: "x", kdist.ENV_GRACE_S: "-1"}) == 1.0
+
+
+def test_one_process_acts_on_its_own_flag_at_every_boundary():
+    flag = _Flag()
+    a = kdist.StopAgreement(flag)
+    assert [a.should_stop() for _ in range(3)] == [False] * 3
+    flag.requested = True
+    assert a.should_stop() is True
+
+
+def test_grad_accumulation_keeps_the_effective_batch_and_refuses_one_it_would_change():
+    assert [kdist.grad_accumulation(8, 2, w) for w in (1, 2, 4)] == [4, 2, 1]
+    with pytest.raises(ValueError, match="not a multiple"):
+        kdist.grad_accumulation(8, 2, 3)
+
+
+def _files(tmp: Path, name: str, data: bytes) -> dict:
+    (tmp / name).parent.mkdir(parents=True, exist_ok=True)
+    (tmp / name).write_bytes(data)
+    return {name: {"size": len(data), "sha256": "x"}}
+
+
+def test_rank_zero_commits_only_when_every_rank_reported_every_file_without_error(tmp_path):
+    r0 = {"rank": 0, "files": {**_files(tmp_path, "dcp/.metadata", b"m"), **_files(tmp_path, "state.pt", b"s")}}
+    r1 = {"rank": 1, "files": _files(tmp_path, "dcp/__1_0.distcp", b"abc")}
+    assert _check_reports(tmp_path, [r0, r1], 2, True) is None
+    assert "expected 0..1" in _check_reports(tmp_path, [r0, None], 2, True)  # a rank that never reported
+    assert "rank 1: OSError" in _check_reports(tmp_path, [r0, {"rank": 1, "error": "OSError(28)"}], 2, True)
+    assert "reported by two ranks" in _check_reports(tmp_path, [r0, {"rank": 1, "files": r0["files"]}], 2, True)
+    (tmp_path / "dcp" / "__1_0.distcp").write_bytes(b"ab")  # shorter than reported
+    assert "is not on disk with its size" in _check_reports(tmp_path, [r0, r1], 2, True)
+    no_meta = {"rank": 0, "files": _files(tmp_path, "state.pt", b"s")}
+    assert ".metadata was not written" in _check_reports(tmp_path, [no_meta], 1, True)
+
+
+def _checkpoint(run_dir: Path, step: int, data: bytes, **extra: object) -> Path:
+    d = run_dir / protocol.CHECKPOINTS_DIR / protocol.checkpoint_name(step)
+    d.mkdir(parents=True)
+    (d / "model.pt").write_bytes(data)
+    listing = {"model.pt": {"size": len(data), "sha256": protocol.sha256_file(d / "model.pt")[1]}}
+    (d / protocol.MANIFEST).write_text(json.dumps({"step": step, "files": listing, **extra}))
+    return d
+
+
+def _flip(p: Path) -> None:
+    b = bytearray(p.read_bytes())
+    b[len(b) // 2] ^= 1
+    p.write_bytes(bytes(b))
+
+
+def test_the_controller_hashes_only_small_single_writer_checkpoints(tmp_path):
+    small = _checkpoint(tmp_path, 1, os.urandom(4096))
+    sharded = _checkpoint(tmp_path, 2, os.urandom(4096), format=protocol.SHARDED_FORMAT)
+    for d in (small, sharded):
+        _flip(d / "model.pt")
+    assert "sha256 mismatch" in protocol.verify_checkpoint_bounded(small)  # issue 9 kept
+    assert protocol.verify_checkpoint_bounded(sharded) is None  # its ranks hash it at resume
+    assert protocol.verify_checkpoint_bounded(small, hash_budget=1024) is None  # too large to hash here
+    (sharded / "model.pt").write_bytes(b"short")
+    assert "has size 5" in protocol.verify_checkpoint_bounded(sharded)  # sizes are always checked
+
+
+class _Gone(RuntimeError):
+    pass
+
+
+def test_a_rank_that_lost_a_peer_reports_killed_or_the_peers_own_crash(tmp_path):
+    lost = RuntimeError("[gloo/transport/tcp/pair.cc:537] Read error: Connection reset by peer")
+    run0 = Run(run_dir=tmp_path, job="j", attempt=1, is_writer=True)
+    run1 = Run(run_dir=tmp_path, job="j", attempt=1, is_writer=False)
+    run0.crashed(7, lost, "tb", rank=0, world=2)
+    assert protocol.read_failure(tmp_path, 1)["class"] == "killed"
+    run1.crashed(7, ValueError("bug"), "Traceback: ValueError: bug", rank=1, world=2)  # its own failure
+    assert json.loads((protocol.attempt_dir(tmp_path, 1) / "failure.rank-00001.json").read_text())["class"] == "crash"
+    run0.crashed(7, lost, "tb", rank=0, world=2)
+    got = protocol.read_failure(tmp_path, 1)
+    assert got["class"] == "crash" and "ValueError: bug" in got["detail"], got
+    assert not kdist.lost_peer(RuntimeError("shape mismatch")) and not kdist.lost_peer(None)
+    run0.crashed(3, _Gone("Connection closed by peer"), "tb", rank=0, world=1)  # one process: its own crash
+    assert protocol.read_failure(tmp_path, 1)["class"] == "crash"
