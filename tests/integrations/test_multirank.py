@@ -215,6 +215,23 @@ def test_with_very_short_steps_the_ranks_agree_every_n_steps_and_still_stop_afte
     assert_complete_step(committed(run_dir)[report["step"]], 2)
 
 
+def test_save_every_auto_on_two_ranks_takes_one_save_decision_for_both(tmp_path):
+    """save_every="auto" with a sharded (collective) save: each rank's clock says "due" at its own moment, so the
+    decision is agreed; rank 0 deciding alone left it waiting in the gather for a rank that never saved (found
+    when the auto interval and the sharded commit met at merge)."""
+    run_dir = tmp_path / "run"
+    env = quiet_env({"OMP_NUM_THREADS": "1", "ORCH_MTBF_S": "4"})  # Daly's interval for this M: well under 1 s
+    p = subprocess.run(torchrun(2, "--max-steps", "40", "--save-every", "auto", "--sleep-per-step", "0.03",
+                                "--dropout", "0", "--run-dir", str(run_dir)),
+                       env=env, capture_output=True, text=True, timeout=180)
+    assert p.returncode == 0, p.stderr[-3000:]
+    steps = sorted(committed(run_dir))
+    assert steps and steps[-1] < 40, steps  # periodic saves happened before the end
+    for s in steps:
+        assert_complete_step(committed(run_dir)[s], 2)
+    assert protocol.verify_done_marker(run_dir).verified
+
+
 def test_rank_zero_failing_to_choose_the_resume_step_fails_every_rank_at_once(tmp_path):
     """A rollback override naming another run's checkpoint that is gone: rank 0 refuses it (RunDirError). The
     other ranks, waiting for rank 0's choice, hear the refusal and raise it too, rather than waiting in the

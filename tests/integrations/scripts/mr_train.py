@@ -32,7 +32,7 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--run-dir")
     ap.add_argument("--max-steps", type=int, default=20)
-    ap.add_argument("--save-every", type=int, default=0)
+    ap.add_argument("--save-every", type=lambda v: v if v == "auto" else int(v), default=0, help="steps, or auto")
     ap.add_argument("--global-batch", type=int, default=8)
     ap.add_argument("--micro-batch", type=int, default=2)
     ap.add_argument("--dropout", type=float, default=0.1)
