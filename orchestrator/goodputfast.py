@@ -10,16 +10,13 @@ SQLAlchemy alone took ~0.3 s of `orch report`'s 0.5 s on an empty DB.
 from __future__ import annotations
 
 import json
-import os
-import sqlite3
-import stat
 import time
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from orchestrator.config import Config, sqlite_path
-from orchestrator.statusview import STATUS_REVISION, _home_is_private
+from orchestrator.config import Config
+from orchestrator.statusview import fast_read
 
 
 def report_selects(windowed: bool):  # noqa: ANN201 - two sqlalchemy Selects, imported lazily
@@ -121,9 +118,8 @@ def jobs_from_rows(job_rows: Any, attempt_rows: Any) -> list[FastJob]:
 
 
 def fast_jobs(cfg: Config, since: timedelta | None, now: float) -> list[FastJob] | None:
-    """The report's jobs through sqlite3, or None: take the slow path (any doubt, any error)."""
-    db_file = sqlite_path(cfg.db_url)
-    if db_file is None or not _home_is_private(cfg.home) or not REPORT_SQL:
+    """The report's jobs through sqlite3 (``statusview.fast_read``), or None: take the slow path."""
+    if not REPORT_SQL:
         return None
     sql = REPORT_SQL["window" if since is not None else "all"]
     params: tuple[Any, ...] = ()
@@ -131,28 +127,8 @@ def fast_jobs(cfg: Config, since: timedelta | None, now: float) -> list[FastJob]
         # as SQLAlchemy stores a DateTime in SQLite: always with microseconds, so strings compare as times
         cutoff = (datetime.fromtimestamp(now, UTC).replace(tzinfo=None) - since).strftime("%Y-%m-%d %H:%M:%S.%f")
         params = (cutoff, cutoff)
-    try:
-        st = os.stat(db_file)
-        if not stat.S_ISREG(st.st_mode) or st.st_size == 0 or st.st_uid != os.geteuid() or st.st_mode & 0o077:
-            return None
-        conn = sqlite3.connect(db_file, timeout=cfg.busy_timeout_ms / 1000, isolation_level=None)
-    except (OSError, sqlite3.Error):
-        return None
-    try:
-        conn.execute(f"PRAGMA busy_timeout={int(cfg.busy_timeout_ms)}")
-        conn.execute("PRAGMA query_only=ON")  # a read command writes nothing
-        conn.execute("BEGIN")  # the revision and both queries from one snapshot
-        rev = conn.execute("SELECT version_num FROM alembic_version").fetchone()
-        if rev is None or rev[0] != STATUS_REVISION:
-            return None
-        jobs = jobs_from_rows(conn.execute(sql["jobs"], params).fetchall(),
-                              conn.execute(sql["attempts"], params).fetchall())
-        conn.execute("COMMIT")
-    except (sqlite3.Error, KeyError, TypeError, ValueError):
-        return None
-    finally:
-        conn.close()
-    return jobs
+    return fast_read(cfg, lambda conn: jobs_from_rows(conn.execute(sql["jobs"], params).fetchall(),
+                                                      conn.execute(sql["attempts"], params).fetchall()))
 
 
 def fast_report(cfg: Config, since: timedelta | None, now: float | None = None) -> dict[str, Any] | None:

@@ -19,14 +19,16 @@ import os
 import sqlite3
 import stat
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from orchestrator import protocol
 from orchestrator.config import Config, sqlite_path
 from orchestrator.progressvalues import plausible
 from orchestrator.states import JobState
+
+T = TypeVar("T")
 
 SLOW_MIN_SAMPLES = 5
 
@@ -137,16 +139,16 @@ STATUS_KEYS = ("name", "state", "backend", "run_dir", "count", "external_id", "f
 LEGACY_CACHE_FILE = Path("cache") / "status-sql.json"  # under ORCH_HOME: written by older orch, never read
 
 
-def fast_status_rows(cfg: Config, state: str | None = None) -> list[dict[str, Any]] | None:
-    """The rows of ``status_select(state)`` through stdlib sqlite3, or None: take the slow path.
+def fast_read(cfg: Config, query: Callable[[sqlite3.Connection], T]) -> T | None:
+    """``query(conn)`` on the DB through stdlib sqlite3 in one read-only snapshot, or None: take the slow path.
 
     Only for a DB that the slow path would leave as it is: a regular, non-empty file of ours that others
     cannot read, in a private home, at ``STATUS_REVISION`` (anything else, PostgreSQL and any sqlite3
-    error included, goes to the slow path, which creates, upgrades, tightens or reports)."""
+    error included, goes to the slow path, which creates, upgrades, tightens or reports). The read commands'
+    one gate (orch status, orch report), so none can drift from the others' rules."""
     db_file = sqlite_path(cfg.db_url)
     if db_file is None or not _home_is_private(cfg.home):
         return None
-    params = (state,) if state else ()
     try:
         st = os.stat(db_file)
         if not stat.S_ISREG(st.st_mode) or st.st_size == 0 or st.st_uid != os.geteuid() or st.st_mode & 0o077:
@@ -157,18 +159,25 @@ def fast_status_rows(cfg: Config, state: str | None = None) -> list[dict[str, An
     try:
         conn.execute(f"PRAGMA busy_timeout={int(cfg.busy_timeout_ms)}")
         conn.execute("PRAGMA query_only=ON")  # a read command writes nothing
-        conn.execute("BEGIN")  # the revision and the rows from one snapshot
+        conn.execute("BEGIN")  # the revision and every query from one snapshot
         rev = conn.execute("SELECT version_num FROM alembic_version").fetchone()
         if rev is None or rev[0] != STATUS_REVISION:
             return None
-        found = [dict(zip(STATUS_KEYS, r, strict=True))
-                 for r in conn.execute(STATUS_SQL["state" if state else "all"], params)]
+        found = query(conn)
         conn.execute("COMMIT")
     except (sqlite3.Error, KeyError, TypeError, ValueError):
         return None  # whatever it is, the slow path says it the way every command does
     finally:
         conn.close()
-    return [make_row(r, cfg) for r in found]
+    return found
+
+
+def fast_status_rows(cfg: Config, state: str | None = None) -> list[dict[str, Any]] | None:
+    """The rows of ``status_select(state)`` through :func:`fast_read`, or None: take the slow path."""
+    params = (state,) if state else ()
+    found = fast_read(cfg, lambda conn: [dict(zip(STATUS_KEYS, r, strict=True))
+                                         for r in conn.execute(STATUS_SQL["state" if state else "all"], params)])
+    return None if found is None else [make_row(r, cfg) for r in found]
 
 
 def drop_legacy_cache(cfg: Config) -> None:

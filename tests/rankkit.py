@@ -100,17 +100,6 @@ def cmdline_of(procs: list[psutil.Process], needle: str) -> list[str] | None:
     return None
 
 
-def wait_for(cond, timeout: float, what: str, every: float = 0.2):  # noqa: ANN001, ANN201
-    import time
-
-    deadline = time.monotonic() + timeout
-    while True:
-        v = cond()
-        if v:
-            return v
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout} s waiting for {what}")
-        time.sleep(every)
 
 
 GLOO_ENV = {"OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}

@@ -48,6 +48,7 @@ from typing import Any, BinaryIO
 import torch
 
 from orchestrator import protocol
+from orchestrator.kit import commit
 from orchestrator.kit.stall import blocked_saving
 
 WriteHook = Callable[[int, str], None]  # (step, file path) before each write: fault injection
@@ -295,14 +296,7 @@ class CheckpointManager:
         reader ever sees a half-deleted directory under a committed name. Called only after a new
         checkpoint committed (HF Accelerate deletes BEFORE writing: a crash then leaves fewer).
         """
-        removed = []
-        for path in list(protocol.iter_checkpoint_dirs(self.run_dir))[self.keep_last_k:]:
-            aside = path.with_name(f"{path.name}{protocol.TMP_INFIX}del-{secrets.token_hex(4)}")
-            os.rename(path, aside)
-            protocol.fsync_dir(self.root)
-            shutil.rmtree(aside, ignore_errors=True)
-            removed.append(path.name)
-        return removed
+        return commit.prune(self.run_dir, self.keep_last_k)
 
     # --- writing ---------------------------------------------------------------------------------
     @property

@@ -46,6 +46,7 @@ from typing import Any
 import torch
 
 from orchestrator import protocol
+from orchestrator.kit import commit
 from orchestrator.kit import dist as kdist
 from orchestrator.kit.checkpoint import (
     CheckpointCorrupt,
@@ -313,14 +314,7 @@ class ShardedCheckpointer:
 
     def prune(self) -> list[str]:
         """Committed steps beyond the newest ``keep_last_k``, renamed aside first (rank 0, after a commit)."""
-        removed = []
-        for path in list(protocol.iter_checkpoint_dirs(self.run_dir))[self.keep_last_k:]:
-            aside = path.with_name(f"{path.name}{protocol.TMP_INFIX}del-{os.urandom(4).hex()}")
-            os.rename(path, aside)
-            protocol.fsync_dir(self.root)
-            shutil.rmtree(aside, ignore_errors=True)
-            removed.append(path.name)
-        return removed
+        return commit.prune(self.run_dir, self.keep_last_k)
 
     # --- resuming -----------------------------------------------------------------------------------
     def resume(self, choose: Callable[[], tuple[int, Path] | None]) -> tuple[int, Path] | None:

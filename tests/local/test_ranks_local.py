@@ -9,7 +9,8 @@ from __future__ import annotations
 import os
 import sys
 
-from rankkit import GLOO_ENV, TORCHRUN_ENV, cmdline_of, rank_envs, rank_program, steps_done, token_carriers, wait_for
+from orchkit import wait_for
+from rankkit import GLOO_ENV, TORCHRUN_ENV, cmdline_of, rank_envs, rank_program, steps_done, token_carriers
 
 from orchestrator import protocol
 

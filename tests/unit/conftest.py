@@ -36,3 +36,12 @@ def sched(monkeypatch: pytest.MonkeyPatch):  # noqa: ANN201 - orchkit's FakeSche
     monkeypatch.setattr("orchestrator.sweep.get_backend", lambda _name: s)
     monkeypatch.setattr("orchestrator.backends.get_backend", lambda _name: s)  # views.log_paths' live probe
     return s
+
+
+@pytest.fixture
+def outside(tmp_path):  # noqa: ANN001, ANN201
+    """A tree outside ORCH_HOME that confinement tests check is never touched (rundir, trash)."""
+    o = tmp_path / "outside"
+    (o / "sub").mkdir(parents=True)
+    (o / "sub" / "secret").write_text("never touched\n")
+    return o

@@ -9,14 +9,6 @@ from orchestrator.errors import Refused
 from orchestrator.rundir import check_run_dir, ensure_runs_root, make_dir_nofollow
 
 
-@pytest.fixture
-def outside(tmp_path):  # noqa: ANN001, ANN201
-    o = tmp_path / "outside"
-    (o / "sub").mkdir(parents=True)
-    (o / "sub" / "secret").write_text("never touched\n")
-    return o
-
-
 def test_a_run_dir_that_is_a_link_a_file_or_holds_a_linked_attempts_dir_is_refused(cfg, outside):
     ensure_runs_root(cfg)
     (cfg.runs_root / "link").symlink_to(outside)

@@ -13,14 +13,6 @@ from orchestrator.rundir import ensure_runs_root
 from orchestrator.trash import empty_trash, move_to_trash
 
 
-@pytest.fixture
-def outside(tmp_path):  # noqa: ANN001, ANN201
-    o = tmp_path / "outside"
-    (o / "sub").mkdir(parents=True)
-    (o / "sub" / "secret").write_text("never touched\n")
-    return o
-
-
 def test_move_to_trash_renames_what_it_is_given_skips_what_is_gone_and_moves_a_link_not_its_target(cfg, outside):
     ensure_runs_root(cfg)
     rd = cfg.runs_root / "j"
