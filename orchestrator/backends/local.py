@@ -99,13 +99,33 @@ def _foreign_view(ident: LocalId, here: tuple[int, int] | None) -> str:
     return ""
 
 
+class TokenCarriers:
+    """Live processes by the attempt token their kernel-held environment carries: ONE scan of the process
+    table, made only when a liveness question needs it (a session found empty), shared by a whole poll."""
+
+    def __init__(self) -> None:
+        self._by_token: dict[str, list[proctable.Proc]] | None = None
+
+    def __call__(self, token: str) -> list[proctable.Proc]:
+        if self._by_token is None:
+            self._by_token = {}
+            for p in proctable.all_procs():
+                tok = None if p.zombie else proctable.environ_value(p.pid, protocol.ENV_TOKEN)
+                if tok:
+                    self._by_token.setdefault(tok, []).append(p)
+        return self._by_token.get(token, [])
+
+
 def liveness(ref_id: str | None, token: str, table: dict[int, list[proctable.Proc]],
-             here: tuple[int, int] | None) -> Liveness:
+             here: tuple[int, int] | None, carriers: TokenCarriers | None = None) -> Liveness:
     """Is the attempt's session alive? Decided from the kernel's process table, never from files.
 
     ``here`` is ``proctable.namespaces()`` of the caller. "gone" only when no process of the
     session exists, seen from the namespaces the job was launched in: a reused pid, a shifted clock
-    and another namespace cannot be told apart from the real job, so they answer "unknown".
+    and another namespace cannot be told apart from the real job, so they answer "unknown". With
+    ``carriers``, also only when no process outside the session carries the attempt's token: torchrun
+    starts each rank in a session of its own, and with the wrapper and torchrun killed the ranks trained on
+    while the attempt was called gone and `orch cancel` stopped nothing (hostile test, issue 19).
     """
     ident = parse_id(ref_id)
     if ident is None:
@@ -124,7 +144,8 @@ def liveness(ref_id: str | None, token: str, table: dict[int, list[proctable.Pro
                 "shifted clock cannot be told apart from the job)"))
         # The number was handed to a new process, which the kernel does only after every process of
         # our session (which held it as their session id) was gone.
-        return Liveness("gone", None, (), "its session ended (the id now names another process)")
+        return _left_the_session(token, carriers) or Liveness(
+            "gone", None, (), "its session ended (the id now names another process)")
     if holder is None or holder.zombie:
         leader = None
     elif ticks is not None:
@@ -142,7 +163,17 @@ def liveness(ref_id: str | None, token: str, table: dict[int, list[proctable.Pro
         return Liveness("unknown", None, (), (
             f"liveness undecidable: {len(members)} process(es) of session {sid} live but none can be proven "
             "the job's (no readable token)"))
-    return Liveness("gone", None, ())
+    return _left_the_session(token, carriers) or Liveness("gone", None, ())
+
+
+def _left_the_session(token: str, carriers: TokenCarriers | None) -> Liveness | None:
+    """Alive by the processes that left the attempt's session but carry its token, else None."""
+    left = carriers(token) if carriers is not None else []
+    if not left:
+        return None
+    return Liveness("alive", None, tuple(left),
+                    f"its session is gone but {len(left)} process(es) carrying the attempt's token run "
+                    "(a rank of torchrun's, in a session of its own)")
 
 
 def _tops(procs: Sequence[proctable.Proc]) -> list[proctable.Proc]:
@@ -214,10 +245,10 @@ class LocalBackend(Backend):
         return format_id(gpid, ticks if ticks >= 0 else None, ns)
 
     def poll(self, refs: Sequence[AttemptRef]) -> dict[str, Outcome]:
-        table, here = proctable.sessions(), proctable.namespaces()
+        table, here, carriers = proctable.sessions(), proctable.namespaces(), TokenCarriers()
         out: dict[str, Outcome] = {}
         for ref in refs:
-            live = liveness(ref.external_id, ref.token, table, here)
+            live = liveness(ref.external_id, ref.token, table, here, carriers)
             if live.state == "alive":
                 out[ref.token] = Outcome(Phase.RUNNING, reason=live.why)
             elif live.state == "unknown":
@@ -248,9 +279,9 @@ class LocalBackend(Backend):
     def cancel(self, refs: Sequence[AttemptRef]) -> None:
         """SIGTERM: to the wrapper, which passes the stop to the program (and records that it did);
         if the wrapper is gone, to the roots of the job's remaining process trees."""
-        table, here = proctable.sessions(), proctable.namespaces()
+        table, here, carriers = proctable.sessions(), proctable.namespaces(), TokenCarriers()
         for ref in refs:
-            live = liveness(ref.external_id, ref.token, table, here)
+            live = liveness(ref.external_id, ref.token, table, here, carriers)
             if live.state != "alive":
                 continue
             _signal_all([live.leader] if live.leader else _tops(live.members), signal.SIGTERM)
@@ -259,9 +290,9 @@ class LocalBackend(Backend):
         """SIGKILL every process of each attempt's session (a job that ignored SIGTERM), and every process
         that left it but carries the attempt's token (torchrun's workers run in sessions of their own: with
         torchrun and the wrapper killed, the ranks lived on as orphans, issue 19)."""
-        table, here = proctable.sessions(), proctable.namespaces()
+        table, here, carriers = proctable.sessions(), proctable.namespaces(), TokenCarriers()
         for ref in refs:
-            live = liveness(ref.external_id, ref.token, table, here)
+            live = liveness(ref.external_id, ref.token, table, here, carriers)
             if live.state == "alive":
                 _signal_all(live.members or ([live.leader] if live.leader else []), signal.SIGKILL)
                 _signal_all(_token_carriers(ref.token, live.members), signal.SIGKILL)

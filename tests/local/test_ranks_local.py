@@ -119,3 +119,35 @@ def test_local_kill_reaches_ranks_outside_the_session(tmp_path):
              30, "the process that left the session")
     backend.kill([AttemptRef(ext, token, run_dir, 1)])
     wait_for(lambda: not token_carriers(token), 30, "every process of the attempt to be gone")
+
+
+def test_ranks_left_by_a_killed_wrapper_and_torchrun_keep_the_attempt_alive_and_cancel_stops_them(orch, tmp_path):
+    """kill -9 of the wrapper AND torchrun leaves the ranks (sessions of their own) training: the attempt is
+    alive while a process carrying its token runs, and `orch cancel` reaches them (hostile test: the attempt was
+    called gone, `orch cancel` said cancelled and both ranks trained on)."""
+    logs = tmp_path / "logs"
+    logs.mkdir()
+    prog = rank_program(tmp_path)
+    orch("submit", "--name", "left", "--nproc-per-node", "2", "--", sys.executable, str(prog),
+         "--max-steps", "100000", "--sleep", "0.05", "--log-dir", str(logs), env=GLOO_ENV, check=True)
+    token = orch.show("left")["attempts"][0]["token"]
+    envs = wait_for(lambda: len(e := rank_envs(logs, 1)) == 2 and e, 60, "both ranks' environments")
+    ranks = {e["pid"] for e in envs.values()}
+    try:
+        carriers = token_carriers(token)
+        for q in carriers:  # everything of the attempt but the ranks: the wrapper, torchrun
+            if q.pid not in ranks:
+                q.kill()
+        wait_for(lambda: {q.pid for q in token_carriers(token)} == ranks, 30, "only the ranks left")
+        assert orch("reconcile").returncode == 0
+        a = orch.show("left")["attempts"][0]
+        assert a["state"] == "running" and orch.state("left") == "running", a
+        p = orch("cancel", "left")
+        assert p.returncode == 0, p.stderr
+        wait_for(lambda: not token_carriers(token), 60, "the ranks to stop")
+        a = wait_for(lambda: (x := orch("reconcile") and orch.show("left")["attempts"][0])["state"]
+                     not in ("running", "stopping") and x, 60, "attempt 1 to end")
+        assert a["state"] == "cancelled" and orch.state("left") == "cancelled", a
+    finally:
+        for q in token_carriers(token):
+            q.kill()
