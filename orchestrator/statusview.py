@@ -150,7 +150,7 @@ def fast_read(cfg: Config, query: Callable[[sqlite3.Connection], T]) -> T | None
     if db_file is None or not _home_is_private(cfg.home):
         return None
     try:
-        st = os.stat(db_file)
+        st = os.lstat(db_file)  # a symlink goes to the slow path, which refuses it (hostile: read commands followed it)
         if not stat.S_ISREG(st.st_mode) or st.st_size == 0 or st.st_uid != os.geteuid() or st.st_mode & 0o077:
             return None  # absent, empty or not private: the slow path creates, upgrades or tightens it
         conn = sqlite3.connect(db_file, timeout=cfg.busy_timeout_ms / 1000, isolation_level=None)

@@ -189,6 +189,20 @@ def test_a_symlink_at_the_db_path_is_refused_and_nothing_is_written_outside_orch
     assert tree_hash(outside) == before and target.exists() != dangling
 
 
+@pytest.mark.parametrize("command", [("status",), ("report", "--since", "all")])
+def test_a_symlink_to_a_real_db_is_refused_by_the_read_commands_fast_path_too(orch, tmp_path, command):
+    # Hostile test: orch status and orch report read another home's DB through a symlinked orch.db (their
+    # fast path followed it) while every other command refused it.
+    other = tmp_path / "other-home"
+    assert orch("status", env={"ORCH_HOME": str(other)}).returncode == 0  # a real, current, private DB
+    orch.home.mkdir(mode=0o700)
+    (orch.home / "orch.db").symlink_to(other / "orch.db")
+    p = orch(*command)
+    assert (p.returncode, p.stdout) == (2, ""), p.stdout + p.stderr
+    assert p.stderr == (f"orch: {orch.home / 'orch.db'} is a symlink; orch keeps its DB in ORCH_HOME (set "
+                        "ORCH_DB_URL to use one elsewhere)\n")
+
+
 def test_an_unusable_sweep_launch_lock_is_one_sweeps_error_and_the_pass_goes_on_for_other_jobs(orch):
     # Hostile test: a directory at sweep-launch.lock made every reconcile pass exit 1 before the
     # auto-requeue, so no job was ever requeued again.
