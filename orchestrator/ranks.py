@@ -56,14 +56,19 @@ def shutdown_timeout(grace_s: float) -> int:
     return max(1, math.ceil(grace_s))
 
 
-def torchrun_argv(python: str, r: Ranks, command: Sequence[str], rdzv: tuple[str, int, str] | None = None) -> list[str]:
+def torchrun_argv(python: str, r: Ranks, command: Sequence[str], rdzv: tuple[str, int, str] | None = None,
+                  log_dir: str | None = None) -> list[str]:
     """torchrun running ``command`` (any executable: ``--no-python``) as ``r.nproc_per_node`` local ranks.
 
     ``rdzv``: (host, port, id) of the c10d rendezvous of a multi-node job; None: ``--standalone`` (one node).
+    ``log_dir``: torchrun's own files (the ranks' error records) go there, in the attempt's dir: without it
+    torchrun makes a /tmp/torchelastic_* dir per attempt that nothing removes (hostile test: outside ORCH_HOME).
     """
     argv = [python, *TORCHRUN, "--nnodes", str(r.nodes), "--nproc-per-node", str(r.nproc_per_node),
             "--max-restarts", "0",  # a failed rank fails the attempt: orch's policy decides the retry
             "--shutdown-timeout", str(shutdown_timeout(r.grace_s)), "--signals-to-handle", SIGNALS_TO_HANDLE]
+    if log_dir is not None:
+        argv += ["--log-dir", log_dir]
     if rdzv is None:
         argv.append("--standalone")
     else:
@@ -92,7 +97,8 @@ def slurm_hosts(nodelist: str) -> list[str]:
     return hosts
 
 
-def slurm_step_argv(python: str, r: Ranks, command: Sequence[str], env: Mapping[str, str]) -> list[str]:
+def slurm_step_argv(python: str, r: Ranks, command: Sequence[str], env: Mapping[str, str],
+                    log_dir: str | None = None) -> list[str]:
     """srun starting one torchrun per node of the allocation, rendezvous on its first node.
 
     ``--cpus-per-task`` is passed on explicitly: srun of Slurm 22.05 does not inherit the batch job's.
@@ -106,4 +112,4 @@ def slurm_step_argv(python: str, r: Ranks, command: Sequence[str], env: Mapping[
     cpus = env.get("SLURM_CPUS_PER_TASK") or ""
     if cpus.isdigit():
         srun.append(f"--cpus-per-task={cpus}")
-    return srun + torchrun_argv(python, r, command, rdzv=(master, rdzv_port(job_id), job_id))
+    return srun + torchrun_argv(python, r, command, rdzv=(master, rdzv_port(job_id), job_id), log_dir=log_dir)

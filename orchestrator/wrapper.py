@@ -274,6 +274,9 @@ def stop_leftovers(grace_s: float = LEFTOVER_GRACE_S, token: str | None = None) 
     kill_session(signal.SIGKILL, token)
 
 
+TORCHRUN_DIR = "torchrun"  # attempts/<n>/torchrun: torchrun's own files (each rank's error record)
+
+
 def _program(a: argparse.Namespace) -> tuple[list[str], int | None, str | None]:
     """(argv to run, the world size orch launched or None, the Slurm job whose steps run the ranks or None).
 
@@ -283,12 +286,13 @@ def _program(a: argparse.Namespace) -> tuple[list[str], int | None, str | None]:
     if not a.nproc_per_node:
         return list(a.command), None, None
     r = ranks.Ranks(a.nodes, a.nproc_per_node, max(a.grace, a.kill_grace))
+    log_dir = str(protocol.attempt_dir(Path(a.run_dir), a.attempt) / TORCHRUN_DIR)
     job_id = os.environ.get("SLURM_JOB_ID")
     if job_id:
-        return ranks.slurm_step_argv(sys.executable, r, a.command, os.environ), r.world_size, job_id
+        return ranks.slurm_step_argv(sys.executable, r, a.command, os.environ, log_dir), r.world_size, job_id
     if a.nodes > 1:  # torchrun --standalone would wait for nodes that never come
         raise ranks.RankLaunchError(f"--nodes {a.nodes} needs a Slurm allocation; this machine is one node")
-    return ranks.torchrun_argv(sys.executable, r, a.command), r.world_size, None
+    return ranks.torchrun_argv(sys.executable, r, a.command, log_dir=log_dir), r.world_size, None
 
 
 def _being_preempted(job_id: str) -> bool:

@@ -37,6 +37,10 @@ def test_two_ranks_see_torchrun_env_cancel_stops_every_rank_requeue_resumes_veri
     torchrun = cmdline_of(token_carriers(token), "torch.distributed.run")
     assert torchrun is not None and torchrun[torchrun.index("--shutdown-timeout") + 1] == "60", torchrun
     assert "--standalone" in torchrun and torchrun[torchrun.index("--nproc-per-node") + 1] == "2"
+    # torchrun's own files stay in the attempt's dir (a /tmp/torchelastic_* dir per attempt was left behind)
+    log_dir = run_dir / "attempts" / "1" / "torchrun"
+    assert torchrun[torchrun.index("--log-dir") + 1] == str(log_dir), torchrun
+    assert log_dir.is_dir()
     orch("reconcile", check=True)
     live = orch.show("mr")["attempts"][0]  # while it runs: from the wrapper's record of this attempt
     assert (live["state"], live["world_size"], live["nodes"]) == ("running", 2, os.uname().nodename), live
