@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import errno
 import hashlib
+import os
 import shutil
 from dataclasses import dataclass
 from pathlib import Path
@@ -51,6 +52,12 @@ def preflight(args: argparse.Namespace, attempt: Attempt, ckpts: CheckpointManag
     Side effects, all on the run dir: stale tmp dirs of a crashed writer are removed, corrupt
     checkpoints and those newer than an explicit resume point are renamed aside.
     """
+    # Several ranks of this single-process trainer would share one run dir and race on its checkpoints (hostile
+    # test: `--nproc-per-node 2` crashed at random on "Directory not empty"): refuse before touching anything.
+    world = os.environ.get("WORLD_SIZE", "1")
+    if world.strip() not in ("", "1"):
+        raise attempt.fail("invalid", None, f"the bundled trainer runs as one process, not as WORLD_SIZE={world[:16]} "
+                                            "ranks (drop --nproc-per-node; use orch_run for your own DDP loop)")
     ckpts.clean_stale()
     # Unreadable corpus: refuse now, not after the model is built (and not as a crash later).
     try:

@@ -155,3 +155,15 @@ def test_ranks_left_by_a_killed_wrapper_and_torchrun_keep_the_attempt_alive_and_
     finally:
         for q in token_carriers(token):
             q.kill()
+
+
+def test_the_bundled_trainer_as_two_ranks_is_refused_as_invalid_not_left_to_race(orch):
+    """orch_trainer is one process: two ranks of it shared one run dir and crashed at random on each other's
+    checkpoint writes (hostile test). It refuses before touching the run dir: invalid, exit 2, said once."""
+    p = orch("submit", "--name", "t2", "--nproc-per-node", "2", "--wait", "--", sys.executable, "-m", "orch_trainer",
+             "--preset", "tiny", "--max-steps", "20", env=GLOO_ENV)
+    assert p.returncode != 0, p.stdout + p.stderr
+    a = orch.show("t2")["attempts"][0]
+    assert (orch.state("t2"), a["failure_class"]) == ("failed", "invalid"), a
+    assert "runs as one process, not as WORLD_SIZE=2 ranks" in a["detail"], a
+    assert not (orch.runs / "t2" / "checkpoints").exists() or not any((orch.runs / "t2" / "checkpoints").iterdir())
