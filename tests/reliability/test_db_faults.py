@@ -88,7 +88,10 @@ def _value(col: sa.Column, i: int) -> object:
         if name == "action_json":
             return LEGACY_ACTION
         if name == "plan_json":
-            return json.dumps({"one_shot": {"resume": "none"}, "quarantine": [], "prune": [], "empty_trash": True})
+            # Read by 0001 (one_shot ...) and by 0002+ (a flat plan always has its action: since issue 18 a plan
+            # without one is refused rather than read as "resume", and no orch since 0002 writes one).
+            return json.dumps({"action": "resume", "one_shot": {"resume": "none"}, "quarantine": [], "prune": [],
+                               "empty_trash": True})
         if name.endswith("_json"):
             return "[]" if "command" in name or "outputs" in name else "{}"
         if name in ENUMS:
