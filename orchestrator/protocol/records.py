@@ -566,6 +566,14 @@ def restart_history(run_dir: Path | str, attempt: int, token: str | None = None)
     return out
 
 
+def in_place_preemptions(history: list[dict[str, Any]], restarts: int) -> int:
+    """How many of an attempt's ``restarts`` in-place restarts were preemptions: those whose history says
+    ``preempted``, plus those with no record of why (Slurm requeues in place on preemption). One rule for
+    ``orch show``, the metrics and goodput (issue 18: a NODE_FAIL rerun was counted as a preemption)."""
+    return sum(1 for h in history[:restarts] if h["class"] == FailureClass.PREEMPTED.value) + \
+        max(0, restarts - len(history))
+
+
 @dataclass
 class RunDirReport:
     """What ``orch show`` says about a run dir beyond the DB: files orch will not touch, bad records."""
