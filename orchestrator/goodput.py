@@ -86,6 +86,9 @@ class AttemptFacts:
     beats: tuple[Beat, ...] = ()
     gpus: int | None = None
     restarts: int = 0
+    # How many restarts were preemptions (protocol.in_place_preemptions); None: all of them (issue 18: a NODE_FAIL
+    # rerun in place is no preemption).
+    preempted_restarts: int | None = None
 
 
 @dataclass
@@ -99,7 +102,8 @@ class AttemptSplit:
     step_time_s: float | None = None
     cause: str | None = None  # the failure class that ended it (None: it succeeded or still runs)
     gpus: int | None = None
-    restarts: int = 0  # in-place requeues by the scheduler (each a preemption: views._preemptions' rule)
+    restarts: int = 0  # in-place requeues by the scheduler
+    preempted_restarts: int | None = None  # of them preemptions (None: all; views._preemptions' rule)
     assumptions: list[str] = field(default_factory=list)
 
     def as_dict(self) -> dict[str, Any]:
@@ -228,7 +232,7 @@ def _split_run(run: list[Beat], start: float, end: float, kept_until: int | None
 def split_attempt(a: AttemptFacts, kept_until: int | None, now: float) -> AttemptSplit:
     """Split attempt ``a``'s held time. ``kept_until``: the step the next attempt resumed from (None: none yet)."""
     out = AttemptSplit(n=a.n, held_s=0.0, seconds={c.value: 0.0 for c in HELD}, cause=a.failure_class, gpus=a.gpus,
-                       restarts=a.restarts)
+                       restarts=a.restarts, preempted_restarts=a.preempted_restarts)
     if a.started is None:
         return out
     ended = a.ended is not None
@@ -318,7 +322,8 @@ def summarize(jobs: Iterable[JobSplit], top: int = 5) -> dict[str, Any]:
                 gpu[k] += v
         prev = "start"
         for a in j.attempts:
-            preemptions += (a.cause == "preempted") + a.restarts
+            preemptions += (a.cause == "preempted") + (a.restarts if a.preempted_restarts is None
+                                                        else a.preempted_restarts)
             unsignalled += a.cause in UNSIGNALLED
             for k, v in a.seconds.items():
                 if k == Category.USEFUL or v <= 0:

@@ -88,7 +88,14 @@ def attempt_facts(a: Any, run_dir: str, gpus: int | None) -> AttemptFacts:
     return AttemptFacts(n=a.n, started=started, ended=ended,
                         failure_class=getattr(cls, "value", cls), stop_reason=a.stop_reason,
                         stop_requested=_epoch(a.stop_requested_at), beats=beats_of(run_dir, a.n),
-                        gpus=gpus, restarts=a.restarts or 0)
+                        gpus=gpus, restarts=a.restarts or 0, preempted_restarts=_preempted_restarts(a, run_dir))
+
+
+def _preempted_restarts(a: Any, run_dir: str) -> int:
+    """The attempt's in-place restarts that were preemptions, by the scheduler's account where it gave one."""
+    if not a.restarts:
+        return 0
+    return protocol.in_place_preemptions(protocol.restart_history(run_dir, a.n, a.token), a.restarts)
 
 
 def _gpus(resources: dict[str, Any]) -> int | None:

@@ -153,6 +153,8 @@ def observe(db: Database, cfg: Config, backend: Callable[[str], Backend], rows: 
 
 
 def _apply(db: Database, cfg: Config, backend: Backend, r: Row, out: Outcome, rep: PassReport) -> None:
+    if out.restart_causes and (out.phase in (Phase.EXITED, Phase.VANISHED) or out.restart_count > (r.restarts or 0)):
+        _record_restart_causes(r.ref, out)
     if out.phase in (Phase.EXITED, Phase.VANISHED):
         finish(db, cfg, r.id, evidence_of_end(r, out), rep)
         return
@@ -188,6 +190,15 @@ def _apply(db: Database, cfg: Config, backend: Backend, r: Row, out: Outcome, re
         # then (a later pass, _escalate) KILL.
         backend.cancel([r.ref])
         rep.changed.append(Change(Path(r.run_dir).name, A.STOPPING, StopReason.HANG))
+
+
+def _record_restart_causes(ref: AttemptRef, out: Outcome) -> None:
+    """Keep the scheduler's cause of each earlier run of an attempt restarted in place, for ``orch show`` and
+    the counts (protocol.restart_history): the program only saw a stop signal, and called a NODE_FAIL rerun a
+    preemption (issue 18). Written when a restart is first seen and at the end; a write that fails leaves the
+    program's own records to decide, never a wrong class."""
+    with contextlib.suppress(OSError):
+        protocol.write_restart_causes(ref.attempt_dir, ref.token, [c.value if c else None for c in out.restart_causes])
 
 
 def _unchanged(r: Row, out: Outcome) -> bool:

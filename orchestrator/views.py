@@ -100,11 +100,7 @@ def _preemptions(attempts: list[dict[str, Any]]) -> dict[str, int]:
     run was preempted (issue 17: a Slurm requeue in place was counted nowhere). A restart without a record of
     why counts as a preemption: Slurm requeues in place on preemption (or a node failure)."""
     requeued = sum(1 for a in attempts if a["failure_class"] == "preempted")
-    in_place = 0
-    for a in attempts:
-        hist = a.get("restart_history") or []
-        unrecorded = max(0, a["restarts"] - len(hist))
-        in_place += sum(1 for h in hist[:a["restarts"]] if h["class"] == "preempted") + unrecorded
+    in_place = sum(protocol.in_place_preemptions(a.get("restart_history") or [], a["restarts"]) for a in attempts)
     return {"total": requeued + in_place, "in_place": in_place}
 
 

@@ -160,6 +160,10 @@ class Outcome:
     # Where it ran, as the scheduler says (Slurm's NodeList, compressed): the node list of an attempt whose
     # wrapper left no exit record (a node failure takes the wrapper with it), for suspect nodes (issue 20).
     nodes: str | None = None
+    # Why each earlier run of this attempt ended, oldest first, as the scheduler recorded it (one per in-place
+    # restart; None where it gave no cause). The scheduler's account wins over the class the program guessed
+    # from the stop signal it saw: a node failure Slurm reran in place was shown as a preemption (issue 18).
+    restart_causes: tuple[FailureClass | None, ...] = ()
 
 
 class BackendError(RuntimeError):

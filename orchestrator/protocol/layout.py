@@ -38,6 +38,9 @@ WRAPPER_FILE = "wrapper.json"  # written by orch's job wrapper when the command 
 # claim's fencing generation. A wrapper started with another generation does not run the program.
 FENCE_FILE = "fence.json"
 SUPERSEDED_FILE = "superseded.json"  # written by a wrapper that found its fence stale (it ran nothing)
+# Written by orch (the controller) from the scheduler's account: why each earlier run of an attempt restarted in
+# place ended (Slurm's per-run sacct State). It wins over the class the program guessed from a stop signal.
+RESTART_CAUSES_FILE = "restart_causes.json"
 WRAPPER_LOG = "wrapper.log"  # the wrapper's own stdout/stderr (local backend)
 STDOUT_LOG = "stdout.log"
 STDERR_LOG = "stderr.log"

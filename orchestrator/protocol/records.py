@@ -10,7 +10,7 @@ import json
 import os
 import stat
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -35,6 +35,7 @@ from orchestrator.protocol.layout import (
     OWN_CHECKPOINT_RE,
     PROGRESS_FILE,
     PROGRESS_HISTORY,
+    RESTART_CAUSES_FILE,
     RESULT_DIR,
     RUN_CONFIG,
     STOP_FILE,
@@ -494,6 +495,41 @@ def aside_name(name: str, k: int) -> str:
     return f"{stem}.prev-{k}.{suffix}" if dot else f"{name}.prev-{k}"
 
 
+RESTART_CAUSES_LIMIT = 64 * 1024
+
+
+def write_restart_causes(attempt_path: Path, token: str, causes: Sequence[str | None]) -> bool:
+    """Record the scheduler's cause of each earlier run of an attempt (oldest first; None: it gave none).
+
+    Written only when it adds to what is stored (a longer list, or a cause where there was none), so a
+    poll that knows less never erases what an earlier one learned. Returns whether it wrote.
+    """
+    stored = read_restart_causes(attempt_path, token)
+    new = [c if c in FAILURE_CLASSES else None for c in list(causes)[:MAX_RESTARTS_SHOWN]]
+    if len(new) < len(stored) or new == stored:
+        return False
+    new = [c if c is not None else (stored[k] if k < len(stored) else None) for k, c in enumerate(new)]
+    if new == stored:
+        return False
+    attempt_path.mkdir(parents=True, exist_ok=True)
+    atomic_write_json(attempt_path / RESTART_CAUSES_FILE, {"token": token, "causes": new})
+    return True
+
+
+def read_restart_causes(attempt_path: Path, token: str | None) -> list[str | None]:
+    """The scheduler's causes of an attempt's earlier runs (see :func:`write_restart_causes`); [] when absent, of
+    another token, or bad. The run dir is job-writable: only known failure classes are kept, others read None."""
+    try:
+        r = read_json_bounded(attempt_path / RESTART_CAUSES_FILE, limit=RESTART_CAUSES_LIMIT)
+    except (OSError, ValueError):
+        return []
+    if not isinstance(r, dict) or not isinstance(r.get("causes"), list):
+        return []
+    if token is not None and r.get("token") != token:
+        return []
+    return [c if isinstance(c, str) and c in FAILURE_CLASSES else None for c in r["causes"][:MAX_RESTARTS_SHOWN]]
+
+
 def restart_history(run_dir: Path | str, attempt: int, token: str | None = None) -> list[dict[str, Any]]:
     """Each in-place restart of one attempt (a Slurm requeue reruns the same attempt): why it stopped, at what step.
 
@@ -501,16 +537,24 @@ def restart_history(run_dir: Path | str, attempt: int, token: str | None = None)
     the program classified its stop) else the wrapper's ``exit.prev-<k>.json`` (a delivered stop signal means
     ``preempted``, the time limit ``timeout``; a plain exit ``unknown``). ``orch show`` prints them as
     ``restarts=1 (preempted at step 1358)``. Job-written, so validated like every other record.
+
+    The scheduler's account (``restart_causes.json``, from Slurm's per-run State) wins over the program's class:
+    the program sees only a stop signal, which a node failure and a preemption both send (issue 18: a NODE_FAIL
+    rerun in place was shown and counted as a preemption). Where the scheduler gave no cause, the records decide.
     """
     d = attempt_dir(run_dir, attempt)
+    scheduler = read_restart_causes(d, token)
     out: list[dict[str, Any]] = []
     for k in range(1, MAX_RESTARTS_SHOWN + 1):
+        said = scheduler[k - 1] if k <= len(scheduler) else None
         failure = _read_failure_at(d / aside_name(FAILURE_FILE, k))
         ended = _read_exit_at(d / aside_name(EXIT_FILE, k), token)
         if failure is None and ended is None:
-            if not ((d / aside_name(FAILURE_FILE, k)).exists() or (d / aside_name(EXIT_FILE, k)).exists()):
+            present = (d / aside_name(FAILURE_FILE, k)).exists() or (d / aside_name(EXIT_FILE, k)).exists()
+            if not present and said is None:
                 break
-            out.append({"restart": k, "class": "unknown", "step": None})  # present but unreadable
+            # Unreadable records, or none (a failed node took the wrapper with it): the scheduler's word, if any.
+            out.append({"restart": k, "class": said or "unknown", "step": None})
             continue
         if failure is not None:
             cls, step = failure["class"], failure.get("step")
@@ -518,8 +562,16 @@ def restart_history(run_dir: Path | str, attempt: int, token: str | None = None)
             cls, step = "timeout", None
         else:
             cls, step = ("preempted" if ended.stop_signal else "unknown"), None
-        out.append({"restart": k, "class": cls, "step": step})
+        out.append({"restart": k, "class": said or cls, "step": step})
     return out
+
+
+def in_place_preemptions(history: list[dict[str, Any]], restarts: int) -> int:
+    """How many of an attempt's ``restarts`` in-place restarts were preemptions: those whose history says
+    ``preempted``, plus those with no record of why (Slurm requeues in place on preemption). One rule for
+    ``orch show``, the metrics and goodput (issue 18: a NODE_FAIL rerun was counted as a preemption)."""
+    return sum(1 for h in history[:restarts] if h["class"] == FailureClass.PREEMPTED.value) + \
+        max(0, restarts - len(history))
 
 
 @dataclass

@@ -156,8 +156,8 @@ def test_a_misspelt_orch_toml_table_is_a_usage_error_not_silently_ignored(orch):
     orch.write_config("[polcy]\nmax_attempts = 5\n")
     p = orch.cli("status")
     assert p.returncode == 2 and len(p.stderr.splitlines()) == 1, p.stderr
-    assert "orch.toml: unknown table or key 'polcy'; orch.toml has [metrics], [nodes], [policy], [reconcile], [runs], " \
-           "[spot]" in p.stderr, p.stderr
+    assert "orch.toml: unknown table or key 'polcy'; orch.toml has [metrics], [nodes], [policy], [reconcile], " \
+           "[runs], [spot]" in p.stderr, p.stderr
 
 
 def test_a_misspelt_key_in_a_known_orch_toml_table_is_a_usage_error(orch):

@@ -19,6 +19,7 @@ from orchkit import wait_for_file
 from orchestrator import protocol
 from orchestrator.config import load_config
 from orchestrator.db import Database
+from orchestrator.goodputview import report as goodput_report
 from orchestrator.lifecycle import AttemptState, JobState
 from orchestrator.metrics import collect, render
 from orchestrator.models import Attempt, Job
@@ -76,4 +77,15 @@ def test_an_in_place_requeue_is_a_preemption_in_metrics_and_show_with_steps_redo
     assert shown["attempts"][0]["restart_history"][0]["class"] == "preempted"
     out = orch("show", "ip").stdout
     assert "preemptions: 1 (1 requeued in place by the scheduler)" in out, out
+    assert goodput_report(db, None)["fleet"]["preemptions"] == 1
+
+    # The same run, had Slurm said NODE_FAIL (a node set down under it; the program saw the same TERM): the
+    # scheduler's account, which reconcile records from sacct, wins in show, metrics and goodput (issue 18).
+    protocol.write_restart_causes(protocol.attempt_dir(run_dir, 1), TOKEN, ["node_fail"])
+    snap = collect(db)
+    assert (snap.failures["preempted"], snap.failures["node_fail"], snap.redone) == (0, 1, []), snap.failures
+    shown = show_job(db, "ip")
+    assert shown["preemptions"] == {"total": 0, "in_place": 0}
+    assert shown["attempts"][0]["restart_history"] == [{"restart": 1, "class": "node_fail", "step": reached}]
+    assert goodput_report(db, None)["fleet"]["preemptions"] == 0
     db.engine.dispose()

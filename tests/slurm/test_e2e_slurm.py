@@ -170,6 +170,11 @@ def test_e2e_preemption_spot_requeues_in_place_spot_cancel_requeues_by_orch(orch
 
     # Honest counts (issue 17): the in-place requeue is a preemption too, in show and in metrics, measured.
     assert orch.show("pre-spot")["preemptions"] == {"total": 1, "in_place": 1}
+    # ... by the scheduler's own account too (issue 18: sacct -D's PREEMPTED record of the earlier run, which
+    # reconcile keeps; a NODE_FAIL there would read node_fail, tests/slurm/test_node_fail_and_oom.py).
+    a1 = orch.show("pre-spot")["attempts"][0]
+    assert protocol.read_restart_causes(spot / "attempts" / "1", a1["token"]) == ["preempted"], a1
+    assert [h["class"] for h in a1["restart_history"]] == ["preempted"], a1
     assert orch.show("pre-cancel")["preemptions"] == {"total": 1, "in_place": 0}
     metrics = orch("metrics", check=True).stdout
     assert 'orch_attempt_failures{class="preempted"} 2' in metrics, metrics

@@ -127,8 +127,8 @@ def test_a_node_set_down_under_a_job_is_node_fail_never_counted_and_the_job_ends
     assert (a1["state"], a1["external_id"], len(show["attempts"])) == ("succeeded", first, 1), show["attempts"]
     assert a1["restarts"] >= 1 and a1["restart_history"], a1
     causes = [h["class"] for h in a1["restart_history"]]
-    if causes[:1] != ["node_fail"]:
-        # Found by this test: orch knows why a run restarted in place only from the run's own records (a delivered
-        # stop signal reads "preempted"), never from the scheduler (sacct says NODE_FAIL), so `orch show` and the
-        # preemption count call a node failure a preemption. Reported to the lead; product code, not this change.
-        pytest.xfail(f"KNOWN BUG: an in-place restart after NODE_FAIL is recorded as {causes[:1]}, not node_fail")
+    # Found by this test: orch knew why a run restarted in place only from the run's own records (a delivered stop
+    # signal reads "preempted"), never from the scheduler (sacct says NODE_FAIL), so `orch show` and the
+    # preemption count called a node failure a preemption. The scheduler's account of each run now wins.
+    assert causes[:1] == ["node_fail"], a1["restart_history"]
+    assert show["preemptions"]["in_place"] == 0, show["preemptions"]

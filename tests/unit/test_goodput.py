@@ -147,3 +147,13 @@ def test_a_successful_attempt_without_heartbeats_is_useful_and_one_with_no_step_
     # resumed at max_steps after a preemption on the last step: it only restored and wrote the result
     finisher = split_attempt(AttemptFacts(2, 0.0, 4.0, None, beats=(Beat(3, 60, 60),)), None, now=100.0)
     assert finisher.seconds[C.STARTUP] == 4 and finisher.seconds[C.FAILED_ATTEMPT] == 0
+
+
+def test_an_in_place_restart_the_scheduler_called_a_node_failure_is_no_preemption():
+    # Issue 18: restarts=1, but Slurm said NODE_FAIL for the earlier run (goodputview passes 0 preempted restarts).
+    beats = (Beat(2, 0, 0), Beat(12, 10, 0), Beat(30, 8, 8), Beat(42, 20, 8))
+    node_fail = split_job("a", [AttemptFacts(1, 0.0, 43.0, None, restarts=1, preempted_restarts=0, beats=beats)],
+                          created=0.0, now=100.0)
+    unknown = split_job("b", [AttemptFacts(1, 0.0, 43.0, None, restarts=1, beats=beats)], created=0.0, now=100.0)
+    assert summarize([node_fail])["preemptions"] == 0
+    assert summarize([unknown])["preemptions"] == 1  # no account of why: counted as before

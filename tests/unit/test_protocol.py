@@ -583,3 +583,58 @@ def test_the_done_marker_fsyncs_every_artifact_its_dirs_the_marker_tmp_and_the_r
     for d in ("result", "result/sub"):
         assert at("fsync", lambda w, d=d: w == str(run / d)) < tmp, (d, events)
     assert tmp < rename < at("fsync", lambda w: w == str(run)), events
+
+
+def _preempted_run_set_aside(run_dir: Path, token: str = "t1") -> Path:
+    """Attempt 1's first run stopped by a TERM (the program wrote class preempted) and rerun in place."""
+    d = protocol.attempt_dir(run_dir, 1)
+    protocol.write_failure(run_dir, 1, "preempted", 40, "SIGTERM during step 41")
+    protocol.write_exit(d, protocol.ExitRecord(token=token, returncode=143, stop_signal="SIGTERM",
+                                               stop_source="signal"))
+    protocol.set_aside(d / protocol.FAILURE_FILE)
+    protocol.set_aside(d / protocol.EXIT_FILE)
+    return d
+
+
+def test_the_schedulers_cause_of_an_in_place_restart_wins_over_the_programs_guess(tmp_path: Path) -> None:
+    # Issue 18 (tests/slurm/test_node_fail_and_oom.py): a node set down under the job; Slurm said NODE_FAIL and
+    # reran it in place, the program saw only a TERM and wrote "preempted". The scheduler's word wins; the step
+    # the program reported stays.
+    d = _preempted_run_set_aside(tmp_path)
+    assert protocol.restart_history(tmp_path, 1, "t1") == [{"restart": 1, "class": "preempted", "step": 40}]
+    assert protocol.write_restart_causes(d, "t1", ["node_fail"])
+    assert protocol.restart_history(tmp_path, 1, "t1") == [{"restart": 1, "class": "node_fail", "step": 40}]
+
+
+@pytest.mark.parametrize("causes", [["preempted"], [None], []])
+def test_a_scheduler_preemption_or_no_cause_leaves_the_in_place_restart_preempted(tmp_path: Path, causes) -> None:
+    d = _preempted_run_set_aside(tmp_path)
+    protocol.write_restart_causes(d, "t1", causes)
+    assert protocol.restart_history(tmp_path, 1, "t1") == [{"restart": 1, "class": "preempted", "step": 40}]
+
+
+@pytest.mark.parametrize("body", [
+    '{"token": "other", "causes": ["node_fail"]}',  # another attempt's (a run dir reused under a fresh DB)
+    '{"token": "t1", "causes": ["not-a-class"]}',  # the job can write the run dir: only known classes count
+    '{"token": "t1", "causes": "node_fail"}', '{"token": "t1", "causes": [', "[]",
+])
+def test_a_foreign_or_bad_scheduler_record_is_no_cause(tmp_path: Path, body: str) -> None:
+    d = _preempted_run_set_aside(tmp_path)
+    (d / protocol.RESTART_CAUSES_FILE).write_text(body)
+    assert protocol.restart_history(tmp_path, 1, "t1") == [{"restart": 1, "class": "preempted", "step": 40}]
+
+
+def test_a_restart_that_left_no_records_takes_the_schedulers_cause(tmp_path: Path) -> None:
+    # A failed node takes the wrapper with it: no exit.json to set aside, only Slurm knows why the run ended.
+    d = protocol.attempt_dir(tmp_path, 1)
+    protocol.write_restart_causes(d, "t1", ["node_fail", None])
+    assert protocol.restart_history(tmp_path, 1, "t1") == [{"restart": 1, "class": "node_fail", "step": None}]
+
+
+def test_a_poll_that_knows_less_never_erases_a_recorded_cause(tmp_path: Path) -> None:
+    d = protocol.attempt_dir(tmp_path, 1)
+    assert protocol.write_restart_causes(d, "t1", ["node_fail"])
+    assert not protocol.write_restart_causes(d, "t1", [])  # shorter: e.g. sacct lost its earlier record
+    assert not protocol.write_restart_causes(d, "t1", [None])
+    assert protocol.write_restart_causes(d, "t1", [None, "preempted"])
+    assert protocol.read_restart_causes(d, "t1") == ["node_fail", "preempted"]

@@ -19,6 +19,7 @@ from orchestrator.backends.base import AttemptRef, Outcome, Phase, Resources, Su
 from orchestrator.backends.slurm import backend as slurm
 from orchestrator.backends.slurm import states as st
 from orchestrator.backends.slurm.output import slurm_output_path
+from orchestrator.protocol import FailureClass
 
 
 def rec(state: str, dbi: int = 1, code: str = "0:0", name: str = "orch-t1", job: str = "7") -> str:
@@ -330,3 +331,55 @@ def test_the_end_of_an_attempt_counts_restarts_from_sacct_and_the_wrappers_recor
     assert _restarts_at_end(0, Evidence(absent, None, done, rerun)) == 2
     requeued = Outcome(Phase.EXITED, exit_code=0, backend_state="COMPLETED", restart_count=1)  # 2 sacct records
     assert _restarts_at_end(0, Evidence(absent, None, requeued, None)) == 1
+
+
+# ------------------------------------------------------------------------------------------
+# issue 18: the scheduler's cause of each in-place restart (sacct --duplicates, one record per run)
+# ------------------------------------------------------------------------------------------
+# Printed by the dev cluster (tests/slurm/test_node_fail_and_oom.py): a node set down under a --requeue job, rerun
+# in place under the same id once the node was back. Fields: SACCT_FIELDS.
+NODE_FAIL_RERUN = ("332|orch-41f31ab96daa8bcd|NODE_FAIL|0:0|611|None|332|vm\n"
+                   "332|orch-41f31ab96daa8bcd|COMPLETED|0:0|613|BeginTime|332|vm\n")
+PREEMPTED_RERUN = ("11|orch-t1|PREEMPTED|0:0|19|None|11|vm\n"
+                   "11|orch-t1|RUNNING|0:0|23|None|11|vm\n")
+
+
+def test_a_node_fail_rerun_in_place_has_the_cause_node_fail() -> None:
+    oc = st.outcome_from_records(st.parse_sacct(NODE_FAIL_RERUN)["332"])
+    assert (oc.phase, oc.restart_count, oc.restart_causes) == (Phase.EXITED, 1, (FailureClass.NODE_FAIL,))
+
+
+def test_a_preempted_rerun_in_place_has_the_cause_preempted() -> None:
+    oc = st.outcome_from_records(st.parse_sacct(PREEMPTED_RERUN)["11"])
+    assert (oc.phase, oc.restart_count, oc.restart_causes) == (Phase.RUNNING, 1, (FailureClass.PREEMPTED,))
+
+
+def test_an_earlier_run_in_a_state_slurm_does_not_requeue_from_has_no_cause() -> None:
+    # A user's `scontrol requeue` (REQUEUED) or a state orch does not know: the run's own records decide.
+    recs = st.parse_sacct("\n".join([rec("REQUEUED", 1), rec("SOMETHING_NEW", 2), rec("RUNNING", 3)]))["7"]
+    assert st.outcome_from_records(recs).restart_causes == (None, None)
+
+
+def test_in_the_requeue_window_the_newest_record_is_the_earlier_runs_cause() -> None:
+    # sacct still says NODE_FAIL as newest while squeue has the rerun pending: restarts+1, and that run's cause.
+    nf = st.outcome_from_records(st.parse_sacct(rec("NODE_FAIL"))["7"])
+    oc = st.combine(nf, ("orch-t1", "PENDING", "BeginTime"), live_known=True)
+    assert (oc.restart_count, oc.restart_causes) == (1, (FailureClass.NODE_FAIL,))
+
+
+def test_poll_carries_each_runs_cause_and_sacct_failing_carries_none(fake: FakeSlurm, tmp_path: Path) -> None:
+    fake.set("sacct", rec("NODE_FAIL", 1) + "\n" + rec("PREEMPTED", 2) + "\n" + rec("RUNNING", 3))
+    oc = slurm.SlurmBackend().poll([ref(tmp_path)])["t1"]
+    assert oc.restart_causes == (FailureClass.NODE_FAIL, FailureClass.PREEMPTED)
+    fake.set("sacct", "", rc=1, err="slurmdbd down")
+    assert slurm.SlurmBackend().poll([ref(tmp_path)])["t1"].restart_causes == ()  # unknown, never a guess
+
+
+def test_reconcile_records_the_schedulers_causes_where_show_reads_them(tmp_path: Path) -> None:
+    from orchestrator import protocol
+    from orchestrator.observe import _record_restart_causes
+
+    r = ref(tmp_path)
+    oc = Outcome(Phase.RUNNING, restart_count=2, restart_causes=(FailureClass.NODE_FAIL, None))
+    _record_restart_causes(r, oc)
+    assert protocol.read_restart_causes(r.attempt_dir, "t1") == ["node_fail", None]

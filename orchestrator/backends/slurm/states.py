@@ -13,7 +13,9 @@ Facts this rests on (measured on Slurm 22.05.8, deploy/slurm/cluster.sh; see dep
   controller (squeue) already says ``COMPLETING`` then ``PENDING`` (reason BeginTime): sacct alone
   would call a job that Slurm is requeueing in place "exited". The controller's live state,
   when it has one, therefore overrides a terminal sacct state (``combine``).
-* sacct 22.05 has no ``Restarts`` field; the restart count is the number of earlier records.
+* sacct 22.05 has no ``Restarts`` field; the restart count is the number of earlier records, and each
+  earlier record's State says why that run ended (``PREEMPTED``, ``NODE_FAIL`` for a node set down under a
+  ``--requeue`` job): ``Outcome.restart_causes``.
 * Job ids are reused when a controller loses its state; records whose name is not the attempt's
   ``orch-<token>`` are ignored by the caller, so another job's record never answers for ours.
 """
@@ -58,6 +60,14 @@ STATE_CAUSE = {
     "NODE_FAIL": FailureClass.NODE_FAIL,
     "BOOT_FAIL": FailureClass.NODE_FAIL,
     "CANCELLED": FailureClass.CANCELLED,
+}
+# Why an earlier run of a requeued id ended, from its own sacct record: only the states Slurm requeues in place
+# from. Any other (REQUEUED by a user, a state orch does not know) gives no cause, so the run's own records
+# decide, never a guess from here (issue 18: a NODE_FAIL rerun in place was shown as a preemption).
+RESTART_CAUSE = {
+    "PREEMPTED": FailureClass.PREEMPTED,
+    "NODE_FAIL": FailureClass.NODE_FAIL,
+    "BOOT_FAIL": FailureClass.NODE_FAIL,
 }
 
 
@@ -208,19 +218,28 @@ def outcome_from_records(records: Iterable[SacctRecord], *, over_memory_line: st
         return Outcome(Phase.UNKNOWN, reason="no sacct record")
     newest = recs[-1]
     restarts = len(recs) - 1
+    causes = restart_causes(recs[:-1])
     phase = phase_of(newest.state)
     if phase is Phase.UNKNOWN:
         return Outcome(Phase.UNKNOWN, backend_state=newest.state, restart_count=restarts,
-                       reason=f"unrecognised Slurm state {newest.state!r}")
+                       reason=f"unrecognised Slurm state {newest.state!r}", restart_causes=causes)
     if phase is not Phase.EXITED:
-        return Outcome(phase, backend_state=newest.state, restart_count=restarts, reason=_reason(newest))
+        return Outcome(phase, backend_state=newest.state, restart_count=restarts, reason=_reason(newest),
+                       restart_causes=causes)
     state = newest.state
     reason = _reason(newest)
     if over_memory_line and state in ("FAILED", "CANCELLED"):
         state = OOM_STATE
         reason = over_memory_line.strip()[:300]
     return Outcome(Phase.EXITED, exit_code=newest.exit_code, signal=newest.signal, backend_state=state,
-                   reason=reason, restart_count=restarts, cause=STATE_CAUSE.get(state), nodes=newest.nodes)
+                   reason=reason, restart_count=restarts, cause=STATE_CAUSE.get(state), nodes=newest.nodes,
+                   restart_causes=causes)
+
+
+def restart_causes(earlier: Iterable[SacctRecord]) -> tuple[FailureClass | None, ...]:
+    """Why each earlier run of an id ended (oldest first), from its sacct record; None where its state is not one
+    Slurm requeues in place from."""
+    return tuple(RESTART_CAUSE.get(r.state) for r in earlier)
 
 
 def _reason(rec: SacctRecord) -> str:
@@ -247,22 +266,25 @@ def combine(sacct_outcome: Outcome | None, live: tuple[str, str, str] | None, *,
         lphase = phase_of(lstate)
         if lphase in (Phase.PENDING, Phase.RUNNING):
             restarts = sacct_outcome.restart_count if sacct_outcome else 0
+            causes = sacct_outcome.restart_causes if sacct_outcome else ()
             if (sacct_outcome is not None and sacct_outcome.phase is Phase.EXITED
                     and sacct_outcome.backend_state in MAYBE_REQUEUED_STATES and lstate != "COMPLETING"):
                 # requeued in place; the rerun's record has not reached sacct yet. Only after a state Slurm
                 # requeues from (issue 17: a task sacct had COMPLETED, still listed RUNNING as a prio job
-                # arrived, was shown restarts=1).
+                # arrived, was shown restarts=1). The newest record is then the earlier run's: its cause too.
                 restarts += 1
+                causes = (*causes, RESTART_CAUSE.get(sacct_outcome.backend_state))
             return Outcome(lphase, backend_state=lstate, restart_count=restarts,
-                           reason="" if lreason in ("", "None") else lreason)
+                           reason="" if lreason in ("", "None") else lreason, restart_causes=causes)
     if sacct_outcome is None or sacct_outcome.phase is Phase.UNKNOWN:
         why = "no sacct record" + (f"; squeue says {live[1]}" if live else "; squeue does not list it")
         return Outcome(Phase.UNKNOWN, backend_state=live[1] if live else None, reason=why,
-                       restart_count=sacct_outcome.restart_count if sacct_outcome else 0)
+                       restart_count=sacct_outcome.restart_count if sacct_outcome else 0,
+                       restart_causes=sacct_outcome.restart_causes if sacct_outcome else ())
     if (sacct_outcome.phase is Phase.EXITED and not live_known
             and sacct_outcome.backend_state in MAYBE_REQUEUED_STATES):
         return Outcome(Phase.UNKNOWN, backend_state=sacct_outcome.backend_state,
-                       restart_count=sacct_outcome.restart_count,
+                       restart_count=sacct_outcome.restart_count, restart_causes=sacct_outcome.restart_causes,
                        reason=f"sacct says {sacct_outcome.backend_state}; squeue could not confirm it")
     return sacct_outcome
 
