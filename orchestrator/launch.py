@@ -49,9 +49,11 @@ from orchestrator.jobs import attempt_ref, get_job
 from orchestrator.lifecycle import (
     AttemptState,
     JobState,
+    Move,
     claim_expired,
     move_attempt,
     move_job,
+    move_many,
     set_attempt_fields,
     utcnow,
 )
@@ -105,42 +107,67 @@ def _claim(db: Database, attempt_id: int, reclaim: bool) -> int | None:
     return _claim_all(db, [attempt_id], reclaim).get(attempt_id)
 
 
-def _preload(s: Any, attempt_ids: list[int], jobs: bool = False) -> None:
-    """Load these attempts (and, ``jobs``, their jobs) into session ``s`` with a few queries, so the
-    per-attempt ``s.get`` of a group transaction finds them without one SELECT each (issue 20)."""
+def _preload(s: Any, attempt_ids: list[int], jobs: bool = False) -> dict[int, Any]:
+    """These attempts (and, ``jobs``, their jobs, under ``("job", id)``) read into session ``s`` by a few
+    queries, not one SELECT each (issue 20). Keep the dict while using them: the session's identity map
+    holds rows weakly, and a dropped row is read again by ``s.get``."""
     from sqlalchemy import select
 
+    rows: dict[Any, Any] = {}
     for i in range(0, len(attempt_ids), 500):  # below every SQLite's bound-parameter limit
-        chunk = list(s.scalars(select(Attempt).where(Attempt.id.in_(attempt_ids[i:i + 500]))))
+        # FOR UPDATE: the rows stay as read until commit (PostgreSQL; SQLite's write lock does it already),
+        # so move_many's decisions, taken on these reads, hold.
+        chunk = list(s.scalars(select(Attempt).where(Attempt.id.in_(attempt_ids[i:i + 500])).with_for_update()))
+        rows.update((a.id, a) for a in chunk)
         if jobs:
-            list(s.scalars(select(Job).where(Job.id.in_({a.job_id for a in chunk}))))
+            for j in s.scalars(select(Job).where(Job.id.in_({a.job_id for a in chunk})).with_for_update()):
+                rows["job", j.id] = j
+    return rows
 
 
 def _claim_all(db: Database, attempt_ids: list[int], reclaim: bool) -> dict[int, int]:
     """``_claim`` of many attempts in ONE write transaction (each its own compare-and-set): attempt id ->
     its new fence, for those this launcher now holds. Issue 20: a transaction per task was most of a sweep."""
-    now, fences = utcnow(), {}
     if not attempt_ids:
-        return fences
-    with db.write() as s, s.no_autoflush:  # the event rows go in at commit, in one INSERT
-        _preload(s, attempt_ids)
-        for attempt_id in attempt_ids:
-            a = s.get(Attempt, attempt_id)
-            fence = (a.fence or 0) + 1
+        return {}
+    try:
+        with db.write() as s, s.no_autoflush:
+            rows = _preload(s, attempt_ids)
+            now, moves, fences = utcnow(), [], {}
+            for attempt_id in attempt_ids:
+                move = _claim_move(rows[attempt_id], reclaim, now)
+                if move is not None:
+                    moves.append(move)
+                    fences[attempt_id] = move.values["fence"]
+            move_many(s, moves)
+            return fences
+    except IllegalTransition:  # a row changed under the batch (rolled back whole): one by one instead
+        pass
+    fences = {}
+    for attempt_id in attempt_ids:
+        with db.write() as s:
+            move = _claim_move(s.get(Attempt, attempt_id), reclaim, utcnow())
+            if move is None:
+                continue
             try:
-                if a.state is A.PENDING:
-                    move_attempt(s, a, A.LAUNCHING, where=Attempt.fence == a.fence, why=f"claimed (fence {fence})",
-                                 claimed_at=now, fence=fence)
-                elif reclaim and a.state is A.LAUNCHING and claim_expired(a.claimed_at, now, launch_grace_s()):
-                    move_attempt(s, a, A.LAUNCHING, where=Attempt.fence == a.fence,
-                                 why=f"re-claimed after the claim expired (fence {fence})", claimed_at=now,
-                                 fence=fence)
-                else:
-                    continue
+                move_attempt(s, move.row, A.LAUNCHING, expect=move.expect, where=Attempt.fence == move.fence,
+                             why=move.why, **move.values)
             except IllegalTransition:  # moved by another process first; move_attempt wrote nothing
                 continue
-            fences[attempt_id] = fence
+            fences[attempt_id] = move.values["fence"]
     return fences
+
+
+def _claim_move(a: Attempt, reclaim: bool, now: Any) -> Move | None:
+    """The claim of ``a`` (pending, or with ``reclaim`` an expired launching claim), or None."""
+    fence = (a.fence or 0) + 1
+    if a.state is A.PENDING:
+        why = f"claimed (fence {fence})"
+    elif reclaim and a.state is A.LAUNCHING and claim_expired(a.claimed_at, now, launch_grace_s()):
+        why = f"re-claimed after the claim expired (fence {fence})"
+    else:
+        return None
+    return Move(a, a.state, A.LAUNCHING, {"claimed_at": now, "fence": fence}, fenced=True, fence=a.fence, why=why)
 
 
 class _ClaimKeeper:
@@ -457,13 +484,12 @@ def _commit_group(db: Database, cfg: Config, batch: protocol.SyncBatch, ready: l
 
 def _mark_batch(db: Database, attempt_ids: list[int], batch: str) -> set[int]:
     """Record the group's token on each attempt still launching, in one transaction; the ids marked."""
-    marked: set[int] = set()
     with db.write() as s:
-        _preload(s, attempt_ids)
-        for attempt_id in attempt_ids:
-            if set_attempt_fields(s, s.get(Attempt, attempt_id), A.LAUNCHING, batch_token=batch):
-                marked.add(attempt_id)
-    return marked
+        rows = _preload(s, attempt_ids)
+        moves = [Move(a, A.LAUNCHING, None, {"batch_token": batch})
+                 for a in (rows[i] for i in attempt_ids) if a.state is A.LAUNCHING]
+        move_many(s, moves)
+        return {m.row.id for m in moves}
 
 
 class LostClaim(OrchError):
@@ -484,28 +510,23 @@ def _check_claims(db: Database, claims: list[tuple[int, int]]) -> dict[int, Laun
     if not claims:
         return out
     with db.write() as s, s.no_autoflush:
-        _preload(s, [attempt_id for attempt_id, _ in claims])
-        now = utcnow()
+        rows = _preload(s, [attempt_id for attempt_id, _ in claims])
+        now, held = utcnow(), []
         for attempt_id, fence in claims:
-            a = s.get(Attempt, attempt_id)
+            a = rows[attempt_id]
             if a.fence != fence:
                 out[attempt_id] = LaunchOutcome.LOST_CLAIM
-                continue
-            if a.state is A.STOPPING:  # a cancel that landed while this launcher prepared the run dir
-                try:
-                    move_attempt(s, a, A.CANCELLED, where=Attempt.fence == fence,
-                                 failure_class=FailureClass.CANCELLED,
-                                 detail="cancelled during its launch, before the backend call")
-                except IllegalTransition:  # moved meanwhile (move_attempt wrote nothing): not ours to submit
-                    out[attempt_id] = LaunchOutcome.LOST_CLAIM
-                    continue
+            elif a.state is A.STOPPING:  # a cancel that landed while this launcher prepared the run dir
+                move_attempt(s, a, A.CANCELLED, where=Attempt.fence == fence, failure_class=FailureClass.CANCELLED,
+                             detail="cancelled during its launch, before the backend call")
                 out[attempt_id] = LaunchOutcome.STOPPED
-                continue
-            res = s.execute(update(Attempt).where(Attempt.id == attempt_id, Attempt.state == A.LAUNCHING,
-                                                  Attempt.fence == fence)
-                            .values(claimed_at=now, launched_fence=fence)
-                            .execution_options(synchronize_session=False))
-            out[attempt_id] = None if res.rowcount == 1 else LaunchOutcome.LOST_CLAIM
+            elif a.state is A.LAUNCHING:
+                held.append(Move(a, A.LAUNCHING, None, {"claimed_at": now, "launched_fence": fence},
+                                 fenced=True, fence=fence))
+                out[attempt_id] = None
+            else:
+                out[attempt_id] = LaunchOutcome.LOST_CLAIM
+        move_many(s, held)  # rows read in this transaction: every guard holds, or all of it rolls back
     return out
 
 
@@ -711,10 +732,22 @@ def _record_group(db: Database, backend: Backend, members: list[_Ready], ids: di
     """``_record_own`` of every member of one group submission, in one transaction; the cancels it calls
     for (a cancel that came first, a claim lost to a re-claimer) go out after it in one backend call."""
     recs: dict[str, _Recorded] = {}
-    with db.write() as s, s.no_autoflush:  # the event rows go in at commit, in one INSERT
-        _preload(s, [r.attempt_id for r in members], jobs=True)
+    with db.write() as s, s.no_autoflush:
+        rows = _preload(s, [r.attempt_id for r in members], jobs=True)
+        moves, now = [], utcnow()
         for r in members:
-            recs[r.name] = _record_in(s, r.attempt_id, ids[r.spec.token], r.overrides, r.fence)
+            a, ext = rows[r.attempt_id], ids[r.spec.token]
+            job = rows["job", a.job_id]
+            if a.fence != r.fence or a.state is not A.LAUNCHING:  # lost, or a cancel came first: one by one
+                recs[r.name] = _record_in(s, r.attempt_id, ext, r.overrides, r.fence)
+                continue
+            moves.append(Move(a, A.LAUNCHING, A.SUBMITTED, {"external_id": ext, "submitted_at": now,
+                                                            "overrides": r.overrides},
+                              fenced=True, fence=a.fence, why=f"submitted as {ext}"))
+            if job.state is J.PENDING:
+                moves.append(Move(job, J.PENDING, J.SUBMITTED, why=f"attempt {a.n} submitted as {ext}"))
+            recs[r.name] = _Recorded(job.backend)
+        move_many(s, moves)  # rows read in this transaction: every guard holds, or all of it rolls back
     cancels = [rec.cancel for rec in recs.values() if rec.cancel is not None]
     if cancels:
         backend.cancel(cancels)
