@@ -421,7 +421,8 @@ def main() -> int:
         print(ctbl, flush=True)
     finally:
         shutil.rmtree(work, ignore_errors=True)
-    body = (C.preamble("bench_sweep.py", cnotes) + "\n" + ctbl + "\n\n" + pnotes + "\n\n" + ptbl + "\n\n"
+    script = " ".join(["bench_sweep.py", *sys.argv[1:]])  # the arguments this run had
+    body = (C.preamble(script, cnotes) + "\n" + ctbl + "\n\n" + pnotes + "\n\n" + ptbl + "\n\n"
             + rnotes + "\n\n" + rtbl)
     if not args.no_write:
         C.replace_section("Sweeps (P6)", body)
