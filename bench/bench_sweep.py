@@ -146,7 +146,11 @@ def slurm_tests_running() -> list[str]:
     name tests/slurm to leave it out (``--ignore=tests/slurm``)."""
     out = subprocess.run(["pgrep", "-af", "pytest.*slurm|tests/slurm"], capture_output=True, text=True).stdout
     mine = C.ancestors()  # the pytest run that started this script (CI's --quick smoke run)
+    # `flock slurm.lock pytest tests/slurm/...` (or `timeout N flock ...`) waiting for the lock this run holds
+    # is no test running: waiting for it, the run and the waiter each waited for the other.
+    waiting = ("flock", "timeout")
     return [ln for ln in out.splitlines() if ln.split()[0].isdigit() and int(ln.split()[0]) not in mine
+            and Path(ln.split()[1]).name not in waiting
             and "slurm" in ln.replace("--ignore=tests/slurm", "").replace("--ignore tests/slurm", "")]
 
 
