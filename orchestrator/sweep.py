@@ -234,14 +234,17 @@ def submit_sweep(db: Database, cfg: Config, req: SweepRequest) -> Sweep:
         s.add(sweep)
         s.flush()
         env_id = environment_id(s, os.environ)
+        jobs = []
         for i, (n, cmd) in enumerate(zip(names, commands, strict=True)):
             done = n in verified
-            job = create_job(s, JobState.DONE if done else JobState.PENDING,
-                             "its run dir's marker verified at sweep submission" if done else "",
-                             name=n, backend=req.backend, run_dir=str(run_dir_for(cfg, n)), command=cmd,
-                             resources=dict(req.resources), outputs=list(req.outputs),
-                             max_attempts=req.max_attempts, sweep_id=sweep.id, task_index=i, env_id=env_id)
-            if not done:
+            jobs.append(create_job(s, JobState.DONE if done else JobState.PENDING,
+                                   "its run dir's marker verified at sweep submission" if done else "", flush=False,
+                                   name=n, backend=req.backend, run_dir=str(run_dir_for(cfg, n)), command=cmd,
+                                   resources=dict(req.resources), outputs=list(req.outputs),
+                                   max_attempts=req.max_attempts, sweep_id=sweep.id, task_index=i, env_id=env_id))
+        s.flush()  # every task's row in one batched INSERT: the attempts need their ids
+        for job in jobs:
+            if job.name not in verified:
                 create_attempt(s, job, 1, new_token())
         sweep_id = sweep.id
     try:

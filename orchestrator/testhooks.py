@@ -9,7 +9,9 @@ Sites: ``after_attempt_row``, ``before_backend_submit``, ``after_backend_submit`
 (submit/sweep: inside the write transaction, the new names found free), ``recording_success`` (inside the
 write transaction that records a verified attempt), ``sweep_room_counted`` (a local sweep launcher,
 holding the launch lock, has counted the throttle's free slots), ``fence_checked`` (a launcher re-checked its
-claim's fence, right before the backend call), ``tokens_looked_up`` (a reconcile pass asked the backend for
+claim's fence, right before the backend call), ``group_claimed`` (a group launch committed the ONE transaction
+that claimed all its tasks), ``group_written`` (... and wrote every task's records, not yet flushed into
+place), ``tokens_looked_up`` (a reconcile pass asked the backend for
 the tokens of launches in doubt, before it re-claims them), ``wrapper_marker_decided`` (the job wrapper,
 its program exited, has written or refused done.json; stop signals held), ``wrapper_end_decided`` (... and
 is about to write exit.json). Unset, each costs one environment lookup.

@@ -25,6 +25,7 @@ from orchestrator.protocol.durable import (  # noqa: F401 - the protocol's publi
     TMP_INFIX,
     BadRecord,
     HashingWriter,
+    SyncBatch,
     atomic_write,
     atomic_write_json,
     finite_number,

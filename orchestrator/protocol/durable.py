@@ -198,3 +198,133 @@ def finite_number(v: Any) -> float | None:
     except OverflowError:  # an int too large for a float
         return None
     return f if math.isfinite(f) else None
+
+
+class SyncBatch:
+    """Many ``atomic_write``s made durable together, with the same guarantee (a final name only ever holds
+    bytes that reached the disk; a reader sees the old content or the new, never a prefix), at two
+    filesystem flushes for N files instead of 2N fsyncs.
+
+    ``write`` puts each file under its tmp name without fsync; ``commit`` flushes every filesystem they
+    are on once (``syncfs``), renames them all into place, and flushes once more for the renames. Until
+    ``commit`` returns, none of them exists under its final name. Issue 20: a 1,000-task sweep spent 38 s
+    of 81 in 6,000 fsyncs (command.json, fence.json and submitted.json per task, each file and its dir).
+
+    The cost: ``syncfs`` writes back every dirty page of that filesystem, other processes' too, so it is
+    meant for many files at once. Where ``syncfs`` is missing (not Linux) each file and dir is fsynced.
+    """
+
+    def __init__(self) -> None:
+        self._pending: list[tuple[Path, Path, int | None]] = []  # (tmp, final, mode)
+
+    def __enter__(self) -> SyncBatch:
+        return self
+
+    def __exit__(self, exc_type: object, *_: object) -> None:
+        if exc_type is None:
+            self.commit()
+        else:
+            self.abort()
+
+    def __len__(self) -> int:
+        return len(self._pending)
+
+    def write(self, path: Path | str, data: bytes | str, mode: int | None = None) -> None:
+        """Write ``data`` under a tmp name beside ``path``; it takes ``path``'s name at ``commit``."""
+        path = Path(path)
+        tmp = path.with_name(tmp_name(path.name))
+        try:
+            with open(tmp, "xb") as f:
+                f.write(data.encode() if isinstance(data, str) else data)
+            if mode is not None:
+                os.chmod(tmp, mode)
+        except BaseException:
+            with contextlib.suppress(OSError):
+                os.unlink(tmp)
+            raise
+        self._pending.append((tmp, path, mode))
+
+    def write_json(self, path: Path | str, obj: Any) -> None:
+        self.write(path, json.dumps(obj, indent=1, sort_keys=True) + "\n")
+
+    def commit(self) -> None:
+        """Flush, rename into place, flush: on an error before the renames nothing is in place (the tmp
+        files are removed); the error is raised."""
+        pending, self._pending = self._pending, []
+        if not pending:
+            return
+        try:
+            _flush([tmp for tmp, _, _ in pending])
+        except BaseException:
+            for tmp, _, _ in pending:
+                with contextlib.suppress(OSError):
+                    os.unlink(tmp)
+            raise
+        for i, (tmp, path, _) in enumerate(pending):
+            try:
+                os.replace(tmp, path)
+            except BaseException:
+                for left, _, _ in pending[i:]:
+                    with contextlib.suppress(OSError):
+                        os.unlink(left)
+                raise
+        _flush([path.parent for _, path, _ in pending], dirs=True)
+
+    def abort(self) -> None:
+        """Remove what was written; nothing takes its final name."""
+        pending, self._pending = self._pending, []
+        for tmp, _, _ in pending:
+            with contextlib.suppress(OSError):
+                os.unlink(tmp)
+
+
+def _flush(paths: list[Path], dirs: bool = False) -> None:
+    """Persist ``paths`` (files, or with ``dirs`` their directory entries): one ``syncfs`` per filesystem
+    they are on, or an fsync of each where ``syncfs`` is missing."""
+    syncfs = _syncfs()
+    if syncfs is None:
+        for p in paths:
+            fsync_dir(p) if dirs else _fsync_file(p)
+        return
+    seen: set[int] = set()
+    for p in dict.fromkeys(p if dirs else p.parent for p in paths):  # one open per directory, not per file
+        fd = os.open(str(p), os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))
+        try:
+            dev = os.fstat(fd).st_dev
+            if dev in seen:
+                continue
+            seen.add(dev)
+            if syncfs(fd) != 0:  # Linux >= 5.8 reports writeback errors of the filesystem here
+                import ctypes
+
+                err = ctypes.get_errno()
+                raise OSError(err, os.strerror(err), str(p))
+        finally:
+            os.close(fd)
+
+
+def _fsync_file(path: Path) -> None:
+    fd = os.open(str(path), os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+_SYNCFS: list[Any] = []
+
+
+def _syncfs() -> Any:
+    """libc's ``syncfs(fd)``, or None (not Linux / not found)."""
+    if not _SYNCFS:
+        fn = None
+        if os.uname().sysname == "Linux":
+            try:
+                import ctypes
+
+                fn = ctypes.CDLL(None, use_errno=True).syncfs
+                fn.argtypes, fn.restype = [ctypes.c_int], ctypes.c_int
+            except (OSError, AttributeError):
+                fn = None
+        _SYNCFS.append(fn)
+    return _SYNCFS[0]

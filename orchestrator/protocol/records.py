@@ -17,6 +17,7 @@ from typing import Any
 
 from orchestrator.protocol.durable import (
     MAX_DB_INT,
+    SyncBatch,
     atomic_write_json,
     finite_number,
     fsync_dir,
@@ -314,10 +315,14 @@ class ExitRecord:
 FENCE_LIMIT = 4096
 
 
-def write_fence(attempt_path: Path, token: str, fence: int) -> None:
+def write_fence(attempt_path: Path, token: str, fence: int, batch: SyncBatch | None = None) -> None:
     """Record which launch claim of the attempt is the current one (atomic: a wrapper reads the old
-    record or the new one, never a torn one)."""
-    atomic_write_json(attempt_path / FENCE_FILE, {"token": token, "fence": fence, "at": now_iso()})
+    record or the new one, never a torn one). ``batch``: in place only once the batch commits."""
+    record = {"token": token, "fence": fence, "at": now_iso()}
+    if batch is not None:
+        batch.write_json(attempt_path / FENCE_FILE, record)
+    else:
+        atomic_write_json(attempt_path / FENCE_FILE, record)
 
 
 def read_fence(attempt_path: Path) -> tuple[str, int] | None:

@@ -173,16 +173,24 @@ def test_a_twenty_task_array_recovers_each_task_on_its_own(orch, cleanup, tmp_pa
     assert "sweep of 20: 19 done_marker_verified, 1 failed" in table, table
 
 
-def test_a_sweep_whose_submitter_dies_right_after_sbatch_is_found_by_its_token(orch, cleanup):  # noqa: ANN001
+@pytest.mark.parametrize("site", ["after_backend_submit", "group_claimed", "group_written"])
+def test_a_sweep_whose_submitter_dies_right_after_sbatch_is_found_by_its_token(orch, cleanup, site):  # noqa: ANN001
     # Exactly-once per task across a crash between sbatch and orch's DB: the submitting process dies (as a
     # kill -9 would) just after sbatch accepted the array; the next reconcile pass finds that array by the
     # token in its job name and records each task's id, instead of submitting the sweep a second time.
+    # Issue 20 batched the launch: "group_claimed" dies after the ONE transaction that claimed every task,
+    # "group_written" after every task's command/fence records were written but before the one flush that
+    # puts them in place; each task must still run exactly once, under its one attempt.
     node_idle()
     since = time.strftime("%Y-%m-%dT%H:%M:%S", time.localtime(time.time() - 1))
     p = orch("sweep", "--name", "kx", "--backend", "slurm", "--partition", "spot", "--cpus-per-task", "1",
              "--mem", "100M", "--grid", "i=0,1,2", "--outputs", "result.txt", "--", sys.executable, "-c",
-             "open('result.txt', 'w').write('{i}')", env={"ORCH_FAULT": "after_backend_submit"})
-    assert p.returncode == 99, p.stdout + p.stderr  # testhooks: died at the site, after sbatch answered
+             "open('result.txt', 'w').write('{i}')", env={"ORCH_FAULT": site})
+    assert p.returncode == 99, p.stdout + p.stderr  # testhooks: died at the site
+    if site != "after_backend_submit":  # died before sbatch: the claims are in the DB, no record in place
+        attempts = [orch.show(f"kx.{i:04d}")["attempts"] for i in range(3)]
+        assert all(len(a) == 1 and a[0]["state"] == "launching" for a in attempts), attempts
+        assert not list(orch.runs.glob("kx.*/attempts/1/fence.json"))
     names = [f"kx.{i:04d}" for i in range(3)]
     assert all(not a["external_id"] for n in names for a in orch.show(n)["attempts"])  # the DB never heard back
     t0 = time.time()
@@ -193,13 +201,20 @@ def test_a_sweep_whose_submitter_dies_right_after_sbatch_is_found_by_its_token(o
         time.sleep(1)
     ids = {n: orch.show(n)["attempts"] for n in names}
     assert all(len(a) == 1 for a in ids.values()), ids  # one attempt each: found, not resubmitted
-    arrays = {a[0]["external_id"].split("_")[0] for a in ids.values()}
-    assert len(arrays) == 1, ids
-    (array,) = arrays
-    assert {a[0]["external_id"] for a in ids.values()} == {f"{array}_{i}" for i in range(3)}
-    # sacct: every job submitted since the sweep began is that one array (no second sbatch).
+    exts = {a[0]["external_id"] for a in ids.values()}
     acct = run("sacct", "-X", "-n", "-P", "--duplicates", "-S", since, "-o", "JobID").stdout
-    assert {line.split("_")[0] for line in acct.split()} == {array}, acct
+    submitted = {line.split("_")[0] for line in acct.split()}
+    if site == "after_backend_submit":
+        arrays = {e.split("_")[0] for e in exts}
+        assert len(arrays) == 1, ids
+        (array,) = arrays
+        assert exts == {f"{array}_{i}" for i in range(3)}
+        # sacct: every job submitted since the sweep began is that one array (no second sbatch).
+        assert submitted == {array}, acct
+    else:
+        # Nothing was submitted before the crash and no group token recorded: the reconciler re-claims and
+        # launches each task (as its own job); sacct holds exactly the 3 jobs the DB names, no second copy.
+        assert len(exts) == 3 and submitted == {e.split("_")[0] for e in exts}, (acct, ids)
     for n in names:
         assert (orch.runs / n / "result.txt").read_text() == n[-1]
 

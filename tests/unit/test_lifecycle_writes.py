@@ -187,3 +187,47 @@ def test_an_attempt_cancelled_outside_orch_ends_instead_of_staying_running_for_e
         job = get_job(s, "j")
         assert (job.attempts[0].state, job.attempts[0].failure_class, job.state) == (
             A.CANCELLED, FailureClass.CANCELLED, J.CANCELLED)
+
+
+def test_a_bulk_move_whose_guard_misses_one_row_writes_nothing(db):
+    # move_many (issue 20: one executemany per step of a sweep's launch) decides on rows read in its own
+    # transaction; if any row moved anyway (a reader that was not under the lock), every UPDATE and event of
+    # the batch rolls back together rather than leaving the others moved and that one unmoved.
+    from sqlalchemy import func, update
+
+    from orchestrator.errors import IllegalTransition
+    from orchestrator.lifecycle import Move, move_many
+    from orchestrator.models import Event
+
+    for n in ("a", "b", "c"):
+        _job_with_attempt(db, n)
+    with pytest.raises(IllegalTransition), db.write() as s:
+        rows = list(s.scalars(select(Attempt).order_by(Attempt.id)))
+        # another writer's move of "b", behind this session's back (the session still reads it pending)
+        s.execute(update(Attempt).where(Attempt.id == rows[1].id).values(state=A.LAUNCHING, fence=7)
+                  .execution_options(synchronize_session=False))
+        move_many(s, [Move(a, A.PENDING, A.LAUNCHING, {"fence": 1}, fenced=True, fence=a.fence, why="claimed")
+                      for a in rows])
+    with db.read() as s:
+        assert [a.state for a in s.scalars(select(Attempt).order_by(Attempt.id))] == [A.PENDING] * 3
+        assert s.scalar(select(func.count()).select_from(Event)) == 0
+
+
+def test_a_bulk_move_writes_each_row_its_values_and_its_event(db):
+    from sqlalchemy import func
+
+    from orchestrator.lifecycle import Move, move_many
+    from orchestrator.models import Event
+
+    for n in ("a", "b"):
+        _job_with_attempt(db, n)
+    with db.write() as s:
+        rows = list(s.scalars(select(Attempt).order_by(Attempt.id)))
+        move_many(s, [Move(a, A.PENDING, A.LAUNCHING, {"fence": i + 1}, fenced=True, fence=a.fence, why=f"c{i}")
+                      for i, a in enumerate(rows)])
+        assert [a.fence for a in rows] == [1, 2]  # the session sees what was written
+    with db.read() as s:
+        assert [(a.state, a.fence) for a in s.scalars(select(Attempt).order_by(Attempt.id))] == \
+            [(A.LAUNCHING, 1), (A.LAUNCHING, 2)]
+        assert sorted(s.scalars(select(Event.reason))) == ["c0", "c1"]
+        assert s.scalar(select(func.count()).select_from(Event).where(Event.attempt_id.is_(None))) == 0
