@@ -61,7 +61,7 @@ class Birth:
 
 JOB_EDGES: tuple[Edge, ...] = (
     Edge(J.PENDING, J.SUBMITTED, "its attempt was accepted by the backend (or found by token after a crash)",
-         "launch.record_submitted"),
+         "launch._record_in"),
     Edge(J.PENDING, J.RETRYABLE_FAILED, "the launch failed for a reason a retry can fix (ENOSPC, a transient error)",
          "observe.finish"),
     Edge(J.PENDING, J.FAILED, "the launch was refused for good (invalid partition, symlinked attempts/)",
@@ -106,12 +106,13 @@ JOB_EDGES: tuple[Edge, ...] = (
 )
 
 ATTEMPT_EDGES: tuple[Edge, ...] = (
-    Edge(A.PENDING, A.LAUNCHING, "a launcher (submit, sweep, requeue, a reconcile pass) claimed it", "launch._claim"),
+    Edge(A.PENDING, A.LAUNCHING, "a launcher (submit, sweep, requeue, a reconcile pass) claimed it",
+         "launch._claim_all"),
     Edge(A.PENDING, A.CANCELLED, "orch cancel before anyone claimed it", "stop.cancel"),
     Edge(A.PENDING, A.CANCELLED, "orch requeue found its job's marker verifies", "requeue._mark_verified"),
-    Edge(A.LAUNCHING, A.LAUNCHING, "re-claimed after the claim expired (a new fence)", "launch._claim"),
+    Edge(A.LAUNCHING, A.LAUNCHING, "re-claimed after the claim expired (a new fence)", "launch._claim_all"),
     Edge(A.LAUNCHING, A.SUBMITTED, "the backend returned an id (or find_by_token found it after a crash)",
-         "launch.record_submitted"),
+         "launch._record_in"),
     Edge(A.LAUNCHING, A.FAILED, "the launch failed (refused, or a filesystem error); failure_class says which",
          "observe.finish"),
     Edge(A.LAUNCHING, A.STOPPING, "orch cancel during the launch: whoever learns the id stops it", "stop.cancel"),
@@ -134,7 +135,7 @@ ATTEMPT_EDGES: tuple[Edge, ...] = (
     Edge(A.STOPPING, A.FAILED, "it ended unverified (a hang stop is classified hang)", "observe.finish"),
     Edge(A.STOPPING, A.CANCELLED, "it ended after orch cancel", "observe.finish"),
     Edge(A.STOPPING, A.CANCELLED, "a cancel landed while its launcher prepared: closed before the backend call",
-         "launch._check_claim"),
+         "launch._check_claims"),
     Edge(A.STOPPING, A.CANCELLED, "its launcher died after a cancel and the backend never had it",
          "reconcile._stop_overtaken"),
 )
