@@ -101,7 +101,7 @@ def test_sigterm_to_one_rank_stops_all_at_one_step_with_one_commit_and_resumes_b
             return rank_pid(run_dir, 1)
         return None
 
-    os.kill(wait_for(rank1_past_step_4, 120, "rank 1 past step 4", every=0.1), signal.SIGTERM)  # rank 1 ONLY
+    os.kill(wait_for(rank1_past_step_4, 120, "rank 1 past step 4", interval=0.1), signal.SIGTERM)  # rank 1 ONLY
     assert orch.wait("mr", {DONE, "failed", "cancelled"}, timeout=180) == DONE, orch.show("mr")
     first = orch.show("mr")["attempts"][0]
     assert first["failure_class"] == "preempted", first
