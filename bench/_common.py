@@ -135,6 +135,11 @@ def child_run_cpu(argv: list[str], env: dict[str, str] | None = None, cwd: str |
     return int(rc), float(wall), int(maxrss), float(cpu), p.stdout, err
 
 
+def mark(good: bool) -> str:
+    """The goal column's verdict: " ✓" met, " ✗" not."""
+    return " ✓" if good else " ✗"
+
+
 def table(headers: Sequence[str], rows: Sequence[Sequence[object]]) -> str:
     """A GitHub-markdown table (also readable on a terminal)."""
     cells = [[str(h) for h in headers]] + [[str(c) for c in r] for r in rows]

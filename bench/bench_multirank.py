@@ -240,7 +240,7 @@ def main() -> int:
                 rows.append([f"(a) stop agreement, {ranks} ranks, {step_s * 1e3:.0f} ms steps",
                              f"{r['cost_median'] * 1e3:.2f} ms per all-reduce; every {r['every']} step(s)",
                              f"{share * 100:.2f} % of step time (every step: {every_step * 100:.1f} %)",
-                             "<= 1 %" + _ok(share <= 0.01)])
+                             "<= 1 %" + C.mark(share <= 0.01)])
         for ranks in rank_counts:
             print(f"(b) SIGTERM to rank 1 of {ranks} ...", flush=True)
             took, stopped, newest, whole = bench_sigterm(ranks, work, steps)
@@ -248,7 +248,7 @@ def main() -> int:
                          f"{took:.1f} s; every rank stopped after step {stopped}",
                          f"committed step {newest} ({'every rank' if whole else 'INCOMPLETE'}); "
                          f"{stopped - newest} step(s) to redo",
-                         f"< grace {GRACE_S:.0f} s, 0 redone" + _ok(took < GRACE_S and whole and newest == stopped)])
+                         f"< grace {GRACE_S:.0f} s, 0 redone" + C.mark(took < GRACE_S and whole and newest == stopped)])
         print(f"(c) save, 2 ranks x {save_mb} MB ...", flush=True)
         s = bench_save(2, save_mb, a.runs, work)
         ratio = statistics.median(o / d for o, d in zip(s["orch"], s["dcp"], strict=True))
@@ -257,7 +257,7 @@ def main() -> int:
         rows.append(["(c) for context: DCP through the hashing filesystem alone (sha256 while writing, fsync)",
                      C.fmt(s["hashing"]), f"{r_hash:.2f}x", ""])
         rows.append(["(c) ShardedCheckpointer.save: DCP + sha256 while writing, gather, manifest, rename",
-                     C.fmt(s["orch"]), f"{ratio:.2f}x", "<= 1.10" + _ok(ratio <= 1.10)])
+                     C.fmt(s["orch"]), f"{ratio:.2f}x", "<= 1.10" + C.mark(ratio <= 1.10)])
         print(f"(d) controller check, 4 ranks x {ctl_mb} MB ...", flush=True)
         c = bench_controller(4, ctl_mb, a.runs, work)
         rows.append([f"(d) full sha256 of a 4-rank step, 4 x {ctl_mb} MB", C.fmt(c["full hash"]), "baseline", ""])
@@ -286,10 +286,6 @@ def main() -> int:
         C.replace_section(TITLE, C.preamble("bench_multirank.py", notes) + "\n" + tab + "\n")
         print(f"wrote section '{TITLE}' of {C.BENCHMARKS}")
     return 0
-
-
-def _ok(good: bool) -> str:
-    return " ✓" if good else " ✗"
 
 
 if __name__ == "__main__":

@@ -247,7 +247,7 @@ def main() -> int:
     rows = [
         ["(a) torch.save + fsync, 105 MB", C.fmt(save["torch.save + fsync"]), "baseline", ""],
         ["(a) verified save: tmp dir, sha256 while writing, fsyncs, manifest, rename",
-         C.fmt(save["verified save (CheckpointManager)"]), f"{r_save:.2f}x", "<= 1.10" + _ok(r_save <= 1.10)],
+         C.fmt(save["verified save (CheckpointManager)"]), f"{r_save:.2f}x", "<= 1.10" + C.mark(r_save <= 1.10)],
         ["(a) for context: the same, torch.save's own CRC32 kept",
          C.fmt(save["verified save, torch CRC32 kept"]), f"{r_crc:.2f}x", ""],
         ["(a) for context: hash inline in the writing thread (protocol.HashingWriter)",
@@ -255,14 +255,14 @@ def main() -> int:
         ["(b) training thread blocked per checkpoint: blocking torch.save + fsync",
          C.fmt(stall["blocking call"]), "baseline", ""],
         ["(b) training thread blocked per checkpoint: background save (snapshot to CPU memory)",
-         C.fmt(stall["background call"]), f"{r_call:.2f}x", "<= 0.5" + _ok(r_call <= 0.5)],
+         C.fmt(stall["background call"]), f"{r_call:.2f}x", "<= 0.5" + C.mark(r_call <= 0.5)],
         ["(b) for context: extra loop time per checkpoint, blocking (call + neighbouring-step noise)",
          C.fmt(stall["blocking"]), "baseline", ""],
         ["(b) for context: extra loop time per checkpoint, background (+ contention while writing)",
          C.fmt(stall["background"]), f"{r_stall:.2f}x", ""],
         ["(c) plain torch loop, tiny preset, per step", C.fmt(over["plain"], digits=2), "baseline", ""],
         ["(c) trainer loop (checks, RNG capture, heartbeat), per step", C.fmt(over["trainer"], digits=2),
-         f"{r_over * 100:+.1f} %", "<= 3 %" + _ok(r_over <= 0.03)],
+         f"{r_over * 100:+.1f} %", "<= 3 %" + C.mark(r_over <= 0.03)],
     ]
     tab = C.table(["measurement", "median (min–max)", "ratio", "goal"], rows)
     print(tab)
@@ -282,10 +282,6 @@ def main() -> int:
         C.replace_section(TITLE, C.preamble("bench_trainer.py", notes) + "\n" + tab + "\n")
         print(f"wrote section '{TITLE}' of {C.BENCHMARKS}")
     return 0
-
-
-def _ok(good: bool) -> str:
-    return " ✓" if good else " ✗"
 
 
 if __name__ == "__main__":
