@@ -162,7 +162,7 @@ def test_the_bundled_trainer_as_two_ranks_is_refused_as_invalid_not_left_to_race
     checkpoint writes (hostile test). It refuses before touching the run dir: invalid, exit 2, said once."""
     p = orch("submit", "--name", "t2", "--nproc-per-node", "2", "--wait", "--", sys.executable, "-m", "orch_trainer",
              "--preset", "tiny", "--max-steps", "20", env=GLOO_ENV)
-    assert p.returncode != 0, p.stdout + p.stderr
+    assert p.returncode == 4, p.stdout + p.stderr  # submit --wait: ended without a verified marker
     a = orch.show("t2")["attempts"][0]
     assert (orch.state("t2"), a["failure_class"]) == ("failed", "invalid"), a
     assert "runs as one process, not as WORLD_SIZE=2 ranks" in a["detail"], a
