@@ -295,7 +295,8 @@ class LocalBackend(Backend):
             live = liveness(ref.external_id, ref.token, table, here, carriers)
             if live.state == "alive":
                 _signal_all(live.members or ([live.leader] if live.leader else []), signal.SIGKILL)
-                _signal_all(_token_carriers(ref.token, live.members), signal.SIGKILL)
+                known = {p.pid for p in live.members}
+                _signal_all([p for p in carriers(ref.token) if p.pid not in known], signal.SIGKILL)
 
     def find_by_token(self, refs: Sequence[AttemptRef]) -> dict[str, str]:
         """A lost launch is found by its token in a live process's environment (kernel data), or by
@@ -326,11 +327,6 @@ class LocalBackend(Backend):
         return {d: found.get(os.path.realpath(d), []) for d in run_dirs}
 
 
-def _token_carriers(token: str, known: Sequence[proctable.Proc]) -> list[proctable.Proc]:
-    """Live processes outside ``known`` whose kernel-held environment carries ``token`` (the job's, by proof)."""
-    seen = {p.pid for p in known}
-    return [p for p in proctable.all_procs() if p.pid not in seen and not p.zombie
-            and proctable.environ_has(p.pid, protocol.ENV_TOKEN, token)]
 
 
 def _free_bytes(path: Path) -> int | None:
