@@ -73,6 +73,23 @@ def tensorboard_logger(run_dir: str | os.PathLike[str] | None = None, **kwargs: 
     return TensorBoardLogger(save_dir=str(Run.from_env(run_dir).tensorboard_dir), name="", version="", **kwargs)
 
 
+def _validation_follows(trainer: pl.Trainer) -> bool:
+    """Whether Lightning runs validation right after the current optimizer step's batch.
+
+    Lightning's own predicate (the one its training loop asks next); it has no public equivalent. Without
+    it (another Lightning version) the answer is False: the stop is taken at the batch end as before,
+    still with 0 steps redone, only not bit-exact across that validation.
+    """
+    loop = getattr(trainer.fit_loop, "epoch_loop", None)
+    should = getattr(loop, "_should_check_val_fx", None)
+    if should is None or getattr(loop, "_skip_next_val", False):
+        return False
+    try:
+        return bool(should(trainer.fit_loop._data_fetcher))
+    except Exception:  # noqa: BLE001 - a changed private signature: fall back to the batch-end stop
+        return False
+
+
 class OrchCallback(Callback):
     """Checkpoint on SIGTERM/SIGUSR2 at a step boundary, exit 143; done marker after a normal ``fit``.
 
@@ -91,6 +108,7 @@ class OrchCallback(Callback):
         self._resumed_from = 0  # global_step after Lightning's restore: `orch metrics` counts steps redone
         self._saved: tuple[int, Path] | None = None
         self._stop: SystemExit | None = None
+        self._stop_pending: int | None = None  # a stop decided at this step, taken when its validation starts
         self._pending_rng: dict[str, Any] | None = None
         # every_n_steps="auto": Daly's interval for the measured save cost and orch's ORCH_MTBF_S (kit/interval.py)
         self.auto_save = AutoSaveInterval() if every_n_steps == "auto" else None
@@ -137,6 +155,7 @@ class OrchCallback(Callback):
 
     def on_train_batch_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule, batch: Any,
                              batch_idx: int) -> None:
+        self._take_pending_stop(trainer)
         self._raise_if_stopping()
         if self._pending_rng is not None:
             # Restored here, right before the first training_step, not at load time: the sanity check
@@ -157,7 +176,14 @@ class OrchCallback(Callback):
                                  **(self.auto_save.fields() if self.auto_save else {}),
                                  **({"loss": float(loss)} if loss is not None else {}))
         stop = trainer.strategy.reduce_boolean_decision(self.flag.requested, all=False)
-        if stop:
+        # Every rank the same choice (a time-based val_check_interval could differ): save_checkpoint is collective.
+        if stop and trainer.strategy.reduce_boolean_decision(_validation_follows(trainer), all=True):
+            # The uninterrupted run's validation draws from the global RNG (the val loader's iter() seeds
+            # itself) before the next step's dropout: saved here, the RNG would miss that draw and the
+            # resumed run would not be bit-exact. Taken at on_validation_start, after the draw; the
+            # weights are the same (no optimizer step in between).
+            self._stop_pending = step
+        elif stop:
             self._stop_at(trainer, step)
         elif self.auto_save is not None:
             # every rank the same answer: save_checkpoint is collective (a rank that alone saved would hang)
@@ -187,12 +213,19 @@ class OrchCallback(Callback):
         self._saved = (step, path)
         return path
 
+    def _take_pending_stop(self, trainer: pl.Trainer) -> None:
+        """The stop deferred to this validation's start (or, if Lightning skipped it, to the next hook)."""
+        if self._stop_pending is not None:
+            step, self._stop_pending = self._stop_pending, None
+            self._stop_at(trainer, step)
+
     def _raise_if_stopping(self) -> None:
         """Leave fit with exit 143 once the step's checkpoint is committed and its metrics were logged."""
         if self._stop is not None:
             raise self._stop
 
     def on_validation_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        self._take_pending_stop(trainer)
         self._raise_if_stopping()
 
     def on_validation_batch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs: Any, batch: Any,
@@ -208,10 +241,12 @@ class OrchCallback(Callback):
             self._raise_if_stopping()
 
     def on_train_epoch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        self._take_pending_stop(trainer)
         self._raise_if_stopping()
 
     # --- the end -----------------------------------------------------------------------------------
     def on_train_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        self._take_pending_stop(trainer)
         self._raise_if_stopping()
         if trainer.strategy.reduce_boolean_decision(self.flag.requested, all=False):
             # A signal after the last step's on_train_batch_end: a stop is never completion (issue 17).
