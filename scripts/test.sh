@@ -21,7 +21,7 @@ fi
 part "ruff"
 junit=$(mktemp --suffix=.xml)
 set +e
-.venv/bin/python -m pytest -q -p no:cacheprovider --junitxml="$junit" -o junit_family=xunit1 "$@"
+.venv/bin/python -m pytest -q -p no:cacheprovider --durations=25 --junitxml="$junit" -o junit_family=xunit1 "$@"
 rc=$?
 set -e
 part "pytest (every suite, the bench scripts' --quick runs included)"

@@ -45,7 +45,7 @@ import torch
 from orchestrator import protocol
 from orchestrator.kit.checkpoint import CheckpointManager
 from orchestrator.kit.commit import clean_stale
-from orchestrator.kit.dist import StopAgreement, any_rank, barrier, world_size
+from orchestrator.kit.dist import StopAgreement, any_rank, barrier, settle, world_size
 from orchestrator.kit.heartbeat import Heartbeat
 from orchestrator.kit.interval import AutoSaveInterval
 from orchestrator.kit.log import log
@@ -255,6 +255,7 @@ class OrchRun:
             if self.run.is_writer:
                 self.heartbeat.stop()
             self.flag.uninstall()
+            settle()  # the program may exit right after: no collective of ours may be freed during finalization
         return False
 
 

@@ -45,16 +45,70 @@ def rank() -> int:
 
 
 def barrier() -> None:
-    """Wait for every rank (no-op on one rank); bounded by the process group's timeout."""
+    """Wait for every rank (no-op on one rank); bounded by the process group's timeout.
+
+    An all-reduce of one of the kit's own tensors, not ``dist.barrier()``: gloo's barrier keeps every
+    collective still in flight when it started (the program's own all-reduces too) until the barrier is
+    itself freed, on a worker thread, often as the program exits; freeing a tensor Python created there
+    during interpreter finalization aborts the rank (see ``settle``). An all-reduce holds only its tensor,
+    and ``settle`` waits until that is let go.
+    """
     dist = _dist()
-    if dist is not None:
-        dist.barrier()
+    if dist is None:
+        return
+    t = _buffer(dist, 1)
+    t.zero_()
+    dist.all_reduce(t, op=dist.ReduceOp.MAX)
+    del t  # settle counts the references to the buffer: this frame's is not the backend's
+    settle()
 
 
 def _device(dist: Any) -> Any:
     import torch
 
     return torch.device("cuda", torch.cuda.current_device()) if dist.get_backend() == "nccl" else None
+
+
+_BUFFERS: dict[tuple[str, int], Any] = {}
+_BASE_REFS = 2
+
+
+def _buffer(dist: Any, n: int) -> Any:
+    """A process-lifetime int64 tensor of ``n`` elements on the collective's device, reused by every agreement.
+
+    One tensor, not one per call, so that ``settle`` can see when the collective backend let go of it.
+    """
+    import torch
+
+    device = _device(dist)
+    key = (str(device), n)
+    buf = _BUFFERS.get(key)
+    if buf is None:
+        buf = _BUFFERS[key] = torch.zeros(n, dtype=torch.int64, device=device)
+    return buf
+
+
+SETTLE_TIMEOUT_S = 10.0
+
+
+def settle(timeout_s: float = SETTLE_TIMEOUT_S) -> bool:
+    """Wait until the collective backend's threads hold none of the agreements' tensors (bounded).
+
+    gloo's worker thread drops a finished collective a moment after ``wait()`` returned, and a barrier keeps
+    the collectives still in flight when it started until it is itself dropped. Dropping the last C++
+    reference to a tensor Python created takes the GIL; when that falls into interpreter finalization, the
+    rank aborts ("terminate called without an active exception", SIGABRT) after its run completed (CI,
+    stop 17: 1 run in 15 of a 3-rank resume, the thread freeing the exit barrier that held the stop
+    agreement's all-reduce). Called after the kit's barrier and when the kit's run ends; the condition is
+    the tensors' reference counts, polled with the GIL released between checks. Returns False on timeout.
+    """
+    deadline = time.monotonic() + timeout_s
+    # getrefcount(_BUFFERS[key]): the dict's reference and the call's argument, nothing else once released
+    while any(sys.getrefcount(_BUFFERS[key]) > _BASE_REFS for key in list(_BUFFERS)):
+        if time.monotonic() >= deadline:
+            return False
+        time.sleep(0.001)
+    return True
 
 
 def any_rank(flag: bool) -> bool:
@@ -66,9 +120,8 @@ def any_rank(flag: bool) -> bool:
     dist = _dist()
     if dist is None:
         return flag
-    import torch
-
-    t = torch.tensor([1 if flag else 0], device=_device(dist))
+    t = _buffer(dist, 1)
+    t.fill_(1 if flag else 0)
     dist.all_reduce(t, op=dist.ReduceOp.MAX)
     return bool(t.item())
 
@@ -155,13 +208,12 @@ class StopAgreement:
         dist = _dist()
         if dist is None:
             return self.flag.requested
-        import torch
-
         t0 = time.monotonic()
         # The signal number, not just a bit: a rank that saw none still reports which stop it acts on.
         signum = getattr(self.flag, "signum", None)
         code = (signum or 1) if self.flag.requested else 0
-        t = torch.tensor([code, -self._proposal()], dtype=torch.int64, device=_device(dist))
+        t = _buffer(dist, 2)
+        t[0], t[1] = code, -self._proposal()
         dist.all_reduce(t, op=dist.ReduceOp.MAX)
         code, every = int(t[0].item()), int(-t[1].item())
         stop = code > 0

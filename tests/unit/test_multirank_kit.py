@@ -121,3 +121,28 @@ def test_a_rank_that_lost_a_peer_reports_killed_or_the_peers_own_crash(tmp_path)
     assert not kdist.lost_peer(RuntimeError("shape mismatch")) and not kdist.lost_peer(None)
     run0.crashed(3, _Gone("Connection closed by peer"), "tb", rank=0, world=1)  # one process: its own crash
     assert protocol.read_failure(tmp_path, 1)["class"] == "crash"
+
+
+def test_settle_waits_until_no_other_thread_holds_an_agreement_tensor(monkeypatch):
+    """A collective backend's thread that still holds the agreement's tensor when the program exits frees it
+    during finalization and aborts the rank (SIGABRT after a completed run). settle() returns only once
+    that reference is gone, and gives up (False) at its timeout rather than wait for ever."""
+    import threading
+
+    import torch
+
+    monkeypatch.setattr(kdist, "_BUFFERS", {("cpu", 1): torch.zeros(1, dtype=torch.int64)})
+    held = [kdist._BUFFERS[("cpu", 1)]]  # what gloo's worker holds until it drops the finished work
+    go = threading.Event()
+
+    def worker() -> None:
+        go.wait(10)
+        held.clear()
+
+    t = threading.Thread(target=worker)
+    t.start()
+    assert kdist.settle(timeout_s=0.05) is False  # still held: bounded, not for ever
+    go.set()
+    assert kdist.settle(timeout_s=10) is True
+    assert not held
+    t.join()
