@@ -28,6 +28,14 @@ EXIT_NOT_VERIFIED = 4
 EXIT_BROKEN_PIPE = 128 + 13  # SIGPIPE's: what `seq 9 | head -1` reports under pipefail
 
 
+def _usage_error(e: click.UsageError, command: str | None = None) -> int:
+    """Print a usage error as one line naming the command's help (click's own is three: usage, hint, error)."""
+    where = e.ctx.command_path if e.ctx is not None and e.ctx.parent is not None else \
+        f"orch {command}" if command else "orch"
+    click.echo(f"orch: {_one_line(e.format_message())} (see '{where} --help')", err=True)
+    return e.exit_code
+
+
 class OrchGroup(click.Group):
     """Maps domain errors to exit codes with one line on stderr; no tracebacks for users."""
 
@@ -50,6 +58,8 @@ class OrchGroup(click.Group):
         except BrokenPipeError:
             _quiet_stdout()
             raise click.exceptions.Exit(EXIT_BROKEN_PIPE) from None
+        except click.UsageError as e:
+            raise click.exceptions.Exit(_usage_error(e)) from None
 
     def invoke(self, ctx: click.Context) -> Any:
         from orchestrator.errors import OrchError
@@ -65,6 +75,8 @@ class OrchGroup(click.Group):
             # exited 0 for an unverified job, which `set -o pipefail` scripts took for success.
             _quiet_stdout()
             ctx.exit(EXIT_BROKEN_PIPE)
+        except click.UsageError as e:  # a misspelt option, a bad value: one line, like every other refusal
+            ctx.exit(_usage_error(e, ctx.invoked_subcommand))
         except (click.exceptions.Exit, click.exceptions.Abort, click.ClickException):
             raise
         except KeyboardInterrupt:

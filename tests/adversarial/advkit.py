@@ -424,13 +424,13 @@ def fill_fs(path: Path) -> None:
 
 
 def assert_user_error(p: subprocess.CompletedProcess, codes: Iterable[int], pattern: str | None = None) -> str:
-    """Exit code in ``codes``, no traceback, and the error itself is ONE line matching ``pattern``
-    (case-insensitive). click's own "Usage: ..."/"Try ..." banner before a usage error is allowed:
-    the contract's one line is the error, not click's help pointer. Returns the error line."""
+    """Exit code in ``codes``, no traceback, and stderr is ONE line matching ``pattern`` (case-insensitive);
+    a usage error too (click's own three lines, usage banner, hint and error, are one since stop 18).
+    Returns the error line."""
     codes = tuple(codes)
     assert p.returncode in codes, f"exit {p.returncode}, wanted {codes}:\n{p.stdout}\n{p.stderr}"
     assert "Traceback" not in p.stderr, p.stderr
-    errs = [ln for ln in p.stderr.splitlines() if ln.strip() and not ln.startswith(("Usage:", "Try "))]
+    errs = [ln for ln in p.stderr.splitlines() if ln.strip()]
     assert len(errs) == 1, f"expected one error line on stderr, got {len(errs)}: {p.stderr!r}"
     if pattern is not None:
         assert re.search(pattern, errs[0], re.I), f"{pattern!r} not in {errs[0]!r}"
