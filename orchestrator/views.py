@@ -145,8 +145,9 @@ def log_paths(db: Database, name: str, n: int | None) -> tuple[list[Path], Calla
     return [d / protocol.STDOUT_LOG, d / protocol.STDERR_LOG], live
 
 
-def show_sweep(db: Database, name: str) -> dict[str, Any] | None:
-    """A sweep, its counts and one line per task; None when ``name`` is no sweep."""
+def show_sweep(db: Database, name: str, events: bool = False) -> dict[str, Any] | None:
+    """A sweep, its counts and one line per task; None when ``name`` is no sweep. ``events``: every task's
+    history, oldest first, each event naming its task (``orch show SWEEP --events`` printed none)."""
     from orchestrator.sweep import sweep_of, sweep_summary
 
     sweep = sweep_of(db, name)
@@ -156,4 +157,18 @@ def show_sweep(db: Database, name: str) -> dict[str, Any] | None:
     d["params"] = sweep.params
     d["task_list"] = [{"name": t.name, "task": t.task_index, "state": t.state.value, "run_dir": t.run_dir}
                       for t in sweep.tasks]
+    if events:
+        d["events"] = _tasks_history(db, {t.id: t.name for t in sweep.tasks})
     return d
+
+
+def _tasks_history(db: Database, names: dict[int, str]) -> list[dict[str, Any]]:
+    """``history`` for many jobs at once (a sweep's tasks): one query for the events, one for attempt numbers."""
+    if not names:
+        return []
+    with db.read() as s:
+        numbers = dict(s.execute(select(Attempt.id, Attempt.n).where(Attempt.job_id.in_(names))).all())
+        rows = s.scalars(select(Event).where(Event.job_id.in_(names)).order_by(Event.id))
+        return [{"at": e.at.isoformat(timespec="seconds") + "Z", "task": names[e.job_id],
+                 "attempt": numbers.get(e.attempt_id), "from": e.from_state, "to": e.to_state, "reason": e.reason}
+                for e in rows]

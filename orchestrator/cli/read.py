@@ -77,7 +77,7 @@ def show(name: str, as_json: bool, events: bool) -> None:
     from orchestrator.views import show_sweep
 
     _cfg, db = _ctx()
-    sw = show_sweep(db, name)
+    sw = show_sweep(db, name, events=events)
     if sw is not None:
         if as_json:
             _emit(sw)
@@ -87,6 +87,8 @@ def show(name: str, as_json: bool, events: bool) -> None:
         _say("  " + ", ".join(f"{n} {st}" for st, n in sw["states"].items()))
         for t in sw["task_list"]:
             _say(f"  {t['name']}: {t['state']}  {json.dumps(sw['params'][t['task']], sort_keys=True)}")
+        if events:
+            _say_events(sw["events"])
         return
     d = _show(db, name, events=events)
     if as_json:
@@ -132,11 +134,17 @@ def show(name: str, as_json: bool, events: bool) -> None:
     for problem in d.get("problems") or []:
         _say(f"  problem: {problem}")
     if events:
-        _say("  events:")
-        for e in d["events"]:
-            who = "job" if e["attempt"] is None else f"attempt {e['attempt']}"
-            move = f"{e['from'] or '(created)'} -> {e['to']}" if e["from"] != e["to"] else "note"
-            _say(f"    {e['at']}  {who}: {move}" + (f"  ({e['reason']})" if e["reason"] else ""))
+        _say_events(d["events"])
+
+
+def _say_events(events: list[dict[str, Any]]) -> None:
+    """One line per event: when, whose (the job, an attempt; a sweep's task first), the move or note, why."""
+    _say("  events:")
+    for e in events:
+        who = "job" if e["attempt"] is None else f"attempt {e['attempt']}"
+        who = f"{e['task']} {who}" if e.get("task") else who
+        move = f"{e['from'] or '(created)'} -> {e['to']}" if e["from"] != e["to"] else "note"
+        _say(f"    {e['at']}  {who}: {move}" + (f"  ({e['reason']})" if e["reason"] else ""))
 
 
 def _goodput_lines(g: dict[str, Any] | None) -> list[Any]:

@@ -23,3 +23,21 @@ def test_show_events_prints_the_job_and_attempt_history(orch):
     assert "Z  attempt 1: pending -> launching" in p.stdout, p.stdout
     assert "Z  job: pending -> submitted" in p.stdout, p.stdout
     assert "events" not in orch.show("h"), "the history is shown only when asked for"
+
+
+def test_show_events_of_a_sweep_prints_every_tasks_history(orch):
+    """A sweep's name shows its tasks; with ``--events`` also each task's moves, naming the task (a hostile
+    pass found ``orch show SWEEP --events`` printed no event at all)."""
+    orch("sweep", "--name", "sw", "--grid", "i=1,2", "--outputs", "out.txt", "--", "/bin/sh", "-c", "echo ok > out.txt",
+         check=True)
+    for task in ("sw.0000", "sw.0001"):
+        orch.wait(task, {"done_marker_verified"}, timeout=60)
+    d = orch.json("show", "sw", "--events")
+    by_task = {t: [(e["attempt"], e["from"], e["to"]) for e in d["events"] if e["task"] == t]
+               for t in ("sw.0000", "sw.0001")}
+    for task, events in by_task.items():
+        assert (None, "pending", "submitted") in events and events[-1][2] == "done_marker_verified", (task, events)
+        assert (1, "pending", "launching") in events, (task, events)
+    p = orch("show", "sw", "--events", check=True)
+    assert "Z  sw.0001 attempt 1: pending -> launching" in p.stdout, p.stdout
+    assert "events" not in orch.json("show", "sw"), "the history is shown only when asked for"
