@@ -35,7 +35,8 @@ def report_selects(windowed: bool):  # noqa: ANN201 - two sqlalchemy Selects, im
         active = select(Attempt.job_id).where(or_(Attempt.ended_at.is_(None), Attempt.ended_at >= cutoff))
         where = or_(Job.created_at >= cutoff, Job.id.in_(active))
         jobs, ids = jobs.where(where), ids.where(where)
-    attempts = (select(Attempt.job_id, Attempt.n, Attempt.token, Attempt.started_at, Attempt.ended_at,
+    attempts = (select(Attempt.job_id, Attempt.n, Attempt.token, Attempt.submitted_at, Attempt.started_at,
+                       Attempt.ended_at,
                        Attempt.failure_class, Attempt.stop_reason, Attempt.stop_requested_at, Attempt.restarts)
                 .where(Attempt.job_id.in_(ids)).order_by(Attempt.job_id, Attempt.n))
     return jobs, attempts
@@ -47,8 +48,8 @@ _JOBS = ("SELECT jobs.id, jobs.name, jobs.backend, jobs.run_dir, jobs.resources_
          "sweeps.name AS sweep \nFROM jobs LEFT OUTER JOIN sweeps ON sweeps.id = jobs.sweep_id")
 _WINDOW = ("jobs.created_at >= ? OR jobs.id IN (SELECT attempts.job_id \nFROM attempts \nWHERE "
            "attempts.ended_at IS NULL OR attempts.ended_at >= ?)")
-_ATTEMPTS = ("SELECT attempts.job_id, attempts.n, attempts.token, attempts.started_at, attempts.ended_at, "
-             "attempts.failure_class, attempts.stop_reason, attempts.stop_requested_at, attempts.restarts \n"
+_ATTEMPTS = ("SELECT attempts.job_id, attempts.n, attempts.token, attempts.submitted_at, attempts.started_at, "
+             "attempts.ended_at, attempts.failure_class, attempts.stop_reason, attempts.stop_requested_at, attempts.restarts \n"
              "FROM attempts \nWHERE attempts.job_id IN (SELECT jobs.id \nFROM jobs")
 _ATTEMPTS_ORDER = " ORDER BY attempts.job_id, attempts.n"
 REPORT_SQL: dict[str, dict[str, str]] = {
@@ -57,7 +58,7 @@ REPORT_SQL: dict[str, dict[str, str]] = {
                "attempts": _ATTEMPTS + " \nWHERE " + _WINDOW + ")" + _ATTEMPTS_ORDER},
 }
 JOB_KEYS = ("id", "name", "backend", "run_dir", "resources", "created_at", "sweep")
-ATTEMPT_KEYS = ("job_id", "n", "token", "started_at", "ended_at", "failure_class", "stop_reason",
+ATTEMPT_KEYS = ("job_id", "n", "token", "submitted_at", "started_at", "ended_at", "failure_class", "stop_reason",
                 "stop_requested_at", "restarts")
 
 
@@ -72,6 +73,7 @@ class FastAttempt:
 
     n: int
     token: str
+    submitted_at: datetime | None
     started_at: datetime | None
     ended_at: datetime | None
     failure_class: str | None
@@ -113,7 +115,7 @@ def jobs_from_rows(job_rows: Any, attempt_rows: Any) -> list[FastJob]:
         if job is not None:
             cls = a["failure_class"]
             job.attempts.append(FastAttempt(**{**a, "failure_class": getattr(cls, "value", cls), **{
-                k: _dt(a[k]) for k in ("started_at", "ended_at", "stop_requested_at")}}))
+                k: _dt(a[k]) for k in ("submitted_at", "started_at", "ended_at", "stop_requested_at")}}))
     return list(jobs.values())
 
 

@@ -57,6 +57,9 @@ def _iso_epoch(v: Any) -> float | None:
     return (dt if dt.tzinfo else dt.replace(tzinfo=UTC)).timestamp()
 
 
+CLOCK_SLACK_S = 5.0
+
+
 def held_interval(a: Any, run_dir: str) -> tuple[float | None, float | None]:
     """(start, end) of the attempt's hold: the wrapper's own records when they are this attempt's, else the DB.
 
@@ -64,20 +67,31 @@ def held_interval(a: Any, run_dir: str) -> tuple[float | None, float | None]:
     few seconds locally, a minute on a cron): the wrapper's ``wrapper.json`` started_at and ``exit.json``
     ended_at are when the program started and exited. wrapper.json is rewritten by each in-place restart,
     so with restarts the DB's start is used.
+
+    Those files are the job's to write, so a time in them counts only inside what the DB saw: a start
+    after the submission and no later than the observed start, an end after that start and no later than
+    the observed end (a hostile pass forged wrapper.json's started_at a year back and `orch report` put a
+    year of held time on the fleet). ``CLOCK_SLACK_S`` allows for the node's clock against the controller's.
     """
     adir = protocol.attempt_dir(run_dir, a.n)
     start, end = _epoch(a.started_at), _epoch(a.ended_at)
+    submitted = _epoch(getattr(a, "submitted_at", None))
+    # The latest the program can have started: when a pass saw it run, else saw it end (an attempt that ended
+    # between two passes was never seen running), else now.
+    latest = start if start is not None else end if end is not None else time.time()
     if not a.restarts:
         try:
             w = protocol.read_json_bounded(adir / protocol.WRAPPER_FILE, limit=64 * 1024)
         except (OSError, ValueError):
             w = None
-        if isinstance(w, dict) and w.get("token") == a.token and (t := _iso_epoch(w.get("started_at"))):
-            start = t
+        if isinstance(w, dict) and w.get("token") == a.token and (t := _iso_epoch(w.get("started_at"))) and \
+                (submitted is None or t >= submitted - CLOCK_SLACK_S) and t <= latest + CLOCK_SLACK_S:
+            start = min(t, latest)
     if end is not None:
         rec = protocol.read_exit(adir, a.token)
-        if rec is not None and (t := _iso_epoch(rec.ended_at)) is not None and start is not None and t >= start:
-            end = t
+        if rec is not None and (t := _iso_epoch(rec.ended_at)) is not None and start is not None and \
+                start <= t <= end + CLOCK_SLACK_S:
+            end = min(t, end)
     return start, end
 
 

@@ -157,3 +157,37 @@ def test_an_in_place_restart_the_scheduler_called_a_node_failure_is_no_preemptio
     unknown = split_job("b", [AttemptFacts(1, 0.0, 43.0, None, restarts=1, beats=beats)], created=0.0, now=100.0)
     assert summarize([node_fail])["preemptions"] == 0
     assert summarize([unknown])["preemptions"] == 1  # no account of why: counted as before
+
+
+def _attempt_files(tmp_path, started_at: str, ended_at: str):
+    """An attempt row (as goodputview reads it) and its run dir, with the job-writable records given."""
+    from datetime import datetime
+    from types import SimpleNamespace
+
+    from orchestrator import protocol
+    from orchestrator.protocol.records import ExitRecord, write_exit
+
+    adir = protocol.attempt_dir(str(tmp_path), 1)
+    adir.mkdir(parents=True)
+    protocol.atomic_write_json(adir / protocol.WRAPPER_FILE, {"token": "t1", "started_at": started_at})
+    write_exit(adir, ExitRecord(token="t1", returncode=0, ended_at=ended_at))
+    return SimpleNamespace(n=1, token="t1", restarts=0, submitted_at=datetime(2026, 6, 1, 12, 0, 0),
+                           started_at=datetime(2026, 6, 1, 12, 1, 0), ended_at=datetime(2026, 6, 1, 13, 0, 0))
+
+
+def test_the_held_time_takes_the_wrappers_times_only_inside_what_the_db_saw(tmp_path):
+    """wrapper.json and exit.json are the job's to write: forged a year apart, `orch report` held a year. A
+    time outside submission .. observed start (or start .. observed end) is ignored; one inside is used."""
+    from orchestrator.goodputview import held_interval
+
+    db_start, db_end = 1780315260.0, 1780318800.0  # 2026-06-01 12:01:00 and 13:00:00 UTC
+    forged = _attempt_files(tmp_path / "forged", "2025-06-01T12:00:30+00:00", "2027-06-01T13:00:00+00:00")
+    assert held_interval(forged, str(tmp_path / "forged")) == (db_start, db_end)
+    early = _attempt_files(tmp_path / "early", "2026-06-01T11:00:00+00:00", "2026-06-01T11:59:00+00:00")
+    assert held_interval(early, str(tmp_path / "early")) == (db_start, db_end)  # before submission; end < start
+    honest = _attempt_files(tmp_path / "honest", "2026-06-01T12:00:30+00:00", "2026-06-01T12:59:10+00:00")
+    assert held_interval(honest, str(tmp_path / "honest")) == (db_start - 30, db_end - 50)
+    # Ended between two reconcile passes, never seen running: the wrapper's start, up to the observed end.
+    unseen = _attempt_files(tmp_path / "unseen", "2026-06-01T12:00:30+00:00", "2026-06-01T12:59:10+00:00")
+    unseen.started_at = None
+    assert held_interval(unseen, str(tmp_path / "unseen")) == (db_start - 30, db_end - 50)
