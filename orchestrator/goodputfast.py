@@ -49,7 +49,8 @@ _JOBS = ("SELECT jobs.id, jobs.name, jobs.backend, jobs.run_dir, jobs.resources_
 _WINDOW = ("jobs.created_at >= ? OR jobs.id IN (SELECT attempts.job_id \nFROM attempts \nWHERE "
            "attempts.ended_at IS NULL OR attempts.ended_at >= ?)")
 _ATTEMPTS = ("SELECT attempts.job_id, attempts.n, attempts.token, attempts.submitted_at, attempts.started_at, "
-             "attempts.ended_at, attempts.failure_class, attempts.stop_reason, attempts.stop_requested_at, attempts.restarts \n"
+             "attempts.ended_at, attempts.failure_class, attempts.stop_reason, attempts.stop_requested_at, "
+             "attempts.restarts \n"
              "FROM attempts \nWHERE attempts.job_id IN (SELECT jobs.id \nFROM jobs")
 _ATTEMPTS_ORDER = " ORDER BY attempts.job_id, attempts.n"
 REPORT_SQL: dict[str, dict[str, str]] = {
