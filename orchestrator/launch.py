@@ -44,6 +44,7 @@ from orchestrator.backends.base import AttemptRef, Backend, BackendError, Submit
 from orchestrator.ballast import allocate as allocate_ballast
 from orchestrator.config import Config
 from orchestrator.db import Database
+from orchestrator.ending import finish
 from orchestrator.errors import IllegalTransition, OrchError, Refused
 from orchestrator.jobs import attempt_ref, get_job
 from orchestrator.lifecycle import (
@@ -59,7 +60,7 @@ from orchestrator.lifecycle import (
 )
 from orchestrator.models import Attempt, Job
 from orchestrator.mtbf import mtbf_env
-from orchestrator.observe import STOP_GRACE_S, finish
+from orchestrator.observe import STOP_GRACE_S
 from orchestrator.policy import command_for
 from orchestrator.protocol import ENV_SWEEP, ENV_SWEEP_PARAMS, ENV_TASK_INDEX, FailureClass
 from orchestrator.resources import resources_dict, resources_of

@@ -27,7 +27,7 @@ from orchestrator.errors import OrchError
 from orchestrator.goodputview import fleet_gauges, goodput_families
 from orchestrator.lifecycle import JobState, utcnow
 from orchestrator.models import Attempt, Job, PassStats
-from orchestrator.observe import PassReport
+from orchestrator.passreport import PassReport
 from orchestrator.protocol import FailureClass
 
 TEXTFILE_NAME = "orch.prom"

@@ -2,10 +2,7 @@
 
 ``observe`` polls attempts (one backend call per backend) and applies each outcome: an attempt
 seen running, requeued in place, hung (-> ``stopping``), still running past its stop grace (->
-SIGKILL), or ended (-> ``finish``). ``finish`` is the one place an attempt ends: the marker decides
-done; otherwise classify, ask the policy, and record both, moving attempt and job by
-compare-and-set. The reconciler, ``orch requeue`` (which settles a stopping attempt before it
-decides) and a failed launch all end attempts through it.
+SIGKILL), or ended (-> ``ending.finish``, the one place an attempt ends).
 
 A backend that cannot be asked yields UNKNOWN and changes nothing: a status query that timed out
 must never fail or restart a healthy job (SkyPilot #10155).
@@ -17,19 +14,18 @@ import contextlib
 import os
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
 from sqlalchemy import select
-from sqlalchemy.orm import selectinload
 
-from orchestrator import protocol, testhooks
+from orchestrator import protocol
 from orchestrator.backends.base import AttemptRef, Backend, Outcome, Phase
-from orchestrator.classify import classify
 from orchestrator.config import Config
 from orchestrator.db import Database
+from orchestrator.ending import evidence_of_end, finish
 from orchestrator.errors import DatabaseProblem, IllegalTransition
 from orchestrator.lifecycle import (
     ATTEMPT_POLLED,
@@ -42,48 +38,11 @@ from orchestrator.lifecycle import (
     utcnow,
 )
 from orchestrator.models import Attempt, Job
-from orchestrator.plan import Action, RetryPlan
-from orchestrator.policy import decide
-from orchestrator.protocol import FailureClass
+from orchestrator.passreport import Change, PassReport
 
 A, J = AttemptState, JobState
 STOP_GRACE_S = 60.0  # SIGTERM -> SIGKILL for orch cancel (Slurm's own KillWait usually acts first)
 HANG_KILL_GRACE_S = 30.0
-
-
-@dataclass(frozen=True)
-class Change:
-    """One thing a pass changed, as ``orch reconcile`` prints it (``--json``: the keys it always had)."""
-
-    name: str
-    to: JobState | AttemptState
-    why: str | None = None
-    cls: FailureClass | None = None
-    action: Action | None = None
-
-    def as_dict(self) -> dict[str, Any]:
-        d: dict[str, Any] = {"name": self.name, "to": self.to.value}
-        for key, v in (("class", self.cls), ("action", self.action), ("why", self.why)):
-            if v:
-                d[key] = str(v)
-        return d
-
-
-@dataclass
-class PassReport:
-    ran: bool = True
-    polled: int = 0
-    backend_calls: int = 0
-    changed: list[Change] = field(default_factory=list)
-    requeued: list[str] = field(default_factory=list)
-    unknown: int = 0
-    undecided: list[str] = field(default_factory=list)  # "<job>: <why>" for each unknown with a reason
-    errors: list[str] = field(default_factory=list)
-    query_failures: int = 0  # scheduler queries (poll, find by token) that could not be answered
-    duration_s: float = 0.0
-
-    def as_dict(self) -> dict[str, Any]:
-        return {**self.__dict__, "changed": [c.as_dict() for c in self.changed]}
 
 
 @dataclass(frozen=True)
@@ -156,7 +115,7 @@ def _apply(db: Database, cfg: Config, backend: Backend, r: Row, out: Outcome, re
     if out.restart_causes and (out.phase in (Phase.EXITED, Phase.VANISHED) or out.restart_count > (r.restarts or 0)):
         _record_restart_causes(r.ref, out)
     if out.phase in (Phase.EXITED, Phase.VANISHED):
-        finish(db, cfg, r.id, evidence_of_end(r, out), rep)
+        finish(db, cfg, r.id, evidence_of_end(r.ref, out), rep)
         return
     if r.state is A.STOPPING:
         _escalate(cfg, backend, r, rep)
@@ -262,117 +221,3 @@ def _seen_at(path: Path, now: float) -> float | None:
     with contextlib.suppress(OSError):
         os.utime(path, (now, now), follow_symlinks=False)
     return now
-
-
-# ------------------------------------------------------------------------------------------
-# the end of an attempt
-# ------------------------------------------------------------------------------------------
-@dataclass(frozen=True)
-class Evidence:
-    """Everything read from the run dir and the backend about an attempt that ended (no DB)."""
-
-    verification: protocol.Verification
-    report: protocol.FailureReport | None
-    outcome: Outcome
-    exit_record: protocol.ExitRecord | None
-    stop: protocol.StopRecord | None = None  # the program's kit received a stop signal (stop.json)
-
-
-def evidence_of_end(r: Row, out: Outcome) -> Evidence:
-    ref = r.ref
-    verification = protocol.verify_done_marker(ref.run_dir)
-    report = None if verification.verified else protocol.read_failure_report(ref.run_dir, ref.attempt)
-    rec = protocol.read_exit(ref.attempt_dir, ref.token)
-    if rec is not None and rec.returncode is not None:
-        # The wrapper's own record is exact; sacct reports exit 143 as 15 (it drops the 128).
-        rc = rec.returncode
-        out = replace(out, exit_code=rc if rc >= 0 else None, signal=-rc if rc < 0 else out.signal)
-    stop = None if verification.verified else protocol.read_stop(ref.attempt_dir, ref.token)
-    return Evidence(verification, report, out, rec, stop)
-
-
-def _restarts_at_end(seen: int, ev: Evidence | None) -> int:
-    """In-place restarts of an attempt, from what proves one happened: sacct's records of the id (one per
-    run) and the SLURM_RESTART_COUNT the wrapper's last run recorded. A count seen while the job ran
-    (``seen``) is a guess made in the requeue window: issue 17's sweep task that sacct had COMPLETED kept
-    restarts=1 because a prio job arrived as it finished."""
-    if ev is None:
-        return seen
-    if ev.exit_record is not None:
-        return max(ev.outcome.restart_count, ev.exit_record.restart_count)
-    return max(seen, ev.outcome.restart_count)  # no record of the last run: the running count stands
-
-
-def finish(db: Database, cfg: Config, attempt_id: int, ev: Evidence | None, rep: PassReport | None = None,
-           *, launch_failure: tuple[FailureClass, str] | None = None) -> None:
-    """End an attempt: SUCCEEDED if the marker verifies, else classified and decided by policy.
-
-    ``launch_failure``: (class, detail) of an attempt that never reached the backend. The policy
-    runs outside the write transaction (it may hash checkpoints); the writes are compare-and-set on
-    the state read here, so a concurrent finisher makes this one a no-op.
-    """
-    with db.read() as s:
-        a = s.scalar(select(Attempt).where(Attempt.id == attempt_id)
-                     .options(selectinload(Attempt.job).selectinload(Job.attempts)))
-        if a is None or a.state not in (A.SUBMITTED, A.RUNNING, A.STOPPING, A.LAUNCHING):
-            return
-        job, seen = a.job, a.state
-    restarts = _restarts_at_end(a.restarts, ev)
-    common: dict[str, Any] = {"restarts": restarts}
-    if ev is not None:
-        out = ev.outcome
-        common["exit_code"] = out.exit_code if out.exit_code is not None else (-out.signal if out.signal else None)
-        if out.backend_state:
-            common["backend_state"] = out.backend_state[:64]
-        if ev.exit_record is not None:  # where it ran (issue 19): the wrapper's record of its last run
-            common["world_size"], common["nodes"] = ev.exit_record.world_size, ev.exit_record.nodes
-        if not common.get("nodes") and out.nodes:  # no exit record (a node that failed took the wrapper with
-            common["nodes"] = out.nodes  # it): the scheduler's node list, so suspect nodes see it (issue 20)
-    if ev is not None and ev.verification.verified:
-        with db.write() as s:
-            a, job = s.get(Attempt, attempt_id), s.get(Job, job.id)
-            move_attempt(s, a, A.SUCCEEDED, expect=seen, why="marker verified", **common)
-            testhooks.site("recording_success")
-            if job.state is not J.DONE:
-                move_job(s, job, J.DONE, f"attempt {a.n}: marker verified")
-        _note(rep, job.name, J.DONE)
-        return
-    if launch_failure is not None:
-        cls, step, detail = launch_failure[0], None, launch_failure[1]
-    else:
-        c = classify(ev.outcome, ev.report, ev.verification, stop_reason=a.stop_reason,
-                     exit_record=ev.exit_record, stop_record=ev.stop)
-        cls, step, detail = c.cls, c.step, c.detail
-    d = decide(cfg, job, a, cls, step, ev.report if ev else None, never_launched=launch_failure is not None)
-    plan = d.plan
-    if d.cls is not None:  # the policy proved more than this attempt shows (no_progress; invalid after N)
-        detail, cls = f"{cls.value}: {detail}", d.cls
-    with db.write() as s:
-        a, job = s.get(Attempt, attempt_id), s.get(Job, job.id)
-        end = A.CANCELLED if cls is FailureClass.CANCELLED else A.FAILED
-        move_attempt(s, a, end, expect=seen, why=f"{cls.value}: {detail}", failure_class=cls, failure_step=step,
-                     detail=detail[:2000], counted=d.counted, action=plan, **common)
-        target = d.state
-        if job.state in (J.CANCELLED, J.DONE, target):
-            _note(rep, job.name, job.state, cls, plan.action)
-            return  # orch cancel already settled the job (its attempt has now stopped)
-        carried = _carried(job, plan) if target is J.RETRYABLE_FAILED else {}
-        move_job(s, job, target, f"attempt {a.n}: {cls.value} ({detail[:200]}) -> {plan.action}", **carried)
-    _note(rep, job.name, target, cls, plan.action)
-
-
-def _carried(job: Job, plan: RetryPlan) -> dict[str, Any]:
-    """What the plan changes for every later attempt, and whether the reconciler requeues by itself: written
-    in the job's move (one guarded UPDATE), never as ORM attributes flushed beside it."""
-    out: dict[str, Any] = {"auto_requeue": plan.auto, "retry_not_before": plan.not_before}
-    if plan.overrides:
-        out["overrides"] = {**job.overrides, **plan.overrides_dict}
-    if plan.resources:
-        out["resources"] = {**job.resources, **plan.resources_dict}
-    return out
-
-
-def _note(rep: PassReport | None, name: str, to: JobState, cls: FailureClass | None = None,
-          action: Action | None = None) -> None:
-    if rep is not None:
-        rep.changed.append(Change(name, to, cls=cls, action=action))

@@ -35,7 +35,8 @@ from orchestrator.launch import LaunchOutcome, launch, launch_grace_s, launch_gr
 from orchestrator.lifecycle import AttemptState, JobState, move_attempt, set_attempt_fields, utcnow
 from orchestrator.metrics import export_after_pass, record_pass
 from orchestrator.models import Attempt, Job, Lease, Sweep
-from orchestrator.observe import Change, PassReport, observe, polled_rows
+from orchestrator.observe import observe, polled_rows
+from orchestrator.passreport import Change, PassReport
 from orchestrator.requeue import RequeueOutcome, RequeueTarget, requeue
 from orchestrator.sweep import launch_queued
 

@@ -39,7 +39,8 @@ from orchestrator.lifecycle import (
 )
 from orchestrator.liveness import host_processes
 from orchestrator.models import Attempt, Job
-from orchestrator.observe import PassReport, observe, polled_rows
+from orchestrator.observe import observe, polled_rows
+from orchestrator.passreport import PassReport
 from orchestrator.plan import Action
 from orchestrator.protocol import FailureClass
 from orchestrator.resumestate import keep_globs

@@ -1,4 +1,4 @@
-"""orchestrator.observe (the part of a pass that polls and ends attempts; ``life`` may rename it): the scheduler is
+"""orchestrator.observe (the part of a pass that polls attempts; ending.finish ends them): the scheduler is
 asked once per backend for every polled attempt; an answer it could not give changes nothing; a job's own
 surprise is that job's error, never the pass's; an exit ends the attempt with its class and the policy's plan.
 In-process on a real DB, the shared fake at the scheduler boundary."""
@@ -9,7 +9,8 @@ from orchestrator import protocol
 from orchestrator.backends.base import Outcome, Phase
 from orchestrator.jobs import get_job
 from orchestrator.lifecycle import AttemptState, JobState
-from orchestrator.observe import PassReport, observe, polled_rows
+from orchestrator.observe import observe, polled_rows
+from orchestrator.passreport import PassReport
 from orchestrator.submit import SubmitRequest, submit
 
 
@@ -67,7 +68,7 @@ def test_one_jobs_surprise_is_its_own_error_and_the_other_jobs_are_still_observe
     real = obs.evidence_of_end
 
     def boom(r, out):  # noqa: ANN001, ANN202
-        if r.run_dir.endswith("/bad"):
+        if str(r.run_dir).endswith("/bad"):
             raise KeyError("a job-written value orch did not expect")
         return real(r, out)
 

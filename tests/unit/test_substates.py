@@ -34,7 +34,7 @@ def test_orch_toml_policy_classes_load_as_failure_classes(tmp_path):
 
 def test_a_pass_reports_typed_changes_and_its_json_keeps_the_old_keys():
     from orchestrator.lifecycle import AttemptState, JobState
-    from orchestrator.observe import Change, PassReport
+    from orchestrator.passreport import Change, PassReport
     from orchestrator.plan import Action
 
     rep = PassReport()
