@@ -238,22 +238,6 @@ def renew_claims(db: Database, claims: list[tuple[int, int]]) -> set[int]:
 
 
 @dataclass
-class _Ready:
-    """An attempt claimed by this launcher, its run dir prepared: what the backend call needs."""
-
-    name: str
-    job_id: int
-    attempt_id: int
-    env_id: int | None
-    spec: SubmitSpec
-    overrides: dict[str, Any]
-    moved: list[str]
-    fence: int  # this launcher's claim generation
-    reclaimed: bool = False  # a re-claim of an expired launch: look the token up again before submitting
-    lookup_key: str = ""  # what that look-up asks for (the old group's token for a sweep task)
-
-
-@dataclass
 class _Read:
     """A launchable attempt as the DB held it before the claim: what preparing and submitting it need."""
 
@@ -267,8 +251,27 @@ class _Read:
     outputs: list[str]
     keep: list[str]
     backend_name: str
-    reclaimed: bool
-    lookup_key: str
+    reclaimed: bool  # a re-claim of an expired launch: look the token up again before submitting
+    lookup_key: str  # what that look-up asks for (the old group's token for a sweep task)
+
+
+@dataclass
+class _Ready:
+    """An attempt claimed by this launcher, its run dir prepared: what it was read as, plus what the claim and
+    the preparation added (the spec under this launcher's fence, what the launch moved aside)."""
+
+    read: _Read
+    spec: SubmitSpec
+    moved: list[str]
+    fence: int  # this launcher's claim generation
+
+    name = property(lambda self: self.read.name)
+    job_id = property(lambda self: self.read.job_id)
+    attempt_id = property(lambda self: self.read.attempt_id)
+    env_id = property(lambda self: self.read.env_id)
+    overrides = property(lambda self: self.read.overrides)
+    reclaimed = property(lambda self: self.read.reclaimed)
+    lookup_key = property(lambda self: self.read.lookup_key)
 
 
 def _read_attempt(s: Any, cfg: Config, job: Job, backend_name: str | None) -> _Read | None:
@@ -329,8 +332,7 @@ def _claimed(db: Database, cfg: Config, rd: _Read, fence: int, keeper: _ClaimKee
         _fail_os(db, cfg, rd.attempt_id, e)
         raise OrchError(f"{rd.name}: launch failed: {e.strerror or e}"
                         + (f": {e.filename}" if getattr(e, "filename", None) else "")) from None
-    return _Ready(rd.name, rd.job_id, rd.attempt_id, rd.env_id, spec, rd.overrides, moved, fence, rd.reclaimed,
-                  rd.lookup_key)
+    return _Ready(rd, spec, moved, fence)
 
 
 def _fail_os(db: Database, cfg: Config, attempt_id: int, e: OSError) -> None:
