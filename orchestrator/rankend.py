@@ -158,7 +158,8 @@ def _end_as(rc: int) -> int:
         return rc
     sig = -rc
     try:
-        signal.signal(sig, signal.SIG_DFL)
+        if sig not in (signal.SIGKILL, signal.SIGSTOP):  # their handler cannot be set (EINVAL): ended as 137
+            signal.signal(sig, signal.SIG_DFL)
         signal.pthread_sigmask(signal.SIG_UNBLOCK, {sig})
         os.kill(os.getpid(), sig)
     except (OSError, ValueError):
