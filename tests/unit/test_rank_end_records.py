@@ -136,3 +136,18 @@ def test_the_per_rank_parent_records_the_end_and_ends_as_the_program_did(tmp_pat
     end = read_rank_ends(tmp_path, LAUNCH, TOKEN, 1)[0]
     assert (end.returncode, end.stopped) == (-signal.SIGTERM, True)
     assert first_own_end([end]) is None
+
+
+def test_the_wrapper_reads_rank_ends_only_when_torchrun_failed(tmp_path):
+    """A rank's record never speaks for a run torchrun called a success (exit 0) or for torchrun's own death."""
+    from orchestrator import wrapper
+
+    a = wrapper._parse(["--run-dir", str(tmp_path), "--job", "j", "--attempt", "1", "--token", TOKEN,
+                        "--nproc-per-node", "2", "--", "python", "train.py"])
+    d = protocol.attempt_dir(tmp_path, 1) / wrapper.TORCHRUN_DIR
+    d.mkdir(parents=True)
+    rankend.record_path(d, LAUNCH, 1).write_text(json.dumps(good()))
+    assert wrapper._failed_rank(a, LAUNCH, 1, 2) == {"failed_rank": 1, "rank_returncode": -9}
+    assert wrapper._failed_rank(a, LAUNCH, 0, 2) == {}
+    assert wrapper._failed_rank(a, LAUNCH, -9, 2) == {}
+    assert wrapper._failed_rank(a, LAUNCH, 1, None) == {}
