@@ -39,7 +39,9 @@ What it guarantees:
   notice) goes to every step of the job on every node as ``scancel --signal`` (a SIGTERM to srun itself
   SIGKILLs the step, measured), and after a preemption's grace-start SIGTERM ended the step, the wrapper
   waits for Slurm's own signal at the end of the grace, so Slurm requeues the job in place (a batch
-  script that exits during the grace ends FAILED, not requeued, measured on 22.05).
+  script that exits during the grace ends FAILED, not requeued, measured on 22.05). Each rank's program runs
+  under ``orchestrator/rankend.py``, which records its own end: when torchrun fails (it exits 1 whatever a rank
+  died of), exit.json names the rank that failed on its own first (``failed_rank``, ``rank_returncode``).
 """
 
 from __future__ import annotations
