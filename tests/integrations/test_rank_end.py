@@ -14,6 +14,7 @@ import sys
 from pathlib import Path
 
 from intkit import DONE
+from orchkit import wait_for
 
 from orchestrator import protocol
 
@@ -35,11 +36,13 @@ def steps(run_dir: Path, rank: int) -> list[tuple[int, int]]:
 
 def test_a_plain_rank_killed_by_sigkill_is_killed_and_requeued_by_the_reconciler(orch):
     run_dir = submit(orch, "k9", "kill9")
-    assert orch.wait("k9", {DONE, "failed", "cancelled"}, timeout=240) == DONE, orch.show("k9")
+    first = wait_for(lambda: (a := orch("reconcile") and orch.show("k9")["attempts"][0])["failure_class"] and a,
+                     240, "attempt 1 to be classified")
+    assert first["failure_class"] == "killed", first  # crash, before: waiting for a human's `orch requeue`
+    assert (first["action"] or {}).get("auto"), first
+    assert "rank 1" in first["detail"], first
+    assert orch.wait("k9", {DONE, "failed", "cancelled"}, timeout=240) == DONE, orch.show("k9")  # reconcile only
     shown = orch.show("k9")["attempts"]
-    assert shown[0]["failure_class"] == "killed", shown[0]
-    assert (shown[0]["action"] or {}).get("auto"), shown[0]  # requeued by the reconciler, no `orch requeue`
-    assert "rank 1" in shown[0]["detail"], shown[0]
     rec = protocol.read_exit(protocol.attempt_dir(run_dir, 1))
     assert rec is not None and (rec.failed_rank, rec.rank_returncode) == (1, -9), rec
     assert rec.returncode == 1  # torchrun's own exit: what alone read as crash
