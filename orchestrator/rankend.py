@@ -128,12 +128,7 @@ def main(argv: list[str] | None = None) -> int:
     except OSError as e:
         print(f"orch rankend: cannot start {a.command[0]!r}: {e}", file=sys.stderr, flush=True)
         return 127
-    while True:
-        try:
-            rc = child.wait()
-            break
-        except InterruptedError:  # pragma: no cover - PEP 475 retries; kept for clarity
-            continue
+    rc = child.wait()  # a stop's handler runs meanwhile; the wait resumes (PEP 475)
     _record(a, rc, bool(stopped))
     return _end_as(rc)
 
