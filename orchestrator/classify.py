@@ -12,7 +12,8 @@ Evidence, strongest first:
    SIGTERM that never passed through the wrapper (a user's kill, a container stop, a VM shutdown) is
    a stop too, whatever the exit code and whoever sent it (issue 17);
 6. the exit status (a bare SIGKILL is ``killed``; the wrapper's memory cgroup count of OOM kills makes it
-   ``oom``, see orchestrator/memlimit.py).
+   ``oom``, see orchestrator/memlimit.py); for ranks orch launched through torchrun, the exit status of the
+   rank that failed on its own first (``exit.json``'s failed_rank, orchestrator/rankend.py).
 Pure function: no I/O, no DB, unit-tested on every row.
 """
 
@@ -101,6 +102,28 @@ def classify(outcome: Outcome, report: FailureReport | None, verification: Verif
         if verification.status is MarkerStatus.CORRUPT:
             return Classification(C.MARKER_CORRUPT, None, f"exit 0 but marker {verification.reason}")
         return Classification(C.MARKER_MISSING, None, outcome.reason or "exit 0 without a done marker")
+    rank = _rank_end(exit_record, rc, sig)
+    if rank is not None:
+        # Issue 19: torchrun exits 1 whatever its rank died of (a plain program's kill -9 read as crash); the
+        # rank that failed on its own first is the attempt's end, classified as a single process with that end.
+        r, rrc = rank
+        c = _by_exit(-rrc if rrc < 0 else None, rrc if rrc > 0 else None)
+        return Classification(c.cls, None, f"rank {r} {c.detail} (torchrun exit {rc})")
+    return _by_exit(sig, rc)
+
+
+def _rank_end(rec: ExitRecord | None, rc: int | None, sig: int | None) -> tuple[int, int] | None:
+    """(rank, its returncode) when orch's torchrun itself failed (exit non-zero, not signalled: a kill of torchrun
+    is its own end) and the wrapper recorded which rank's own end caused it; never for a clean rank exit."""
+    if rec is None or rec.failed_rank is None or rec.rank_returncode in (None, 0):
+        return None
+    if not rc or sig:
+        return None
+    return rec.failed_rank, rec.rank_returncode
+
+
+def _by_exit(sig: int | None, rc: int | None) -> Classification:
+    """A failed process's class from its exit status alone (rc non-zero or sig set)."""
     if sig == _signal.SIGTERM or rc == EXIT_PREEMPTED:
         return Classification(C.PREEMPTED, None, "terminated by SIGTERM without a report")
     if sig == _signal.SIGKILL or rc == 128 + _signal.SIGKILL:

@@ -77,6 +77,12 @@ def torchrun_argv(python: str, r: Ranks, command: Sequence[str], rdzv: tuple[str
     return [*argv, "--no-python", "--", *command]
 
 
+def recorded(python: str, ends_dir: str, launch: str, command: Sequence[str]) -> list[str]:
+    """``command`` under orch's per-rank parent (orchestrator/rankend.py), which records how this rank's program
+    ended (``<ends_dir>/rank-end.<launch>.<RANK>.json``) and then ends as it did."""
+    return [python, "-m", "orchestrator.rankend", "--dir", ends_dir, "--launch", launch, "--", *command]
+
+
 def rdzv_port(job_id: str) -> int:
     """The rendezvous port of a Slurm job: a function of its id (every node computes the same one, and two
     jobs sharing a first node rarely collide), the same again after an in-place requeue."""

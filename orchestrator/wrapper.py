@@ -39,7 +39,9 @@ What it guarantees:
   notice) goes to every step of the job on every node as ``scancel --signal`` (a SIGTERM to srun itself
   SIGKILLs the step, measured), and after a preemption's grace-start SIGTERM ended the step, the wrapper
   waits for Slurm's own signal at the end of the grace, so Slurm requeues the job in place (a batch
-  script that exits during the grace ends FAILED, not requeued, measured on 22.05).
+  script that exits during the grace ends FAILED, not requeued, measured on 22.05). Each rank's program runs
+  under ``orchestrator/rankend.py``, which records its own end: when torchrun fails (it exits 1 whatever a rank
+  died of), exit.json names the rank that failed on its own first (``failed_rank``, ``rank_returncode``).
 """
 
 from __future__ import annotations
@@ -56,7 +58,7 @@ import threading
 import time
 from pathlib import Path
 
-from orchestrator import memlimit, protocol, ranks, spotnotice, testhooks
+from orchestrator import memlimit, protocol, rankend, ranks, spotnotice, testhooks
 from orchestrator.ballast import Ballast
 
 FORWARDED = (signal.SIGTERM, signal.SIGUSR2, signal.SIGINT, signal.SIGUSR1)
@@ -277,22 +279,34 @@ def stop_leftovers(grace_s: float = LEFTOVER_GRACE_S, token: str | None = None) 
 TORCHRUN_DIR = "torchrun"  # attempts/<n>/torchrun: torchrun's own files (each rank's error record)
 
 
-def _program(a: argparse.Namespace) -> tuple[list[str], int | None, str | None]:
+def _program(a: argparse.Namespace, launch: str) -> tuple[list[str], int | None, str | None]:
     """(argv to run, the world size orch launched or None, the Slurm job whose steps run the ranks or None).
 
     Raises ``ranks.RankLaunchError``. Without ``--nproc-per-node`` the command runs as given, a user's own
-    ``torchrun ...`` included (never wrapped twice).
+    ``torchrun ...`` included (never wrapped twice). With it, each rank's program runs under
+    orchestrator/rankend.py, which records its own end under ``launch`` (a Slurm in-place rerun has another).
     """
     if not a.nproc_per_node:
         return list(a.command), None, None
     r = ranks.Ranks(a.nodes, a.nproc_per_node, max(a.grace, a.kill_grace))
     log_dir = str(protocol.attempt_dir(Path(a.run_dir), a.attempt) / TORCHRUN_DIR)
+    command = ranks.recorded(sys.executable, log_dir, launch, a.command)
     job_id = os.environ.get("SLURM_JOB_ID")
     if job_id:
-        return ranks.slurm_step_argv(sys.executable, r, a.command, os.environ, log_dir), r.world_size, job_id
+        return ranks.slurm_step_argv(sys.executable, r, command, os.environ, log_dir), r.world_size, job_id
     if a.nodes > 1:  # torchrun --standalone would wait for nodes that never come
         raise ranks.RankLaunchError(f"--nodes {a.nodes} needs a Slurm allocation; this machine is one node")
-    return ranks.torchrun_argv(sys.executable, r, a.command, log_dir=log_dir), r.world_size, None
+    return ranks.torchrun_argv(sys.executable, r, command, log_dir=log_dir), r.world_size, None
+
+
+def _failed_rank(a: argparse.Namespace, launch: str, rc: int, world_size: int | None) -> dict[str, int]:
+    """exit.json's failed_rank/rank_returncode: the rank whose program failed on its own first, read only when
+    torchrun itself exited non-zero (a rank's record never speaks for a run torchrun called a success)."""
+    if not world_size or rc <= 0:
+        return {}
+    log_dir = protocol.attempt_dir(Path(a.run_dir), a.attempt) / TORCHRUN_DIR
+    end = rankend.first_own_end(rankend.read_rank_ends(log_dir, launch, a.token, world_size))
+    return {} if end is None else {"failed_rank": end.rank, "rank_returncode": end.returncode}
 
 
 def _being_preempted(job_id: str) -> bool:
@@ -408,8 +422,9 @@ def _attempt(a: argparse.Namespace, run_dir: Path, adir: Path, restart: int, bal
 
     marker_before = _marker_identity(run_dir)
     where = os.environ.get("SLURM_JOB_NODELIST") or os.uname().nodename
+    launch = os.urandom(6).hex()
     try:
-        argv, world_size, step_job = _program(a)
+        argv, world_size, step_job = _program(a, launch)
     except ranks.RankLaunchError as e:
         record(127, error=f"cannot launch the ranks: {e}", nodes=where)
         return 127
@@ -455,7 +470,7 @@ def _attempt(a: argparse.Namespace, run_dir: Path, adir: Path, restart: int, bal
         testhooks.site("wrapper_end_decided")  # a stop from here on came after the decision: held, not recorded
         record(rc, signal=sig, time_limit_reached=timed_out, stop_signal=sup.stop_signal,
                stop_source=sup.stop_source, notice=sup.notice, marker_error=marker_error, marker_set_aside=aside,
-               oom_kill=oom_kill, world_size=world_size, nodes=where)
+               oom_kill=oom_kill, world_size=world_size, nodes=where, **_failed_rank(a, launch, rc, world_size))
     finally:
         signal.pthread_sigmask(signal.SIG_UNBLOCK, STOPS)
     return 128 + sig if sig else rc

@@ -307,6 +307,10 @@ class ExitRecord:
     # the nodes (Slurm's SLURM_JOB_NODELIST, e.g. "gpu[01-02]"; locally the hostname).
     world_size: int | None = None
     nodes: str | None = None
+    # The rank whose program failed on its own first, and how (Popen's returncode: -9 is SIGKILL), when orch
+    # launched the ranks (orchestrator/rankend.py): torchrun exits 1 for a rank's kill -9 too, which read as crash.
+    failed_rank: int | None = None
+    rank_returncode: int | None = None
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -381,7 +385,16 @@ def _read_exit_at(path: Path, token: str | None) -> ExitRecord | None:
         oom_kill=r["oom_kill"] if is_int(r.get("oom_kill"), 0, 10**9) else None,
         world_size=r["world_size"] if is_int(r.get("world_size"), 1, 10**7) else None,
         nodes=text("nodes"),
+        **_rank_end(r),
     )
+
+
+def _rank_end(r: Mapping[str, Any]) -> dict[str, int]:
+    """failed_rank and rank_returncode, both or neither: a rank's clean exit (0) is never an attempt's end."""
+    rank, rc = r.get("failed_rank"), r.get("rank_returncode")
+    if not is_int(rank, 0, 10**7) or not is_int(rc, -64, 255) or rc == 0:
+        return {}
+    return {"failed_rank": rank, "rank_returncode": rc}
 
 
 # =========================================================================================

@@ -215,11 +215,14 @@ def test_without_nproc_the_command_runs_as_given_even_a_users_own_torchrun(monke
 
     own = ["torchrun", "--standalone", "--nproc-per-node", "2", "train.py"]
     a = wrapper._parse(["--run-dir", "/r", "--job", "j", "--attempt", "1", "--token", "t", "--", *own])
-    assert wrapper._program(a) == (own, None, None)
+    assert wrapper._program(a, "L1") == (own, None, None)
     a = wrapper._parse(["--run-dir", "/r", "--job", "j", "--attempt", "1", "--token", "t", "--nproc-per-node", "2",
                         "--grace", "90", "--", "python", "train.py"])
-    argv, world, step_job = wrapper._program(a)
+    argv, world, step_job = wrapper._program(a, "L1")
     assert world == 2 and step_job is None and argv[-3:] == ["--", "python", "train.py"]
+    # each rank's program under the parent that records its own end (issue 19, orchestrator/rankend.py)
+    rec = argv[argv.index("--no-python") + 2:]
+    assert rec[1:7] == ["-m", "orchestrator.rankend", "--dir", "/r/attempts/1/torchrun", "--launch", "L1"], rec
     assert argv[argv.index("--shutdown-timeout") + 1] == "90"
 
 
@@ -230,4 +233,4 @@ def test_wrapper_refuses_several_nodes_outside_slurm(monkeypatch):
     a = wrapper._parse(["--run-dir", "/r", "--job", "j", "--attempt", "1", "--token", "t", "--nproc-per-node", "2",
                         "--nodes", "2", "--", "python", "train.py"])
     with pytest.raises(ranks.RankLaunchError, match="needs a Slurm allocation"):
-        wrapper._program(a)  # torchrun --standalone would wait for a second node for ever
+        wrapper._program(a, "L1")  # torchrun --standalone would wait for a second node for ever

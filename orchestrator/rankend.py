@@ -1,0 +1,166 @@
+"""Each rank's own end, recorded (issue 19): ``python -m orchestrator.rankend --dir D --launch L -- CMD``.
+
+When orch launches the ranks (``--nproc-per-node``), torchrun runs every rank's program under this small
+parent. torchrun exits 1 whatever a rank died of, and its own account cannot tell the cause from the
+consequence: torch 2.13's ``SubprocessContext._poll`` puts the SIGTERM/SIGKILL it sends the surviving ranks
+"for bookkeeping" into the same ``ChildFailedError.failures`` as the rank that died first, with timestamps in
+whole seconds. This parent knows what torch cannot: whether the program ended on its own (an exit code, or a
+signal nobody above sent: a user's kill -9, the kernel OOM killer, SIGSEGV), or after a stop from above
+reached it (torchrun signals each rank's whole process group, this parent included, and its final SIGKILL
+takes this parent too, leaving no record at all).
+
+It writes ``<D>/rank-end.<L>.<RANK>.json`` and then ends as the program did (the same exit code, or the same
+signal), so torchrun sees what it would have seen. The job can write that file too: the wrapper reads it with
+``read_rank_ends`` (every field checked, only its own launch and token) and ``first_own_end`` picks the rank whose
+own end came first; classify.py then classifies the attempt as a single process with that end.
+
+Stdlib + protocol only (it starts once per rank).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from orchestrator import protocol
+
+# The stops torchrun passes on to its workers (ranks.SIGNALS_TO_HANDLE); it sends them to the process group.
+STOPS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT, signal.SIGUSR1, signal.SIGUSR2)
+RECORD_LIMIT = 4096
+FILE_PREFIX = "rank-end."
+MAX_RETURNCODE, MIN_RETURNCODE = 255, -64  # an exit code, or minus a signal number (Popen.returncode)
+
+
+@dataclass(frozen=True)
+class RankEnd:
+    """How one rank's program ended: ``returncode`` as Popen gives it (-N: killed by signal N)."""
+
+    rank: int
+    returncode: int
+    at: float  # wall-clock seconds: the order of ends across nodes
+    stopped: bool  # a stop from above (torchrun, orch) reached it first: a consequence, never the cause
+
+    @property
+    def signal(self) -> int | None:
+        return -self.returncode if self.returncode < 0 else None
+
+
+def record_path(directory: Path | str, launch: str, rank: int) -> Path:
+    return Path(directory) / f"{FILE_PREFIX}{launch}.{rank}.json"
+
+
+def read_rank_ends(directory: Path | str, launch: str, token: str, world_size: int) -> list[RankEnd]:
+    """The valid records of this launch, one per rank at most (never raises).
+
+    Each file is the job's to write: a record that is not a small JSON object of this launch's token and
+    rank, with an int return code in range, a finite time and a boolean ``stopped``, is ignored (then the
+    attempt is classified from torchrun's own exit, as before).
+    """
+    out = []
+    for rank in range(max(0, world_size)):
+        try:
+            r = protocol.read_json_bounded(record_path(directory, launch, rank), limit=RECORD_LIMIT)
+        except (OSError, ValueError):
+            continue
+        end = parse_rank_end(r, launch, token, rank)
+        if end is not None:
+            out.append(end)
+    return out
+
+
+def parse_rank_end(r: object, launch: str, token: str, rank: int) -> RankEnd | None:
+    """One record, checked: None unless every field has its type and range (a hostile file: test_rank_end_records)."""
+    if not isinstance(r, dict) or r.get("token") != token or r.get("launch") != launch:
+        return None
+    rc, at, stopped = r.get("returncode"), r.get("at"), r.get("stopped")
+    if r.get("rank") != rank or not protocol.is_int(r.get("rank"), 0, 10**7):
+        return None
+    if not protocol.is_int(rc, MIN_RETURNCODE, MAX_RETURNCODE) or not isinstance(stopped, bool):
+        return None
+    at = protocol.finite_number(at)
+    if at is None:
+        return None
+    return RankEnd(rank, int(rc), at, stopped)
+
+
+def first_own_end(ends: list[RankEnd]) -> RankEnd | None:
+    """The rank whose program failed on its own first: the attempt's end. A clean exit is never one (it cannot
+    turn a failure into success), and a rank a stop from above reached is a consequence of another's end."""
+    own = [e for e in ends if e.returncode != 0 and not e.stopped]
+    return min(own, key=lambda e: (e.at, e.rank)) if own else None
+
+
+# ------------------------------------------------------------------------------------------------
+# the per-rank parent
+# ------------------------------------------------------------------------------------------------
+def _parse(argv: list[str]) -> argparse.Namespace:
+    ap = argparse.ArgumentParser(prog="orchestrator.rankend")
+    ap.add_argument("--dir", required=True)
+    ap.add_argument("--launch", required=True)
+    ap.add_argument("command", nargs=argparse.REMAINDER)
+    a = ap.parse_args(argv)
+    if a.command and a.command[0] == "--":
+        a.command = a.command[1:]
+    if not a.command:
+        ap.error("no command given after --")
+    return a
+
+
+def main(argv: list[str] | None = None) -> int:
+    a = _parse(sys.argv[1:] if argv is None else argv)
+    stopped: list[int] = []
+
+    def on_stop(signum: int, _frame: object) -> None:
+        # torchrun signals the process group: the program got its own copy; a second one from us would hit a
+        # program that exits in its handler. Noted only: this rank's end is now a consequence.
+        stopped.append(signum)
+
+    for s in STOPS:
+        signal.signal(s, on_stop)
+    try:
+        child = subprocess.Popen(a.command)
+    except OSError as e:
+        print(f"orch rankend: cannot start {a.command[0]!r}: {e}", file=sys.stderr, flush=True)
+        return 127
+    rc = child.wait()  # a stop's handler runs meanwhile; the wait resumes (PEP 475)
+    _record(a, rc, bool(stopped))
+    return _end_as(rc)
+
+
+def _record(a: argparse.Namespace, rc: int, stopped: bool) -> None:
+    """Best effort: a record that cannot be written costs the class (torchrun's exit 1: crash), never the rank."""
+    rank = os.environ.get("RANK", "")
+    if not rank.isdigit():
+        return
+    try:
+        os.makedirs(a.dir, exist_ok=True)
+        protocol.atomic_write_json(record_path(a.dir, a.launch, int(rank)), {
+            "token": os.environ.get(protocol.ENV_TOKEN, ""), "launch": a.launch, "rank": int(rank),
+            "returncode": rc, "stopped": stopped, "at": time.time(), "pid": os.getpid()})
+    except OSError as e:
+        print(f"orch rankend: cannot record rank {rank}'s end: {e}", file=sys.stderr, flush=True)
+
+
+def _end_as(rc: int) -> int:
+    """End as the program did: its exit code, or its signal (torchrun's ``exitcode: -9`` stays true)."""
+    if rc >= 0:
+        return rc
+    sig = -rc
+    try:
+        if sig not in (signal.SIGKILL, signal.SIGSTOP):  # their handler cannot be set (EINVAL): ended as 137
+            signal.signal(sig, signal.SIG_DFL)
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, {sig})
+        os.kill(os.getpid(), sig)
+    except (OSError, ValueError):
+        pass
+    return 128 + sig  # a signal whose default action is not to end a process
+
+
+if __name__ == "__main__":
+    sys.exit(main())

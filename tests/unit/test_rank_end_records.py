@@ -1,0 +1,153 @@
+"""Each rank's own end (issue 19, orchestrator/rankend.py): the record the per-rank parent writes is the
+job's to write too, so every field is checked; the wrapper picks the rank that failed on its own first; and
+classify() gives the attempt the class a single process with that end gets, never more.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+
+import pytest
+
+from orchestrator import protocol, rankend
+from orchestrator.backends.base import Outcome, Phase
+from orchestrator.classify import classify
+from orchestrator.protocol import ExitRecord, MarkerStatus, Verification
+from orchestrator.rankend import RankEnd, first_own_end, parse_rank_end, read_rank_ends
+
+ABSENT = Verification(MarkerStatus.ABSENT, "no done.json")
+TOKEN, LAUNCH = "tok", "abc123"
+
+
+def good(**kw: object) -> dict:
+    return {"token": TOKEN, "launch": LAUNCH, "rank": 1, "returncode": -9, "stopped": False, "at": 10.5, **kw}
+
+
+def test_a_well_formed_record_is_read():
+    assert parse_rank_end(good(), LAUNCH, TOKEN, 1) == RankEnd(1, -9, 10.5, False)
+
+
+@pytest.mark.parametrize("bad", [
+    "garbage", [1, 2], None, 7,
+    good(token="other"),  # another attempt's
+    good(launch="older"),  # a Slurm in-place rerun's earlier run
+    good(rank=0),  # names another rank than its file
+    good(rank=True), good(rank="1"),
+    good(returncode="-9"), good(returncode=True), good(returncode=-9.0), good(returncode=10**30),
+    good(returncode=-65), good(returncode=256),
+    good(stopped="false"), good(stopped=0), good(stopped=None),
+    good(at="now"), good(at=float("nan")), good(at=float("inf")), good(at=True), good(at=None),
+], ids=repr)
+def test_a_malformed_record_is_ignored(bad):
+    assert parse_rank_end(bad, LAUNCH, TOKEN, 1) is None
+
+
+def test_read_rank_ends_reads_only_this_launchs_ranks_and_skips_huge_or_broken_files(tmp_path):
+    rankend.record_path(tmp_path, LAUNCH, 0).write_text(json.dumps(good(rank=0, returncode=1)))
+    rankend.record_path(tmp_path, LAUNCH, 1).write_text(json.dumps(good(detail="x" * (1 << 20))))  # huge
+    rankend.record_path(tmp_path, LAUNCH, 2).write_text("{not json")
+    rankend.record_path(tmp_path, LAUNCH, 5).write_text(json.dumps(good(rank=5)))  # outside the world
+    rankend.record_path(tmp_path, "older", 3).write_text(json.dumps(good(rank=3, launch="older")))
+    assert read_rank_ends(tmp_path, LAUNCH, TOKEN, 4) == [RankEnd(0, 1, 10.5, False)]
+    assert read_rank_ends(tmp_path / "absent", LAUNCH, TOKEN, 4) == []
+
+
+def test_first_own_end_is_the_earliest_failure_not_reached_by_a_stop():
+    killed, lost_peer = RankEnd(1, -9, 10.0, False), RankEnd(0, 1, 10.2, False)
+    closed = RankEnd(2, -15, 9.0, True)  # torchrun's own SIGTERM to a survivor: a consequence
+    clean = RankEnd(3, 0, 1.0, False)
+    assert first_own_end([lost_peer, closed, clean, killed]) == killed
+    assert first_own_end([closed, clean]) is None  # never a clean exit, never a stopped rank
+    assert first_own_end([RankEnd(1, 1, 5.0, False), RankEnd(0, 1, 5.0, False)]).rank == 0
+
+
+def exit_json(tmp_path, **fields: object) -> ExitRecord | None:
+    (tmp_path / protocol.EXIT_FILE).write_text(json.dumps({"token": "t", "returncode": 1, **fields}))
+    return protocol.read_exit(tmp_path)
+
+
+@pytest.mark.parametrize("fields", [
+    {"failed_rank": "1", "rank_returncode": -9}, {"failed_rank": 1, "rank_returncode": "-9"},
+    {"failed_rank": -1, "rank_returncode": -9}, {"failed_rank": 1, "rank_returncode": 0},
+    {"failed_rank": 1, "rank_returncode": True}, {"failed_rank": 1, "rank_returncode": 10**40},
+    {"failed_rank": 1}, {"rank_returncode": -9}, {"failed_rank": [1], "rank_returncode": {"x": 1}},
+], ids=repr)
+def test_exit_json_rank_fields_of_the_wrong_type_or_range_read_as_absent(tmp_path, fields):
+    rec = exit_json(tmp_path, **fields)
+    assert rec is not None and (rec.failed_rank, rec.rank_returncode) == (None, None)
+
+
+def test_exit_json_rank_fields_are_read(tmp_path):
+    rec = exit_json(tmp_path, failed_rank=3, rank_returncode=-9)
+    assert rec is not None and (rec.failed_rank, rec.rank_returncode) == (3, -9)
+
+
+def ranked(rc: int | None, sig: int | None, rank_rc: int | None, rank: int | None = 1):  # noqa: ANN201
+    rec = ExitRecord(token="t", returncode=rc if rc is not None else -(sig or 0), failed_rank=rank,
+                     rank_returncode=rank_rc)
+    return classify(Outcome(Phase.EXITED, exit_code=rc, signal=sig), None, ABSENT, exit_record=rec)
+
+
+@pytest.mark.parametrize(("rank_rc", "cls", "text"), [
+    (-signal.SIGKILL, "killed", "rank 1 killed by SIGKILL"),
+    (-signal.SIGSEGV, "crash", "rank 1 killed by signal 11"),
+    (-signal.SIGTERM, "preempted", "rank 1 terminated by SIGTERM"),
+    (1, "crash", "rank 1 exit 1"),
+    (137, "killed", "rank 1"),
+])
+def test_a_rank_end_is_classified_as_a_single_process_with_that_end(rank_rc, cls, text):
+    c = ranked(1, None, rank_rc)
+    assert (c.cls.value, text in c.detail, "torchrun exit 1" in c.detail) == (cls, True, True), c
+
+
+def test_a_rank_end_never_speaks_for_torchrun_exit_0_or_torchrun_killed():
+    assert ranked(0, None, -9).cls.value == "marker_missing"  # never a rank's word over a clean run
+    c = ranked(None, signal.SIGSEGV, -9)  # torchrun itself died: its own end
+    assert c.cls.value == "crash" and "rank" not in c.detail, c
+    assert ranked(1, None, None, rank=None).cls.value == "crash"
+
+
+def test_an_oom_kill_counted_by_the_cgroup_still_wins():
+    rec = ExitRecord(token="t", returncode=1, oom_kill=1, failed_rank=0, rank_returncode=-9)
+    assert classify(Outcome(Phase.EXITED, exit_code=1), None, ABSENT, exit_record=rec).cls.value == "oom"
+
+
+def test_the_per_rank_parent_records_the_end_and_ends_as_the_program_did(tmp_path):
+    """Real processes: a program SIGKILLed ends its parent by SIGKILL too (torchrun's view stays true) and the
+    record says so; a stop sent to the process group (as torchrun sends it) is recorded as ``stopped``."""
+    env = {"RANK": "0", protocol.ENV_TOKEN: TOKEN, "PATH": "/usr/bin:/bin"}
+    argv = [sys.executable, "-m", "orchestrator.rankend", "--dir", str(tmp_path), "--launch", LAUNCH, "--"]
+    p = subprocess.run([*argv, "sh", "-c", "kill -9 $$"], env=env, timeout=60)
+    assert p.returncode == -signal.SIGKILL
+    end = read_rank_ends(tmp_path, LAUNCH, TOKEN, 1)[0]
+    assert (end.rank, end.returncode, end.stopped) == (0, -9, False)
+    p = subprocess.run([*argv, "sh", "-c", "exit 3"], env=env, timeout=60)
+    assert p.returncode == 3
+    assert read_rank_ends(tmp_path, LAUNCH, TOKEN, 1)[0].returncode == 3
+    q = subprocess.Popen([*argv, "sh", "-c", "echo up; exec sleep 60"], env=env, stdout=subprocess.PIPE,
+                         start_new_session=True)
+    assert q.stdout.readline() == b"up\n"
+    os.killpg(q.pid, signal.SIGTERM)  # torchrun's close: the whole group
+    assert q.wait(timeout=60) == -signal.SIGTERM
+    end = read_rank_ends(tmp_path, LAUNCH, TOKEN, 1)[0]
+    assert (end.returncode, end.stopped) == (-signal.SIGTERM, True)
+    assert first_own_end([end]) is None
+
+
+def test_the_wrapper_reads_rank_ends_only_when_torchrun_failed(tmp_path):
+    """A rank's record never speaks for a run torchrun called a success (exit 0) or for torchrun's own death."""
+    from orchestrator import wrapper
+
+    a = wrapper._parse(["--run-dir", str(tmp_path), "--job", "j", "--attempt", "1", "--token", TOKEN,
+                        "--nproc-per-node", "2", "--", "python", "train.py"])
+    d = protocol.attempt_dir(tmp_path, 1) / wrapper.TORCHRUN_DIR
+    d.mkdir(parents=True)
+    rankend.record_path(d, LAUNCH, 1).write_text(json.dumps(good()))
+    assert wrapper._failed_rank(a, LAUNCH, 1, 2) == {"failed_rank": 1, "rank_returncode": -9}
+    assert wrapper._failed_rank(a, LAUNCH, 0, 2) == {}
+    assert wrapper._failed_rank(a, LAUNCH, -9, 2) == {}
+    assert wrapper._failed_rank(a, LAUNCH, 1, None) == {}
