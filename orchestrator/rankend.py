@@ -29,6 +29,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from orchestrator import protocol
+from orchestrator.cmdline import parse_with_command
 
 # The stops torchrun passes on to its workers (ranks.SIGNALS_TO_HANDLE); it sends them to the process group.
 STOPS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT, signal.SIGUSR1, signal.SIGUSR2)
@@ -103,13 +104,7 @@ def _parse(argv: list[str]) -> argparse.Namespace:
     ap = argparse.ArgumentParser(prog="orchestrator.rankend")
     ap.add_argument("--dir", required=True)
     ap.add_argument("--launch", required=True)
-    ap.add_argument("command", nargs=argparse.REMAINDER)
-    a = ap.parse_args(argv)
-    if a.command and a.command[0] == "--":
-        a.command = a.command[1:]
-    if not a.command:
-        ap.error("no command given after --")
-    return a
+    return parse_with_command(ap, argv)
 
 
 def main(argv: list[str] | None = None) -> int:

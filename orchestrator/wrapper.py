@@ -60,6 +60,7 @@ from pathlib import Path
 
 from orchestrator import memlimit, protocol, rankend, ranks, spotnotice, testhooks
 from orchestrator.ballast import Ballast
+from orchestrator.cmdline import parse_with_command
 
 FORWARDED = (signal.SIGTERM, signal.SIGUSR2, signal.SIGINT, signal.SIGUSR1)
 STOPS = frozenset({signal.SIGTERM, signal.SIGINT, signal.SIGUSR2})  # what makes an attempt "stopped"
@@ -96,12 +97,7 @@ def _parse(argv: list[str]) -> argparse.Namespace:
                     help="seconds torchrun gives the ranks between a stop signal and SIGKILL (--shutdown-timeout)")
     ap.add_argument("--mem-mb", type=int, default=None,
                     help="run the program in a memory cgroup with this limit (local backend; orchestrator/memlimit.py)")
-    ap.add_argument("command", nargs=argparse.REMAINDER)
-    a = ap.parse_args(argv)
-    if a.command and a.command[0] == "--":
-        a.command = a.command[1:]
-    if not a.command:
-        ap.error("no command given after --")
+    a = parse_with_command(ap, argv)
     if not 0.05 <= a.spot_interval <= 86400:  # also refuses nan
         ap.error(f"--spot-interval {a.spot_interval} is not 0.05..86400 seconds")
     if (a.nproc_per_node is not None and a.nproc_per_node < 1) or a.nodes < 1 or not 0 < a.grace <= 10**7:
