@@ -1,0 +1,50 @@
+"""orchestrator.launch: a pending attempt is claimed, its run dir checked and prepared, and submitted once; a run
+dir that verified before the backend call closes the attempt unlaunched. Races between launchers:
+tests/adversarial/test_launch_races.py and tests/unit/test_exactly_once_guards.py."""
+
+from __future__ import annotations
+
+from orchestrator import protocol
+from orchestrator.jobs import get_job
+from orchestrator.launch import LaunchOutcome, launch
+from orchestrator.lifecycle import AttemptState, JobState, create_attempt, create_job
+from orchestrator.tokens import new_token
+
+
+def _pending(db, cfg, name: str) -> None:  # noqa: ANN001
+    """A job whose attempt 1 was written but not yet launched (as submit leaves it just before launching)."""
+    run_dir = cfg.runs_root / name
+    run_dir.mkdir(parents=True, exist_ok=True)
+    with db.write() as s:
+        job = create_job(s, JobState.PENDING, name=name, backend="local", run_dir=str(run_dir), command=["true"],
+                         resources={}, outputs=["out.txt"], max_attempts=3)
+        create_attempt(s, job, 1, new_token())
+
+
+def _states(db, name: str):  # noqa: ANN001, ANN202
+    with db.read() as s:
+        job = get_job(s, name)
+        return job.state, job.attempts[-1].state, job.attempts[-1].external_id
+
+
+def test_a_pending_attempt_is_submitted_once_and_recorded(db, cfg, sched):
+    _pending(db, cfg, "a")
+    calls = []
+    real = sched.submit
+    sched.submit = lambda spec: calls.append(spec.token) or real(spec)
+    out = launch(db, cfg, "a", sched)
+    assert out.outcome is LaunchOutcome.SUBMITTED and len(calls) == 1
+    assert _states(db, "a") == (JobState.SUBMITTED, AttemptState.SUBMITTED, f"fake-{calls[0]}")
+    again = launch(db, cfg, "a", sched)  # nothing pending any more: no second submission
+    assert again.external_id is None and len(calls) == 1
+
+
+def test_a_run_dir_that_verified_before_the_backend_call_closes_the_attempt_unlaunched(db, cfg, sched):
+    _pending(db, cfg, "v")
+    run_dir = cfg.runs_root / "v"
+    (run_dir / "out.txt").write_text("done\n")
+    protocol.write_done_marker(run_dir, "v", 1, ["out.txt"])
+    sched.submit = lambda spec: (_ for _ in ()).throw(AssertionError("submitted a verified job"))
+    assert launch(db, cfg, "v", sched).outcome is LaunchOutcome.VERIFIED
+    # The job is done by its marker; the attempt never ran, so it did not succeed: closed as cancelled.
+    assert _states(db, "v") == (JobState.DONE, AttemptState.CANCELLED, None)
