@@ -28,8 +28,21 @@ def test_a_program_that_exits_0_with_its_outputs_gets_a_verified_marker(tmp_path
 def test_a_program_that_fails_after_writing_its_outputs_gets_no_marker(tmp_path):
     p = _wrap(tmp_path / "bad", "sh", "-c", "echo result > out.txt; exit 3")
     assert p.returncode == 3
-    assert protocol.read_exit(protocol.attempt_dir(tmp_path / "bad", 1), "tok1").returncode == 3
+    rec = protocol.read_exit(protocol.attempt_dir(tmp_path / "bad", 1), "tok1")
+    assert rec.returncode == 3 and rec.marker_error == "not written: the program exited 3", rec
     assert not protocol.verify_done_marker(tmp_path / "bad").verified
+
+
+def test_a_done_marker_the_program_wrote_itself_is_set_aside_when_it_then_fails(tmp_path):
+    """The backstop behind the refusal: a program (or its framework) that wrote a valid done.json and then
+    exited non-zero never leaves it verifiable."""
+    write_own = (f"import sys; sys.path.insert(0, {str(protocol.__file__.rsplit('/orchestrator/', 1)[0])!r}); "
+                 "from orchestrator import protocol; open('out.txt', 'w').write('r'); "
+                 "protocol.write_done_marker('.', 'w', 1, ['out.txt']); sys.exit(3)")
+    p = _wrap(tmp_path / "own", sys.executable, "-c", write_own)
+    assert p.returncode == 3, p.stderr
+    rec = protocol.read_exit(protocol.attempt_dir(tmp_path / "own", 1), "tok1")
+    assert rec.marker_set_aside and not protocol.verify_done_marker(tmp_path / "own").verified, rec
 
 
 def test_a_program_killed_by_a_signal_is_recorded_as_that_signal_and_gets_no_marker(tmp_path):
