@@ -50,7 +50,8 @@ class TinyLM(L.LightningModule):
     def on_train_batch_end(self, outputs: object, batch: object, batch_idx: int) -> None:
         if self.hparams.step_log:
             with open(self.hparams.step_log, "a") as f:
-                f.write(f"{os.environ.get('ORCH_ATTEMPT', '1')} {self.global_step}\n")
+                f.write(f"{os.environ.get('ORCH_ATTEMPT', '1')} {self.global_step}"
+                        f"{' ' + os.environ['RANK'] if 'RANK' in os.environ else ''}\n")
 
     def validation_step(self, batch: tuple[torch.Tensor, torch.Tensor], batch_idx: int) -> None:
         x, y = batch
@@ -93,9 +94,12 @@ def main() -> None:
         from lightning.pytorch.loggers import WandbLogger
 
         loggers.append(WandbLogger(project="orch-examples", save_dir="."))
+    # Under torchrun (`orch submit --nproc-per-node K`), one process per rank: DDP over the ranks torchrun started.
+    ranks = int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
     trainer = L.Trainer(max_steps=a.max_steps, val_check_interval=a.val_every, check_val_every_n_epoch=None,
                         log_every_n_steps=1, logger=loggers, enable_progress_bar=False, enable_model_summary=False,
-                        enable_checkpointing=False, accelerator="cpu", deterministic=True,
+                        enable_checkpointing=False, accelerator="cpu", deterministic=True, devices=ranks,
+                        strategy="ddp" if int(os.environ.get("WORLD_SIZE", "1")) > 1 else "auto",
                         callbacks=[orch.OrchCallback(every_n_steps=a.save_every or None, run_dir=a.run_dir)])  # orch
     trainer.fit(model, train, val, ckpt_path=orch.resume_path(a.run_dir))  # orch
     after_training(a, os.path.join(a.run_dir or ".", "result"))

@@ -7,7 +7,8 @@
     trainer.fit(model, train_loader, ckpt_path=orch.resume_path())                              # 3
 
 What it does, with public Lightning API only (``Callback`` hooks, ``Trainer.save_checkpoint``,
-``fit(ckpt_path=...)``, ``Strategy.reduce_boolean_decision``):
+``fit(ckpt_path=...)``, ``Strategy.reduce_boolean_decision``; the ranks' stop agreement is the kit's, over the
+process group Lightning's strategy set up):
 
 * SIGTERM / SIGUSR2 set a flag. At the next ``on_train_batch_end`` that closes an optimizer step (or the next
   validation batch end, when the signal comes during the validation inside ``fit``), the
@@ -48,6 +49,7 @@ from lightning.pytorch.callbacks import Callback
 
 from orchestrator import protocol
 from orchestrator.kit.commit import clean_stale, commit_checkpoint
+from orchestrator.kit.dist import StopAgreement
 from orchestrator.kit.heartbeat import Heartbeat
 from orchestrator.kit.interval import AutoSaveInterval
 from orchestrator.kit.preemption import DEFAULT_SIGNALS, PreemptionFlag
@@ -103,6 +105,9 @@ class OrchCallback(Callback):
         self.keep_last_k = keep_last_k
         self._run_dir_arg = run_dir
         self.flag = PreemptionFlag()
+        # One decision for every rank, at a bounded cost: an all-reduce every N steps, N chosen so that it
+        # stays under 1 % of the step time (kit/dist.py); a signal to one rank stops all after the same step.
+        self.agreement = StopAgreement(self.flag)
         self._heartbeat: Heartbeat | None = None
         self._last_step: int | None = None  # global_step at the previous batch end
         self._resumed_from = 0  # global_step after Lightning's restore: `orch metrics` counts steps redone
@@ -175,7 +180,7 @@ class OrchCallback(Callback):
             self._heartbeat.post(step=step, resumed_from=self._resumed_from,
                                  **(self.auto_save.fields() if self.auto_save else {}),
                                  **({"loss": float(loss)} if loss is not None else {}))
-        stop = trainer.strategy.reduce_boolean_decision(self.flag.requested, all=False)
+        stop = self.agreement.should_stop()
         # Every rank the same choice (a time-based val_check_interval could differ): save_checkpoint is collective.
         if stop and trainer.strategy.reduce_boolean_decision(_validation_follows(trainer), all=True):
             # The uninterrupted run's validation draws from the global RNG (the val loader's iter() seeds
@@ -198,7 +203,7 @@ class OrchCallback(Callback):
         """Checkpoint ``step``, record the stop's step; the next hook raises exit 143."""
         path = self._save(trainer, step)
         self.flag.record_step(step)
-        self._stop = self.run.preempted(step, signal_name(self.flag.signum), path)
+        self._stop = self.run.preempted(step, signal_name(self.flag.signum or self.agreement.signum), path)
 
     def _save(self, trainer: pl.Trainer, step: int) -> Path:
         if self._saved is not None and self._saved[0] == step:
@@ -236,7 +241,7 @@ class OrchCallback(Callback):
         if trainer.sanity_checking or self._stop is not None or not hasattr(self, "run"):
             return
         # Every rank runs the same validation batches (DistributedSampler): they agree here as at a step.
-        if trainer.strategy.reduce_boolean_decision(self.flag.requested, all=False):
+        if self.agreement.agree():
             self._stop_at(trainer, trainer.global_step)
             self._raise_if_stopping()
 
@@ -248,7 +253,7 @@ class OrchCallback(Callback):
     def on_train_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         self._take_pending_stop(trainer)
         self._raise_if_stopping()
-        if trainer.strategy.reduce_boolean_decision(self.flag.requested, all=False):
+        if self.agreement.agree():
             # A signal after the last step's on_train_batch_end: a stop is never completion (issue 17).
             # The last step is checkpointed; the next attempt (0 steps left) writes the result.
             self._stop_at(trainer, trainer.global_step)
