@@ -5,14 +5,11 @@ from __future__ import annotations
 
 import time
 
-import pytest
 import torch
-from autospy import assert_saves_one_interval_apart, spy
+from autospy import assert_auto_saves, spy
 from transformers import GPT2Config, GPT2LMHeadModel, Trainer, TrainerCallback, TrainingArguments
 
-from orchestrator import protocol
 from orchestrator.integrations import hf
-from orchestrator.kit.interval import daly_interval
 
 
 class _Slow(TrainerCallback):
@@ -34,11 +31,4 @@ def test_hf_auto_saves_at_the_interval_and_reports_what_it_was_given(tmp_path, m
     cb = hf.OrchCallback(run_dir=tmp_path, keep_last_k=100, save_every="auto")
     events = spy(cb.auto_save)
     Trainer(model=model, args=args, train_dataset=data, callbacks=[_Slow(), cb]).train()
-    beats = [b for b in protocol.read_progress_history(tmp_path, 1) if "save_cost_s" in b]
-    assert beats and all(b["mtbf_s"] == 2 for b in beats)
-    last = beats[-1]
-    assert last["save_interval_s"] == pytest.approx(max(0.25, daly_interval(last["save_cost_s"], 2)), rel=1e-6)
-    saved = [s for s, _ in protocol.verified_checkpoints(tmp_path)]
-    assert min(saved) == 1  # the first save measures the cost
-    assert len(saved) == len([e for e in events if e[0] == "saved"])
-    assert_saves_one_interval_apart(events, 60)
+    assert_auto_saves(tmp_path, events, 60, mtbf_s=2)

@@ -6,15 +6,12 @@ from __future__ import annotations
 import time
 
 import lightning.pytorch as L
-import pytest
 import torch
-from autospy import assert_saves_one_interval_apart, spy
+from autospy import assert_auto_saves, spy
 from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
-from orchestrator import protocol
 from orchestrator.integrations import lightning as orch
-from orchestrator.kit.interval import daly_interval
 
 
 class Slow(L.LightningModule):
@@ -39,11 +36,4 @@ def test_lightning_auto_saves_at_the_interval_and_reports_what_it_was_given(tmp_
     trainer = L.Trainer(max_steps=60, logger=False, enable_progress_bar=False, enable_checkpointing=False,
                         enable_model_summary=False, accelerator="cpu", callbacks=[cb])
     trainer.fit(Slow(), data)
-    beats = [b for b in protocol.read_progress_history(tmp_path, 1) if "save_cost_s" in b]
-    assert beats and all(b["mtbf_s"] == 2 for b in beats)
-    last = beats[-1]
-    assert last["save_interval_s"] == pytest.approx(max(0.25, daly_interval(last["save_cost_s"], 2)), rel=1e-6)
-    saved = [s for s, _ in protocol.verified_checkpoints(tmp_path)]
-    assert min(saved) == 1  # the first save measures the cost
-    assert len(saved) == len([e for e in events if e[0] == "saved"])
-    assert_saves_one_interval_apart(events, 60)
+    assert_auto_saves(tmp_path, events, 60, mtbf_s=2)
