@@ -189,6 +189,21 @@ def test_a_db_file_made_by_hand_with_a_loose_mode_is_tightened_to_0600(cfg):
     assert stat.S_IMODE((cfg.home / "orch.db").stat().st_mode) == 0o600
 
 
+def _sqlite_db_at(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, revision: str):  # noqa: ANN202 - a Config
+    """A fresh SQLite DB in ORCH_HOME upgraded to ``revision`` only: old rows are then written in its shape."""
+    monkeypatch.setenv("ORCH_HOME", str(tmp_path / "home"))
+    monkeypatch.delenv("ORCH_DB_URL", raising=False)
+    cfg = load_config()
+    cfg.home.mkdir()
+    engine = dbmod.make_engine(cfg)
+    acfg = dbmod.alembic_config(engine)
+    with engine.begin() as conn:
+        acfg.attributes["connection"] = conn
+        command.upgrade(acfg, revision)
+    engine.dispose()
+    return cfg
+
+
 def test_migration_0002_rewrites_every_row_in_the_old_encodings(tmp_path, monkeypatch):
     """0002's data rewrites, each on a row in 0001's encoding (issue 16: removing any of them passed the suite).
 
@@ -199,19 +214,9 @@ def test_migration_0002_rewrites_every_row_in_the_old_encodings(tmp_path, monkey
 
     from sqlalchemy import create_engine
 
-    from orchestrator.db import alembic_config, make_engine
     from orchestrator.plan import RetryPlan
 
-    monkeypatch.setenv("ORCH_HOME", str(tmp_path / "home"))
-    monkeypatch.delenv("ORCH_DB_URL", raising=False)
-    cfg = load_config()
-    cfg.home.mkdir()
-    engine = make_engine(cfg)
-    acfg = alembic_config(engine)
-    with engine.begin() as conn:
-        acfg.attributes["connection"] = conn
-        command.upgrade(acfg, "0001")
-    engine.dispose()
+    cfg = _sqlite_db_at(tmp_path, monkeypatch, "0001")
     ts = "2026-11-30 12:00:00"
     old_plan = {"one_shot": {"resume": "checkpoints/step-00000010"}, "quarantine": ["checkpoints/step-00000012"],
                 "prune": [], "empty_trash": False}
@@ -253,21 +258,11 @@ def test_a_0005_db_with_history_upgrades_to_attempt_events_and_shows_it(tmp_path
     attempt move writes the first attempt event (issue 18)."""
     from sqlalchemy import create_engine
 
-    from orchestrator.db import alembic_config, make_engine
     from orchestrator.jobs import get_job
     from orchestrator.lifecycle import AttemptState, move_attempt
     from orchestrator.views import history
 
-    monkeypatch.setenv("ORCH_HOME", str(tmp_path / "home"))
-    monkeypatch.delenv("ORCH_DB_URL", raising=False)
-    cfg = load_config()
-    cfg.home.mkdir()
-    engine = make_engine(cfg)
-    acfg = alembic_config(engine)
-    with engine.begin() as conn:
-        acfg.attributes["connection"] = conn
-        command.upgrade(acfg, "0005")
-    engine.dispose()
+    cfg = _sqlite_db_at(tmp_path, monkeypatch, "0005")
     ts = "2026-11-30 12:00:00"
     raw = create_engine(cfg.db_url)
     with raw.begin() as conn:
