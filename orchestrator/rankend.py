@@ -35,7 +35,6 @@ from orchestrator.cmdline import parse_with_command
 STOPS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT, signal.SIGUSR1, signal.SIGUSR2)
 RECORD_LIMIT = 4096
 FILE_PREFIX = "rank-end."
-MAX_RETURNCODE, MIN_RETURNCODE = 255, -64  # an exit code, or minus a signal number (Popen.returncode)
 
 
 @dataclass(frozen=True)
@@ -82,7 +81,9 @@ def parse_rank_end(r: object, launch: str, token: str, rank: int) -> RankEnd | N
     rc, at, stopped = r.get("returncode"), r.get("at"), r.get("stopped")
     if r.get("rank") != rank or not protocol.is_int(r.get("rank"), 0, 10**7):
         return None
-    if not protocol.is_int(rc, MIN_RETURNCODE, MAX_RETURNCODE) or not isinstance(stopped, bool):
+    if not protocol.is_int(rc, protocol.RANK_RETURNCODE_MIN, protocol.RANK_RETURNCODE_MAX):
+        return None
+    if not isinstance(stopped, bool):
         return None
     at = protocol.finite_number(at)
     if at is None:

@@ -389,10 +389,14 @@ def _read_exit_at(path: Path, token: str | None) -> ExitRecord | None:
     )
 
 
+# A rank's end as Popen's returncode: an exit code, or minus a signal number (orchestrator/rankend.py writes it).
+RANK_RETURNCODE_MIN, RANK_RETURNCODE_MAX = -64, 255
+
+
 def _rank_end(r: Mapping[str, Any]) -> dict[str, int]:
     """failed_rank and rank_returncode, both or neither: a rank's clean exit (0) is never an attempt's end."""
     rank, rc = r.get("failed_rank"), r.get("rank_returncode")
-    if not is_int(rank, 0, 10**7) or not is_int(rc, -64, 255) or rc == 0:
+    if not is_int(rank, 0, 10**7) or not is_int(rc, RANK_RETURNCODE_MIN, RANK_RETURNCODE_MAX) or rc == 0:
         return {}
     return {"failed_rank": rank, "rank_returncode": rc}
 
