@@ -72,10 +72,16 @@ def show_job(db: Database, name: str, events: bool = False) -> dict[str, Any]:
 def history(s: Any, job: Job) -> list[dict[str, Any]]:
     """Every event of the job, oldest first: its own moves and notes (``attempt`` None) and each attempt's
     moves (``attempt``: its number; events before migration 0006 have none for attempts)."""
-    numbers = {a.id: a.n for a in job.attempts}
-    rows = s.scalars(select(Event).where(Event.job_id == job.id).order_by(Event.id))
-    return [{"at": e.at.isoformat(timespec="seconds") + "Z", "attempt": numbers.get(e.attempt_id),
-             "from": e.from_state, "to": e.to_state, "reason": e.reason} for e in rows]
+    return _events(s, {job.id: None}, {a.id: a.n for a in job.attempts})
+
+
+def _events(s: Any, tasks: dict[int, str | None], numbers: dict[int, int]) -> list[dict[str, Any]]:
+    """The events of the jobs ``tasks`` names (job id -> its task name in a sweep, or None), oldest first;
+    ``numbers``: attempt id -> its number."""
+    rows = s.scalars(select(Event).where(Event.job_id.in_(tasks)).order_by(Event.id))
+    return [{"at": e.at.isoformat(timespec="seconds") + "Z", **({"task": tasks[e.job_id]} if tasks[e.job_id] else {}),
+             "attempt": numbers.get(e.attempt_id), "from": e.from_state, "to": e.to_state, "reason": e.reason}
+            for e in rows]
 
 
 _LIVE = {s.value for s in ATTEMPT_LIVE}
@@ -167,8 +173,4 @@ def _tasks_history(db: Database, names: dict[int, str]) -> list[dict[str, Any]]:
     if not names:
         return []
     with db.read() as s:
-        numbers = dict(s.execute(select(Attempt.id, Attempt.n).where(Attempt.job_id.in_(names))).all())
-        rows = s.scalars(select(Event).where(Event.job_id.in_(names)).order_by(Event.id))
-        return [{"at": e.at.isoformat(timespec="seconds") + "Z", "task": names[e.job_id],
-                 "attempt": numbers.get(e.attempt_id), "from": e.from_state, "to": e.to_state, "reason": e.reason}
-                for e in rows]
+        return _events(s, names, dict(s.execute(select(Attempt.id, Attempt.n).where(Attempt.job_id.in_(names))).all()))
