@@ -275,6 +275,11 @@ def stop_leftovers(grace_s: float = LEFTOVER_GRACE_S, token: str | None = None) 
 TORCHRUN_DIR = "torchrun"  # attempts/<n>/torchrun: torchrun's own files (each rank's error record)
 
 
+def _torchrun_dir(a: argparse.Namespace) -> Path:
+    """attempts/<n>/torchrun: torchrun's --log-dir, and where orch's per-rank parent records each rank's end."""
+    return protocol.attempt_dir(Path(a.run_dir), a.attempt) / TORCHRUN_DIR
+
+
 def _program(a: argparse.Namespace, launch: str) -> tuple[list[str], int | None, str | None]:
     """(argv to run, the world size orch launched or None, the Slurm job whose steps run the ranks or None).
 
@@ -285,7 +290,7 @@ def _program(a: argparse.Namespace, launch: str) -> tuple[list[str], int | None,
     if not a.nproc_per_node:
         return list(a.command), None, None
     r = ranks.Ranks(a.nodes, a.nproc_per_node, max(a.grace, a.kill_grace))
-    log_dir = str(protocol.attempt_dir(Path(a.run_dir), a.attempt) / TORCHRUN_DIR)
+    log_dir = str(_torchrun_dir(a))
     command = ranks.recorded(sys.executable, log_dir, launch, a.command)
     job_id = os.environ.get("SLURM_JOB_ID")
     if job_id:
@@ -300,8 +305,7 @@ def _failed_rank(a: argparse.Namespace, launch: str, rc: int, world_size: int | 
     torchrun itself exited non-zero (a rank's record never speaks for a run torchrun called a success)."""
     if not world_size or rc <= 0:
         return {}
-    log_dir = protocol.attempt_dir(Path(a.run_dir), a.attempt) / TORCHRUN_DIR
-    end = rankend.first_own_end(rankend.read_rank_ends(log_dir, launch, a.token, world_size))
+    end = rankend.first_own_end(rankend.read_rank_ends(_torchrun_dir(a), launch, a.token, world_size))
     return {} if end is None else {"failed_rank": end.rank, "rank_returncode": end.returncode}
 
 
