@@ -65,6 +65,17 @@ def test_first_own_end_is_the_earliest_failure_not_reached_by_a_stop():
     assert first_own_end([RankEnd(1, 1, 5.0, False), RankEnd(0, 1, 5.0, False)]).rank == 0
 
 
+def test_a_signal_no_peer_can_cause_wins_over_an_abort_recorded_before_it():
+    """The survivor's gloo abort (SIGABRT) for the lost peer can be recorded before the SIGKILL that caused it
+    (seen: 0.6 ms earlier on a loaded machine); an exit code or SIGABRT is what a peer's death causes."""
+    aborted, killed = RankEnd(0, -6, 10.0000, False), RankEnd(1, -9, 10.0006, False)
+    assert first_own_end([aborted, killed]) == killed
+    raised, segv = RankEnd(0, 1, 3.0, False), RankEnd(1, -11, 4.0, False)
+    assert first_own_end([raised, segv]) == segv
+    assert first_own_end([RankEnd(1, -6, 2.0, False), RankEnd(0, 1, 3.0, False)]).rank == 1  # both maybe
+    # consequences: the earlier one, as before
+
+
 def exit_json(tmp_path, **fields: object) -> ExitRecord | None:
     (tmp_path / protocol.EXIT_FILE).write_text(json.dumps({"token": "t", "returncode": 1, **fields}))
     return protocol.read_exit(tmp_path)
