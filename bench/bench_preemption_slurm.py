@@ -297,7 +297,7 @@ def main() -> int:
         return 2
     rng = random.Random(args.seed)
     home = Path(tempfile.mkdtemp(prefix="orch-bench-p4slurm-", dir="/tmp"))
-    orch, prio_ids, results, waited, loads, skipped = Orch(home), [], [], 0.0, [], ""
+    orch, prio_ids, results, waited, loads, skipped, fleet = Orch(home), [], [], 0.0, [], "", ""
     t_begin = time.time()
     try:
         plan = ["spot"] * args.trials + ["spot-cancel"] * args.cancel_trials
@@ -322,6 +322,9 @@ def main() -> int:
             else:
                 raise RuntimeError(f"no preemption measured in 3 tries of trial {i + 1}")
             sh("scancel", *orch.slurm_ids(), *prio_ids)
+        # Issue 20: `orch report` over these real-cluster jobs (preempted, requeued, resumed, done): the fleet
+        # view a user reads, kept next to the per-trial table so its split can be checked against it.
+        fleet = orch("report").stdout.rstrip() if results else ""
     finally:
         ids = list(prio_ids)
         try:
@@ -337,6 +340,9 @@ def main() -> int:
     spot = [r for r in results if r["partition"] == "spot"]
     cancel = [r for r in results if r["partition"] == "spot-cancel"]
     tab = table(spot, cancel)
+    if fleet:
+        tab += ("\n\n`orch report` over the same ORCH_HOME afterwards (every job above; the goodput split of "
+                "README's \"Goodput\"):\n\n```\n" + fleet + "\n```")
     print(tab)
     ok = all(r["state"] == DONE and r["verified"] and r["redone"] <= 1 and r["class"] == "preempted"
              for r in results) and all(r["attempts"] == 1 for r in spot) and all(r["attempts"] == 2 for r in cancel)
