@@ -4,10 +4,10 @@
 # up fails the run; it never skips. Ends with the reliability table tallied from this very run's JUnit
 # report, and the time each part took.
 #
-# With no arguments the suite runs as two pytest processes at once: tests/slurm, whose time goes mostly
-# to Slurm's own delays (preemption grace, time limits, the controller's polls), alongside everything
-# else, which keeps both cores busy. Run one after the other they took 12 + 25 min; the CI budget is 35
-# for the whole script. With arguments, one pytest runs exactly what they select.
+# With no arguments the suite runs as three pytest processes at once: tests/slurm (its time goes mostly
+# to Slurm's own delays: preemption grace, time limits), the end-to-end folders that run real programs,
+# and the rest. One pytest alone keeps one core busy at best (load ~1.2 on 2 cores): run one after the
+# other they took 37 min of CI's 35-minute budget. With arguments, one pytest runs what they select.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 parts=()
@@ -41,27 +41,39 @@ if [ $# -gt 0 ]; then
   rc=$?
   [ $rc -eq 5 ] && { echo "test: pytest collected no tests" >&2; exit 1; }
 else
-  "${pytest[@]}" --durations=10 --junitxml="$tmp/slurm.xml" tests/slurm >"$tmp/slurm.log" 2>&1 &
-  slurm_pid=$!
-  echo "test: tests/slurm runs alongside (its report follows this stream's)"
-  "${pytest[@]}" --durations=25 --junitxml="$tmp/junit.xml" --ignore=tests/slurm
+  # Stream 2 and 3 run in the background, each with its own log and report, printed after stream 1's.
+  # Stream 1 is what the others leave out, so a new test folder is never missed.
+  side=(tests/slurm "tests/integrations tests/bench tests/local tests/policy")
+  ignore=(); pids=()
+  for i in "${!side[@]}"; do
+    read -ra dirs <<<"${side[$i]}"
+    for d in "${dirs[@]}"; do ignore+=("--ignore=$d"); done
+    "${pytest[@]}" --durations=10 --junitxml="$tmp/side$i.xml" "${dirs[@]}" >"$tmp/side$i.log" 2>&1 &
+    pids+=($!)
+    echo "test: ${side[$i]} runs alongside (its report follows)"
+  done
+  "${pytest[@]}" --durations=15 --junitxml="$tmp/junit.xml" "${ignore[@]}"
   rc=$?
-  wait "$slurm_pid"
-  slurm_rc=$?
-  echo "test: tests/slurm (run alongside) exited $slurm_rc:"
-  cat "$tmp/slurm.log"
-  if [ $rc -eq 5 ] || [ $slurm_rc -eq 5 ]; then echo "test: a pytest stream collected no tests" >&2; exit 1; fi
-  [ $rc -eq 0 ] && rc=$slurm_rc
+  [ $rc -eq 5 ] && { echo "test: pytest collected no tests" >&2; exit 1; }
+  for i in "${!side[@]}"; do
+    wait "${pids[$i]}"
+    side_rc=$?
+    echo "test: ${side[$i]} (run alongside) exited $side_rc:"
+    cat "$tmp/side$i.log"
+    [ $side_rc -eq 5 ] && { echo "test: ${side[$i]} collected no tests" >&2; exit 1; }
+    [ $rc -eq 0 ] && rc=$side_rc
+  done
 fi
 set -e
 part "pytest (every suite, the bench scripts' --quick runs included)"
 if [ $rc -eq 0 ] && [ $# -eq 0 ]; then
   # BENCHMARKS.md's reliability table, counted from this run's report (not from a run of its own).
   .venv/bin/python bench/bench_reliability.py --from-junit "$tmp/junit.xml" --quick || rc=$?
-  # ORCH_TEST_JUNIT=FILE keeps the report: `bench_reliability.py --from-junit FILE` writes BENCHMARKS.md from it.
-  [ -n "${ORCH_TEST_JUNIT:-}" ] && cp "$tmp/junit.xml" "$ORCH_TEST_JUNIT"
   part "reliability table"
 fi
+# ORCH_TEST_REPORTS=DIR keeps every stream's JUnit report and log there (`bench_reliability.py --from-junit
+# DIR/junit.xml` writes BENCHMARKS.md's table from this run; --durations of every test).
+if [ -n "${ORCH_TEST_REPORTS:-}" ]; then mkdir -p "$ORCH_TEST_REPORTS" && cp "$tmp"/*.xml "$tmp"/*.log "$ORCH_TEST_REPORTS"/; fi
 echo "test: time by part (total $(( $(date +%s) - t0 )) s):"
 printf '  %s\n' "${parts[@]}"
 exit $rc
