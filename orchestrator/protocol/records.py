@@ -225,7 +225,7 @@ def progress_files(run_dir: Path | str, attempt: int, world: int) -> dict[int, P
         return out
     for name in names:
         m = RANK_PROGRESS_RE.fullmatch(name)
-        if m and 0 < int(m.group(1)) < world:
+        if m and int(m.group(1)) > 0:
             out[int(m.group(1))] = d / name
     return out
 
