@@ -102,7 +102,7 @@ def finish(db: Database, cfg: Config, attempt_id: int, ev: Evidence | None, rep:
         cls, step, detail = launch_failure[0], None, launch_failure[1]
     else:
         c = classify(ev.outcome, ev.report, ev.verification, stop_reason=a.stop_reason,
-                     exit_record=ev.exit_record, stop_record=ev.stop)
+                     exit_record=ev.exit_record, stop_record=ev.stop, stop_detail=a.detail)
         cls, step, detail = c.cls, c.step, c.detail
     d = decide(cfg, job, a, cls, step, ev.report if ev else None, never_launched=launch_failure is not None)
     plan = d.plan

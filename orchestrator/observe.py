@@ -23,6 +23,7 @@ from sqlalchemy import select
 
 from orchestrator import protocol
 from orchestrator.backends.base import AttemptRef, Backend, Outcome, Phase
+from orchestrator.classify import HANG_STOPPING
 from orchestrator.config import Config
 from orchestrator.db import Database
 from orchestrator.ending import evidence_of_end, finish
@@ -120,7 +121,7 @@ def _apply(db: Database, cfg: Config, backend: Backend, r: Row, out: Outcome, re
     if r.state is A.STOPPING:
         _escalate(cfg, backend, r, rep)
         return
-    hung = out.phase is Phase.RUNNING and _hung(cfg, r.ref)
+    hung = _hung(cfg, r.ref) if out.phase is Phase.RUNNING else None
     if not hung and _unchanged(r, out):
         return
     with db.write() as s:
@@ -138,7 +139,7 @@ def _apply(db: Database, cfg: Config, backend: Backend, r: Row, out: Outcome, re
                 rep.changed.append(Change(job.name, J.RUNNING))
             if hung:
                 move_attempt(s, a, A.STOPPING, stop_reason=StopReason.HANG, stop_requested_at=utcnow(),
-                             detail=f"no heartbeat for {cfg.hang_timeout_s:.0f}s; stopping it")
+                             detail=hung.describe(cfg.hang_timeout_s) + HANG_STOPPING)
         elif a.state is A.RUNNING:  # pending again: Slurm requeued it in place
             move_attempt(s, a, A.SUBMITTED)
             if job.state is J.RUNNING:
@@ -181,21 +182,56 @@ def _escalate(cfg: Config, backend: Backend, r: Row, rep: PassReport) -> None:
         rep.changed.append(Change(Path(r.run_dir).name, A.STOPPING, f"{r.stop_reason}: SIGKILL"))
 
 
-def _hung(cfg: Config, ref: AttemptRef) -> bool:
-    """No heartbeat progress for hang_timeout_s. Jobs that never write a heartbeat are not judged."""
-    if not protocol.read_progress(ref.run_dir, ref.attempt):
-        return False
+@dataclass(frozen=True)
+class Stale:
+    """The rank a hang stop blames: the one whose progress is oldest (issue 19: rank 1 hung while rank 0 beat)."""
+
+    rank: int
+    age_s: float
+    step: int | None
+    world: int  # ranks, as rank 0's heartbeat says (1: a one-process job)
+
+    def describe(self, timeout_s: float) -> str:
+        """One line for the attempt's record; a one-process job's is the text it always was."""
+        if self.world <= 1:
+            return f"no heartbeat for {timeout_s:.0f}s"
+        at = f" at step {self.step}" if self.step is not None else ""
+        return f"rank {self.rank}: no progress for {self.age_s:.0f} s{at}"
+
+
+def _hung(cfg: Config, ref: AttemptRef) -> Stale | None:
+    """The stale rank when some rank made no heartbeat progress for hang_timeout_s, else None. Jobs that never
+    write a heartbeat (rank 0's progress.json) are not judged."""
+    progress = protocol.read_progress(ref.run_dir, ref.attempt)
+    if not progress:
+        return None
     now = time.time()
-    # When the heartbeat was last written, by the file's mtime: the filesystem's clock, not the "time"
-    # the job writes. A node whose clock ran 60 s behind had a healthy job stopped as hung on every
-    # attempt until it failed for good, and a heartbeat without "time" was never judged (hostile test).
-    beat = _seen_at(ref.attempt_dir / protocol.PROGRESS_FILE, now)
-    if beat is None:
-        return False
     # A Slurm in-place requeue restarts the wrapper (rewriting wrapper.json) long after the last
     # heartbeat of the previous run: count from the later of the two.
     started = _seen_at(ref.attempt_dir / protocol.WRAPPER_FILE, now) or 0.0
-    return now - max(beat, started) > cfg.hang_timeout_s
+    world = progress.get("world_size", 1)
+    beats: dict[int, tuple[float, Path]] = {}
+    for rank, path in protocol.progress_files(ref.run_dir, ref.attempt, world).items():
+        # When each heartbeat was last written, by the file's mtime: the filesystem's clock, not the "time"
+        # the job writes. A node whose clock ran 60 s behind had a healthy job stopped as hung on every
+        # attempt until it failed for good, and a heartbeat without "time" was never judged (hostile test).
+        beat = _seen_at(path, now)
+        if beat is not None:
+            beats[rank] = (max(beat, started), path)
+    return stale_rank(beats, now, cfg.hang_timeout_s, world)
+
+
+def stale_rank(beats: dict[int, tuple[float, Path]], now: float, timeout_s: float, world: int) -> Stale | None:
+    """Judge the attempt by its OLDEST rank's progress: hung when any rank's last beat is older than
+    ``timeout_s`` (rank 0 still beating, busy in eval or a thread of its own, hides no hung rank 1). Of the
+    stale ranks the one furthest behind is named (lowest step, then the oldest beat): a peer blocked in a
+    collective with it stops too, a step later."""
+    stale = {r: t for r, (t, _p) in beats.items() if now - t > timeout_s}
+    if not stale:
+        return None
+    steps = {r: protocol.read_step(beats[r][1]) for r in stale}
+    rank = min(stale, key=lambda r: (steps[r] is None, steps[r] or 0, stale[r], r))
+    return Stale(rank, now - stale[rank], steps[rank], world)
 
 
 FUTURE_SKEW_S = 60.0  # an mtime this far ahead of our clock is a clock error (or a forgery), not news

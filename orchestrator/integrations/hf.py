@@ -51,7 +51,7 @@ import torch
 from transformers import TrainerCallback, TrainerControl, TrainerState, TrainingArguments
 
 from orchestrator import protocol
-from orchestrator.kit import stall
+from orchestrator.kit import heartbeat, stall
 from orchestrator.kit.commit import clean_stale, commit_checkpoint
 from orchestrator.kit.dist import StopAgreement, any_rank
 from orchestrator.kit.heartbeat import Heartbeat
@@ -114,9 +114,13 @@ class OrchCallback(TrainerCallback):
         if self.run.is_writer:
             clean_stale(self.run.run_dir)
             self._set_aside_unfinished(Path(args.output_dir))
-            self._heartbeat = Heartbeat(self.run.run_dir, self.run.attempt, self.run.heartbeat_s).start()
-            # HF loaded the checkpoint's TrainerState before this callback: global_step is the resume step.
-            self._resumed_from = state.global_step
+        # HF loaded the checkpoint's TrainerState before this callback: global_step is the resume step.
+        self._resumed_from = state.global_step
+        # Every rank beats (rank 0 progress.json, the others their own file): a hung rank 1 is seen as such.
+        self._heartbeat = heartbeat.for_rank(self.run.run_dir, self.run.attempt, self.run.heartbeat_s,
+                                             writer=self.run.is_writer, rank=args.process_index,
+                                             world=args.world_size)
+        if self._heartbeat is not None:
             self._heartbeat.post(step=state.global_step, max_steps=state.max_steps, resumed_from=state.global_step)
             self._heartbeat.write_now()
         if self.auto_save is not None:  # δ from the previous attempt; the interval from the loop's start

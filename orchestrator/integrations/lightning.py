@@ -48,6 +48,7 @@ import lightning.pytorch as pl
 from lightning.pytorch.callbacks import Callback
 
 from orchestrator import protocol
+from orchestrator.kit import heartbeat
 from orchestrator.kit.commit import clean_stale, commit_checkpoint
 from orchestrator.kit.dist import StopAgreement
 from orchestrator.kit.heartbeat import Heartbeat
@@ -136,7 +137,10 @@ class OrchCallback(Callback):
         self.run.begin()
         if self.run.is_writer:
             clean_stale(self.run.run_dir)
-            self._heartbeat = Heartbeat(self.run.run_dir, self.run.attempt, self.run.heartbeat_s).start()
+        # Every rank beats (rank 0 progress.json, the others their own file): a hung rank 1 is seen as such.
+        self._heartbeat = heartbeat.for_rank(self.run.run_dir, self.run.attempt, self.run.heartbeat_s,
+                                             writer=self.run.is_writer, rank=trainer.global_rank,
+                                             world=trainer.world_size)
 
     def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         # Lightning installed its SIGTERM handler just before training (it stops the loop and exits 0);

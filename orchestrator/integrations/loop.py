@@ -43,10 +43,10 @@ from typing import Any
 import torch
 
 from orchestrator import protocol
+from orchestrator.kit import heartbeat
 from orchestrator.kit.checkpoint import CheckpointManager
 from orchestrator.kit.commit import clean_stale
 from orchestrator.kit.dist import StopAgreement, any_rank, barrier, settle, world_size
-from orchestrator.kit.heartbeat import Heartbeat
 from orchestrator.kit.interval import AutoSaveInterval
 from orchestrator.kit.log import log
 from orchestrator.kit.preemption import PreemptionFlag
@@ -107,9 +107,11 @@ class OrchRun:
             found = self.run.resume_checkpoint()
         if found is not None:
             self._restore(*found)
-        self.heartbeat = Heartbeat(self.run.run_dir, self.run.attempt, self.run.heartbeat_s)
-        if self.run.is_writer:
-            self.heartbeat.start()
+        # Every rank beats (rank 0 progress.json, the others their own file): a hung rank 1 is seen as such.
+        self.heartbeat = heartbeat.for_rank(self.run.run_dir, self.run.attempt, self.run.heartbeat_s,
+                                            writer=self.run.is_writer, rank=self.sckpts.rank,
+                                            world=self.sckpts.world)
+        if self.heartbeat is not None:
             # the history's first line is the resume step, now: where goodput's startup (restore included) ends
             self.heartbeat.post(step=self.step, resumed_from=self.resumed_from or 0)
             self.heartbeat.write_now()
@@ -164,7 +166,7 @@ class OrchRun:
             self._boundary()
             yield step
             self.step = step
-            if self.run.is_writer:
+            if self.heartbeat is not None:
                 self.heartbeat.post(step=step, max_steps=max_steps, resumed_from=self.resumed_from or 0,
                                     **(self.auto_save.fields() if self.auto_save else {}), **self._fields)
             if self._save_due(step) and step < max_steps:
@@ -252,7 +254,7 @@ class OrchRun:
                 detail = "".join(traceback.format_exception(exc_type, exc, tb))[-1800:]
                 self.run.crashed(self.step, exc, detail, rank=self.sckpts.rank, world=self.sckpts.world)
         finally:
-            if self.run.is_writer:
+            if self.heartbeat is not None:
                 self.heartbeat.stop()
             self.flag.uninstall()
             settle()  # the program may exit right after: no collective of ours may be freed during finalization

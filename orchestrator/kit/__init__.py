@@ -5,7 +5,8 @@ bundled trainer (``orch_trainer``), which is the kit's first user, never its pro
 
 - :mod:`.preemption`: ``PreemptionFlag``, set by SIGTERM/SIGUSR2 and acted on at a safe point; under orch it
   also records every stop in ``attempts/<n>/stop.json`` (``StopRecorder``), whoever sent the signal;
-- :mod:`.heartbeat`: ``Heartbeat``, ``attempts/<n>/progress.json`` from a helper thread;
+- :mod:`.heartbeat`: ``Heartbeat``, ``attempts/<n>/progress.json`` from a helper thread (``for_rank``: the other
+  ranks of a multi-rank job write ``progress.rank-<r>.json``);
 - :mod:`.checkpoint`: ``CheckpointManager``, crash-safe save / latest verified / load / prune (torch);
 - :mod:`.commit`: commit a framework's own checkpoint files in orch's format (no torch);
 - :mod:`.run`: ``Run``, one attempt as the environment describes it: resume point, stop report, the end

@@ -4,6 +4,10 @@ An fsync per heartbeat costs milliseconds on a network filesystem; done in the l
 step overhead (bench P5). The thread writes only what the loop *posted* since its last write, so
 when the loop stops making progress (a hang) the file stops changing, which is what a hang
 detector needs to see. ``beat_now`` asks for an immediate write (at each checkpoint save).
+
+Several ranks: rank 0 writes ``progress.json`` (what ``orch status``, goodput and the plots read); every other
+rank writes only its step to ``attempts/<n>/progress.rank-<r>.json`` (``protocol.write_rank_progress``), from
+the same kind of thread, so the hang detector sees each rank's progress and names the one that stopped.
 """
 
 from __future__ import annotations
@@ -20,11 +24,26 @@ from orchestrator import protocol
 from orchestrator.kit import stall
 
 
+def for_rank(run_dir: Path, attempt: int, interval_s: float, *, writer: bool, rank: int,
+             world: int) -> Heartbeat | None:
+    """This process's started heartbeat: the writer's (global rank 0, or a one-process job) ``progress.json``
+    as ever; another rank's own small file when the job has several ranks; None otherwise (a job that is not
+    multi-rank gets no per-rank file)."""
+    if writer:
+        return Heartbeat(run_dir, attempt, interval_s, world=world).start()
+    if world > 1 and rank > 0:
+        return Heartbeat(run_dir, attempt, interval_s, rank=rank).start()
+    return None
+
+
 class Heartbeat:
-    def __init__(self, run_dir: Path, attempt: int, interval_s: float = 2.0) -> None:
+    def __init__(self, run_dir: Path, attempt: int, interval_s: float = 2.0, *, rank: int = 0,
+                 world: int = 1) -> None:
         self.run_dir = run_dir
         self.attempt = attempt
         self.interval_s = interval_s
+        self.rank = rank
+        self.world = world  # rank 0 of several says so in progress.json: the detector then reads the rank files
         self._fields: dict[str, Any] = {}
         self._posted = 0
         self._written = 0
@@ -75,11 +94,16 @@ class Heartbeat:
                 self._write()
 
     def _write(self) -> None:
+        if self.rank:
+            self._write_rank()
+            return
         posted, fields = self._posted, dict(self._fields)
         stalled = round(stall.total() - self._stall_base, 6)
         if posted == self._written and stalled == self._stall_written:  # a save after the last post: one beat
             return
         fields.setdefault("save_stall_s", stalled)
+        if self.world > 1:
+            fields["world_size"] = self.world
         step, per_step, now = fields.get("step"), fields.get("tokens_per_step"), time.monotonic()
         if isinstance(step, int) and per_step and self._last is not None and step > self._last[0]:
             self._rates.append((step - self._last[0]) * per_step / (now - self._last[1]))
@@ -91,6 +115,21 @@ class Heartbeat:
             protocol.write_progress(self.run_dir, self.attempt, **fields)
             self._written, self._stall_written = posted, stalled
         except Exception as e:  # a full disk must not stop training; the checkpoint path reports it
-            if not self._warned:
-                self._warned = True
-                print(f"[trainer] heartbeat write failed: {e!r}", file=sys.stderr, flush=True)
+            self._warn(e)
+
+    def _write_rank(self) -> None:
+        """A rank > 0: only its step, and only when the loop posted since the last write (a hung rank's file
+        then stops changing, as rank 0's does)."""
+        posted, step = self._posted, self._fields.get("step")
+        if posted == self._written:
+            return
+        try:
+            protocol.write_rank_progress(self.run_dir, self.attempt, self.rank, step if isinstance(step, int) else None)
+            self._written = posted
+        except Exception as e:  # noqa: BLE001 - a full disk must not stop training
+            self._warn(e)
+
+    def _warn(self, e: Exception) -> None:
+        if not self._warned:
+            self._warned = True
+            print(f"[trainer] heartbeat write failed: {e!r}", file=sys.stderr, flush=True)

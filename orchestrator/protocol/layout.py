@@ -28,6 +28,10 @@ PROGRAM_FILE = "program.json"  # written by the program at its start (the bundle
 FAILURE_FILE = "failure.json"
 PROGRESS_FILE = "progress.json"
 PROGRESS_HISTORY = "progress.jsonl"  # every heartbeat, appended: the loss curve across a whole attempt
+# A multi-rank job's rank r > 0: its own small heartbeat beside rank 0's progress.json (issue 19: a hung rank 1
+# was invisible while rank 0 alone wrote, and the hang detector could only judge rank 0).
+RANK_PROGRESS = "progress.rank-{:05d}.json"
+RANK_PROGRESS_RE = re.compile(r"^progress\.rank-(\d{5})\.json$")
 EXIT_FILE = "exit.json"  # written by orch's job wrapper when the command exits
 COMPLETE_FILE = "complete.json"  # the kit's completion record under orch's wrapper: training completed, what it made
 STOP_FILE = "stop.json"  # the kit's record of a stop signal the program received (whoever sent it)

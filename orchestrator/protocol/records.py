@@ -23,6 +23,7 @@ from orchestrator.protocol.durable import (
     fsync_dir,
     is_int,
     read_json_bounded,
+    tmp_name,
 )
 from orchestrator.protocol.layout import (
     ATTEMPTS_DIR,
@@ -36,6 +37,8 @@ from orchestrator.protocol.layout import (
     OWN_CHECKPOINT_RE,
     PROGRESS_FILE,
     PROGRESS_HISTORY,
+    RANK_PROGRESS,
+    RANK_PROGRESS_RE,
     RESTART_CAUSES_FILE,
     RESULT_DIR,
     RUN_CONFIG,
@@ -193,6 +196,50 @@ def write_progress(run_dir: Path | str, attempt: int, **fields: Any) -> None:
     append_history(d / PROGRESS_HISTORY, record)
 
 
+def write_rank_progress(run_dir: Path | str, attempt: int, rank: int, step: int | None) -> None:
+    """A non-zero rank's heartbeat: ``attempts/<n>/progress.rank-<r>.json`` replaced by a rename, NOT fsynced.
+
+    Cheap on purpose (every rank, every heartbeat): the hang detector reads when it was written (its mtime)
+    and the step in it; a crash that lost the last one only makes the rank look older, and a crashed
+    attempt is judged by its exit, not by its heartbeats. No history line: rank 0's progress.jsonl is the curve.
+    """
+    d = attempt_dir(run_dir, attempt)
+    d.mkdir(parents=True, exist_ok=True)  # a script run without orch (run_dir=) has no attempt dir yet
+    path = d / RANK_PROGRESS.format(int(rank))
+    tmp = path.with_name(tmp_name(path.name))
+    tmp.write_text(json.dumps({"rank": int(rank), "step": step, "time": time.time()}) + "\n")
+    os.replace(tmp, path)
+
+
+def progress_files(run_dir: Path | str, attempt: int, world: int) -> dict[int, Path]:
+    """Every rank's heartbeat file of the attempt: rank 0's ``progress.json`` (whether it exists or not), and
+    when rank 0's heartbeat says there are several ranks (``world``), each ``progress.rank-<r>.json`` that
+    exists (one directory listing; none for a one-process job, whose cost is what it always was)."""
+    d = attempt_dir(run_dir, attempt)
+    out: dict[int, Path] = {0: d / PROGRESS_FILE}
+    if world <= 1:
+        return out
+    try:
+        names = sorted(os.listdir(d))
+    except OSError:
+        return out
+    for name in names:
+        m = RANK_PROGRESS_RE.fullmatch(name)
+        if m and int(m.group(1)) > 0:
+            out[int(m.group(1))] = d / name
+    return out
+
+
+def read_step(path: Path) -> int | None:
+    """The ``step`` of one rank's heartbeat file, range-checked; None when absent, unreadable or not a step."""
+    try:
+        r = read_json_bounded(path, limit=PROGRESS_LIMIT)
+    except (OSError, ValueError):
+        return None
+    step = r.get("step") if isinstance(r, dict) else None
+    return step if is_int(step, 0) else None
+
+
 def append_history(path: Path, record: Mapping[str, Any]) -> None:
     """Append one JSON line with a single ``write`` on an O_APPEND fd, then fsync.
 
@@ -213,7 +260,9 @@ _PROGRESS_NUMBERS = ("loss", "tokens_per_s", "tokens_per_s_recent", "tokens_per_
                      "eval_loss", "grad_norm")
 # resumed_from: the step this attempt started from (0 when fresh); `orch metrics` compares it with the
 # previous attempt's last step to count the steps a preemption made it redo.
-_PROGRESS_INTS = ("step", "max_steps", "saved_step", "samples", "tokens_per_step", "epoch", "resumed_from")
+# world_size: rank 0's heartbeat of a multi-rank job (issue 19): the other ranks write progress.rank-<r>.json.
+_PROGRESS_INTS = ("step", "max_steps", "saved_step", "samples", "tokens_per_step", "epoch", "resumed_from",
+                  "world_size")
 
 
 def clean_progress(r: Any) -> dict | None:

@@ -120,4 +120,9 @@ def test_lightning_ddp_on_two_ranks_a_signal_to_one_rank_stops_both_after_one_st
     assert {max(s for a, r, s in done if a == 1 and r == rank) for rank in (0, 1)} == {stop}, done
     assert {min(s for a, r, s in done if a == 2 and r == rank) for rank in (0, 1)} == {stop + 1}, done
     assert sorted(s for a, r, s in done if r == 0) == list(range(1, 61))  # no step twice, none skipped
+    # Every rank beat (the hang policy judges the oldest): rank 1 its own file, up to where it stopped; rank 0
+    # progress.json, naming the world size.
+    rank1 = protocol.read_step(protocol.attempt_dir(run_dir, 1) / protocol.RANK_PROGRESS.format(1))
+    assert rank1 is not None and 10 < rank1 <= stop, (rank1, stop)
+    assert protocol.read_progress(run_dir, 1)["world_size"] == 2
     assert orch("verify", "ddp").stdout == "VERIFIED\n"

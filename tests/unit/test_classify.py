@@ -154,3 +154,13 @@ def test_every_row_class_is_produced_somewhere_by_the_table():
     derived = {r[5] for r in ROWS if r[2] is None} | {r[3] for r in RECORD_ROWS}
     assert derived == {"hang", "preempted", "timeout", "oom", "node_fail", "cancelled", "unknown",
                        "marker_missing", "marker_corrupt", "crash", "killed"}
+
+
+def test_a_hang_stop_names_the_rank_that_stopped_progressing():
+    """Issue 19: the record of a hang stop says which rank stopped and where (observe recorded it when it began
+    the stop); without that detail it reads as it always did."""
+    c = classify(exited(None, sig=signal.SIGKILL), None, ABSENT, stop_reason="hang",
+                 stop_detail="rank 1: no progress for 95 s at step 40; stopping it")
+    assert (c.cls, c.detail) == ("hang", "stopped by the reconciler: rank 1: no progress for 95 s at step 40")
+    assert classify(exited(143), FailureReport.parse({"class": "preempted"}), ABSENT, stop_reason="hang").detail == \
+        "stopped by the reconciler: no heartbeat"

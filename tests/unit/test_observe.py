@@ -5,6 +5,10 @@ In-process on a real DB, the shared fake at the scheduler boundary."""
 
 from __future__ import annotations
 
+import os
+import re
+import time
+
 from orchestrator import protocol
 from orchestrator.backends.base import Outcome, Phase
 from orchestrator.jobs import get_job
@@ -76,3 +80,62 @@ def test_one_jobs_surprise_is_its_own_error_and_the_other_jobs_are_still_observe
     rep = _pass(db, cfg, sched)
     assert len(rep.errors) == 1 and rep.errors[0].startswith("bad: KeyError"), rep.errors
     assert _state(db, "good")[0] is JobState.RETRYABLE_FAILED and _state(db, "bad")[1] is AttemptState.SUBMITTED
+
+
+def _beats(cfg, name: str, ages: dict[int, tuple[float, int]]) -> None:  # noqa: ANN001
+    """Write each rank's heartbeat file as the kit does (rank 0 progress.json, the others progress.rank-<r>.json),
+    dated ``age`` seconds ago, at ``step``."""
+    run_dir, now = cfg.runs_root / name, time.time()
+    for rank, (age, step) in ages.items():
+        if rank == 0:  # rank 0's heartbeat names the world size of a multi-rank job (the kit's Heartbeat does)
+            protocol.write_progress(run_dir, 1, step=step, **({"world_size": len(ages)} if len(ages) > 1 else {}))
+            path = protocol.attempt_dir(run_dir, 1) / protocol.PROGRESS_FILE
+        else:
+            protocol.write_rank_progress(run_dir, 1, rank, step)
+            path = protocol.attempt_dir(run_dir, 1) / protocol.RANK_PROGRESS.format(rank)
+        os.utime(path, (now - age, now - age))
+
+
+def _stop_detail(db, name: str) -> tuple[AttemptState, str | None]:  # noqa: ANN001
+    with db.read() as s:
+        a = get_job(s, name).attempts[-1]
+        return a.state, a.detail
+
+
+def test_a_hung_rank_is_judged_by_its_own_heartbeat_while_rank_0_still_beats(db, cfg, sched):
+    """Issue 19: the attempt is judged by its OLDEST rank's progress. Rank 1 hung (its file 700 s old) while rank 0
+    still beat (busy in eval, or a thread of its own): with only progress.json read, nothing was ever stopped."""
+    submit(db, cfg, SubmitRequest(name="mr", command=["true"]))
+    _beats(cfg, "mr", {0: (1.0, 41), 1: (cfg.hang_timeout_s + 100, 40)})
+    rep = _pass(db, cfg, sched)
+    state, detail = _stop_detail(db, "mr")
+    assert state is AttemptState.STOPPING and sched.cancelled == [["mr"]], (state, detail, rep.errors)
+    assert re.fullmatch(r"rank 1: no progress for 7\d\d s at step 40; stopping it", detail or ""), detail
+
+
+def test_of_several_stale_ranks_the_one_furthest_behind_is_named(db, cfg, sched):
+    """Rank 1 stopped at step 40; rank 0, blocked in the next collective with it, beat once more at step 41 and
+    stopped too. Whichever file is older by a few ms, the record names the rank that is behind."""
+    submit(db, cfg, SubmitRequest(name="mr", command=["true"]))
+    _beats(cfg, "mr", {0: (cfg.hang_timeout_s + 10, 41), 1: (cfg.hang_timeout_s + 5, 40),
+                       2: (cfg.hang_timeout_s + 10, 41)})
+    _pass(db, cfg, sched)
+    state, detail = _stop_detail(db, "mr")
+    assert state is AttemptState.STOPPING and (detail or "").startswith("rank 1: no progress for "), detail
+
+
+def test_a_one_process_job_is_judged_and_recorded_as_before(db, cfg, sched):
+    """No per-rank file: progress.json alone decides, and the stop's record reads as it always did."""
+    submit(db, cfg, SubmitRequest(name="one", command=["true"]))
+    _beats(cfg, "one", {0: (cfg.hang_timeout_s - 30, 7)})
+    # a stale file of a rank's name in a one-process job's dir (its progress.json names no world size): not read
+    stray = protocol.attempt_dir(cfg.runs_root / "one", 1) / protocol.RANK_PROGRESS.format(1)
+    stray.write_text('{"rank": 1, "step": 1}')
+    os.utime(stray, (1.0, 1.0))
+    _pass(db, cfg, sched)
+    assert _stop_detail(db, "one")[0] is AttemptState.RUNNING and sched.cancelled == []
+    _beats(cfg, "one", {0: (cfg.hang_timeout_s + 30, 7)})
+    _pass(db, cfg, sched)
+    want = f"no heartbeat for {cfg.hang_timeout_s:.0f}s; stopping it"
+    assert _stop_detail(db, "one") == (AttemptState.STOPPING, want)
+    assert list(protocol.progress_files(cfg.runs_root / "one", 1, 1)) == [0]

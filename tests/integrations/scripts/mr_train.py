@@ -5,7 +5,8 @@ global sample index in ``state`` (so a resume on another world size continues wi
 Each rank appends ``<attempt> <rank> <step> <loss>`` to ``--step-log`` once a step is complete (loss: the
 global batch's mean). Faults: ``--fail-save RANK:STEP`` (an OSError in that rank's first checkpoint write),
 ``--kill-at POINT:RANK:STEP`` (SIGKILL of that rank at a commit point), ``--kill-step RANK:STEP`` (SIGKILL
-of that rank in the middle of a step), ``--signal-step RANK:STEP`` (SIGTERM from that rank to itself after the step).
+of that rank in the middle of a step), ``--signal-step RANK:STEP`` (SIGTERM from that rank to itself after the step),
+``--stop-step RANK:STEP`` (SIGSTOP of that rank by itself once the step is logged, before the kit counts it: a hang).
 """
 
 from __future__ import annotations
@@ -43,6 +44,7 @@ def main() -> None:
     ap.add_argument("--kill-at", default="")
     ap.add_argument("--kill-step", default="")
     ap.add_argument("--signal-step", default="", help="RANK:STEP: that rank sends itself SIGTERM after the step")
+    ap.add_argument("--stop-step", default="", help="RANK:STEP: that rank sends itself SIGSTOP after the step")
     a = ap.parse_args()
 
     world = int(os.environ.get("WORLD_SIZE", "1"))
@@ -103,6 +105,8 @@ def main() -> None:
                     f.write(f"{attempt} {rank} {step} {mean!r}\n")
             if fault(a.signal_step, "", step):
                 os.kill(os.getpid(), signal.SIGTERM)
+            if fault(a.stop_step, "", step):
+                os.kill(os.getpid(), signal.SIGSTOP)  # hung: it never goes on by itself
             if a.sleep_per_step:
                 time.sleep(a.sleep_per_step)
     if world > 1:

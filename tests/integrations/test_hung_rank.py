@@ -1,0 +1,91 @@
+"""One rank of a multi-rank job hung (issue 19, "Failures of one rank"): real torchrun, gloo on CPU, 2 ranks.
+
+Rank 1 stops itself with SIGSTOP in the middle of attempt 1 (after step 12 is logged, before the kit counts it):
+it never goes on, and rank 0 blocks in the next collective with it. What is proved, with real processes:
+
+* every rank beats on its own (rank 0 ``progress.json``, rank 1 ``progress.rank-00001.json``), so orch's hang
+  policy judges the attempt by its oldest rank and its record names the rank that stopped and its step;
+* the hang stop ends the WHOLE attempt: no process carrying its token is left (torchrun starts each rank in a
+  session of its own; the stopped rank never handles a SIGTERM), both ranks' processes gone;
+* the attempt is classified ``hang``, requeued by orch alone, and the job ends verified, attempt 2 resuming
+  every rank from the last committed step (10) without redoing or skipping a step.
+"""
+
+from __future__ import annotations
+
+import re
+import sys
+from pathlib import Path
+
+import psutil
+from intkit import DONE, wait_for
+from rankkit import token_carriers
+
+from orchestrator import protocol
+
+SCRIPT = str(Path(__file__).parent / "scripts" / "mr_train.py")
+ENDED = ("failed", "cancelled", "succeeded")
+
+
+def _rank_proc(run_dir: Path, rank: int) -> psutil.Process | None:
+    """The live torchrun worker with RANK=<rank> of this run dir."""
+    for p in psutil.process_iter():
+        try:
+            env = p.environ()
+            if env.get(protocol.ENV_RUN_DIR) == str(run_dir) and env.get("RANK") == str(rank) and \
+                    SCRIPT in p.cmdline():
+                return p
+        except (psutil.Error, OSError):
+            continue
+    return None
+
+
+def _steps(log: Path) -> list[tuple[int, int, int]]:
+    """(attempt, rank, step) per completed step and rank."""
+    return [(int(a), int(r), int(s)) for a, r, s, _loss in (ln.split() for ln in log.read_text().splitlines())]
+
+
+def test_a_hung_rank_stops_the_whole_attempt_named_in_its_record_and_the_job_resumes_verified(orch, tmp_path):
+    log = tmp_path / "steps.log"
+    orch.write_config("[policy]\nhang_timeout_s = 5\n")
+    argv = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2", SCRIPT,
+            "--max-steps", "30", "--save-every", "5", "--sleep-per-step", "0.05", "--stop-step", "1:12",
+            "--step-log", str(log)]
+    # heartbeats every 0.5 s: a healthy rank's file is never near the 5 s timeout, even on a loaded machine
+    orch("submit", "--name", "hung", "--", *argv, env={"OMP_NUM_THREADS": "1", "ORCH_HEARTBEAT_S": "0.5"},
+         check=True)
+    run_dir = orch.runs / "hung"
+    token = orch.show("hung")["attempts"][0]["token"]
+
+    def both_ranks_rank1_stopped() -> tuple[psutil.Process, psutil.Process] | None:
+        r0, r1 = _rank_proc(run_dir, 0), _rank_proc(run_dir, 1)
+        try:
+            return r0 and r1 and r1.status() == psutil.STATUS_STOPPED and (r0, r1)
+        except psutil.Error:
+            return None
+
+    ranks = wait_for(both_ranks_rank1_stopped, 120, "rank 1 stopped by its own SIGSTOP", interval=0.1)
+    a1 = wait_for(lambda: orch("reconcile", check=True) and (a := orch.show("hung")["attempts"][0])["state"] in ENDED
+                  and a, 120, "attempt 1 to end", interval=0.5)
+    # The whole attempt stopped: no process of it is left, whatever its session, the stopped rank included.
+    left = token_carriers(token)
+    assert not left, [(q.pid, q.cmdline()) for q in left]
+    assert not any(p.is_running() and p.status() != psutil.STATUS_ZOMBIE for p in ranks), ranks
+    assert (a1["state"], a1["failure_class"], (a1["action"] or {}).get("action")) == ("failed", "hang", "resume"), a1
+    # The record names the rank that stopped progressing, at the step of its own last heartbeat, behind rank 0.
+    m = re.fullmatch(r"stopped by the reconciler: rank 1: no progress for \d+ s at step (\d+)", a1["detail"] or "")
+    assert m, a1["detail"]
+    rank1_file = protocol.attempt_dir(run_dir, 1) / protocol.RANK_PROGRESS.format(1)
+    # (> 0: rank 1's own heartbeat moved with its steps, 12 of >= 0.05 s each against a beat every 0.5 s)
+    assert 0 < int(m.group(1)) == protocol.read_step(rank1_file) < 12 <= protocol.read_progress(run_dir, 1)["step"]
+
+    assert orch.wait("hung", {DONE, "failed", "cancelled"}, timeout=180) == DONE, orch.show("hung")
+    lines = _steps(log)
+    for rank in (0, 1):
+        first = [s for a, r, s in lines if a == 1 and r == rank]
+        second = [s for a, r, s in lines if a == 2 and r == rank]
+        assert first == list(range(1, 13)), (rank, first)  # rank 1 logged step 12, then stopped
+        assert second == list(range(11, 31)), (rank, second)  # from step-10, the last commit: none skipped
+    show = orch.show("hung")
+    assert [a["state"] for a in show["attempts"]] == ["failed", "succeeded"], show["attempts"]
+    assert orch("verify", "hung").stdout == "VERIFIED\n"
