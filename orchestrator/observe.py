@@ -40,9 +40,9 @@ from orchestrator.lifecycle import (
 )
 from orchestrator.models import Attempt, Job
 from orchestrator.passreport import Change, PassReport
+from orchestrator.states import STOP_GRACE_S
 
 A, J = AttemptState, JobState
-STOP_GRACE_S = 60.0  # SIGTERM -> SIGKILL for orch cancel (Slurm's own KillWait usually acts first)
 HANG_KILL_GRACE_S = 30.0
 
 

@@ -10,6 +10,8 @@ from __future__ import annotations
 import enum
 from datetime import UTC, datetime
 
+STOP_GRACE_S = 60.0  # SIGTERM -> SIGKILL for orch cancel (Slurm's own KillWait usually acts first)
+
 
 def utcnow() -> datetime:
     """Naive UTC, as stored in the DB (SQLite has no time zones)."""
