@@ -100,12 +100,21 @@ def first_own_end(ends: list[RankEnd]) -> RankEnd | None:
     """The rank whose program failed on its own first: the attempt's end. A clean exit is never one (it cannot
     turn a failure into success), and a rank a stop from above reached is a consequence of another's end.
 
-    A rank killed by a signal no peer's death can cause (SIGKILL, SIGSEGV, ...) comes before any time order:
-    the times are when each rank's parent saw its end, and a survivor's abort for the lost peer was recorded
-    0.6 ms before the SIGKILL that caused it (the rank-end test on a loaded machine: crash, not killed)."""
+    The times are when each rank's parent saw its end, which is not when the failure began, so the kind of end
+    comes first: a signal no peer's death can cause (SIGKILL, SIGSEGV, ...), then an exit code, then an abort
+    (SIGABRT), and the time only within a kind. A survivor's gloo abort for the lost peer was recorded 0.6 ms
+    before the SIGKILL that caused it, and before the exit of a rank that raised: that rank's teardown closes its
+    process group (the peer aborts) before its interpreter has finished exiting (both seen on a loaded machine).
+    Where a rank's own abort is the cause and a peer then raises, the peer is named; both are ``crash``."""
     own = [e for e in ends if e.returncode != 0 and not e.stopped]
-    return min(own, key=lambda e: (e.signal is None or e.signal in CONSEQUENCE_SIGNALS, e.at, e.rank)) \
-        if own else None
+    return min(own, key=lambda e: (_kind_of_end(e), e.at, e.rank)) if own else None
+
+
+def _kind_of_end(e: RankEnd) -> int:
+    """0: killed by a signal no peer's death sends; 1: an exit code; 2: an abort, as a lost peer's collective does."""
+    if e.signal is None:
+        return 1
+    return 2 if e.signal in CONSEQUENCE_SIGNALS else 0
 
 
 # ------------------------------------------------------------------------------------------------

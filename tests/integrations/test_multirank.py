@@ -210,7 +210,9 @@ def test_with_very_short_steps_the_ranks_agree_every_n_steps_and_still_stop_afte
     lines = log_lines(log)
     last = {r: max(s for _a, rr, s, _l in lines if rr == r) for r in (0, 1)}
     report = json.loads((protocol.attempt_dir(run_dir, 1) / protocol.FAILURE_FILE).read_text())
-    assert last[0] == last[1] == report["step"] > 400, (last, report)
+    # >= : when the boundary after step 400 is one of the agreed checks (a loaded machine's slower steps make N
+    # small), the stop is taken right there; else at the next check. Both ranks, the same step, either way.
+    assert last[0] == last[1] == report["step"] >= 400, (last, report)
     assert "SIGTERM" in report["detail"], report  # rank 0 saw no signal: the agreement told it which one
     assert sorted(committed(run_dir)) == [report["step"]]
     assert_complete_step(committed(run_dir)[report["step"]], 2)
