@@ -188,6 +188,19 @@ def orch_for(home: Path, db_url: str | None = None) -> Orch:
     return Orch(home=home, env=env)
 
 
+def pending_job(db, cfg, name: str, max_attempts: int = 3) -> None:  # noqa: ANN001
+    """A job whose attempt 1 was written but not yet launched (as submit leaves it just before launching)."""
+    from orchestrator.lifecycle import JobState, create_attempt, create_job
+    from orchestrator.tokens import new_token
+
+    run_dir = cfg.runs_root / name
+    run_dir.mkdir(parents=True, exist_ok=True)
+    with db.write() as s:
+        job = create_job(s, JobState.PENDING, name=name, backend="local", run_dir=str(run_dir), command=["true"],
+                         resources={}, outputs=["out.txt"], max_attempts=max_attempts)
+        create_attempt(s, job, 1, new_token())
+
+
 def fake_scheduler(name: str = "local"):  # noqa: ANN201 - a Backend subclass instance (imported lazily)
     """The one fake for in-process tests, at the scheduler boundary only: every attempt is RUNNING until
     ``ended[job] = exit code`` says it exited with that code; ``cancelled`` records each cancel call's job

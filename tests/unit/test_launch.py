@@ -4,21 +4,12 @@ tests/adversarial/test_launch_races.py and tests/unit/test_exactly_once_guards.p
 
 from __future__ import annotations
 
+from orchkit import pending_job
+
 from orchestrator import protocol
 from orchestrator.jobs import get_job
 from orchestrator.launch import LaunchOutcome, launch
-from orchestrator.lifecycle import AttemptState, JobState, create_attempt, create_job
-from orchestrator.tokens import new_token
-
-
-def _pending(db, cfg, name: str) -> None:  # noqa: ANN001
-    """A job whose attempt 1 was written but not yet launched (as submit leaves it just before launching)."""
-    run_dir = cfg.runs_root / name
-    run_dir.mkdir(parents=True, exist_ok=True)
-    with db.write() as s:
-        job = create_job(s, JobState.PENDING, name=name, backend="local", run_dir=str(run_dir), command=["true"],
-                         resources={}, outputs=["out.txt"], max_attempts=3)
-        create_attempt(s, job, 1, new_token())
+from orchestrator.lifecycle import AttemptState, JobState
 
 
 def _states(db, name: str):  # noqa: ANN001, ANN202
@@ -28,7 +19,7 @@ def _states(db, name: str):  # noqa: ANN001, ANN202
 
 
 def test_a_pending_attempt_is_submitted_once_and_recorded(db, cfg, sched):
-    _pending(db, cfg, "a")
+    pending_job(db, cfg, "a")
     calls = []
     real = sched.submit
     sched.submit = lambda spec: calls.append(spec.token) or real(spec)
@@ -40,7 +31,7 @@ def test_a_pending_attempt_is_submitted_once_and_recorded(db, cfg, sched):
 
 
 def test_a_run_dir_that_verified_before_the_backend_call_closes_the_attempt_unlaunched(db, cfg, sched):
-    _pending(db, cfg, "v")
+    pending_job(db, cfg, "v")
     run_dir = cfg.runs_root / "v"
     (run_dir / "out.txt").write_text("done\n")
     protocol.write_done_marker(run_dir, "v", 1, ["out.txt"])

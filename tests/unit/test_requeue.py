@@ -7,27 +7,22 @@ from __future__ import annotations
 from datetime import timedelta
 
 import pytest
+from orchkit import pending_job
 
 from orchestrator import protocol
 from orchestrator.jobs import get_job
 from orchestrator.launch import launch
-from orchestrator.lifecycle import AttemptState, JobState, create_attempt, create_job, utcnow
+from orchestrator.lifecycle import AttemptState, JobState, utcnow
 from orchestrator.models import Job
 from orchestrator.reconcile import reconcile_pass
 from orchestrator.requeue import RequeueOutcome, RequeueTarget, _own_reason, requeue
-from orchestrator.tokens import new_token
 
 J, A, R = JobState, AttemptState, RequeueOutcome
 
 
 def _submitted(db, cfg, sched, name: str) -> None:  # noqa: ANN001
     """A job whose attempt 1 was launched on the fake scheduler (as `orch submit` leaves it)."""
-    run_dir = cfg.runs_root / name
-    run_dir.mkdir(parents=True, exist_ok=True)
-    with db.write() as s:
-        job = create_job(s, J.PENDING, name=name, backend="local", run_dir=str(run_dir), command=["true"],
-                         resources={}, outputs=["out.txt"], max_attempts=5)
-        create_attempt(s, job, 1, new_token())
+    pending_job(db, cfg, name, max_attempts=5)
     launch(db, cfg, name, sched)
 
 
