@@ -16,6 +16,7 @@ from typing import Any
 from orchestrator import protocol
 from orchestrator.errors import UsageError
 from orchestrator.goodput import AttemptFacts, Beat, JobSplit, split_job, summarize
+from orchestrator.resources import partition_of
 
 _SINCE_RE = re.compile(r"^([0-9]{1,6})([smhdw])$")
 _UNIT_S = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400}
@@ -118,7 +119,7 @@ def _gpus(resources: dict[str, Any]) -> int | None:
 
 
 def group_of(job: Any) -> dict[str, str | None]:
-    part = job.resources.get("partition") if isinstance(job.resources, dict) else None
+    part = partition_of(job.resources)
     return {"backend": job.backend, "partition": f"{job.backend}/{part or '-'}",
             "sweep": job.sweep.name if job.sweep is not None else None}
 

@@ -25,6 +25,7 @@ from typing import Any
 
 from orchestrator.goodput import UNSIGNALLED
 from orchestrator.kit.interval import ENV_MTBF, ENV_MTBF_SOURCE, PRIOR_MTBF_S
+from orchestrator.resources import partition_of
 
 WINDOW = timedelta(days=30)
 CACHE_S = 60.0  # a sweep's 1,000 launches in one process ask once per partition, not 1,000 times
@@ -42,7 +43,7 @@ def estimate_mtbf(held_s: float, failures: int, prior_s: float = PRIOR_MTBF_S, w
 
 
 def partition_key(backend: str, resources: Any) -> str:
-    part = resources.get("partition") if isinstance(resources, dict) else None
+    part = partition_of(resources)
     return f"{backend}/{part or '-'}"
 
 

@@ -30,6 +30,18 @@ def resources_of(r: dict[str, Any]) -> Resources:
     return Resources(**{k: r.get(k) for k in GENERIC}, extras=extras)
 
 
+def partition_of(r: Any) -> str | None:
+    """The partition a job row's resources JSON names: under ``extras`` since issue 18, at the top level before.
+    Goodput's grouping and the MTBF's history read it; both read the top level only, so every job written since
+    issue 18 counted as partition "-" (found by `orch report` over the dev cluster's real preemption trials)."""
+    if not isinstance(r, dict):
+        return None
+    extras = r.get(EXTRAS_KEY)
+    part = extras.get("partition") if isinstance(extras, dict) else None
+    part = part if part is not None else r.get("partition")
+    return part if isinstance(part, str) and part else None
+
+
 def resources_dict(r: Resources) -> dict[str, Any]:
     """The set fields of ``r``, shaped as the job row stores them (what command.json records)."""
     out: dict[str, Any] = {k: getattr(r, k) for k in GENERIC if getattr(r, k) is not None}

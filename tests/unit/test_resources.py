@@ -90,3 +90,19 @@ def test_the_cli_refuses_an_option_the_backend_does_not_take_naming_the_ones_tha
     with pytest.raises(click.BadParameter) as e:
         _cli(backend="local", account="acct")
     assert e.value.message == "--partition/--account/--sbatch-arg need --backend slurm"
+
+
+def test_the_partition_is_read_where_each_orch_version_wrote_it():
+    # Goodput's grouping and the MTBF's history read the top level only: every job written since issue 18 (its
+    # partition under extras) was partition "-" in `orch report` over the dev cluster's real trials.
+    from types import SimpleNamespace
+
+    from orchestrator.goodputview import group_of
+    from orchestrator.mtbf import partition_key
+    from orchestrator.resources import partition_of, resources_dict
+
+    new = resources_dict(Resources(extras={"partition": "spot"}))
+    assert partition_of(new) == "spot" and partition_of({"partition": "old"}) == "old"
+    assert partition_of({}) is None and partition_of(None) is None and partition_of({"extras": "x"}) is None
+    assert partition_key("slurm", new) == "slurm/spot"
+    assert group_of(SimpleNamespace(resources=new, backend="slurm", sweep=None))["partition"] == "slurm/spot"
