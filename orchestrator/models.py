@@ -13,8 +13,9 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import Enum, Float, ForeignKey, Index, MetaData, String, Text, UniqueConstraint, false
+from sqlalchemy import Enum, Float, ForeignKey, Index, MetaData, String, Text, UniqueConstraint, false, text
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column, relationship
+from sqlalchemy.sql.elements import ColumnElement
 
 from orchestrator.plan import JSONType, PlanType, RetryPlan
 from orchestrator.protocol import FailureClass
@@ -28,7 +29,17 @@ NAMING = {
     "pk": "pk_%(table_name)s",
 }
 
-__all__ = ["Base", "Environment", "Sweep", "Job", "Attempt", "Event", "Lease", "PassStats", "NodeClear", "utcnow"]
+# The attempts not yet ended (``lifecycle.ATTEMPT_OPEN``; a unit test checks they are equal), as the literal SQL
+# term of the partial index ``ix_attempts_open``. The reconciler's reads go through that index, which holds only
+# these rows, so a pass costs the same beside 1M finished attempts as beside none, whatever statistics the
+# planner has. Taught by P1: with ANALYZE's per-state averages SQLite scanned all 1M attempts for an IN of three
+# live states (109 ms against 7 ms), because a plain index on ``state`` looked worse than a scan.
+OPEN_ATTEMPT_STATES = (AttemptState.LAUNCHING, AttemptState.PENDING, AttemptState.RUNNING, AttemptState.STOPPING,
+                       AttemptState.SUBMITTED)
+OPEN_ATTEMPT_SQL = "state IN (" + ", ".join(f"'{s.value}'" for s in OPEN_ATTEMPT_STATES) + ")"
+
+__all__ = ["Base", "open_attempt", "OPEN_ATTEMPT_STATES", "Environment", "Sweep", "Job", "Attempt", "Event", "Lease",
+           "PassStats", "NodeClear", "utcnow"]
 
 
 def _enum(cls: type, length: int) -> Enum:
@@ -112,6 +123,8 @@ class Attempt(Base):
         UniqueConstraint("job_id", "n"),
         # The reconciler's pass reads only open attempts; this index keeps it independent of history.
         Index("ix_attempts_state_job", "state", "job_id"),
+        Index("ix_attempts_open", "state", "job_id", sqlite_where=text(OPEN_ATTEMPT_SQL),
+              postgresql_where=text(OPEN_ATTEMPT_SQL)),
     )
 
     id: Mapped[int] = mapped_column(primary_key=True)
@@ -210,3 +223,13 @@ class NodeClear(Base):
     node: Mapped[str] = mapped_column(String(128), index=True)
     backend: Mapped[str] = mapped_column(String(16))
     cleared_at: Mapped[datetime]
+
+
+def open_attempt() -> ColumnElement[bool]:
+    """``ix_attempts_open``'s own WHERE term, for a query on open attempts to AND with its narrower state test.
+
+    SQLite uses a partial index only when the query's WHERE contains the index's term with literal values (an IN
+    of bound parameters, which ``Attempt.state.in_(...)`` compiles to, does not count); PostgreSQL proves the same
+    implication from either.
+    """
+    return text("attempts." + OPEN_ATTEMPT_SQL)
