@@ -4,6 +4,7 @@ test_multirank.py."""
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 from pathlib import Path
@@ -146,3 +147,33 @@ def test_settle_waits_until_no_other_thread_holds_an_agreement_tensor(monkeypatc
     assert kdist.settle(timeout_s=10) is True
     assert not held
     t.join()
+
+
+def test_a_sharded_file_is_hashed_from_what_the_file_holds_after_its_fsync(tmp_path):
+    from orchestrator.kit.sharded import _CountingStream, _fsync_and_hash
+
+    path = tmp_path / "__0_0.distcp"
+    payload = os.urandom(3 << 20)
+    with open(path, "xb") as f:
+        w = _CountingStream(f, None)
+        w.write(memoryview(payload)[: 1 << 20])
+        w.write(payload[1 << 20:])
+        assert w.tell() == len(payload)
+        digest = _fsync_and_hash(f, path, w.size)
+    assert digest == hashlib.sha256(payload).hexdigest()
+
+
+def test_a_sharded_file_that_grew_behind_the_writer_fails_its_save_instead_of_recording_a_wrong_size(tmp_path):
+    # Hashing back from the file, not from the buffers written, is only honest if the file is what was written:
+    # a second writer of the same path (or a truncation) is an error, never a manifest entry.
+    from orchestrator.kit.sharded import _CountingStream, _fsync_and_hash
+
+    path = tmp_path / "__0_0.distcp"
+    with open(path, "xb") as f:
+        w = _CountingStream(f, None)
+        w.write(b"x" * 4096)
+        f.flush()
+        with open(path, "ab") as other:
+            other.write(b"y")
+        with pytest.raises(OSError, match="4097 bytes on disk after writing 4096"):
+            _fsync_and_hash(f, path, w.size)
