@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import importlib.util
 import sqlite3
+import subprocess
+import sys
 from pathlib import Path
 
 from orchkit import pending_job
@@ -84,3 +86,11 @@ def test_a_reconcile_pass_never_scans_the_history_even_with_statistics_that_favo
     assert passes[0].ran and passes[0].polled == 1
     assert plans and not _scans(plans), _scans(plans)
 
+
+
+def test_the_models_import_no_postgresql_dialect_into_an_orch_command():
+    # A postgresql_where on the model's index made SQLAlchemy load its PostgreSQL dialect (pg_catalog, pg8000:
+    # ~25 ms) into every orch process, SQLite users' `orch submit` included; the migration carries it instead.
+    code = "import sys, orchestrator.models; print([m for m in sys.modules if 'dialects.postgresql' in m])"
+    p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True)
+    assert p.stdout.strip() == "[]", p.stdout
