@@ -75,6 +75,10 @@ def test_a_hung_rank_stops_the_whole_attempt_named_in_its_record_and_the_job_res
     # The record names the rank that stopped progressing, at the step of its own last heartbeat, behind rank 0.
     m = re.fullmatch(r"stopped by the reconciler: rank 1: no progress for \d+ s at step (\d+)", a1["detail"] or "")
     assert m, a1["detail"]
+    # Typed, not parsed from that sentence (migration 0009_hang): show --json has the stale rank, its step, its age.
+    assert (a1["stale_rank"], a1["stale_step"]) == (1, int(m.group(1))) and a1["stale_age_s"] > 5, a1
+    assert f"hang stop: rank 1: no progress for {a1['stale_age_s']:.0f} s at step {m.group(1)}" in \
+        orch("show", "hung", check=True).stdout
     rank1_file = protocol.attempt_dir(run_dir, 1) / protocol.RANK_PROGRESS.format(1)
     # (> 0: rank 1's own heartbeat moved with its steps, 12 of >= 0.05 s each against a beat every 0.5 s)
     assert 0 < int(m.group(1)) == protocol.read_step(rank1_file) < 12 <= protocol.read_progress(run_dir, 1)["step"]
