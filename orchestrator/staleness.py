@@ -11,6 +11,8 @@ Stdlib and ``orchestrator.protocol`` only: ``orch status``'s fast path imports i
 from __future__ import annotations
 
 import contextlib
+import json
+import math
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -18,6 +20,7 @@ from pathlib import Path
 from orchestrator import protocol
 
 FUTURE_SKEW_S = 60.0  # an mtime this far ahead of our clock is a clock error (or a forgery), not news
+FIRST_LINE_LIMIT = 64 * 1024  # bytes read for the history's first line (one heartbeat is far smaller)
 
 
 @dataclass(frozen=True)
@@ -64,20 +67,57 @@ def judge(run_dir: Path, attempt: int, timeout_s: float, now: float, *, redate: 
             # heartbeat of the previous run: count from the later of the two (read only when a beat is old).
             started = seen_at(attempt_dir / protocol.WRAPPER_FILE, now, redate) or 0.0
         beats[rank] = (max(beat, started or 0.0), path)
-    return stale_rank(beats, now, timeout_s, world)
+    missing = _first_missing(beats, world)
+    if missing is None or 0 not in beats:
+        return stale_rank(beats, now, timeout_s, world)
+    # Issue 19: rank 1 hung before its first beat while rank 0 beat: only the files that existed were judged, so
+    # the hang was missed (or rank 0, waiting for it, was blamed). A missing rank counts from the attempt's start:
+    # the later of wrapper.json and rank 0's first heartbeat, since every rank starts its heartbeat at the same
+    # point, after the restore (a restore longer than hang_timeout_s must not make rank 1 stale the moment rank 0
+    # beat, a few ms before rank 1 would have).
+    if started is None:
+        started = seen_at(attempt_dir / protocol.WRAPPER_FILE, now, redate) or 0.0
+    since = max(started, min(_first_beat(attempt_dir), beats[0][0]))
+    return stale_rank(beats, now, timeout_s, world, missing=(missing, since))
 
 
-def stale_rank(beats: dict[int, tuple[float, Path]], now: float, timeout_s: float, world: int) -> Stale | None:
+def stale_rank(beats: dict[int, tuple[float, Path]], now: float, timeout_s: float, world: int,
+               missing: tuple[int, float] | None = None) -> Stale | None:
     """Judge the attempt by its OLDEST rank's progress: hung when any rank's last beat is older than
     ``timeout_s`` (rank 0 still beating, busy in eval or a thread of its own, hides no hung rank 1). Of the
     stale ranks the one furthest behind is named (lowest step, then the oldest beat): a peer blocked in a
-    collective with it stops too, a step later."""
+    collective with it stops too, a step later. ``missing``: (the lowest rank that never wrote a heartbeat,
+    the time it counts from); stale, it is the one furthest behind of all."""
+    if missing is not None and now - missing[1] > timeout_s:
+        return Stale(missing[0], now - missing[1], None)
     stale = {r: t for r, (t, _p) in beats.items() if now - t > timeout_s}
     if not stale:
         return None
     steps = {r: protocol.read_step(beats[r][1]) for r in stale}
     rank = min(stale, key=lambda r: (steps[r] is None, steps[r] or 0, stale[r], r))
     return Stale(rank if world > 1 else None, now - stale[rank], steps[rank])
+
+
+def _first_missing(beats: dict[int, tuple[float, Path]], world: int) -> int | None:
+    """The lowest rank < ``world`` without a heartbeat file, or None (O(ranks found): a world_size of 10**7 in
+    a hostile progress.json costs no 10**7 loop per pass)."""
+    rank = 1
+    while rank < world and rank in beats:
+        rank += 1
+    return rank if rank < world else None
+
+
+def _first_beat(attempt_dir: Path) -> float:
+    """When rank 0 wrote its first heartbeat of the attempt: the "time" of the history's first line (the job's
+    clock: the caller caps it by rank 0's file mtime, so a clock ahead delays nothing past that); -inf when
+    unknown (the attempt's start then decides alone)."""
+    try:
+        with open(attempt_dir / protocol.PROGRESS_HISTORY, "rb") as f:
+            first = f.read(FIRST_LINE_LIMIT).split(b"\n", 1)[0]
+        t = json.loads(first).get("time")
+    except (OSError, ValueError, AttributeError):
+        return -math.inf
+    return float(t) if isinstance(t, (int, float)) and not isinstance(t, bool) and math.isfinite(t) else -math.inf
 
 
 def seen_at(path: Path, now: float, redate: bool = True) -> float | None:

@@ -161,3 +161,38 @@ def test_a_one_process_job_is_judged_and_recorded_as_before(db, cfg, sched):
     with db.read() as s:
         assert get_job(s, "one").attempts[-1].detail == f"no heartbeat for {age:.0f} s at step 7"
     assert list(protocol.progress_files(cfg.runs_root / "one", 1, 1)) == [0]
+
+
+def _started(cfg, name: str, age: float, rank0_first_beat_age: float) -> None:  # noqa: ANN001
+    """The attempt's wrapper started ``age`` s ago, and rank 0 of 2 wrote its first heartbeat (the history's
+    first line) ``rank0_first_beat_age`` s ago and its latest one now; rank 1 wrote none."""
+    run_dir, now = cfg.runs_root / name, time.time()
+    protocol.write_progress(run_dir, 1, step=0, world_size=2, time=now - rank0_first_beat_age)
+    protocol.write_progress(run_dir, 1, step=3, world_size=2)
+    wrapper = protocol.attempt_dir(run_dir, 1) / protocol.WRAPPER_FILE
+    wrapper.write_text("{}")
+    os.utime(wrapper, (now - age, now - age))
+
+
+def test_a_rank_that_never_wrote_its_heartbeat_is_stale_from_the_attempts_start(db, cfg, sched):
+    """Rank 1 hung before its first beat while rank 0 (world_size 2) kept beating: only the files that existed
+    were judged, so rank 0 alone was, and the hang was never seen. A rank whose file is missing counts from the
+    attempt's start (the later of wrapper.json and rank 0's first heartbeat) and is the one furthest behind."""
+    submit(db, cfg, SubmitRequest(name="mr", command=["true"]))
+    _started(cfg, "mr", cfg.hang_timeout_s + 100, cfg.hang_timeout_s + 90)
+    _pass(db, cfg, sched)
+    state, rank, step, age = _stopped(db, "mr")
+    assert (state, rank, step) == (AttemptState.STOPPING, 1, None) and sched.cancelled == [["mr"]], (state, rank)
+    assert cfg.hang_timeout_s + 89 < (age or 0) < cfg.hang_timeout_s + 110, age  # from rank 0's first beat
+    with db.read() as s:
+        assert get_job(s, "mr").attempts[-1].detail == f"rank 1: no progress for {age:.0f} s, before any step heartbeat"
+
+
+def test_a_rank_not_yet_beating_just_after_rank_0s_first_beat_is_not_stale_after_a_long_start(db, cfg, sched):
+    """Every rank starts its heartbeat after the restore: a restore longer than hang_timeout_s must not make the
+    pass that lands between rank 0's first beat and rank 1's stop a healthy attempt (counted from wrapper.json
+    alone, rank 1 was 'stale' the moment rank 0 beat)."""
+    submit(db, cfg, SubmitRequest(name="mr", command=["true"]))
+    _started(cfg, "mr", cfg.hang_timeout_s + 100, 1.0)
+    _pass(db, cfg, sched)
+    assert _stopped(db, "mr")[0] is AttemptState.RUNNING and sched.cancelled == []
