@@ -11,7 +11,6 @@ Stdlib and ``orchestrator.protocol`` only: ``orch status``'s fast path imports i
 from __future__ import annotations
 
 import contextlib
-import json
 import math
 import os
 from dataclasses import dataclass
@@ -20,7 +19,6 @@ from pathlib import Path
 from orchestrator import protocol
 
 FUTURE_SKEW_S = 60.0  # an mtime this far ahead of our clock is a clock error (or a forgery), not news
-FIRST_LINE_LIMIT = 64 * 1024  # bytes read for the history's first line (one heartbeat is far smaller)
 
 
 @dataclass(frozen=True)
@@ -77,7 +75,7 @@ def judge(run_dir: Path, attempt: int, timeout_s: float, now: float, *, redate: 
     # beat, a few ms before rank 1 would have).
     if started is None:
         started = seen_at(attempt_dir / protocol.WRAPPER_FILE, now, redate) or 0.0
-    since = max(started, min(_first_beat(attempt_dir), beats[0][0]))
+    since = max(started, min(_first_beat(run_dir, attempt), beats[0][0]))
     return stale_rank(beats, now, timeout_s, world, missing=(missing, since))
 
 
@@ -107,17 +105,12 @@ def _first_missing(beats: dict[int, tuple[float, Path]], world: int) -> int | No
     return rank if rank < world else None
 
 
-def _first_beat(attempt_dir: Path) -> float:
+def _first_beat(run_dir: Path, attempt: int) -> float:
     """When rank 0 wrote its first heartbeat of the attempt: the "time" of the history's first line (the job's
     clock: the caller caps it by rank 0's file mtime, so a clock ahead delays nothing past that); -inf when
     unknown (the attempt's start then decides alone)."""
-    try:
-        with open(attempt_dir / protocol.PROGRESS_HISTORY, "rb") as f:
-            first = f.read(FIRST_LINE_LIMIT).split(b"\n", 1)[0]
-        t = json.loads(first).get("time")
-    except (OSError, ValueError, AttributeError):
-        return -math.inf
-    return float(t) if isinstance(t, (int, float)) and not isinstance(t, bool) and math.isfinite(t) else -math.inf
+    t = (protocol.read_history_head(run_dir, attempt) or {}).get("time")
+    return t if isinstance(t, float | int) else -math.inf
 
 
 def seen_at(path: Path, now: float, redate: bool = True) -> float | None:

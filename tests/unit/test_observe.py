@@ -5,6 +5,7 @@ In-process on a real DB, the shared fake at the scheduler boundary."""
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import time
@@ -196,3 +197,28 @@ def test_a_rank_not_yet_beating_just_after_rank_0s_first_beat_is_not_stale_after
     _started(cfg, "mr", cfg.hang_timeout_s + 100, 1.0)
     _pass(db, cfg, sched)
     assert _stopped(db, "mr")[0] is AttemptState.RUNNING and sched.cancelled == []
+
+
+def test_a_fifo_or_symlink_as_the_heartbeat_history_blocks_no_pass_and_the_start_decides(db, cfg, sched, tmp_path):
+    """The missing rank's clock reads the first line of rank 0's progress.jsonl, a file the job writes: a FIFO
+    there must not block every reconcile pass (an open() without O_NONBLOCK waits for a writer for ever), and a
+    symlink is not followed; the attempt's start then decides alone."""
+    import threading
+
+    for name, kind in (("fifo", "fifo"), ("link", "link")):
+        submit(db, cfg, SubmitRequest(name=name, command=["true"]))
+        _started(cfg, name, cfg.hang_timeout_s + 100, 1.0)
+        history = protocol.attempt_dir(cfg.runs_root / name, 1) / protocol.PROGRESS_HISTORY
+        history.unlink()
+        if kind == "fifo":
+            os.mkfifo(history)
+        else:
+            target = tmp_path / "elsewhere.jsonl"  # a first beat 1 s ago there: followed, it would say "not yet"
+            target.write_text(json.dumps({"time": time.time() - 1.0, "step": 0}) + "\n")
+            history.symlink_to(target)
+    done = threading.Event()
+    t = threading.Thread(target=lambda: (_pass(db, cfg, sched), done.set()), daemon=True)
+    t.start()
+    assert done.wait(30), "a reconcile pass blocked on a FIFO named progress.jsonl"
+    for name in ("fifo", "link"):
+        assert _stopped(db, name)[:3] == (AttemptState.STOPPING, 1, None), name
