@@ -33,10 +33,10 @@ from orchestrator.protocol import (
     StopRecord,
     Verification,
 )
+from orchestrator.staleness import Stale
 from orchestrator.states import StopReason
 
 C = FailureClass
-HANG_STOPPING = "; stopping it"  # ends the hang stop's detail (observe): the final record names the stale rank only
 
 
 @dataclass(frozen=True)
@@ -48,12 +48,12 @@ class Classification:
 
 def classify(outcome: Outcome, report: FailureReport | None, verification: Verification, *,
              stop_reason: StopReason | None = None, exit_record: ExitRecord | None = None,
-             stop_record: StopRecord | None = None, stop_detail: str | None = None) -> Classification:
+             stop_record: StopRecord | None = None, hang: Stale | None = None) -> Classification:
     """Class of an attempt that ended (EXITED or VANISHED) and whose marker does not verify.
 
     ``report``: the program's failure.json (``FailureReport.parse``d). ``stop_reason``: why orch itself
-    was stopping the attempt; ``stop_detail``: what orch recorded when it began that stop (a hang: which rank
-    stopped progressing, at which step).
+    was stopping the attempt; ``hang``: the typed record observe made when it began a hang stop (which rank
+    stopped progressing, at which step, for how long: the attempt's stale_* columns).
     Exit 2 is just a failure here (a grep missing its input): a program whose exit 2 means "usage error,
     retrying cannot help" says so in its failure report (class ``invalid``), as the bundled trainer does.
     """
@@ -63,7 +63,7 @@ def classify(outcome: Outcome, report: FailureReport | None, verification: Verif
     if stop_reason == StopReason.HANG and (report is None or report.cls is C.PREEMPTED):
         # orch itself stopped it: the SIGTERM the job then reports as "preempted" was ours, and a
         # free uncounted resume would hide a job that hangs every time.
-        why = stop_detail.removesuffix(HANG_STOPPING) if stop_detail else "no heartbeat"
+        why = hang.describe() if hang is not None else "no heartbeat"  # None: stopped before migration 0010
         return Classification(C.HANG, step, f"stopped by the reconciler: {why}")
     if report is not None:
         cls = report.cls

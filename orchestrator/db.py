@@ -30,7 +30,7 @@ from orchestrator.config import sqlite_path as _sqlite_path
 from orchestrator.errors import DatabaseInterrupted, DatabaseProblem, Refused, UsageError
 
 SQLITE_APPLICATION_ID = 0x6F726368  # "orch" in the header of a DB file orch created
-SCHEMA_HEAD = "0009"  # a test checks this equals Alembic's head revision
+SCHEMA_HEAD = "0010"  # a test checks this equals Alembic's head revision
 MIGRATE_LOCK_TIMEOUT_S = 300.0  # how long a first command waits for another one's schema upgrade
 MIGRATIONS = Path(__file__).resolve().parent / "migrations"
 # PostgreSQL advisory lock keys ("orch", "orcn"): schema upgrades of one DB; creators of job/sweep names.

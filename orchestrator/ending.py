@@ -25,6 +25,7 @@ from orchestrator.passreport import Change, PassReport
 from orchestrator.plan import Action, RetryPlan
 from orchestrator.policy import decide
 from orchestrator.protocol import FailureClass
+from orchestrator.staleness import Stale
 
 A, J = AttemptState, JobState
 
@@ -102,7 +103,7 @@ def finish(db: Database, cfg: Config, attempt_id: int, ev: Evidence | None, rep:
         cls, step, detail = launch_failure[0], None, launch_failure[1]
     else:
         c = classify(ev.outcome, ev.report, ev.verification, stop_reason=a.stop_reason,
-                     exit_record=ev.exit_record, stop_record=ev.stop, stop_detail=a.detail)
+                     exit_record=ev.exit_record, stop_record=ev.stop, hang=_stale_of(a))
         cls, step, detail = c.cls, c.step, c.detail
     d = decide(cfg, job, a, cls, step, ev.report if ev else None, never_launched=launch_failure is not None)
     plan = d.plan
@@ -120,6 +121,11 @@ def finish(db: Database, cfg: Config, attempt_id: int, ev: Evidence | None, rep:
         carried = _carried(job, plan) if target is J.RETRYABLE_FAILED else {}
         move_job(s, job, target, f"attempt {a.n}: {cls.value} ({detail[:200]}) -> {plan.action}", **carried)
     _note(rep, job.name, target, cls, plan.action)
+
+
+def _stale_of(a: Attempt) -> Stale | None:
+    """The hang stop's typed record observe wrote on the attempt (None: it was never stopped as hung)."""
+    return Stale(a.stale_rank, a.stale_age_s, a.stale_step) if a.stale_age_s is not None else None
 
 
 def _carried(job: Job, plan: RetryPlan) -> dict[str, Any]:

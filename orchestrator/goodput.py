@@ -19,7 +19,8 @@ in-place requeue appends a second run to the same history)::
 * ``save_stall`` the time the loop was blocked saving (the kit's ``save_stall_s``; 0 when not reported);
 * ``startup``   held start -> the loop's first step (restore included): the beat at the resume step, else
                 extrapolated back from the first two beats;
-* ``hang_detection`` last beat -> orch asked the hung attempt to stop; ``teardown`` the rest of the tail
+* ``hang_detection`` last beat -> orch asked the hung attempt to stop (a multi-rank job: the stale rank's last
+                beat, ``stale_age_s`` before the stop); ``teardown`` the rest of the tail
                 (stop signal -> exit, a dying node's last seconds);
 * ``failed_attempt`` all of the held time of an attempt that ended in a failure without computing one step
   (a program without heartbeats: all ``useful`` when it succeeded, ``failed_attempt`` when it failed);
@@ -83,6 +84,9 @@ class AttemptFacts:
     failure_class: str | None = None
     stop_reason: str | None = None  # "hang" when orch's hang detector asked it to stop
     stop_requested: float | None = None
+    # The hang stop's stale rank's age when orch stopped it (attempts.stale_age_s): the hang began at
+    # stop_requested - stale_age_s, whatever rank 0 (whose beats these are) still wrote after that.
+    stale_age_s: float | None = None
     beats: tuple[Beat, ...] = ()
     gpus: int | None = None
     restarts: int = 0
@@ -238,7 +242,7 @@ def split_attempt(a: AttemptFacts, kept_until: int | None, now: float) -> Attemp
     ended = a.ended is not None
     end = max(a.ended if ended else now, a.started)
     out.held_s = end - a.started
-    runs = runs_of([b for b in a.beats if math.isfinite(b.time)])
+    runs = runs_of(_until_hang(a, [b for b in a.beats if math.isfinite(b.time)]))
     if not runs:  # a program without orch's kit: nothing to split by
         cat = (Category.STARTUP if not ended else Category.USEFUL if a.failure_class is None
                else Category.FAILED_ATTEMPT)
@@ -255,6 +259,21 @@ def split_attempt(a: AttemptFacts, kept_until: int | None, now: float) -> Attemp
             _split_tail(a, tail_from, end, out)
         start = run_end
     return out
+
+
+def _until_hang(a: AttemptFacts, beats: list[Beat]) -> list[Beat]:
+    """The beats before the hang began, for an attempt orch stopped as hung with a stale rank's age recorded.
+
+    Issue 19: the history is rank 0's; rank 1 hung while rank 0 beat on (or was first to beat, then waited):
+    "last beat -> stop" from rank 0's last beat counted the hang as training. What rank 0 logged after the
+    stale rank's last beat is no progress of the job (the next attempt resumes before it). The first beat is
+    always kept: the attempt's start stays known (a rank that never beat counts from rank 0's first beat).
+    """
+    if a.stale_age_s is None or a.stop_requested is None or not beats:
+        return beats
+    began = a.stop_requested - a.stale_age_s
+    first = min(beats, key=lambda b: b.time)
+    return [b for b in beats if b.time <= began or b is first]
 
 
 def _split_tail(a: AttemptFacts, t_last: float, end: float, out: AttemptSplit) -> None:

@@ -37,7 +37,8 @@ def report_selects(windowed: bool):  # noqa: ANN201 - two sqlalchemy Selects, im
         jobs, ids = jobs.where(where), ids.where(where)
     attempts = (select(Attempt.job_id, Attempt.n, Attempt.token, Attempt.submitted_at, Attempt.started_at,
                        Attempt.ended_at,
-                       Attempt.failure_class, Attempt.stop_reason, Attempt.stop_requested_at, Attempt.restarts)
+                       Attempt.failure_class, Attempt.stop_reason, Attempt.stop_requested_at, Attempt.restarts,
+                       Attempt.stale_age_s)
                 .where(Attempt.job_id.in_(ids)).order_by(Attempt.job_id, Attempt.n))
     return jobs, attempts
 
@@ -50,7 +51,7 @@ _WINDOW = ("jobs.created_at >= ? OR jobs.id IN (SELECT attempts.job_id \nFROM at
            "attempts.ended_at IS NULL OR attempts.ended_at >= ?)")
 _ATTEMPTS = ("SELECT attempts.job_id, attempts.n, attempts.token, attempts.submitted_at, attempts.started_at, "
              "attempts.ended_at, attempts.failure_class, attempts.stop_reason, attempts.stop_requested_at, "
-             "attempts.restarts \n"
+             "attempts.restarts, attempts.stale_age_s \n"
              "FROM attempts \nWHERE attempts.job_id IN (SELECT jobs.id \nFROM jobs")
 _ATTEMPTS_ORDER = " ORDER BY attempts.job_id, attempts.n"
 REPORT_SQL: dict[str, dict[str, str]] = {
@@ -60,7 +61,7 @@ REPORT_SQL: dict[str, dict[str, str]] = {
 }
 JOB_KEYS = ("id", "name", "backend", "run_dir", "resources", "created_at", "sweep")
 ATTEMPT_KEYS = ("job_id", "n", "token", "submitted_at", "started_at", "ended_at", "failure_class", "stop_reason",
-                "stop_requested_at", "restarts")
+                "stop_requested_at", "restarts", "stale_age_s")
 
 
 @dataclass
@@ -81,6 +82,7 @@ class FastAttempt:
     stop_reason: str | None
     stop_requested_at: datetime | None
     restarts: int
+    stale_age_s: float | None = None
 
 
 @dataclass

@@ -102,7 +102,8 @@ def attempt_facts(a: Any, run_dir: str, gpus: int | None) -> AttemptFacts:
     started, ended = held_interval(a, run_dir)
     return AttemptFacts(n=a.n, started=started, ended=ended,
                         failure_class=getattr(cls, "value", cls), stop_reason=a.stop_reason,
-                        stop_requested=_epoch(a.stop_requested_at), beats=beats_of(run_dir, a.n),
+                        stop_requested=_epoch(a.stop_requested_at), stale_age_s=a.stale_age_s,
+                        beats=beats_of(run_dir, a.n),
                         gpus=gpus, restarts=a.restarts or 0, preempted_restarts=_preempted_restarts(a, run_dir))
 
 

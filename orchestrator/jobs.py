@@ -46,6 +46,8 @@ def attempt_view(a: Attempt) -> dict[str, Any]:
         "detail": a.detail, "action": a.action.as_dict() if a.action else None, "overrides": a.overrides or {},
         "counted": a.counted, "restarts": a.restarts, "token": a.token,
         "world_size": a.world_size, "nodes": a.nodes,
+        # the hang stop's record (observe): the rank furthest behind (None: a one-process job), its step, its age
+        "stale_rank": a.stale_rank, "stale_step": a.stale_step, "stale_age_s": a.stale_age_s,
         "stop_reason": a.stop_reason, "stop_requested_at": _iso(a.stop_requested_at),
         "submitted_at": _iso(a.submitted_at), "started_at": _iso(a.started_at), "ended_at": _iso(a.ended_at),
     }

@@ -164,6 +164,12 @@ class Attempt(Base):
     # and the node list (Slurm's NodeList, or the hostname).
     world_size: Mapped[int | None] = mapped_column(default=None)
     nodes: Mapped[str | None] = mapped_column(Text, default=None)
+    # The hang stop's record (migration 0010), written by observe when it stops a hung attempt: the rank
+    # furthest behind (None for a one-process job), the step of its last heartbeat, how long it had made no
+    # progress. Typed: the rank once travelled inside the free-text detail and classify cut it back out.
+    stale_rank: Mapped[int | None] = mapped_column(default=None)
+    stale_step: Mapped[int | None] = mapped_column(default=None)
+    stale_age_s: Mapped[float | None] = mapped_column(Float, default=None)
     submitted_at: Mapped[datetime | None] = mapped_column(default=None)
     started_at: Mapped[datetime | None] = mapped_column(default=None)
     ended_at: Mapped[datetime | None] = mapped_column(default=None)

@@ -11,7 +11,6 @@ must never fail or restart a healthy job (SkyPilot #10155).
 from __future__ import annotations
 
 import contextlib
-import os
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -23,7 +22,6 @@ from sqlalchemy import select
 
 from orchestrator import protocol
 from orchestrator.backends.base import AttemptRef, Backend, Outcome, Phase
-from orchestrator.classify import HANG_STOPPING
 from orchestrator.config import Config
 from orchestrator.db import Database
 from orchestrator.ending import evidence_of_end, finish
@@ -40,6 +38,7 @@ from orchestrator.lifecycle import (
 )
 from orchestrator.models import Attempt, Job, open_attempt
 from orchestrator.passreport import Change, PassReport
+from orchestrator.staleness import Stale, judge
 from orchestrator.states import STOP_GRACE_S
 
 A, J = AttemptState, JobState
@@ -138,8 +137,11 @@ def _apply(db: Database, cfg: Config, backend: Backend, r: Row, out: Outcome, re
                 move_job(s, job, J.RUNNING, f"attempt {a.n} running")
                 rep.changed.append(Change(job.name, J.RUNNING))
             if hung:
+                # Typed (migration 0010): classify, goodput and orch show read these columns; the
+                # detail is only the human line (the rank once travelled in it as text, cut apart later).
                 move_attempt(s, a, A.STOPPING, stop_reason=StopReason.HANG, stop_requested_at=utcnow(),
-                             detail=hung.describe(cfg.hang_timeout_s) + HANG_STOPPING)
+                             stale_rank=hung.rank, stale_step=hung.step, stale_age_s=round(hung.age_s, 3),
+                             detail=hung.describe())
         elif a.state is A.RUNNING:  # pending again: Slurm requeued it in place
             move_attempt(s, a, A.SUBMITTED)
             if job.state is J.RUNNING:
@@ -182,78 +184,7 @@ def _escalate(cfg: Config, backend: Backend, r: Row, rep: PassReport) -> None:
         rep.changed.append(Change(Path(r.run_dir).name, A.STOPPING, f"{r.stop_reason}: SIGKILL"))
 
 
-@dataclass(frozen=True)
-class Stale:
-    """The rank a hang stop blames: the one whose progress is oldest (issue 19: rank 1 hung while rank 0 beat)."""
-
-    rank: int
-    age_s: float
-    step: int | None
-    world: int  # ranks, as rank 0's heartbeat says (1: a one-process job)
-
-    def describe(self, timeout_s: float) -> str:
-        """One line for the attempt's record; a one-process job's is the text it always was."""
-        if self.world <= 1:
-            return f"no heartbeat for {timeout_s:.0f}s"
-        at = f" at step {self.step}" if self.step is not None else ""
-        return f"rank {self.rank}: no progress for {self.age_s:.0f} s{at}"
-
-
 def _hung(cfg: Config, ref: AttemptRef) -> Stale | None:
-    """The stale rank when some rank made no heartbeat progress for hang_timeout_s, else None. Jobs that never
-    write a heartbeat (rank 0's progress.json) are not judged."""
-    progress = protocol.read_progress(ref.run_dir, ref.attempt)
-    if not progress:
-        return None
-    now = time.time()
-    # A Slurm in-place requeue restarts the wrapper (rewriting wrapper.json) long after the last
-    # heartbeat of the previous run: count from the later of the two.
-    started = _seen_at(ref.attempt_dir / protocol.WRAPPER_FILE, now) or 0.0
-    world = progress.get("world_size", 1)
-    beats: dict[int, tuple[float, Path]] = {}
-    for rank, path in protocol.progress_files(ref.run_dir, ref.attempt, world).items():
-        # When each heartbeat was last written, by the file's mtime: the filesystem's clock, not the "time"
-        # the job writes. A node whose clock ran 60 s behind had a healthy job stopped as hung on every
-        # attempt until it failed for good, and a heartbeat without "time" was never judged (hostile test).
-        beat = _seen_at(path, now)
-        if beat is not None:
-            beats[rank] = (max(beat, started), path)
-    return stale_rank(beats, now, cfg.hang_timeout_s, world)
-
-
-def stale_rank(beats: dict[int, tuple[float, Path]], now: float, timeout_s: float, world: int) -> Stale | None:
-    """Judge the attempt by its OLDEST rank's progress: hung when any rank's last beat is older than
-    ``timeout_s`` (rank 0 still beating, busy in eval or a thread of its own, hides no hung rank 1). Of the
-    stale ranks the one furthest behind is named (lowest step, then the oldest beat): a peer blocked in a
-    collective with it stops too, a step later."""
-    stale = {r: t for r, (t, _p) in beats.items() if now - t > timeout_s}
-    if not stale:
-        return None
-    steps = {r: protocol.read_step(beats[r][1]) for r in stale}
-    rank = min(stale, key=lambda r: (steps[r] is None, steps[r] or 0, stale[r], r))
-    return Stale(rank, now - stale[rank], steps[rank], world)
-
-
-FUTURE_SKEW_S = 60.0  # an mtime this far ahead of our clock is a clock error (or a forgery), not news
-
-
-def _seen_at(path: Path, now: float) -> float | None:
-    """The time ``path`` was last written, for judging a hang; None when it cannot be read.
-
-    A heartbeat dated in the future (a node clock ahead, `touch -d`) counted as fresh for ever, so a hung
-    job was never stopped. Such an mtime is re-dated to ``now``, the first pass that saw it: the file
-    itself keeps when orch first saw that heartbeat, with no DB column and nothing beside it. A job that
-    still writes puts a new (future) mtime there, which the next pass re-dates again: it stays fresh, as it
-    should; a job that stopped writing keeps the re-dated time and is judged hung hang_timeout_s later. A
-    rename racing the re-dating only dates a just-written heartbeat to now: still fresh. If the time cannot
-    be set, ``now`` is used for this pass (fresh), as before the re-dating existed.
-    """
-    try:
-        mtime = os.lstat(path).st_mtime
-    except OSError:
-        return None
-    if mtime <= now + FUTURE_SKEW_S:
-        return mtime
-    with contextlib.suppress(OSError):
-        os.utime(path, (now, now), follow_symlinks=False)
-    return now
+    """The stale rank when some rank made no heartbeat progress for hang_timeout_s (staleness.judge: the rule
+    ``orch status``'s hang flag shares), else None."""
+    return judge(ref.run_dir, ref.attempt, cfg.hang_timeout_s, time.time())

@@ -10,7 +10,7 @@ PostgreSQL, any sqlite3 error) falls back to the slow path, which reports proble
 command does. No SQL is ever read from a file.
 
 Imports only the stdlib, ``orchestrator.protocol`` and stdlib-only orch modules (config, states,
-progressvalues) at module level.
+progressvalues, staleness) at module level.
 """
 
 from __future__ import annotations
@@ -26,6 +26,7 @@ from typing import Any, TypeVar
 from orchestrator import protocol
 from orchestrator.config import Config, sqlite_path
 from orchestrator.progressvalues import plausible
+from orchestrator.staleness import judge
 from orchestrator.states import JobState
 
 T = TypeVar("T")
@@ -76,13 +77,16 @@ def _plain(v: Any) -> Any:
 
 
 def _progress_flags(cfg: Config, run_dir: Path, n: int, row: dict[str, Any]) -> None:
-    p = plausible(protocol.read_progress(run_dir, n))  # no 1e308 tok/s, no hang judged on a time of -1e308
+    raw = protocol.read_progress(run_dir, n)
+    p = plausible(raw)  # no 1e308 tok/s shown as measured
     if not p:
         return
     row["step"] = p.get("step")
     row["tokens_per_s"] = p.get("tokens_per_s")
-    t = p.get("time")  # read_progress type- and range-checks every field it returns
-    if t is not None and time.time() - t > cfg.hang_timeout_s:
+    # The hang stop's own rule (any rank's beat, by file mtimes; the rank files only when progress.json names a
+    # world size > 1): the flag read rank 0's job-written "time" alone, so a hung rank 1 showed a healthy row.
+    # redate=False: a read command writes nothing to a job's files.
+    if judge(run_dir, n, cfg.hang_timeout_s, time.time(), redate=False, progress=raw) is not None:
         row["flags"].append("hang")
     tps, med = p.get("tokens_per_s_recent"), p.get("tokens_per_s_median")
     if (tps is not None and med is not None and med > 0
@@ -125,7 +129,7 @@ def group_by_sweep(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
 # one schema: change models.py or status_select and that test prints the new text to paste here.
 # Never read from disk: the earlier cache file ($ORCH_HOME/cache/status-sql.json) ran whatever SQL a hand
 # edit put in it (an ATTACH created files), since a file's SQL cannot be trusted without recompiling it.
-STATUS_REVISION = "0009"
+STATUS_REVISION = "0010"
 _SELECT = ("SELECT jobs.name, jobs.state, jobs.backend, jobs.run_dir, anon_1.count, attempts.external_id, "
            "attempts.failure_class, attempts.n, attempts.restarts, sweeps.name AS sweep, jobs.task_index, "
            "attempts.state AS attempt_state \nFROM jobs LEFT OUTER JOIN (SELECT attempts.job_id AS job_id, "

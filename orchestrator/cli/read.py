@@ -118,6 +118,11 @@ def show(name: str, as_json: bool, events: bool) -> None:
         _say(f"  attempt {a['n']}: {a['state']}  " + "  ".join(fields))
         if a.get("detail"):
             _say(f"    detail: {a['detail']}")
+        if a.get("stale_age_s") is not None:
+            from orchestrator.staleness import Stale
+
+            stale = Stale(a.get("stale_rank"), a["stale_age_s"], a.get("stale_step"))
+            _say(f"    hang stop: {stale.describe()}")
         if a.get("stop_reason") and a["state"] == "stopping":
             _say(f"    stopping since {a['stop_requested_at']} ({a['stop_reason']})")
         if a.get("action"):

@@ -297,6 +297,27 @@ def read_progress(run_dir: Path | str, attempt: int) -> dict | None:
     return clean_progress(r)
 
 
+def read_history_head(run_dir: Path | str, attempt: int, limit: int = 64 * 1024) -> dict | None:
+    """The FIRST heartbeat of an attempt (the history's first line, cleaned), None when absent or unreadable.
+
+    Opened as every job-written file is (O_NONBLOCK, O_NOFOLLOW, a regular file only, ``limit`` bytes): the
+    hang judge reads it on each pass, and a FIFO named progress.jsonl would otherwise block every pass.
+    """
+    path = attempt_dir(run_dir, attempt) / PROGRESS_HISTORY
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except OSError:
+        return None
+    with os.fdopen(fd, "rb") as f:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            return None
+        first = f.read(limit).split(b"\n", 1)[0]
+    try:
+        return clean_progress(json.loads(first, parse_constant=float))
+    except (ValueError, RecursionError):
+        return None
+
+
 def read_progress_history(run_dir: Path | str, attempt: int) -> list[dict]:
     """Every heartbeat of an attempt, oldest first (the newest HISTORY_TAIL_BYTES of them).
 

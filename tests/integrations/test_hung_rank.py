@@ -9,6 +9,9 @@ it never goes on, and rank 0 blocks in the next collective with it. What is prov
   session of its own; the stopped rank never handles a SIGTERM), both ranks' processes gone;
 * the attempt is classified ``hang``, requeued by orch alone, and the job ends verified, attempt 2 resuming
   every rank from the last committed step (10) without redoing or skipping a step.
+
+A second job's rank 1 stops itself before its heartbeat starts: it never writes its file, and is still the rank
+judged and named (counted from the attempt's start), not rank 0 that waits for it.
 """
 
 from __future__ import annotations
@@ -45,36 +48,48 @@ def _steps(log: Path) -> list[tuple[int, int, int]]:
     return [(int(a), int(r), int(s)) for a, r, s, _loss in (ln.split() for ln in log.read_text().splitlines())]
 
 
-def test_a_hung_rank_stops_the_whole_attempt_named_in_its_record_and_the_job_resumes_verified(orch, tmp_path):
-    log = tmp_path / "steps.log"
+def _rank1_stopped(run_dir: Path) -> tuple[psutil.Process, psutil.Process] | None:
+    """Both ranks' processes once rank 1 is stopped (its own SIGSTOP), else None."""
+    r0, r1 = _rank_proc(run_dir, 0), _rank_proc(run_dir, 1)
+    try:
+        return r0 and r1 and r1.status() == psutil.STATUS_STOPPED and (r0, r1)
+    except psutil.Error:
+        return None
+
+
+def _hang_of(orch, name: str, *script_args: str) -> tuple[Path, dict]:  # noqa: ANN001
+    """Run SCRIPT on 2 torchrun ranks under orch (hang_timeout_s 5) until rank 1 stopped itself, then reconcile
+    until attempt 1 ends; check that the hang stop ended the WHOLE attempt and it is a resumed hang.
+    (run dir, attempt 1 as orch show --json has it)."""
     orch.write_config("[policy]\nhang_timeout_s = 5\n")
-    argv = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2", SCRIPT,
-            "--max-steps", "30", "--save-every", "5", "--sleep-per-step", "0.05", "--stop-step", "1:12",
-            "--step-log", str(log)]
+    argv = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2", SCRIPT, *script_args]
     # heartbeats every 0.5 s: a healthy rank's file is never near the 5 s timeout, even on a loaded machine
-    orch("submit", "--name", "hung", "--", *argv, env={"OMP_NUM_THREADS": "1", "ORCH_HEARTBEAT_S": "0.5"},
+    orch("submit", "--name", name, "--", *argv, env={"OMP_NUM_THREADS": "1", "ORCH_HEARTBEAT_S": "0.5"},
          check=True)
-    run_dir = orch.runs / "hung"
-    token = orch.show("hung")["attempts"][0]["token"]
-
-    def both_ranks_rank1_stopped() -> tuple[psutil.Process, psutil.Process] | None:
-        r0, r1 = _rank_proc(run_dir, 0), _rank_proc(run_dir, 1)
-        try:
-            return r0 and r1 and r1.status() == psutil.STATUS_STOPPED and (r0, r1)
-        except psutil.Error:
-            return None
-
-    ranks = wait_for(both_ranks_rank1_stopped, 120, "rank 1 stopped by its own SIGSTOP", interval=0.1)
-    a1 = wait_for(lambda: orch("reconcile", check=True) and (a := orch.show("hung")["attempts"][0])["state"] in ENDED
+    run_dir = orch.runs / name
+    token = orch.show(name)["attempts"][0]["token"]
+    ranks = wait_for(lambda: _rank1_stopped(run_dir), 120, "rank 1 stopped by its own SIGSTOP", interval=0.1)
+    a1 = wait_for(lambda: orch("reconcile", check=True) and (a := orch.show(name)["attempts"][0])["state"] in ENDED
                   and a, 120, "attempt 1 to end", interval=0.5)
     # The whole attempt stopped: no process of it is left, whatever its session, the stopped rank included.
     left = token_carriers(token)
     assert not left, [(q.pid, q.cmdline()) for q in left]
     assert not any(p.is_running() and p.status() != psutil.STATUS_ZOMBIE for p in ranks), ranks
     assert (a1["state"], a1["failure_class"], (a1["action"] or {}).get("action")) == ("failed", "hang", "resume"), a1
+    return run_dir, a1
+
+
+def test_a_hung_rank_stops_the_whole_attempt_named_in_its_record_and_the_job_resumes_verified(orch, tmp_path):
+    log = tmp_path / "steps.log"
+    run_dir, a1 = _hang_of(orch, "hung", "--max-steps", "30", "--save-every", "5", "--sleep-per-step", "0.05",
+                           "--stop-step", "1:12", "--step-log", str(log))
     # The record names the rank that stopped progressing, at the step of its own last heartbeat, behind rank 0.
     m = re.fullmatch(r"stopped by the reconciler: rank 1: no progress for \d+ s at step (\d+)", a1["detail"] or "")
     assert m, a1["detail"]
+    # Typed, not parsed from that sentence (migration 0010): show --json has the stale rank, its step, its age.
+    assert (a1["stale_rank"], a1["stale_step"]) == (1, int(m.group(1))) and a1["stale_age_s"] > 5, a1
+    assert f"hang stop: rank 1: no progress for {a1['stale_age_s']:.0f} s at step {m.group(1)}" in \
+        orch("show", "hung", check=True).stdout
     rank1_file = protocol.attempt_dir(run_dir, 1) / protocol.RANK_PROGRESS.format(1)
     # (> 0: rank 1's own heartbeat moved with its steps, 12 of >= 0.05 s each against a beat every 0.5 s)
     assert 0 < int(m.group(1)) == protocol.read_step(rank1_file) < 12 <= protocol.read_progress(run_dir, 1)["step"]
@@ -89,3 +104,19 @@ def test_a_hung_rank_stops_the_whole_attempt_named_in_its_record_and_the_job_res
     show = orch.show("hung")
     assert [a["state"] for a in show["attempts"]] == ["failed", "succeeded"], show["attempts"]
     assert orch("verify", "hung").stdout == "VERIFIED\n"
+
+
+def test_a_rank_hung_before_its_first_heartbeat_is_judged_from_the_start_and_named(orch):
+    """Rank 1 stops itself where orch_run starts its heartbeat (after the resume's collectives, as a rank stuck
+    loading its share of a restore would): it never writes ``progress.rank-00001.json``. Rank 0 beats (its
+    progress.json says world_size 2), then blocks in the first step's stop agreement with rank 1. Only the files
+    that existed were judged: the stop blamed rank 0, the rank that was waiting ("rank 0: ... at step 0"). The
+    missing rank counts from the attempt's start, is the one furthest behind and is named, with no step."""
+    run_dir, a1 = _hang_of(orch, "early", "--max-steps", "6", "--save-every", "3", "--stop-before-beat", "1")
+    assert (a1["stale_rank"], a1["stale_step"]) == (1, None), a1
+    assert re.fullmatch(r"stopped by the reconciler: rank 1: no progress for \d+ s, before any step heartbeat",
+                        a1["detail"] or ""), a1["detail"]
+    assert not (protocol.attempt_dir(run_dir, 1) / protocol.RANK_PROGRESS.format(1)).exists()
+    assert protocol.read_progress(run_dir, 1)["world_size"] == 2  # rank 0 beat, naming its world
+    assert orch.wait("early", {DONE, "failed", "cancelled"}, timeout=180) == DONE, orch.show("early")
+    assert orch("verify", "early").stdout == "VERIFIED\n"

@@ -17,6 +17,7 @@ from orchestrator.backends.base import Outcome, Phase
 from orchestrator.backends.slurm.states import STATE_CAUSE
 from orchestrator.classify import classify
 from orchestrator.protocol import FAILURE_CLASSES, ExitRecord, FailureClass, FailureReport, MarkerStatus, Verification
+from orchestrator.staleness import Stale
 
 ABSENT = Verification(MarkerStatus.ABSENT, "no done.json")
 CORRUPT = Verification(MarkerStatus.CORRUPT, "result/model.pt sha256 mismatch")
@@ -157,10 +158,14 @@ def test_every_row_class_is_produced_somewhere_by_the_table():
 
 
 def test_a_hang_stop_names_the_rank_that_stopped_progressing():
-    """Issue 19: the record of a hang stop says which rank stopped and where (observe recorded it when it began
-    the stop); without that detail it reads as it always did."""
-    c = classify(exited(None, sig=signal.SIGKILL), None, ABSENT, stop_reason="hang",
-                 stop_detail="rank 1: no progress for 95 s at step 40; stopping it")
+    """Issue 19: the record of a hang stop says which rank stopped and where, from the typed record observe made
+    when it began the stop (``Stale``: the attempt's stale_rank/stale_step/stale_age_s), never from parsing text;
+    a one-process job's names no rank; without any record it reads as it always did."""
+    c = classify(exited(None, sig=signal.SIGKILL), None, ABSENT, stop_reason="hang", hang=Stale(1, 95.4, 40))
     assert (c.cls, c.detail) == ("hang", "stopped by the reconciler: rank 1: no progress for 95 s at step 40")
+    c = classify(exited(143), None, ABSENT, stop_reason="hang", hang=Stale(None, 612.0, 7))
+    assert (c.cls, c.detail) == ("hang", "stopped by the reconciler: no heartbeat for 612 s at step 7")
+    c = classify(exited(143), None, ABSENT, stop_reason="hang", hang=Stale(1, 700.0, None))
+    assert c.detail == "stopped by the reconciler: rank 1: no progress for 700 s, before any step heartbeat"
     assert classify(exited(143), FailureReport.parse({"class": "preempted"}), ABSENT, stop_reason="hang").detail == \
         "stopped by the reconciler: no heartbeat"

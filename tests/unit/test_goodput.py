@@ -69,6 +69,23 @@ def test_hang_detection_runs_from_the_last_beat_to_orchs_stop_request():
     assert held_sum(s) == pytest.approx(45)
 
 
+def test_hang_detection_runs_from_the_stale_ranks_last_beat_not_rank_0s():
+    """Issue 19: rank 1 stopped beating at t=5 while rank 0 beat on to t=11 (the history is rank 0's): the
+    detector's delay is the stale rank's age when orch stopped it (stale_age_s, recorded with the stop), so the
+    hang began at 41 - 36 = 5. Rank 0's last beat put the start at 11: 6 s of hang counted as training."""
+    a = AttemptFacts(1, 0.0, 45.0, "hang", stop_reason="hang", stop_requested=41.0, stale_age_s=36.0,
+                     beats=(Beat(1, 0, 0, 0.0), Beat(5, 4, 0, 0.0), Beat(11, 10, 0, 0.0)))
+    s = split_attempt(a, kept_until=None, now=100.0)
+    assert s.seconds[C.HANG_DETECTION] == pytest.approx(36)
+    assert (s.seconds[C.TEARDOWN], s.seconds[C.STARTUP], s.steps_computed) == (pytest.approx(4), pytest.approx(1), 4)
+    assert held_sum(s) == pytest.approx(45)
+    # a rank that never beat: its age runs from rank 0's first beat; no step computed, the attempt's time failed
+    never = AttemptFacts(1, 0.0, 45.0, "hang", stop_reason="hang", stop_requested=41.0, stale_age_s=40.0,
+                         beats=(Beat(1.0004, 0, 0, 0.0), Beat(20, 0, 0, 0.0)))
+    s = split_attempt(never, kept_until=None, now=100.0)
+    assert s.seconds[C.FAILED_ATTEMPT] == pytest.approx(45) and not s.assumptions, s.assumptions
+
+
 def test_an_attempt_that_never_computed_a_step_is_time_in_a_failed_attempt_once_ended_startup_while_running():
     crashed = split_attempt(AttemptFacts(1, 0.0, 7.0, "crash"), None, now=100.0)
     assert crashed.seconds[C.FAILED_ATTEMPT] == 7 and held_sum(crashed) == 7

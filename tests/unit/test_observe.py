@@ -5,6 +5,7 @@ In-process on a real DB, the shared fake at the scheduler boundary."""
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import time
@@ -96,10 +97,11 @@ def _beats(cfg, name: str, ages: dict[int, tuple[float, int]]) -> None:  # noqa:
         os.utime(path, (now - age, now - age))
 
 
-def _stop_detail(db, name: str) -> tuple[AttemptState, str | None]:  # noqa: ANN001
+def _stopped(db, name: str) -> tuple[AttemptState, int | None, int | None, float | None]:  # noqa: ANN001
+    """The attempt's state and the typed record of a hang stop: (state, stale_rank, stale_step, stale_age_s)."""
     with db.read() as s:
         a = get_job(s, name).attempts[-1]
-        return a.state, a.detail
+        return a.state, a.stale_rank, a.stale_step, a.stale_age_s
 
 
 def test_a_hung_rank_is_judged_by_its_own_heartbeat_while_rank_0_still_beats(db, cfg, sched):
@@ -108,9 +110,29 @@ def test_a_hung_rank_is_judged_by_its_own_heartbeat_while_rank_0_still_beats(db,
     submit(db, cfg, SubmitRequest(name="mr", command=["true"]))
     _beats(cfg, "mr", {0: (1.0, 41), 1: (cfg.hang_timeout_s + 100, 40)})
     rep = _pass(db, cfg, sched)
-    state, detail = _stop_detail(db, "mr")
-    assert state is AttemptState.STOPPING and sched.cancelled == [["mr"]], (state, detail, rep.errors)
-    assert re.fullmatch(r"rank 1: no progress for 7\d\d s at step 40; stopping it", detail or ""), detail
+    state, rank, step, age = _stopped(db, "mr")
+    assert state is AttemptState.STOPPING and sched.cancelled == [["mr"]], (state, rank, rep.errors)
+    # typed, not a sentence: the rank, its step and its beat's age are columns of the attempt (migration 0010)
+    assert (rank, step) == (1, 40) and cfg.hang_timeout_s + 99 < (age or 0) < cfg.hang_timeout_s + 120, age
+
+
+def test_the_final_record_of_a_hang_stop_is_built_from_the_typed_fields_not_the_detail_text(db, cfg, sched):
+    """The stale rank travelled as text: observe wrote "rank 1: ...; stopping it" into the free-text detail and
+    classify cut the suffix off. Whatever the detail says meanwhile, the ended attempt's record and its class come
+    from stale_rank/stale_step/stale_age_s."""
+    submit(db, cfg, SubmitRequest(name="mr", command=["true"]))
+    _beats(cfg, "mr", {0: (1.0, 41), 1: (cfg.hang_timeout_s + 100, 40)})
+    _pass(db, cfg, sched)
+    with db.write() as s:
+        get_job(s, "mr").attempts[-1].detail = "operator note; stopping it"
+    sched.ended["mr"] = 143
+    _pass(db, cfg, sched)
+    with db.read() as s:
+        a = get_job(s, "mr").attempts[-1]
+        assert (a.state, a.failure_class and a.failure_class.value) == (AttemptState.FAILED, "hang"), a.detail
+        assert (a.stale_rank, a.stale_step) == (1, 40)
+        assert re.fullmatch(r"stopped by the reconciler: rank 1: no progress for 7\d\d s at step 40", a.detail or ""), \
+            a.detail
 
 
 def test_of_several_stale_ranks_the_one_furthest_behind_is_named(db, cfg, sched):
@@ -120,12 +142,11 @@ def test_of_several_stale_ranks_the_one_furthest_behind_is_named(db, cfg, sched)
     _beats(cfg, "mr", {0: (cfg.hang_timeout_s + 10, 41), 1: (cfg.hang_timeout_s + 5, 40),
                        2: (cfg.hang_timeout_s + 10, 41)})
     _pass(db, cfg, sched)
-    state, detail = _stop_detail(db, "mr")
-    assert state is AttemptState.STOPPING and (detail or "").startswith("rank 1: no progress for "), detail
+    assert _stopped(db, "mr")[:3] == (AttemptState.STOPPING, 1, 40)
 
 
 def test_a_one_process_job_is_judged_and_recorded_as_before(db, cfg, sched):
-    """No per-rank file: progress.json alone decides, and the stop's record reads as it always did."""
+    """No per-rank file: progress.json alone decides; the record names no rank (a one-process job has none)."""
     submit(db, cfg, SubmitRequest(name="one", command=["true"]))
     _beats(cfg, "one", {0: (cfg.hang_timeout_s - 30, 7)})
     # a stale file of a rank's name in a one-process job's dir (its progress.json names no world size): not read
@@ -133,9 +154,71 @@ def test_a_one_process_job_is_judged_and_recorded_as_before(db, cfg, sched):
     stray.write_text('{"rank": 1, "step": 1}')
     os.utime(stray, (1.0, 1.0))
     _pass(db, cfg, sched)
-    assert _stop_detail(db, "one")[0] is AttemptState.RUNNING and sched.cancelled == []
+    assert _stopped(db, "one")[0] is AttemptState.RUNNING and sched.cancelled == []
     _beats(cfg, "one", {0: (cfg.hang_timeout_s + 30, 7)})
     _pass(db, cfg, sched)
-    want = f"no heartbeat for {cfg.hang_timeout_s:.0f}s; stopping it"
-    assert _stop_detail(db, "one") == (AttemptState.STOPPING, want)
+    state, rank, step, age = _stopped(db, "one")
+    assert (state, rank, step) == (AttemptState.STOPPING, None, 7) and cfg.hang_timeout_s + 29 < (age or 0), age
+    with db.read() as s:
+        assert get_job(s, "one").attempts[-1].detail == f"no heartbeat for {age:.0f} s at step 7"
     assert list(protocol.progress_files(cfg.runs_root / "one", 1, 1)) == [0]
+
+
+def _started(cfg, name: str, age: float, rank0_first_beat_age: float) -> None:  # noqa: ANN001
+    """The attempt's wrapper started ``age`` s ago, and rank 0 of 2 wrote its first heartbeat (the history's
+    first line) ``rank0_first_beat_age`` s ago and its latest one now; rank 1 wrote none."""
+    run_dir, now = cfg.runs_root / name, time.time()
+    protocol.write_progress(run_dir, 1, step=0, world_size=2, time=now - rank0_first_beat_age)
+    protocol.write_progress(run_dir, 1, step=3, world_size=2)
+    wrapper = protocol.attempt_dir(run_dir, 1) / protocol.WRAPPER_FILE
+    wrapper.write_text("{}")
+    os.utime(wrapper, (now - age, now - age))
+
+
+def test_a_rank_that_never_wrote_its_heartbeat_is_stale_from_the_attempts_start(db, cfg, sched):
+    """Rank 1 hung before its first beat while rank 0 (world_size 2) kept beating: only the files that existed
+    were judged, so rank 0 alone was, and the hang was never seen. A rank whose file is missing counts from the
+    attempt's start (the later of wrapper.json and rank 0's first heartbeat) and is the one furthest behind."""
+    submit(db, cfg, SubmitRequest(name="mr", command=["true"]))
+    _started(cfg, "mr", cfg.hang_timeout_s + 100, cfg.hang_timeout_s + 90)
+    _pass(db, cfg, sched)
+    state, rank, step, age = _stopped(db, "mr")
+    assert (state, rank, step) == (AttemptState.STOPPING, 1, None) and sched.cancelled == [["mr"]], (state, rank)
+    assert cfg.hang_timeout_s + 89 < (age or 0) < cfg.hang_timeout_s + 110, age  # from rank 0's first beat
+    with db.read() as s:
+        assert get_job(s, "mr").attempts[-1].detail == f"rank 1: no progress for {age:.0f} s, before any step heartbeat"
+
+
+def test_a_rank_not_yet_beating_just_after_rank_0s_first_beat_is_not_stale_after_a_long_start(db, cfg, sched):
+    """Every rank starts its heartbeat after the restore: a restore longer than hang_timeout_s must not make the
+    pass that lands between rank 0's first beat and rank 1's stop a healthy attempt (counted from wrapper.json
+    alone, rank 1 was 'stale' the moment rank 0 beat)."""
+    submit(db, cfg, SubmitRequest(name="mr", command=["true"]))
+    _started(cfg, "mr", cfg.hang_timeout_s + 100, 1.0)
+    _pass(db, cfg, sched)
+    assert _stopped(db, "mr")[0] is AttemptState.RUNNING and sched.cancelled == []
+
+
+def test_a_fifo_or_symlink_as_the_heartbeat_history_blocks_no_pass_and_the_start_decides(db, cfg, sched, tmp_path):
+    """The missing rank's clock reads the first line of rank 0's progress.jsonl, a file the job writes: a FIFO
+    there must not block every reconcile pass (an open() without O_NONBLOCK waits for a writer for ever), and a
+    symlink is not followed; the attempt's start then decides alone."""
+    import threading
+
+    for name, kind in (("fifo", "fifo"), ("link", "link")):
+        submit(db, cfg, SubmitRequest(name=name, command=["true"]))
+        _started(cfg, name, cfg.hang_timeout_s + 100, 1.0)
+        history = protocol.attempt_dir(cfg.runs_root / name, 1) / protocol.PROGRESS_HISTORY
+        history.unlink()
+        if kind == "fifo":
+            os.mkfifo(history)
+        else:
+            target = tmp_path / "elsewhere.jsonl"  # a first beat 1 s ago there: followed, it would say "not yet"
+            target.write_text(json.dumps({"time": time.time() - 1.0, "step": 0}) + "\n")
+            history.symlink_to(target)
+    done = threading.Event()
+    t = threading.Thread(target=lambda: (_pass(db, cfg, sched), done.set()), daemon=True)
+    t.start()
+    assert done.wait(30), "a reconcile pass blocked on a FIFO named progress.jsonl"
+    for name in ("fifo", "link"):
+        assert _stopped(db, name)[:3] == (AttemptState.STOPPING, 1, None), name

@@ -4,6 +4,7 @@ the models compile, the slow/hung flags of a running job, the sweep grouping."""
 from __future__ import annotations
 
 import json
+import os
 import time
 
 from orchestrator import protocol
@@ -41,12 +42,41 @@ def test_few_samples_are_not_judged_slow(db, cfg):
     assert status_rows(db, cfg)[0]["flags"] == []
 
 
+def _aged(path, age: float) -> None:  # noqa: ANN001
+    t = time.time() - age
+    os.utime(path, (t, t))
+
+
 def test_stale_heartbeat_is_flagged_hang(db, cfg):
+    """Stale by the hang stop's own rule (staleness.judge): when the file was last written, not the "time" the job
+    wrote in it (a node clock 60 s behind had `orch status` flag a healthy job hung, as the stop once did)."""
     _running_job(db, cfg, "stuck")
-    d = protocol.attempt_dir(cfg.runs_root / "stuck", 1)
-    d.mkdir(parents=True)
-    (d / protocol.PROGRESS_FILE).write_text(json.dumps({"time": time.time() - cfg.hang_timeout_s - 5, "step": 7}))
-    assert status_rows(db, cfg)[0]["flags"] == ["hang"]
+    _running_job(db, cfg, "skewed")
+    for name, t in (("stuck", time.time()), ("skewed", time.time() - cfg.hang_timeout_s - 5)):
+        d = protocol.attempt_dir(cfg.runs_root / name, 1)
+        d.mkdir(parents=True)
+        (d / protocol.PROGRESS_FILE).write_text(json.dumps({"time": t, "step": 7}))
+    _aged(protocol.attempt_dir(cfg.runs_root / "stuck", 1) / protocol.PROGRESS_FILE, cfg.hang_timeout_s + 5)
+    rows = {r["name"]: r for r in status_rows(db, cfg)}
+    assert (rows["stuck"]["flags"], rows["skewed"]["flags"]) == (["hang"], [])
+
+
+def test_any_ranks_stale_heartbeat_flags_hang_as_the_hang_stop_judges_it(db, cfg):
+    """The flag read rank 0's progress.json only: rank 1 hung (its file 700 s old) or never beat while rank 0 still
+    beat showed a healthy row, until the reconciler stopped the attempt. The same rule as the stop now."""
+    for name in ("hung1", "never", "healthy"):
+        _running_job(db, cfg, name)
+        protocol.write_progress(cfg.runs_root / name, 1, step=41, world_size=2)
+    for name in ("hung1", "healthy"):
+        protocol.write_rank_progress(cfg.runs_root / name, 1, 1, 40)
+    _aged(protocol.attempt_dir(cfg.runs_root / "hung1", 1) / protocol.RANK_PROGRESS.format(1), cfg.hang_timeout_s + 100)
+    # "never": rank 0's first heartbeat (and the wrapper's start) long ago, rank 1 never wrote one
+    d = protocol.attempt_dir(cfg.runs_root / "never", 1)
+    (d / protocol.PROGRESS_HISTORY).write_text(json.dumps({"time": time.time() - cfg.hang_timeout_s - 100}) + "\n")
+    (d / protocol.WRAPPER_FILE).write_text("{}")
+    _aged(d / protocol.WRAPPER_FILE, cfg.hang_timeout_s + 100)
+    rows = {r["name"]: r for r in status_rows(db, cfg)}
+    assert {n: r["flags"] for n, r in rows.items()} == {"hung1": ["hang"], "never": ["hang"], "healthy": []}
 
 
 def test_heartbeat_writes_recent_rate_and_its_own_median(tmp_path):

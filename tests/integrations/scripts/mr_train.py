@@ -6,7 +6,9 @@ Each rank appends ``<attempt> <rank> <step> <loss>`` to ``--step-log`` once a st
 global batch's mean). Faults: ``--fail-save RANK:STEP`` (an OSError in that rank's first checkpoint write),
 ``--kill-at POINT:RANK:STEP`` (SIGKILL of that rank at a commit point), ``--kill-step RANK:STEP`` (SIGKILL
 of that rank in the middle of a step), ``--signal-step RANK:STEP`` (SIGTERM from that rank to itself after the step),
-``--stop-step RANK:STEP`` (SIGSTOP of that rank by itself once the step is logged, before the kit counts it: a hang).
+``--stop-step RANK:STEP`` (SIGSTOP of that rank by itself once the step is logged, before the kit counts it: a hang),
+``--stop-before-beat RANK`` (SIGSTOP of that rank by itself where orch_run starts its heartbeat, after the resume's
+collectives: a rank hung before its first beat, as one stuck loading its share of the restore).
 """
 
 from __future__ import annotations
@@ -23,7 +25,7 @@ import torch.distributed as dist
 from torch import nn
 
 from orchestrator.integrations.loop import orch_run
-from orchestrator.kit import sharded
+from orchestrator.kit import heartbeat, sharded
 from orchestrator.kit.dist import grad_accumulation
 
 N_SAMPLES = 512
@@ -45,6 +47,7 @@ def main() -> None:
     ap.add_argument("--kill-step", default="")
     ap.add_argument("--signal-step", default="", help="RANK:STEP: that rank sends itself SIGTERM after the step")
     ap.add_argument("--stop-step", default="", help="RANK:STEP: that rank sends itself SIGSTOP after the step")
+    ap.add_argument("--stop-before-beat", type=int, default=None, help="RANK: SIGSTOP before its heartbeat starts")
     a = ap.parse_args()
 
     world = int(os.environ.get("WORLD_SIZE", "1"))
@@ -68,6 +71,15 @@ def main() -> None:
         parts = spec.split(":") if spec and attempt == "1" else []
         return bool(parts) and parts[:-2] == ([point] if point else []) and \
             int(parts[-2]) == rank and int(parts[-1]) == step
+
+    if a.stop_before_beat == rank and attempt == "1":
+        real_for_rank = heartbeat.for_rank
+
+        def stop_first(*args: object, **kwargs: object) -> object:
+            os.kill(os.getpid(), signal.SIGSTOP)  # hung: it never goes on by itself, nor writes a beat
+            return real_for_rank(*args, **kwargs)
+
+        heartbeat.for_rank = stop_first  # orch_run calls heartbeat.for_rank at the end of its __enter__
 
     with orch_run(net, opt, state=state, save_every=a.save_every or None, keep_last_k=2, run_dir=a.run_dir,
                   sharded=True if a.sharded else None) as run:
