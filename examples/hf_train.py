@@ -6,8 +6,8 @@
 
 A GPT-2 built from a tiny config (1 layer, 32 wide, no download) trained as a character-level language
 model with dropout, AdamW and a linear schedule, logging to TensorBoard (and W&B with ``--wandb``).
-``--step-log`` appends each completed optimizer step (the tests count repeats); ``--sleep-per-step``
-stands in for a slower model; ``--save-steps`` adds periodic checkpoints.
+``--step-log`` appends each completed optimizer step (the tests count repeats; under torchrun, with the
+rank); ``--sleep-per-step`` stands in for a slower model; ``--save-steps`` adds periodic checkpoints.
 """
 
 from __future__ import annotations
@@ -47,7 +47,8 @@ class StepLog(TrainerCallback):
         time.sleep(self.sleep_s)
         if self.path:
             with open(self.path, "a") as f:
-                f.write(f"{os.environ.get('ORCH_ATTEMPT', '1')} {state.global_step}\n")
+                f.write(f"{os.environ.get('ORCH_ATTEMPT', '1')} {state.global_step}"
+                        f"{' ' + os.environ['RANK'] if 'RANK' in os.environ else ''}\n")
 
 
 def main() -> None:

@@ -53,7 +53,7 @@ from transformers import TrainerCallback, TrainerControl, TrainerState, Training
 from orchestrator import protocol
 from orchestrator.kit import heartbeat, stall
 from orchestrator.kit.commit import clean_stale, commit_checkpoint
-from orchestrator.kit.dist import StopAgreement, any_rank
+from orchestrator.kit.dist import StopAgreement, any_rank, barrier
 from orchestrator.kit.heartbeat import Heartbeat
 from orchestrator.kit.interval import AutoSaveInterval
 from orchestrator.kit.log import log
@@ -168,14 +168,23 @@ class OrchCallback(TrainerCallback):
 
     def on_save(self, args: TrainingArguments, state: TrainerState, control: TrainerControl,
                 **kwargs: Any) -> None:
+        """Every rank: wait until all ranks wrote their files; then rank 0 commits ``checkpoint-N``."""
+        # HF's _save_checkpoint has no barrier between the ranks' writes and on_save: rank 0 moved checkpoint-N
+        # while a slower rank 1 had yet to write its rng_state_1.pth into it (issue 19: that rank crashed on the
+        # vanished dir, and the step committed without its RNG). The kit's barrier: a no-op on one rank.
+        barrier()
         began = getattr(self, "_save_began", None)
         if began is not None:
             stall.add(time.monotonic() - began)  # HF's own write blocked the loop (goodput)
             self._save_began = None
-        if not self.run.is_writer:
-            if self.auto_save is not None and began is not None:  # its part of the collective save
-                self.auto_save.record_save(time.monotonic() - began)
-            return
+        if self.run.is_writer:
+            # No second barrier: no rank can end its attempt before this commit, HF's store_flos after the
+            # loop is a collective (and DDP's next backward is one).
+            self._commit(args, state)
+        if self.auto_save is not None and began is not None:  # HF's write and the commit: the save's cost
+            self.auto_save.record_save(time.monotonic() - began)
+
+    def _commit(self, args: TrainingArguments, state: TrainerState) -> None:
         src = Path(args.output_dir) / f"checkpoint-{state.global_step}"
         if not src.is_dir():
             log(f"on_save: {src} not found; nothing to commit")
@@ -184,8 +193,6 @@ class OrchCallback(TrainerCallback):
         keep = self.keep_last_k if self.keep_last_k is not None else args.save_total_limit
         self._committed = commit_checkpoint(self.run.run_dir, state.global_step, move_from=src,
                                             keep_last_k=keep)
-        if self.auto_save is not None and began is not None:  # HF's write and our commit: the save's cost
-            self.auto_save.record_save(time.monotonic() - began)
 
     # --- the end -----------------------------------------------------------------------------------
     def on_train_end(self, args: TrainingArguments, state: TrainerState, control: TrainerControl,

@@ -1,0 +1,66 @@
+"""HF OrchCallback on two ranks (issue 19): the unchanged examples/hf_train.py under `orch submit --nproc-per-node 2`
+(torchrun's environment; HF's Trainer sets up DDP over gloo on CPU itself), a SIGTERM to ONE rank only."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+from pathlib import Path
+
+from intkit import DONE, EXAMPLES, PY, failure, quiet_env, rank_pid, rank_step_log, state_dicts_equal
+from orchkit import wait_for
+from safetensors.torch import load_file
+
+from orchestrator import protocol
+
+MAX = 40
+SCRIPT = Path(__file__).parent / "scripts" / "hf_slow_rank_save.py"  # the example; rank 1 slow in attempt 1's save
+ARGS = ["--max-steps", str(MAX)]
+
+
+def _uninterrupted(run_dir: Path) -> None:
+    """The same script on two ranks through torchrun, never signalled (no orch: ``--run-dir``)."""
+    run_dir.mkdir(parents=True)
+    p = subprocess.run([PY, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2",
+                        str(EXAMPLES / "hf_train.py"), *ARGS, "--run-dir", str(run_dir)], cwd=run_dir,
+                       env=quiet_env({"OMP_NUM_THREADS": "1"}), capture_output=True, text=True, timeout=180)
+    assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
+
+
+def test_hf_ddp_on_two_ranks_a_signal_to_one_rank_stops_both_after_one_step_one_commit_and_resumes_bit_exact(
+        orch, tmp_path):
+    """SIGTERM to rank 1 alone: both ranks end attempt 1 after the same step (the kit's stop agreement), whose
+    one commit holds every rank's files (HF writes ``rng_state_<rank>.pth`` per rank, and rank 1 writes its
+    own only after rank 0 is through HF's save: the commit must wait for it); attempt 2, requeued by
+    reconcile alone, starts right after it on both ranks, and the job ends verified with the weights of an
+    uninterrupted 2-rank run, bit for bit (rank 1's dropout continues from its own restored RNG)."""
+    log = tmp_path / "steps.log"
+    orch("submit", "--name", "hfddp", "--nproc-per-node", "2", "--", PY, str(SCRIPT), *ARGS,
+         "--sleep-per-step", "0.1", "--step-log", str(log), env={"OMP_NUM_THREADS": "1"}, check=True)
+    run_dir = orch.runs / "hfddp"
+
+    def rank1_past_step_10() -> int | None:
+        return rank_pid(run_dir, 1, SCRIPT.name) if any(r == 1 and s > 10 for _a, r, s in rank_step_log(log)) else None
+
+    os.kill(wait_for(rank1_past_step_10, 180, "rank 1 past step 10", interval=0.02), signal.SIGTERM)
+    assert orch.wait("hfddp", {DONE, "failed", "cancelled"}, timeout=240) == DONE, orch.show("hfddp")
+    shown = orch.show("hfddp")["attempts"]
+    assert [(a["failure_class"], (a["action"] or {}).get("auto")) for a in shown] == [("preempted", True),
+                                                                                     (None, None)], shown
+    report = failure(run_dir, 1)
+    stop = report["step"]
+    assert report["checkpoint"] == f"checkpoints/{protocol.checkpoint_name(stop)}", report
+    done = rank_step_log(log)
+    assert {max(s for a, r, s in done if a == 1 and r == rank) for rank in (0, 1)} == {stop}, done
+    assert {min(s for a, r, s in done if a == 2 and r == rank) for rank in (0, 1)} == {stop + 1}, done
+    for rank in (0, 1):  # no step twice, none skipped, on either rank
+        assert sorted(s for _a, r, s in done if r == rank) == list(range(1, MAX + 1)), (rank, done)
+    # One commit of that step, verified, holding both ranks' RNG states.
+    ckpt = run_dir / report["checkpoint"]
+    assert protocol.verify_checkpoint(ckpt) is None, protocol.verify_checkpoint(ckpt)
+    assert {"rng_state_0.pth", "rng_state_1.pth"} <= {p.name for p in ckpt.iterdir()}, sorted(ckpt.iterdir())
+    assert orch("verify", "hfddp").stdout == "VERIFIED\n"
+    _uninterrupted(tmp_path / "ref")
+    assert state_dicts_equal(load_file(run_dir / "result" / "model.safetensors"),
+                             load_file(tmp_path / "ref" / "result" / "model.safetensors"))
