@@ -17,10 +17,16 @@ What it does, with the public ``TrainerCallback`` API only:
   ``JITCheckpointCallback.set_trainer``) and exits 0 after its save; this callback's handler replaces it
   at ``on_init_end`` (so the stop is recorded and the save happens at the next step boundary), and is
   not replaced by JIT's again at train end.
+* several ranks (``orch submit --nproc-per-node K``, or torchrun; HF's own DDP): every rank takes the same stop
+  decision at the same step (the kit's ``StopAgreement``, one all-reduce), whichever rank got the signal. An
+  evaluation inside ``train()`` is a stop point too: the ranks agree when it ends (HF's evaluation loop has no
+  exit a callback can take, so a long evaluation still runs to its end) and HF saves the evaluated step
+  (not with ``save_strategy="best"``, which overrides that save: the stop waits for the next step there).
 * every ``checkpoint-N`` HF writes (on a signal or by ``save_steps``) is committed in ``on_save`` as
   ``<run dir>/checkpoints/step-<N>``: moved out of ``output_dir`` (so ``output_dir`` holds no
   ``checkpoint-N`` once a save completed), each file fsynced and hashed, ``manifest.json`` last, renamed
-  into place. The newest ``keep_last_k`` are kept; it defaults to ``TrainingArguments.save_total_limit``
+  into place, by rank 0 once every rank is in ``on_save`` (the other ranks' ``rng_state_<rank>.pth`` are in
+  ``checkpoint-N`` then). The newest ``keep_last_k`` are kept; it defaults to ``TrainingArguments.save_total_limit``
   (HF's rotation never sees the moved dirs, so the callback applies it), and keeps all when that is None.
   HF writes in place without fsync, so a kill -9 mid-save leaves a ``checkpoint-N`` that
   ``resume_from_checkpoint=True`` would pick and crash on, at every requeue.
@@ -49,6 +55,7 @@ from typing import Any
 
 import torch
 from transformers import TrainerCallback, TrainerControl, TrainerState, TrainingArguments
+from transformers.trainer_utils import SaveStrategy
 
 from orchestrator import protocol
 from orchestrator.kit import heartbeat, stall
@@ -87,6 +94,7 @@ class OrchCallback(TrainerCallback):
         self._installed = False
         self._heartbeat: Heartbeat | None = None
         self._stopping = False
+        self._in_train = False  # trainer.evaluate() outside train(), maybe on one rank only: no agreement there
         self._committed: Path | None = None
         self._resumed_from = 0  # global_step after HF's restore: `orch metrics` counts steps redone
         # HF's TensorBoardCallback reads this when the Trainer is built (after this constructor); without
@@ -110,6 +118,7 @@ class OrchCallback(TrainerCallback):
         if args.save_only_model:
             log("save_only_model=True: checkpoints hold no optimizer state, a resume is not exact")
         self.on_init_end(args, state, control)
+        self._in_train = True
         self.run.begin()
         if self.run.is_writer:
             clean_stale(self.run.run_dir)
@@ -147,16 +156,35 @@ class OrchCallback(TrainerCallback):
             self._heartbeat.post(step=state.global_step, max_steps=state.max_steps, resumed_from=self._resumed_from,
                                  **(self.auto_save.fields() if self.auto_save else {}), **self._last_loss(state))
         if self.agreement.should_stop():
-            control.should_save = True
-            control.should_training_stop = True
+            self._stop_here(state, control)
             # HF evaluates before it saves: a full evaluation must not stand between the signal and the save.
             control.should_evaluate = False
-            self._stopping = True
-            self.flag.record_step(state.global_step)
         if self.auto_save is not None and any_rank(self.auto_save.due()):  # every rank the same decision
             control.should_save = True
         # HF saves after this hook when should_save is set; on_save adds its duration to save_stall_s.
         self._save_began = time.monotonic() if control.should_save else None
+        return control
+
+    def _stop_here(self, state: TrainerState, control: TrainerControl) -> None:
+        """HF saves ``checkpoint-<global_step>`` right after this hook and then leaves its training loop."""
+        control.should_save = True
+        control.should_training_stop = True
+        self._stopping = True
+        self.flag.record_step(state.global_step)
+
+    def on_evaluate(self, args: TrainingArguments, state: TrainerState, control: TrainerControl,
+                    **kwargs: Any) -> TrainerControl:
+        """An evaluation inside ``train()`` is a stop point too: every rank runs it, HF saves right after it.
+
+        Issue 19: a signal during an evaluation waited for the next step agreement, up to a second of steps later
+        (step 18 for an evaluation at step 10). HF's evaluation loop has no exit a callback can take, so the ranks
+        agree when it ends; the step saved is the evaluated one, with the RNG after the evaluation's draw.
+        """
+        # save_strategy="best": HF sets should_save after this hook, to "a new best metric": the stop's save could
+        # be dropped. The stop then waits for the next step's agreement (same args on every rank: none agrees here).
+        if self._in_train and not self._stopping and args.save_strategy != SaveStrategy.BEST \
+                and self.agreement.agree():
+            self._stop_here(state, control)
         return control
 
     @staticmethod
@@ -220,6 +248,7 @@ class OrchCallback(TrainerCallback):
             torch.save(model.state_dict(), out / "model.pt")
 
     def _close(self) -> None:
+        self._in_train = False
         if self._heartbeat is not None:
             self._heartbeat.stop()
             self._heartbeat = None

@@ -1,5 +1,6 @@
-"""HF OrchCallback on two ranks (issue 19): the unchanged examples/hf_train.py under `orch submit --nproc-per-node 2`
-(torchrun's environment; HF's Trainer sets up DDP over gloo on CPU itself), a SIGTERM to ONE rank only."""
+"""HF OrchCallback on two ranks (issue 19): examples/hf_train.py under `orch submit --nproc-per-node 2` (torchrun's
+environment; HF's Trainer sets up DDP over gloo on CPU itself), a SIGTERM to ONE rank only: at a step, and during
+an evaluation."""
 
 from __future__ import annotations
 
@@ -19,11 +20,11 @@ SCRIPT = Path(__file__).parent / "scripts" / "hf_slow_rank_save.py"  # the examp
 ARGS = ["--max-steps", str(MAX)]
 
 
-def _uninterrupted(run_dir: Path) -> None:
+def _uninterrupted(run_dir: Path, *args: str) -> None:
     """The same script on two ranks through torchrun, never signalled (no orch: ``--run-dir``)."""
     run_dir.mkdir(parents=True)
     p = subprocess.run([PY, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2",
-                        str(EXAMPLES / "hf_train.py"), *ARGS, "--run-dir", str(run_dir)], cwd=run_dir,
+                        str(EXAMPLES / "hf_train.py"), *args, "--run-dir", str(run_dir)], cwd=run_dir,
                        env=quiet_env({"OMP_NUM_THREADS": "1"}), capture_output=True, text=True, timeout=180)
     assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
 
@@ -61,6 +62,41 @@ def test_hf_ddp_on_two_ranks_a_signal_to_one_rank_stops_both_after_one_step_one_
     assert protocol.verify_checkpoint(ckpt) is None, protocol.verify_checkpoint(ckpt)
     assert {"rng_state_0.pth", "rng_state_1.pth"} <= {p.name for p in ckpt.iterdir()}, sorted(ckpt.iterdir())
     assert orch("verify", "hfddp").stdout == "VERIFIED\n"
-    _uninterrupted(tmp_path / "ref")
+    _uninterrupted(tmp_path / "ref", *ARGS)
+    assert state_dicts_equal(load_file(run_dir / "result" / "model.safetensors"),
+                             load_file(tmp_path / "ref" / "result" / "model.safetensors"))
+
+
+def test_hf_ddp_a_signal_to_one_rank_during_evaluation_stops_both_at_that_evaluations_step_and_resumes_bit_exact(
+        orch, tmp_path):
+    """SIGTERM to rank 1 alone while both ranks evaluate at step 10 (``eval_strategy="steps"``): the ranks agree once
+    the evaluation ends (HF's evaluation loop cannot be left from a callback), and HF saves step 10 right then; no
+    training step runs after the signal (it ran step 11 first, and the stop waited for that step's agreement).
+    Attempt 2 resumes at step 11 on both ranks and ends bit-exact with an uninterrupted 2-rank run: the checkpoint
+    holds the RNG after the evaluation's draw."""
+    log, evals = tmp_path / "steps.log", tmp_path / "evals.log"
+    args = ["--max-steps", "20", "--eval-every", "10"]
+    orch("submit", "--name", "hfeval", "--nproc-per-node", "2", "--", PY, str(EXAMPLES / "hf_train.py"), *args,
+         "--sleep-per-eval-batch", "0.05", "--step-log", str(log), "--eval-log", str(evals),
+         env={"OMP_NUM_THREADS": "1"}, check=True)
+    run_dir = orch.runs / "hfeval"
+
+    def rank1_evaluating_at_step_10() -> int | None:  # 43 batches of 0.05 s: the signal lands inside the evaluation
+        return rank_pid(run_dir, 1, "hf_train.py") if (1, 1, 10) in rank_step_log(evals) else None
+
+    os.kill(wait_for(rank1_evaluating_at_step_10, 180, "rank 1 evaluating at step 10", interval=0.02), signal.SIGTERM)
+    assert orch.wait("hfeval", {DONE, "failed", "cancelled"}, timeout=240) == DONE, orch.show("hfeval")
+    shown = orch.show("hfeval")["attempts"]
+    assert [(a["failure_class"], (a["action"] or {}).get("auto")) for a in shown] == [("preempted", True),
+                                                                                     (None, None)], shown
+    report = failure(run_dir, 1)
+    assert (report["step"], report["checkpoint"]) == (10, f"checkpoints/{protocol.checkpoint_name(10)}"), report
+    done = rank_step_log(log)
+    assert {max(s for a, r, s in done if a == 1 and r == rank) for rank in (0, 1)} == {10}, done
+    assert {min(s for a, r, s in done if a == 2 and r == rank) for rank in (0, 1)} == {11}, done
+    ckpt = run_dir / report["checkpoint"]
+    assert protocol.verify_checkpoint(ckpt) is None, protocol.verify_checkpoint(ckpt)
+    assert orch("verify", "hfeval").stdout == "VERIFIED\n"
+    _uninterrupted(tmp_path / "ref", *args)
     assert state_dicts_equal(load_file(run_dir / "result" / "model.safetensors"),
                              load_file(tmp_path / "ref" / "result" / "model.safetensors"))
