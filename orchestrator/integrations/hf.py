@@ -22,6 +22,7 @@ What it does, with the public ``TrainerCallback`` API only:
   evaluation inside ``train()`` is a stop point too: the ranks agree when it ends (HF's evaluation loop has no
   exit a callback can take, so a long evaluation still runs to its end) and HF saves the evaluated step
   (not with ``save_strategy="best"``, which overrides that save: the stop waits for the next step there).
+  The ranks agree once more at ``on_train_end``: a signal to one rank after the last step stops every rank.
 * every ``checkpoint-N`` HF writes (on a signal or by ``save_steps``) is committed in ``on_save`` as
   ``<run dir>/checkpoints/step-<N>``: moved out of ``output_dir`` (so ``output_dir`` holds no
   ``checkpoint-N`` once a save completed), each file fsynced and hashed, ``manifest.json`` last, renamed
@@ -225,8 +226,11 @@ class OrchCallback(TrainerCallback):
     # --- the end -----------------------------------------------------------------------------------
     def on_train_end(self, args: TrainingArguments, state: TrainerState, control: TrainerControl,
                      model: torch.nn.Module | None = None, **kwargs: Any) -> None:
+        # Every rank the same answer (issue 19): on its own flag, rank 0 recorded completion while rank 1, signalled
+        # after the last step's agreement, exited 143. Every rank gets here after HF's store_flos collective.
+        stop = self._stopping or self.agreement.agree()
         self._close()
-        if self._stopping or self.flag.requested:
+        if stop:
             # A stop is never completion (issue 17), also when it came with the last step.
             self.flag.record_step(state.global_step)
             raise self.run.preempted(state.global_step, signal_name(self.flag.signum or self.agreement.signum),

@@ -96,3 +96,26 @@ def test_hf_ddp_a_signal_to_one_rank_during_evaluation_stops_both_at_that_evalua
     os.kill(wait_for(rank1_evaluating_at_step_10, 180, "rank 1 evaluating at step 10", interval=0.02), signal.SIGTERM)
     assert _stopped_once_then_done(orch, "hfeval", log, 20)[1] == 10
     _assert_bit_exact_with_uninterrupted(run_dir, tmp_path / "ref", *args)
+
+
+def test_hf_ddp_a_signal_to_one_rank_after_the_last_step_is_a_stop_on_both_ranks_never_completion(orch, tmp_path):
+    """SIGTERM to rank 1 alone once it is past the last step's agreement (in ``on_train_end``; HF saved that step:
+    ``save_steps``): both ranks stop (rank 0 must not record completion while rank 1 exits 143), attempt 1 is
+    ``preempted`` at the last step with its checkpoint, and attempt 2 resumes from it and ends verified."""
+    script = Path(__file__).parent / "scripts" / "hf_signal_at_train_end.py"
+    log = tmp_path / "steps.log"
+    orch("submit", "--name", "hfend", "--nproc-per-node", "2", "--", PY, str(script), "--max-steps", "20",
+         "--save-steps", "10", "--step-log", str(log), env={"OMP_NUM_THREADS": "1"}, check=True)
+    run_dir = orch.runs / "hfend"
+    at_end = run_dir / "rank1-at-train-end"
+    os.kill(wait_for(lambda: at_end.exists() and rank_pid(run_dir, 1, script.name), 180, "rank 1 in on_train_end",
+                     interval=0.02), signal.SIGTERM)
+    assert orch.wait("hfend", {DONE, "failed", "cancelled"}, timeout=240) == DONE, orch.show("hfend")
+    assert not (protocol.attempt_dir(run_dir, 1) / protocol.COMPLETE_FILE).exists()
+    report = failure(run_dir, 1)
+    assert (report["class"], report["step"], report["checkpoint"]) == (
+        "preempted", 20, f"checkpoints/{protocol.checkpoint_name(20)}"), report
+    assert {s for a, _r, s in rank_step_log(log) if a == 2} <= {21}, rank_step_log(log)  # none of 1..20 redone
+    # (HF 5.24 resumed at global_step == max_steps runs one step more, 21: it checks should_training_stop only
+    # after a step; single-rank too, and no callback hook can prevent it. Not this test's subject.)
+    assert orch("verify", "hfend").stdout == "VERIFIED\n"
