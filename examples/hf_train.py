@@ -6,8 +6,10 @@
 
 A GPT-2 built from a tiny config (1 layer, 32 wide, no download) trained as a character-level language
 model with dropout, AdamW and a linear schedule, logging to TensorBoard (and W&B with ``--wandb``).
-``--step-log`` appends each completed optimizer step (the tests count repeats); ``--sleep-per-step``
-stands in for a slower model; ``--save-steps`` adds periodic checkpoints.
+``--step-log`` appends each completed optimizer step (the tests count repeats; under torchrun, with the
+rank); ``--sleep-per-step`` stands in for a slower model; ``--save-steps`` adds periodic checkpoints;
+``--eval-every`` evaluates on the training text (``--eval-log``/``--sleep-per-eval-batch``: one line, a delay
+per evaluation batch).
 """
 
 from __future__ import annotations
@@ -38,16 +40,28 @@ class CharDataset(torch.utils.data.Dataset):
 
 
 class StepLog(TrainerCallback):
-    """Test instrumentation: one line per completed optimizer step; an optional per-step delay."""
+    """Test instrumentation: one line per completed optimizer step (and evaluation batch); optional delays."""
 
-    def __init__(self, path: str | None, sleep_s: float) -> None:
-        self.path, self.sleep_s = path, sleep_s
+    def __init__(self, path: str | None, sleep_s: float, eval_path: str | None = None,
+                 eval_sleep_s: float = 0.0) -> None:
+        self.path, self.sleep_s, self.eval_path, self.eval_sleep_s = path, sleep_s, eval_path, eval_sleep_s
+
+    @staticmethod
+    def _line(step: int) -> str:
+        rank = f" {os.environ['RANK']}" if "RANK" in os.environ else ""  # under torchrun
+        return f"{os.environ.get('ORCH_ATTEMPT', '1')} {step}{rank}\n"
 
     def on_step_end(self, args, state, control, **kwargs):  # noqa: ANN001, ANN003, ANN201 - HF's signature
         time.sleep(self.sleep_s)
         if self.path:
             with open(self.path, "a") as f:
-                f.write(f"{os.environ.get('ORCH_ATTEMPT', '1')} {state.global_step}\n")
+                f.write(self._line(state.global_step))
+
+    def on_prediction_step(self, args, state, control, **kwargs):  # noqa: ANN001, ANN003, ANN201 - HF's signature
+        time.sleep(self.eval_sleep_s)
+        if self.eval_path:
+            with open(self.eval_path, "a") as f:
+                f.write(self._line(state.global_step))
 
 
 def main() -> None:
@@ -58,6 +72,9 @@ def main() -> None:
     ap.add_argument("--run-dir", default=None, help="without orch (orch sets ORCH_RUN_DIR)")
     ap.add_argument("--step-log", default=None)
     ap.add_argument("--sleep-per-step", type=float, default=0.0)
+    ap.add_argument("--eval-every", type=int, default=0, help="evaluate every N steps (0: never)")
+    ap.add_argument("--eval-log", default=None, help="one line per evaluation batch")
+    ap.add_argument("--sleep-per-eval-batch", type=float, default=0.0)
     ap.add_argument("--export", action="store_true", help="write result/export.txt after training")
     ap.add_argument("--fail-after-train", action="store_true", help="raise after training (a failed export): a crash")
     ap.add_argument("--jit-checkpoint", action="store_true",
@@ -71,10 +88,14 @@ def main() -> None:
         output_dir="hf-output", max_steps=a.max_steps, per_device_train_batch_size=a.batch_size,
         learning_rate=3e-3, lr_scheduler_type="linear", warmup_steps=10, logging_steps=1,
         save_strategy="steps" if a.save_steps else "no", save_steps=a.save_steps or 500,
+        eval_strategy="steps" if a.eval_every else "no", eval_steps=a.eval_every or None,
+        per_device_eval_batch_size=a.batch_size,
         report_to=["tensorboard"] + (["wandb"] if a.wandb else []), seed=0, use_cpu=True,
         dataloader_num_workers=0, disable_tqdm=True, enable_jit_checkpoint=a.jit_checkpoint)
+    log = StepLog(a.step_log, a.sleep_per_step, a.eval_log, a.sleep_per_eval_batch)
     trainer = Trainer(model=model, args=args, train_dataset=CharDataset(),
-                      callbacks=[StepLog(a.step_log, a.sleep_per_step), orch.OrchCallback(run_dir=a.run_dir)])  # orch
+                      eval_dataset=CharDataset() if a.eval_every else None,
+                      callbacks=[log, orch.OrchCallback(run_dir=a.run_dir)])  # orch
     trainer.train(resume_from_checkpoint=orch.resume_path(a.run_dir))  # orch
     after_training(a, os.path.join(a.run_dir or ".", "result"))
 

@@ -17,10 +17,17 @@ What it does, with the public ``TrainerCallback`` API only:
   ``JITCheckpointCallback.set_trainer``) and exits 0 after its save; this callback's handler replaces it
   at ``on_init_end`` (so the stop is recorded and the save happens at the next step boundary), and is
   not replaced by JIT's again at train end.
+* several ranks (``orch submit --nproc-per-node K``, or torchrun; HF's own DDP): every rank takes the same stop
+  decision at the same step (the kit's ``StopAgreement``, one all-reduce), whichever rank got the signal. An
+  evaluation inside ``train()`` is a stop point too: the ranks agree when it ends (HF's evaluation loop has no
+  exit a callback can take, so a long evaluation still runs to its end) and HF saves the evaluated step
+  (not with ``save_strategy="best"``, which overrides that save: the stop waits for the next step there).
+  The ranks agree once more at ``on_train_end``: a signal to one rank after the last step stops every rank.
 * every ``checkpoint-N`` HF writes (on a signal or by ``save_steps``) is committed in ``on_save`` as
   ``<run dir>/checkpoints/step-<N>``: moved out of ``output_dir`` (so ``output_dir`` holds no
   ``checkpoint-N`` once a save completed), each file fsynced and hashed, ``manifest.json`` last, renamed
-  into place. The newest ``keep_last_k`` are kept; it defaults to ``TrainingArguments.save_total_limit``
+  into place, by rank 0 once every rank is in ``on_save`` (the other ranks' ``rng_state_<rank>.pth`` are in
+  ``checkpoint-N`` then). The newest ``keep_last_k`` are kept; it defaults to ``TrainingArguments.save_total_limit``
   (HF's rotation never sees the moved dirs, so the callback applies it), and keeps all when that is None.
   HF writes in place without fsync, so a kill -9 mid-save leaves a ``checkpoint-N`` that
   ``resume_from_checkpoint=True`` would pick and crash on, at every requeue.
@@ -49,11 +56,12 @@ from typing import Any
 
 import torch
 from transformers import TrainerCallback, TrainerControl, TrainerState, TrainingArguments
+from transformers.trainer_utils import SaveStrategy
 
 from orchestrator import protocol
 from orchestrator.kit import heartbeat, stall
 from orchestrator.kit.commit import clean_stale, commit_checkpoint
-from orchestrator.kit.dist import StopAgreement, any_rank
+from orchestrator.kit.dist import StopAgreement, any_rank, barrier
 from orchestrator.kit.heartbeat import Heartbeat
 from orchestrator.kit.interval import AutoSaveInterval
 from orchestrator.kit.log import log
@@ -87,6 +95,7 @@ class OrchCallback(TrainerCallback):
         self._installed = False
         self._heartbeat: Heartbeat | None = None
         self._stopping = False
+        self._in_train = False  # trainer.evaluate() outside train(), maybe on one rank only: no agreement there
         self._committed: Path | None = None
         self._resumed_from = 0  # global_step after HF's restore: `orch metrics` counts steps redone
         # HF's TensorBoardCallback reads this when the Trainer is built (after this constructor); without
@@ -110,6 +119,7 @@ class OrchCallback(TrainerCallback):
         if args.save_only_model:
             log("save_only_model=True: checkpoints hold no optimizer state, a resume is not exact")
         self.on_init_end(args, state, control)
+        self._in_train = True
         self.run.begin()
         if self.run.is_writer:
             clean_stale(self.run.run_dir)
@@ -147,16 +157,35 @@ class OrchCallback(TrainerCallback):
             self._heartbeat.post(step=state.global_step, max_steps=state.max_steps, resumed_from=self._resumed_from,
                                  **(self.auto_save.fields() if self.auto_save else {}), **self._last_loss(state))
         if self.agreement.should_stop():
-            control.should_save = True
-            control.should_training_stop = True
+            self._stop_here(state, control)
             # HF evaluates before it saves: a full evaluation must not stand between the signal and the save.
             control.should_evaluate = False
-            self._stopping = True
-            self.flag.record_step(state.global_step)
         if self.auto_save is not None and any_rank(self.auto_save.due()):  # every rank the same decision
             control.should_save = True
         # HF saves after this hook when should_save is set; on_save adds its duration to save_stall_s.
         self._save_began = time.monotonic() if control.should_save else None
+        return control
+
+    def _stop_here(self, state: TrainerState, control: TrainerControl) -> None:
+        """HF saves ``checkpoint-<global_step>`` right after this hook and then leaves its training loop."""
+        control.should_save = True
+        control.should_training_stop = True
+        self._stopping = True
+        self.flag.record_step(state.global_step)
+
+    def on_evaluate(self, args: TrainingArguments, state: TrainerState, control: TrainerControl,
+                    **kwargs: Any) -> TrainerControl:
+        """An evaluation inside ``train()`` is a stop point too: every rank runs it, HF saves right after it.
+
+        Issue 19: a signal during an evaluation waited for the next step agreement, up to a second of steps later
+        (step 18 for an evaluation at step 10). HF's evaluation loop has no exit a callback can take, so the ranks
+        agree when it ends; the step saved is the evaluated one, with the RNG after the evaluation's draw.
+        """
+        # save_strategy="best": HF sets should_save after this hook, to "a new best metric": the stop's save could
+        # be dropped. The stop then waits for the next step's agreement (same args on every rank: none agrees here).
+        if self._in_train and not self._stopping and args.save_strategy != SaveStrategy.BEST \
+                and self.agreement.agree():
+            self._stop_here(state, control)
         return control
 
     @staticmethod
@@ -168,14 +197,23 @@ class OrchCallback(TrainerCallback):
 
     def on_save(self, args: TrainingArguments, state: TrainerState, control: TrainerControl,
                 **kwargs: Any) -> None:
+        """Every rank: wait until all ranks wrote their files; then rank 0 commits ``checkpoint-N``."""
+        # HF's _save_checkpoint has no barrier between the ranks' writes and on_save: rank 0 moved checkpoint-N
+        # while a slower rank 1 had yet to write its rng_state_1.pth into it (issue 19: that rank crashed on the
+        # vanished dir, and the step committed without its RNG). The kit's barrier: a no-op on one rank.
+        barrier()
         began = getattr(self, "_save_began", None)
         if began is not None:
             stall.add(time.monotonic() - began)  # HF's own write blocked the loop (goodput)
             self._save_began = None
-        if not self.run.is_writer:
-            if self.auto_save is not None and began is not None:  # its part of the collective save
-                self.auto_save.record_save(time.monotonic() - began)
-            return
+        if self.run.is_writer:
+            # No second barrier: no rank can end its attempt before this commit, HF's store_flos after the
+            # loop is a collective (and DDP's next backward is one).
+            self._commit(args, state)
+        if self.auto_save is not None and began is not None:  # HF's write and the commit: the save's cost
+            self.auto_save.record_save(time.monotonic() - began)
+
+    def _commit(self, args: TrainingArguments, state: TrainerState) -> None:
         src = Path(args.output_dir) / f"checkpoint-{state.global_step}"
         if not src.is_dir():
             log(f"on_save: {src} not found; nothing to commit")
@@ -184,14 +222,15 @@ class OrchCallback(TrainerCallback):
         keep = self.keep_last_k if self.keep_last_k is not None else args.save_total_limit
         self._committed = commit_checkpoint(self.run.run_dir, state.global_step, move_from=src,
                                             keep_last_k=keep)
-        if self.auto_save is not None and began is not None:  # HF's write and our commit: the save's cost
-            self.auto_save.record_save(time.monotonic() - began)
 
     # --- the end -----------------------------------------------------------------------------------
     def on_train_end(self, args: TrainingArguments, state: TrainerState, control: TrainerControl,
                      model: torch.nn.Module | None = None, **kwargs: Any) -> None:
+        # Every rank the same answer (issue 19): on its own flag, rank 0 recorded completion while rank 1, signalled
+        # after the last step's agreement, exited 143. Every rank gets here after HF's store_flos collective.
+        stop = self._stopping or self.agreement.agree()
         self._close()
-        if self._stopping or self.flag.requested:
+        if stop:
             # A stop is never completion (issue 17), also when it came with the last step.
             self.flag.record_step(state.global_step)
             raise self.run.preempted(state.global_step, signal_name(self.flag.signum or self.agreement.signum),
@@ -213,6 +252,7 @@ class OrchCallback(TrainerCallback):
             torch.save(model.state_dict(), out / "model.pt")
 
     def _close(self) -> None:
+        self._in_train = False
         if self._heartbeat is not None:
             self._heartbeat.stop()
             self._heartbeat = None

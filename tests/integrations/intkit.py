@@ -76,6 +76,27 @@ def program_pids(run_dir: Path, script: str, attempt: int | None = None) -> list
     return pids
 
 
+def rank_pid(run_dir: Path, rank: int, script: str) -> int | None:
+    """The pid of rank ``rank``'s program running ``script`` for ``run_dir`` (``orch submit --nproc-per-node``),
+    not orch's per-rank parent (``orchestrator.rankend``), whose command line names the script too."""
+    want = {f"{protocol.ENV_RUN_DIR}={run_dir}".encode(), f"RANK={rank}".encode()}
+    for d in Path("/proc").iterdir():
+        try:
+            if d.name.isdigit() and want <= set((d / "environ").read_bytes().split(b"\0")):
+                cmd = (d / "cmdline").read_bytes()
+                if script.encode() in cmd and b"orchestrator.rankend" not in cmd:
+                    return int(d.name)
+        except OSError:
+            continue
+    return None
+
+
+def rank_step_log(path: Path) -> list[tuple[int, int, int]]:
+    """(attempt, rank, step) per line of a step log written under torchrun (``<attempt> <step> <rank>``)."""
+    return [(int(a), int(r), int(s)) for a, s, r in (ln.split() for ln in path.read_text().splitlines())] \
+        if path.exists() else []
+
+
 def progress_step(run_dir: Path, attempt: int) -> int:
     return int((protocol.read_progress(run_dir, attempt) or {}).get("step") or 0)
 

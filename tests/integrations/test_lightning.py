@@ -5,7 +5,6 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
-from pathlib import Path
 
 import torch
 from intkit import (
@@ -16,6 +15,8 @@ from intkit import (
     failure,
     preempted_twice,
     quiet_env,
+    rank_pid,
+    rank_step_log,
     run_direct,
     state_dicts_equal,
     step_log,
@@ -79,20 +80,6 @@ def test_a_stop_at_a_step_that_validation_follows_resumes_bit_exact(tmp_path):
                              _weights(tmp_path / "ref" / "result" / "model.ckpt"))
 
 
-def _rank_pid(run_dir, rank: int) -> int | None:  # noqa: ANN001
-    """The rank's program (not orch's per-rank parent, whose command line names the script too)."""
-    want = {f"{protocol.ENV_RUN_DIR}={run_dir}".encode(), f"RANK={rank}".encode()}
-    for d in Path("/proc").iterdir():
-        try:
-            if d.name.isdigit() and want <= set((d / "environ").read_bytes().split(b"\0")):
-                cmd = (d / "cmdline").read_bytes()
-                if b"lightning_train.py" in cmd and b"orchestrator.rankend" not in cmd:
-                    return int(d.name)
-        except OSError:
-            continue
-    return None
-
-
 def test_lightning_ddp_on_two_ranks_a_signal_to_one_rank_stops_both_after_one_step_and_resumes(orch):
     """`orch submit --nproc-per-node 2` runs the unchanged Lightning script as DDP over two ranks; SIGTERM to rank
     1 alone (the kit's stop agreement, issue 19): both ranks end attempt 1 after the same step, the one
@@ -103,12 +90,9 @@ def test_lightning_ddp_on_two_ranks_a_signal_to_one_rank_stops_both_after_one_st
         env={"OMP_NUM_THREADS": "1"}, check=True)
     run_dir = orch.runs / "ddp"
 
-    def lines() -> list[tuple[int, int, int]]:
-        return [(int(a), int(r), int(s)) for a, s, r in (ln.split() for ln in log.read_text().splitlines())] \
-            if log.exists() else []
-
     def rank1_past_step_10() -> int | None:
-        return _rank_pid(run_dir, 1) if any(r == 1 and s > 10 for _a, r, s in lines()) else None
+        return rank_pid(run_dir, 1, "lightning_train.py") if any(r == 1 and s > 10 for _a, r, s in rank_step_log(log)) \
+            else None
 
     os.kill(wait_for(rank1_past_step_10, 180, "rank 1 past step 10", interval=0.02), signal.SIGTERM)
     assert orch.wait("ddp", {DONE, "failed", "cancelled"}, timeout=240) == DONE, orch.show("ddp")
@@ -116,7 +100,7 @@ def test_lightning_ddp_on_two_ranks_a_signal_to_one_rank_stops_both_after_one_st
     assert [(a["failure_class"], (a["action"] or {}).get("auto")) for a in shown] == [("preempted", True),
                                                                                      (None, None)], shown
     stop = failure(run_dir, 1)["step"]
-    done = lines()
+    done = rank_step_log(log)
     assert {max(s for a, r, s in done if a == 1 and r == rank) for rank in (0, 1)} == {stop}, done
     assert {min(s for a, r, s in done if a == 2 and r == rank) for rank in (0, 1)} == {stop + 1}, done
     assert sorted(s for a, r, s in done if r == 0) == list(range(1, 61))  # no step twice, none skipped
