@@ -25,9 +25,11 @@ from orch_trainer.attempt import Attempt
 from orch_trainer.config import run_config
 from orch_trainer.model import PRESETS, TinyGPT
 from orch_trainer.preflight import Preflight
+from orch_trainer.ranks import SINGLE, Ranks
 from orch_trainer.runfiles import log
 from orch_trainer.state import restore_rng
 from orchestrator.kit.checkpoint import CheckpointCorrupt, CheckpointManager
+from orchestrator.kit.sharded import ShardedCheckpointer, is_sharded
 
 
 @dataclass(frozen=True)
@@ -111,7 +113,12 @@ def _restore(args: argparse.Namespace, attempt: Attempt, ckpts: CheckpointManage
              ) -> tuple[int, tuple[dict[str, Any], ...]]:
     """Load ``path`` (sha256-verified first) into the objects and the global RNGs: (step, OOM events)."""
     try:
-        state = ckpts.load(path, map_location="cpu")
+        if is_sharded(path):
+            # A commit of several ranks (rank 0 verified every file when it chose it): the replicated state, and
+            # this rank's RNG only on the world size that saved it (kit.sharded).
+            state = ShardedCheckpointer(attempt.run_dir).load(path, map_location="cpu")
+        else:
+            state = ckpts.load(path, map_location="cpu")
     except CheckpointCorrupt as e:
         raise attempt.fail("invalid", None, f"cannot load {path.name}: {e}") from None
     meta = state["meta.json"]
@@ -127,15 +134,20 @@ def _restore(args: argparse.Namespace, attempt: Attempt, ckpts: CheckpointManage
         raise attempt.fail("invalid", None,
                            f"{path.name} does not fit this model (preset {args.preset}, "
                            f"lora rank {args.lora_rank}): {str(e)[:500]}") from None
-    restore_rng(state["rng.pt"])
+    if "rng.pt" in state:
+        restore_rng(state["rng.pt"])
+    else:  # saved on another world size: each rank keeps the RNG it was seeded with
+        log(f"{path.name} was saved on {meta.get('world_size')} ranks: per-rank RNG states not restored")
     step = int(meta["step"])
     oom_events = tuple(meta.get("oom_events") or [])
     log(f"resumed from {path.name} (step {step})")
     return step, oom_events
 
 
-def write_run_config(args: argparse.Namespace, attempt: Attempt, pre: Preflight, loaded: Loaded) -> RunConfig:
-    """Write run_config.json (the effective configuration of this attempt) and return what it holds."""
+def write_run_config(args: argparse.Namespace, attempt: Attempt, pre: Preflight, loaded: Loaded,
+                     ranks: Ranks = SINGLE) -> RunConfig:
+    """Write run_config.json (the effective configuration of this attempt; rank 0's alone) and return what it
+    holds."""
     cfg = run_config(args)
     prev = runfiles.read_run_config(attempt.run_dir) if loaded.resumed_from is not None else {}
     oom_events = list(loaded.oom_events)
@@ -152,5 +164,8 @@ def write_run_config(args: argparse.Namespace, attempt: Attempt, pre: Preflight,
         accumulation_steps=pre.accum, device=pre.device.type, device_requested=args.device,
         attempt=attempt.n, job=attempt.job, model=PRESETS[args.preset].to_dict(),
     )
-    runfiles.write_run_config(attempt.run_dir, cfg)
+    if ranks.multi:
+        cfg.update(world_size=ranks.world)  # accumulation_steps is then per rank
+    if ranks.is_writer:
+        runfiles.write_run_config(attempt.run_dir, cfg)
     return RunConfig(values=cfg, oom_events=tuple(oom_events))

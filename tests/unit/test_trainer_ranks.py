@@ -1,0 +1,41 @@
+"""The bundled trainer's multi-rank refusals (issue 19): what it cannot run as several ranks is refused from the
+arguments and torchrun's environment alone, before any process group exists (every rank refuses alike)."""
+
+from __future__ import annotations
+
+import pytest
+
+from orch_trainer.config import parse_args
+from orch_trainer.ranks import SINGLE, Ranks, refusal
+
+TORCHRUN = {"WORLD_SIZE": "2", "RANK": "1", "LOCAL_RANK": "1", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "29500"}
+
+
+def args(*extra: str):  # noqa: ANN201
+    return parse_args(["--run-dir", "/nonexistent/run", "--batch-size", "8", "--micro-batch-size", "2", *extra])
+
+
+def test_one_process_is_never_refused_and_is_the_single_path():
+    assert refusal(args("--inject-fault", "sigterm@step=3"), {}) is None
+    assert refusal(args(), {"WORLD_SIZE": "1"}) is None
+    assert Ranks.from_env({}) is SINGLE and Ranks.from_env({"WORLD_SIZE": "1", "RANK": "0"}) is SINGLE
+
+
+def test_two_ranks_of_a_supported_run_are_accepted():
+    assert refusal(args(), TORCHRUN) is None
+    r = Ranks.from_env(TORCHRUN)
+    assert (r.rank, r.world, r.local_rank, r.multi, r.is_writer) == (1, 2, 1, True, False)
+
+
+@pytest.mark.parametrize(("extra", "env", "why"), [
+    (("--inject-fault", "sigterm@step=3"), {}, "--inject-fault is not supported with WORLD_SIZE=2"),
+    # 8 samples cannot be split into micro-batches of 8 over 2 ranks: the effective batch would change
+    (("--micro-batch-size", "8"), {}, "--batch-size is the global batch: global batch 8 is not a multiple of "
+                                      "micro batch 8 x 2 rank(s)"),
+    ((), {"WORLD_SIZE": "two"}, "WORLD_SIZE='two' is not a positive integer"),
+    ((), {"MASTER_PORT": ""}, "WORLD_SIZE=2 without MASTER_PORT: start the ranks with torchrun"),
+    ((), {"RANK": "2"}, "RANK='2' is not a rank of WORLD_SIZE=2"),
+])
+def test_unsupported_combinations_are_refused_in_one_line(extra, env, why):
+    got = refusal(args(*extra), {**TORCHRUN, **env})
+    assert got is not None and got.startswith(why) and "\n" not in got, got
