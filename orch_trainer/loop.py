@@ -51,7 +51,7 @@ from orchestrator.kit.interval import AutoSaveInterval
 from orchestrator.kit.preemption import PreemptionFlag
 from orchestrator.kit.sharded import ShardedCheckpointer
 
-__all__ = ["BoundaryHook", "Trained", "TrainLoop", "Trainer", "TrainerExit", "is_oom"]
+__all__ = ["BoundaryHook", "Trained", "TrainLoop", "Trainer", "TrainerExit", "is_oom", "micro_index"]
 
 BoundaryHook = Callable[["Trainer", int, int], None]  # (trainer, step being computed, micro-batch index)
 _SIGNAL_FAULTS = ("sigterm", "sigkill", "hang", "crash")
@@ -64,6 +64,15 @@ def is_oom(e: BaseException) -> bool:
     msg = str(e)
     return isinstance(e, RuntimeError) and (
         "DefaultCPUAllocator" in msg or "can't allocate memory" in msg or "failed to allocate" in msg.lower())
+
+
+def micro_index(j: int, world: int, rank: int) -> int:
+    """The global index of rank ``rank``'s ``j``-th micro-batch of a step: rank r takes r, r+world, ...
+
+    The step's global batch is cut by global index, the same cut on any world size: with the data a pure function
+    of the step, a resume on another world size trains on the same samples with the same effective batch.
+    """
+    return j * world + rank
 
 
 def _largest_divisor_at_most(n: int, limit: int) -> int:
@@ -280,9 +289,7 @@ class TrainLoop:
             self._micro_in_step = j
             if self._at_boundary(s, j, fault_micro):
                 return None
-            # The step's global batch is cut by global micro-batch index: rank r takes r, r+world, ... (the data
-            # is a pure function of the step, so a resume on another world size keeps its position)
-            x, y = self.sampler.micro_batch(starts, j * self.world + self.rank, self.micro)
+            x, y = self.sampler.micro_batch(starts, micro_index(j, self.world, self.rank), self.micro)
             x, y = x.to(self.device, non_blocking=True), y.to(self.device, non_blocking=True)
             with self._no_sync(j):
                 with self._autocast:

@@ -163,7 +163,8 @@ def test_the_bundled_trainer_refuses_a_fault_drill_on_two_ranks_as_invalid_befor
     fault file per run dir: two ranks raced on it, and a SIGTERM fault stopped one rank alone). invalid, exit 2
     from the CLI's view of the job, said in one line."""
     p = orch("submit", "--name", "t2", "--nproc-per-node", "2", "--wait", "--", sys.executable, "-m", "orch_trainer",
-             "--preset", "tiny", "--max-steps", "20", "--inject-fault", "sigterm@step=3", env=GLOO_ENV)
+             "--preset", "tiny", "--max-steps", "20", "--batch-size", "8", "--micro-batch-size", "2",
+             "--inject-fault", "sigterm@step=3", env=GLOO_ENV)
     assert p.returncode == 4, p.stdout + p.stderr  # submit --wait: ended without a verified marker
     a = orch.show("t2")["attempts"][0]
     assert (orch.state("t2"), a["failure_class"]) == ("failed", "invalid"), a

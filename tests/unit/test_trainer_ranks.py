@@ -39,3 +39,16 @@ def test_two_ranks_of_a_supported_run_are_accepted():
 def test_unsupported_combinations_are_refused_in_one_line(extra, env, why):
     got = refusal(args(*extra), {**TORCHRUN, **env})
     assert got is not None and got.startswith(why) and "\n" not in got, got
+
+
+@pytest.mark.parametrize("world", [1, 2, 3, 4])
+def test_the_ranks_cut_each_step_into_the_same_micro_batches_on_any_world_size(world):
+    """Every micro-batch of the global batch is taken by exactly one rank, and one rank alone takes them in order:
+    a resume on another world size trains on the same samples (the data is a pure function of the step)."""
+    from orch_trainer.loop import micro_index
+
+    per_step = 12  # micro-batches in the global batch
+    taken = [micro_index(j, world, r) for r in range(world) for j in range(per_step // world)]
+    assert sorted(taken) == list(range(per_step))
+    if world == 1:
+        assert taken == list(range(per_step))
