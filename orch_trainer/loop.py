@@ -49,7 +49,7 @@ from orchestrator.kit.dist import StopAgreement, any_rank
 from orchestrator.kit.heartbeat import Heartbeat
 from orchestrator.kit.interval import AutoSaveInterval
 from orchestrator.kit.preemption import PreemptionFlag
-from orchestrator.kit.sharded import ShardedCheckpointer
+from orchestrator.kit.sharded import ShardedCheckpointer, dcp_state
 
 __all__ = ["BoundaryHook", "Trained", "TrainLoop", "Trainer", "TrainerExit", "is_oom", "micro_index"]
 
@@ -88,6 +88,7 @@ class Collective:
     ranks: Ranks
     agreement: StopAgreement
     sckpts: ShardedCheckpointer
+    fsdp: bool = False  # FSDP2 shards (saved through DCP) instead of DDP replicas
 
 
 class Trainer:
@@ -138,7 +139,7 @@ class Trainer:
                 # the next attempt, with 0 steps left, writes the result.
                 self.loop._rng_at_step_start = capture_rng(self.loop._cuda)  # the RNG after the last step
                 self.loop._preempt()
-            loaded = self.loaded
+            loaded = _gathered(self.args, self.loaded, pre.device) if self.args.fsdp else self.loaded
             # rank 0 writes result/ and the completion; every rank leaves with its exit code
             return self.ranks.rank0_decides(lambda: finish(self.args, self.this_attempt, self.ckpts, self.heartbeat,
                                                            pre, loaded, trained))
@@ -166,7 +167,7 @@ class Trainer:
         if self.ranks.multi:
             collective = Collective(self.ranks, StopAgreement(self.preemption),
                                     ShardedCheckpointer(self.run_dir, self.args.keep_last_k,
-                                                        write_hook=self._checkpoint_write_hook))
+                                                        write_hook=self._checkpoint_write_hook), fsdp=self.args.fsdp)
         return TrainLoop(self.args, self.this_attempt, pre, loaded, config, faults=self.faults,
                          ckpts=self.ckpts, heartbeat=self.heartbeat, preemption=self.preemption,
                          boundary_hook=hook, collective=collective)
@@ -204,7 +205,8 @@ class TrainLoop:
         self.world, self.rank = (collective.ranks.world, collective.ranks.rank) if collective else (1, 0)
         # What the steps run: the model itself, or DDP around it (gradients averaged over the ranks); the state
         # saved is always the model's own (the same keys on any world size).
-        self.net: torch.nn.Module = self.model if collective is None else _ddp(self.model, pre.device)
+        self.net: torch.nn.Module = self.model if collective is None or collective.fsdp else _ddp(self.model,
+                                                                                                  pre.device)
         self._saved_path: Path | None = None
         self.trainable = loaded.trainable
         self.optimizer = loaded.optimizer
@@ -247,6 +249,8 @@ class TrainLoop:
             if loss is None:
                 self._preempt()
             grad_norm = torch.nn.utils.clip_grad_norm_(self.trainable, 1.0)
+            if self.args.fsdp:
+                grad_norm = grad_norm.full_tensor()  # a DTensor over the shards: the norm of the whole gradient
             loss_v, gn_v = torch.stack([loss.float(), grad_norm.float()]).tolist()  # one device sync
             if not (math.isfinite(loss_v) and math.isfinite(gn_v)):
                 self._stop_on_nan(s, loss_v, gn_v)
@@ -305,8 +309,8 @@ class TrainLoop:
 
     def _no_sync(self, j: int) -> contextlib.AbstractContextManager[Any]:
         """DDP averages the gradients once per step, at the last micro-batch's backward."""
-        if self.collective is None or j == self.accum - 1:
-            return contextlib.nullcontext()
+        if self.collective is None or self.collective.fsdp or j == self.accum - 1:
+            return contextlib.nullcontext()  # FSDP: reduce-scatters at each backward into the sharded gradients
         return self.net.no_sync()  # type: ignore[operator]
 
     def stop_requested(self) -> bool:
@@ -389,7 +393,12 @@ class TrainLoop:
         files = state_files(self.model, self.optimizer, self.scheduler, rng, meta)
         t0 = time.monotonic()
         try:
-            if self.collective is not None:
+            if self.collective is not None and self.collective.fsdp:
+                # Every rank its shards of model and optimizer (DCP) and its RNG; rank 0 the scheduler and meta
+                self._saved_path = self.collective.sckpts.save(
+                    step, sharded=dcp_state(self.model, self.optimizer), per_rank={"rng.pt": rng},
+                    replicated={"sched.pt": self.scheduler.state_dict(), "meta.json": meta})
+            elif self.collective is not None:
                 # One commit of every rank: rank 0 the replicated state, each rank its RNG (blocking, collective)
                 per_rank = {"rng.pt": files.pop("rng.pt")}
                 self._saved_path = self.collective.sckpts.save(step, replicated=files, per_rank=per_rank)
@@ -446,6 +455,23 @@ class TrainLoop:
                                               tok_s=self._tok_s, tokens_per_step=self.tokens_per_step,
                                               saving=saving, resumed_from=self.start_step),
                             **(self.auto_save.fields() if self.auto_save is not None else {}))
+
+
+def _gathered(args: argparse.Namespace, loaded: Loaded, device: torch.device) -> Loaded:
+    """FSDP: the whole model, on rank 0, for result/ and the eval loss (a collective: every rank calls it; the
+    other ranks get ``loaded`` back, finish being rank 0's)."""
+    import dataclasses
+
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+
+    from orch_trainer.model import TinyGPT
+
+    full = get_model_state_dict(loaded.model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+    if not full:
+        return loaded
+    plain = TinyGPT(PRESETS[args.preset], args.lora_rank).to(device)
+    plain.load_state_dict(full)
+    return dataclasses.replace(loaded, model=plain)
 
 
 def _ddp(model: torch.nn.Module, device: torch.device) -> torch.nn.Module:

@@ -199,6 +199,10 @@ def _check_resume_compatible(args: argparse.Namespace, attempt: Attempt, path: P
                            f"checkpoint {path.name} was trained with --batch-size "
                            f"{meta.get('batch_size')}, this run asks for {args.batch_size}; "
                            "pass --allow-batch-change to resume anyway")
+    # An FSDP commit holds sharded state (DCP), a DDP or one-process one whole files: each loads only its own kind.
+    if bool(meta.get("fsdp")) != bool(args.fsdp):
+        how = "with" if meta.get("fsdp") else "without"
+        raise attempt.fail("invalid", None, f"checkpoint {path.name} was written {how} --fsdp; resume it the same way")
     # The runbook's data_hash (seed 002): a resume on other data is a different experiment.
     if meta.get("data_sha256") != data_sha256 and not args.allow_data_change:
         raise attempt.fail("invalid", None,

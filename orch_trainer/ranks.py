@@ -116,7 +116,8 @@ def refusal(args: argparse.Namespace, environ: dict[str, str] | None = None) -> 
         return f"WORLD_SIZE={raw_world[:16]!r} is not a positive integer"
     world = int(raw_world)
     if world == 1:
-        return None
+        fsdp = getattr(args, "fsdp", False)
+        return "--fsdp shards over several ranks: start it with orch submit --nproc-per-node K" if fsdp else None
     for key in ("RANK", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"):
         if not env.get(key, "").strip():
             return f"WORLD_SIZE={world} without {key}: start the ranks with torchrun (orch submit --nproc-per-node)"
@@ -153,6 +154,16 @@ def init_group(ranks: Ranks, cuda: bool) -> None:
         torch.cuda.set_device(ranks.local_rank)
     _dist().init_process_group("nccl" if cuda else "gloo", rank=ranks.rank, world_size=ranks.world,
                                timeout=datetime.timedelta(seconds=collective_timeout_s()))
+
+
+def shard_model(model: Any) -> None:
+    """FSDP2: each transformer block is one unit of shards (gathered for its forward/backward), the rest the root's.
+    Before the optimizer exists: it must hold the sharded parameters."""
+    from torch.distributed.fsdp import fully_shard
+
+    for block in model.blocks:
+        fully_shard(block)
+    fully_shard(model)
 
 
 def leave(ranks: Ranks) -> None:

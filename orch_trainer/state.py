@@ -49,7 +49,8 @@ def checkpoint_meta(args: argparse.Namespace, *, step: int, micro: int, accum: i
                     oom_events: Sequence[dict[str, Any]], attempt: int, world: int = 1) -> dict[str, Any]:
     """meta.json: what the next attempt's preflight compares before loading (batch, data, OOM shrinks).
     Several ranks: ``world_size`` too (``accumulation_steps`` is then per rank)."""
-    return {**({"world_size": world} if world > 1 else {}), "step": step, "batch_size": args.batch_size,
+    sharded = {"fsdp": True} if getattr(args, "fsdp", False) else {}
+    return {**({"world_size": world} if world > 1 else {}), **sharded, "step": step, "batch_size": args.batch_size,
             "micro_batch_size": micro, "accumulation_steps": accum, "skip_batches": args.skip_batches,
             "seed": args.seed,
             "data_sha256": data_sha256, "preset": args.preset, "lora_rank": args.lora_rank,

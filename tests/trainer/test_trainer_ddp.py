@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import sys
 from pathlib import Path
@@ -23,6 +24,7 @@ from pathlib import Path
 import torch
 from orchkit import wait_for
 from rankkit import GLOO_ENV
+from trainerkit import run_trainer, trainer_env
 
 from orchestrator import protocol
 
@@ -35,8 +37,10 @@ ENV = {**GLOO_ENV, "ORCH_HEARTBEAT_S": "0.05", "ORCH_TRAINER_COLLECTIVE_TIMEOUT_
 
 
 def submit(orch, name: str, steps: int, *extra: str) -> Path:  # noqa: ANN001
-    orch("submit", "--name", name, "--nproc-per-node", "2", *extra, "--", sys.executable, "-m", "orch_trainer",
-         *ARGS, "--max-steps", str(steps), env=ENV, check=True)
+    """``orch submit --nproc-per-node 2 [extra orch options] -- python -m orch_trainer ARGS [extra after "--"]``."""
+    cut = extra.index("--") if "--" in extra else len(extra)
+    orch("submit", "--name", name, "--nproc-per-node", "2", *extra[:cut], "--", sys.executable, "-m", "orch_trainer",
+         *ARGS, "--max-steps", str(steps), *extra[cut + 1:], env=ENV, check=True)
     return orch.runs / name
 
 
@@ -127,8 +131,6 @@ def test_two_rank_trainer_preempted_twice_ends_bit_exact_with_an_uninterrupted_t
 
 
 def test_two_rank_trainer_preempted_then_resumed_on_one_rank_keeps_the_effective_batch(orch, tmp_path):
-    from trainerkit import run_trainer, trainer_env
-
     steps = 60
     run_dir = submit(orch, "shrink", steps, "--max-attempts", "1")
     signal_ranks(orch, run_dir, 1, 8)
@@ -177,3 +179,38 @@ def test_sigterm_to_one_rank_only_stops_both_after_the_same_step_with_one_commit
     metrics = json.loads((run_dir / "result" / "metrics.json").read_text())
     assert (metrics["resumed_from_step"], metrics["micro_batches_computed"]) == (stop, (steps - stop) * 2), metrics
     assert orch("verify", "one").stdout == "VERIFIED\n"
+
+
+def test_fsdp_two_rank_trainer_preempted_resumes_its_shards_and_ends_bit_exact(orch, tmp_path):
+    """--fsdp: model and optimizer sharded over the 2 ranks (FSDP2), each commit through DCP with every rank's
+    shard hashed in the manifest; a preemption resumes the shards on the same world size, bit-exact."""
+    steps = 40
+    ref = submit(orch, "fsdp-ref", steps, "--", "--fsdp")
+    run_dir = submit(orch, "fsdp", steps, "--", "--fsdp")
+    signal_ranks(orch, run_dir, 1, 8)
+    stop = report(run_dir, 1)
+    assert stop["class"] == "preempted" and stop["checkpoint"] == \
+        f"checkpoints/{protocol.checkpoint_name(stop['step'])}", stop
+    path = run_dir / stop["checkpoint"]
+    assert protocol.verify_checkpoint(path) is None, protocol.verify_checkpoint(path)
+    m = json.loads((path / protocol.MANIFEST).read_text())
+    assert m["world_size"] == 2 and sorted(m["ranks"]) == ["0", "1"], m
+    assert {"dcp/.metadata", "dcp/__0_0.distcp", "dcp/__1_0.distcp", "sched.pt", "meta.json", "rank-00000/rng.pt",
+            "rank-00001/rng.pt"} <= set(m["files"]) and "model.pt" not in m["files"], m
+    for name in (run_dir, ref):
+        assert orch.wait(name.name, {DONE, "failed", "cancelled"}, timeout=180) == DONE, orch.show(name.name)
+    assert protocol.read_progress(run_dir, 2)["resumed_from"] == stop["step"]
+    got, want = torch.load(run_dir / "result" / "model.pt"), torch.load(ref / "result" / "model.pt")
+    assert got.keys() == want.keys() and all(torch.equal(got[k], want[k]) for k in got)
+    m_got, m_want = (json.loads((d / "result" / "metrics.json").read_text()) for d in (run_dir, ref))
+    assert (m_got["final_loss"], m_got["eval_loss"]) == (m_want["final_loss"], m_want["eval_loss"]), (m_got, m_want)
+    assert orch("verify", "fsdp").stdout == "VERIFIED\n"
+    # Its sharded commit is refused, in one line and before the model is built, by a run without --fsdp
+    copy = tmp_path / "copy"
+    shutil.copytree(run_dir, copy)
+    (copy / protocol.DONE_MARKER).unlink()
+    p = run_trainer(copy, *ARGS, "--max-steps", str(steps + 10), attempt=4)
+    assert p.returncode == protocol.EXIT_FAILURE_REPORTED, p.stderr[-2000:]
+    rep = report(copy, 4)
+    assert rep["class"] == "invalid" and rep["detail"] == \
+        f"checkpoint {protocol.checkpoint_name(steps)} was written with --fsdp; resume it the same way", rep

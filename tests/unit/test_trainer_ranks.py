@@ -52,3 +52,14 @@ def test_the_ranks_cut_each_step_into_the_same_micro_batches_on_any_world_size(w
     assert sorted(taken) == list(range(per_step))
     if world == 1:
         assert taken == list(range(per_step))
+
+
+def test_fsdp_is_refused_on_one_process_and_with_what_its_shards_cannot_hold(capsys):
+    assert refusal(args("--fsdp"), {}) == \
+        "--fsdp shards over several ranks: start it with orch submit --nproc-per-node K"
+    assert refusal(args("--fsdp"), TORCHRUN) is None
+    for extra in (("--lora-rank", "4"), ("--save-fork-checkpoint",)):
+        with pytest.raises(SystemExit) as e:
+            args("--fsdp", *extra)
+        assert e.value.code == 2
+        assert "--fsdp cannot be used with --lora-rank or --save-fork-checkpoint" in capsys.readouterr().err
