@@ -9,7 +9,9 @@ What is proved here, with real processes and signals:
 * the same job preempted on 2 ranks resumes on 1 rank with the same effective batch (4 micro-batches of 2
   accumulated on one rank vs 2 per rank on 2) and ends verified, 0 steps redone;
 * SIGTERM to ONE rank only: both ranks stop after the same step (the kit's StopAgreement), one commit holding
-  both ranks' files, 0 steps redone by the next attempt.
+  both ranks' files, 0 steps redone by the next attempt;
+* ``--fsdp``: the shards of both ranks committed through DCP, resumed on the same world size bit-exact with an
+  uninterrupted 2-rank FSDP run; such a commit is refused (invalid, one line) by a run without ``--fsdp``.
 """
 
 from __future__ import annotations
