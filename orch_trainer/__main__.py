@@ -21,6 +21,7 @@ from pathlib import Path
 
 from orch_trainer import runfiles
 from orch_trainer.config import apply_overrides, build_parser, parse_args
+from orch_trainer.ranks import Ranks
 
 # Everything imported here is stdlib-only (no torch): argument errors and "already complete" are fast.
 from orchestrator import protocol
@@ -91,10 +92,12 @@ def _attempt(argv: list[str], flag: PreemptionFlag, boundary_hook: object) -> in
         build_parser().error("torch is not installed in this environment: pip install 'orch[trainer]'")
 
     protocol.attempt_dir(run_dir, attempt).mkdir(parents=True, exist_ok=True)
-    stale = runfiles.set_aside_stale_failure(run_dir, attempt)
-    if stale is not None:
-        runfiles.log(f"attempt {attempt} restarted in place: previous failure.json kept as {stale.name}")
-    runfiles.write_program(run_dir, attempt, argv, dict(os.environ))
+    ranks = Ranks.from_env()
+    if ranks.is_writer:  # the attempt's own files: rank 0's alone (two ranks raced on program.json)
+        stale = runfiles.set_aside_stale_failure(run_dir, attempt)
+        if stale is not None:
+            runfiles.log(f"attempt {attempt} restarted in place: previous failure.json kept as {stale.name}")
+        runfiles.write_program(run_dir, attempt, argv, dict(os.environ))
 
     warnings.filterwarnings("ignore", message="Failed to initialize NumPy")  # torch without numpy: noise
     from orch_trainer.loop import Trainer
@@ -103,10 +106,17 @@ def _attempt(argv: list[str], flag: PreemptionFlag, boundary_hook: object) -> in
     try:
         trainer = Trainer(args, run_dir, attempt, job, flag, boundary_hook)  # type: ignore[arg-type]
         return trainer.run()
-    except Exception:
+    except Exception as e:
         # Unexpected: keep the traceback (exit 1) but also classify, so the orchestrator need not guess.
         step = trainer.step if trainer is not None else None
-        runfiles.report_failure(run_dir, attempt, "crash", step, traceback.format_exc()[-1800:])
+        if ranks.multi:
+            # The kit's account of a rank's crash: its own file, or `killed` when a collective lost a peer
+            from orchestrator.kit.run import Run
+
+            Run(run_dir, job, attempt, is_writer=ranks.is_writer).crashed(
+                step, e, traceback.format_exc()[-1800:], rank=ranks.rank, world=ranks.world)
+        else:
+            runfiles.report_failure(run_dir, attempt, "crash", step, traceback.format_exc()[-1800:])
         raise
 
 

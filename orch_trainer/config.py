@@ -118,6 +118,9 @@ def build_parser() -> argparse.ArgumentParser:
                     help="resume even if the checkpoint's effective batch differs")
     ap.add_argument("--allow-data-change", action="store_true",
                     help="resume even if the corpus sha256 differs from the checkpoint's")
+    ap.add_argument("--fsdp", action="store_true",
+                    help="with several ranks: shard the model and optimizer over them (FSDP2, fully_shard) and "
+                         "checkpoint them through torch.distributed.checkpoint (default: DDP, replicated)")
     ap.add_argument("--device", choices=["auto", "cpu", "cuda"], default="auto")
     ap.add_argument("--threads", type=pos1, default=1, help="torch CPU threads (default 1)")
     ap.add_argument("--background-save", action=argparse.BooleanOptionalAction, default=True,
@@ -147,6 +150,10 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     if args.lora_rank and args.save_fork_checkpoint:
         ap.error("--lora-rank and --save-fork-checkpoint cannot be used together: a fork checkpoint needs "
                  "optimizer state for every weight, LoRA trains only the adapters")
+    # FSDP shards the weights: a fork checkpoint (full weights beside the optimizer, written by rank 0 alone) and
+    # LoRA's frozen base weights in the same shards are not built for it.
+    if args.fsdp and (args.lora_rank or args.save_fork_checkpoint):
+        ap.error("--fsdp cannot be used with --lora-rank or --save-fork-checkpoint")
     # "auto"/"none" or a path; an empty string (an unset shell variable) is a usage error, not a path.
     if not args.resume.strip():
         ap.error("--resume must be auto, none or a checkpoint path")

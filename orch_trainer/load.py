@@ -25,9 +25,11 @@ from orch_trainer.attempt import Attempt
 from orch_trainer.config import run_config
 from orch_trainer.model import PRESETS, TinyGPT
 from orch_trainer.preflight import Preflight
+from orch_trainer.ranks import SINGLE, Ranks, shard_model
 from orch_trainer.runfiles import log
 from orch_trainer.state import restore_rng
 from orchestrator.kit.checkpoint import CheckpointCorrupt, CheckpointManager
+from orchestrator.kit.sharded import ShardedCheckpointer, dcp_state, is_sharded, set_dcp_state
 
 
 @dataclass(frozen=True)
@@ -91,6 +93,8 @@ def load(args: argparse.Namespace, attempt: Attempt, ckpts: CheckpointManager, p
                            f"vocabulary {corpus.vocab_size} != model vocabulary {mcfg.vocab_size}")
     sampler = datamod.BatchSampler(train_tokens, mcfg.block_size, args.seed)
     model = TinyGPT(mcfg, args.lora_rank).to(pre.device)
+    if args.fsdp:
+        shard_model(model)
     trainable = [p for p in model.parameters() if p.requires_grad]
     optimizer = torch.optim.AdamW(trainable, lr=args.lr, weight_decay=0.01)
     # A partial, not a closure: LambdaLR's state dict keeps a callable object's (empty) __dict__, as
@@ -110,8 +114,15 @@ def _restore(args: argparse.Namespace, attempt: Attempt, ckpts: CheckpointManage
              model: TinyGPT, optimizer: torch.optim.Optimizer, scheduler: torch.optim.lr_scheduler.LambdaLR,
              ) -> tuple[int, tuple[dict[str, Any], ...]]:
     """Load ``path`` (sha256-verified first) into the objects and the global RNGs: (step, OOM events)."""
+    if args.fsdp:
+        return _restore_sharded(attempt, path, model, optimizer, scheduler)
     try:
-        state = ckpts.load(path, map_location="cpu")
+        if is_sharded(path):
+            # A commit of several ranks (rank 0 verified every file when it chose it): the replicated state, and
+            # this rank's RNG only on the world size that saved it (kit.sharded).
+            state = ShardedCheckpointer(attempt.run_dir).load(path, map_location="cpu")
+        else:
+            state = ckpts.load(path, map_location="cpu")
     except CheckpointCorrupt as e:
         raise attempt.fail("invalid", None, f"cannot load {path.name}: {e}") from None
     meta = state["meta.json"]
@@ -127,15 +138,40 @@ def _restore(args: argparse.Namespace, attempt: Attempt, ckpts: CheckpointManage
         raise attempt.fail("invalid", None,
                            f"{path.name} does not fit this model (preset {args.preset}, "
                            f"lora rank {args.lora_rank}): {str(e)[:500]}") from None
-    restore_rng(state["rng.pt"])
+    if "rng.pt" in state:
+        restore_rng(state["rng.pt"])
+    else:  # saved on another world size: each rank keeps the RNG it was seeded with
+        log(f"{path.name} was saved on {meta.get('world_size')} ranks: per-rank RNG states not restored")
     step = int(meta["step"])
     oom_events = tuple(meta.get("oom_events") or [])
     log(f"resumed from {path.name} (step {step})")
     return step, oom_events
 
 
-def write_run_config(args: argparse.Namespace, attempt: Attempt, pre: Preflight, loaded: Loaded) -> RunConfig:
-    """Write run_config.json (the effective configuration of this attempt) and return what it holds."""
+def _restore_sharded(attempt: Attempt, path: Path, model: TinyGPT, optimizer: torch.optim.Optimizer,
+                     scheduler: torch.optim.lr_scheduler.LambdaLR) -> tuple[int, tuple[dict[str, Any], ...]]:
+    """--fsdp: model and optimizer through DCP into this rank's shards (the kit's helpers, as orch_run's), the
+    scheduler and meta from rank 0's files, this rank's RNG on the same world size."""
+    template = dcp_state(model, optimizer)
+    try:
+        state = ShardedCheckpointer(attempt.run_dir).load(path, sharded=template, map_location="cpu")
+        set_dcp_state(model, optimizer, template)
+        scheduler.load_state_dict(state["sched.pt"])
+    except (CheckpointCorrupt, RuntimeError, ValueError, KeyError) as e:
+        raise attempt.fail("invalid", None, f"cannot load {path.name} into the sharded model: {str(e)[:500]}") from None
+    meta = state["meta.json"]
+    if "rng.pt" in state:
+        restore_rng(state["rng.pt"])
+    else:
+        log(f"{path.name} was saved on {meta.get('world_size')} ranks: per-rank RNG states not restored")
+    log(f"resumed from {path.name} (step {meta['step']})")
+    return int(meta["step"]), tuple(meta.get("oom_events") or [])
+
+
+def write_run_config(args: argparse.Namespace, attempt: Attempt, pre: Preflight, loaded: Loaded,
+                     ranks: Ranks = SINGLE) -> RunConfig:
+    """Write run_config.json (the effective configuration of this attempt; rank 0's alone) and return what it
+    holds."""
     cfg = run_config(args)
     prev = runfiles.read_run_config(attempt.run_dir) if loaded.resumed_from is not None else {}
     oom_events = list(loaded.oom_events)
@@ -152,5 +188,8 @@ def write_run_config(args: argparse.Namespace, attempt: Attempt, pre: Preflight,
         accumulation_steps=pre.accum, device=pre.device.type, device_requested=args.device,
         attempt=attempt.n, job=attempt.job, model=PRESETS[args.preset].to_dict(),
     )
-    runfiles.write_run_config(attempt.run_dir, cfg)
+    if ranks.multi:
+        cfg.update(world_size=ranks.world)  # accumulation_steps is then per rank
+    if ranks.is_writer:
+        runfiles.write_run_config(attempt.run_dir, cfg)
     return RunConfig(values=cfg, oom_events=tuple(oom_events))

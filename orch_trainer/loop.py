@@ -26,6 +26,7 @@ import gc
 import math
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -37,17 +38,20 @@ from orch_trainer.faults import FaultInjector, cpu_oom_error
 from orch_trainer.finish import finish
 from orch_trainer.load import Loaded, RunConfig, load, write_run_config
 from orch_trainer.model import PRESETS
-from orch_trainer.preflight import Preflight, preflight
+from orch_trainer.preflight import Preflight, pick_device, preflight
+from orch_trainer.ranks import Ranks, init_group, leave, refusal
 from orch_trainer.runfiles import log
 from orch_trainer.state import autocast, capture_rng, checkpoint_meta, progress_fields, restore_rng, state_files
 from orch_trainer.trained import Trained
 from orchestrator import protocol
 from orchestrator.kit.checkpoint import CheckpointError, CheckpointManager
+from orchestrator.kit.dist import StopAgreement, any_rank
 from orchestrator.kit.heartbeat import Heartbeat
 from orchestrator.kit.interval import AutoSaveInterval
 from orchestrator.kit.preemption import PreemptionFlag
+from orchestrator.kit.sharded import ShardedCheckpointer, dcp_state
 
-__all__ = ["BoundaryHook", "Trained", "TrainLoop", "Trainer", "TrainerExit", "is_oom"]
+__all__ = ["BoundaryHook", "Trained", "TrainLoop", "Trainer", "TrainerExit", "is_oom", "micro_index"]
 
 BoundaryHook = Callable[["Trainer", int, int], None]  # (trainer, step being computed, micro-batch index)
 _SIGNAL_FAULTS = ("sigterm", "sigkill", "hang", "crash")
@@ -62,8 +66,29 @@ def is_oom(e: BaseException) -> bool:
         "DefaultCPUAllocator" in msg or "can't allocate memory" in msg or "failed to allocate" in msg.lower())
 
 
+def micro_index(j: int, world: int, rank: int) -> int:
+    """The global index of rank ``rank``'s ``j``-th micro-batch of a step: rank r takes r, r+world, ...
+
+    The step's global batch is cut by global index, the same cut on any world size: with the data a pure function
+    of the step, a resume on another world size trains on the same samples with the same effective batch.
+    """
+    return j * world + rank
+
+
 def _largest_divisor_at_most(n: int, limit: int) -> int:
     return max(d for d in range(1, max(limit, 1) + 1) if n % d == 0)
+
+
+@dataclass(frozen=True)
+class Collective:
+    """What a step loop of several ranks adds (issue 19), all of it the kit's: one stop decision at step
+    boundaries (``StopAgreement``) and one verified commit per step holding every rank's files
+    (``ShardedCheckpointer``: rank 0 the replicated model/optimizer/meta, each rank its RNG)."""
+
+    ranks: Ranks
+    agreement: StopAgreement
+    sckpts: ShardedCheckpointer
+    fsdp: bool = False  # FSDP2 shards (saved through DCP) instead of DDP replicas
 
 
 class Trainer:
@@ -85,7 +110,10 @@ class Trainer:
         self.this_attempt = Attempt(run_dir, attempt, job)
         self.faults = FaultInjector(run_dir, list(args.inject_fault), attempt)
         self.ckpts = CheckpointManager(run_dir, args.keep_last_k, write_hook=self._checkpoint_write_hook)
-        self.heartbeat = Heartbeat(run_dir, attempt, args.heartbeat_interval)
+        self.ranks = Ranks.from_env()
+        # Every rank beats: rank 0 progress.json, another rank its own file (the hang policy judges the oldest).
+        self.heartbeat = Heartbeat(run_dir, attempt, args.heartbeat_interval, rank=self.ranks.rank,
+                                   world=self.ranks.world)
         # Set by run() as the phases complete; read by `step` (the crash report's step).
         self.loaded: Loaded | None = None
         self.loop: TrainLoop | None = None
@@ -100,28 +128,49 @@ class Trainer:
     def run(self) -> int:
         self.heartbeat.start()
         try:
-            pre = preflight(self.args, self.this_attempt, self.ckpts)
+            self._join_ranks()
+            pre = preflight(self.args, self.this_attempt, self.ckpts, self.ranks)
             self.loaded = load(self.args, self.this_attempt, self.ckpts, pre)
-            config = write_run_config(self.args, self.this_attempt, pre, self.loaded)
+            config = write_run_config(self.args, self.this_attempt, pre, self.loaded, self.ranks)
             self.loop = self.train_loop(pre, self.loaded, config)
             trained = self.loop.run()
-            if self.preemption.requested:
+            if self.loop.stop_requested():
                 # A stop during the last step is never completion (issue 17): that step is checkpointed and
                 # the next attempt, with 0 steps left, writes the result.
                 self.loop._rng_at_step_start = capture_rng(self.loop._cuda)  # the RNG after the last step
                 self.loop._preempt()
-            return finish(self.args, self.this_attempt, self.ckpts, self.heartbeat, pre, self.loaded, trained)
+            loaded = _gathered(self.args, self.loaded, pre.device) if self.args.fsdp else self.loaded
+            # rank 0 writes result/ and the completion; every rank leaves with its exit code
+            return self.ranks.rank0_decides(lambda: finish(self.args, self.this_attempt, self.ckpts, self.heartbeat,
+                                                           pre, loaded, trained))
         except TrainerExit as e:
             return e.code
         finally:
             self.heartbeat.stop()
+            leave(self.ranks)
+
+    def _join_ranks(self) -> None:
+        """Refuse what several ranks cannot run (before any collective: every rank refuses alike), then join
+        the process group (gloo on CPU, nccl on CUDA)."""
+        why = refusal(self.args)
+        if why is not None:
+            raise self.this_attempt.fail("invalid", None, why)
+        if self.ranks.multi:
+            init_group(self.ranks, cuda=pick_device(self.args, self.ranks).type == "cuda")
+            if self.args.background_save:
+                log("several ranks: each checkpoint is one collective commit, written in the loop (no background save)")
 
     def train_loop(self, pre: Preflight, loaded: Loaded, config: RunConfig) -> TrainLoop:
         """The step loop of this attempt, wired to its faults, checkpoints, heartbeat and stop flag."""
         hook = None if self.boundary_hook is None else functools.partial(self.boundary_hook, self)
+        collective = None
+        if self.ranks.multi:
+            collective = Collective(self.ranks, StopAgreement(self.preemption),
+                                    ShardedCheckpointer(self.run_dir, self.args.keep_last_k,
+                                                        write_hook=self._checkpoint_write_hook), fsdp=self.args.fsdp)
         return TrainLoop(self.args, self.this_attempt, pre, loaded, config, faults=self.faults,
                          ckpts=self.ckpts, heartbeat=self.heartbeat, preemption=self.preemption,
-                         boundary_hook=hook)
+                         boundary_hook=hook, collective=collective)
 
     def _checkpoint_write_hook(self, step: int, path: str) -> None:
         # Inside the writer's write(): an injected disk-full takes the same path as a real one.
@@ -139,7 +188,8 @@ class TrainLoop:
 
     def __init__(self, args: argparse.Namespace, attempt: Attempt, pre: Preflight, loaded: Loaded,
                  config: RunConfig, *, faults: FaultInjector, ckpts: CheckpointManager, heartbeat: Heartbeat,
-                 preemption: PreemptionFlag, boundary_hook: Callable[[int, int], None] | None = None) -> None:
+                 preemption: PreemptionFlag, boundary_hook: Callable[[int, int], None] | None = None,
+                 collective: Collective | None = None) -> None:
         self.args = args
         self.attempt = attempt
         self.faults = faults
@@ -151,6 +201,13 @@ class TrainLoop:
         self.data_sha256 = pre.data_sha256
         self.resume_path = pre.resume_path
         self.model = loaded.model
+        self.collective = collective
+        self.world, self.rank = (collective.ranks.world, collective.ranks.rank) if collective else (1, 0)
+        # What the steps run: the model itself, or DDP around it (gradients averaged over the ranks); the state
+        # saved is always the model's own (the same keys on any world size).
+        self.net: torch.nn.Module = self.model if collective is None or collective.fsdp else _ddp(self.model,
+                                                                                                  pre.device)
+        self._saved_path: Path | None = None
         self.trainable = loaded.trainable
         self.optimizer = loaded.optimizer
         self.scheduler = loaded.scheduler
@@ -192,6 +249,8 @@ class TrainLoop:
             if loss is None:
                 self._preempt()
             grad_norm = torch.nn.utils.clip_grad_norm_(self.trainable, 1.0)
+            if self.args.fsdp:
+                grad_norm = grad_norm.full_tensor()  # a DTensor over the shards: the norm of the whole gradient
             loss_v, gn_v = torch.stack([loss.float(), grad_norm.float()]).tolist()  # one device sync
             if not (math.isfinite(loss_v) and math.isfinite(gn_v)):
                 self._stop_on_nan(s, loss_v, gn_v)
@@ -202,7 +261,7 @@ class TrainLoop:
             elapsed = time.perf_counter() - t_start
             tok_s = (s - self.start_step) * self.tokens_per_step / elapsed if elapsed > 0 else 0.0
             self._post_progress(tok_s)
-            if s % a.log_interval == 0 or s == a.max_steps:
+            if (s % a.log_interval == 0 or s == a.max_steps) and self.rank == 0:
                 log(f"step {s}/{a.max_steps} loss {loss_v:.4f} lr {self.scheduler.get_last_lr()[0]:.2e} "
                     f"tok/s {tok_s:.0f}")
             self._poll_save()
@@ -234,16 +293,29 @@ class TrainLoop:
             self._micro_in_step = j
             if self._at_boundary(s, j, fault_micro):
                 return None
-            x, y = self.sampler.micro_batch(starts, j, self.micro)
+            x, y = self.sampler.micro_batch(starts, micro_index(j, self.world, self.rank), self.micro)
             x, y = x.to(self.device, non_blocking=True), y.to(self.device, non_blocking=True)
-            with self._autocast:
-                loss = self.model(x, y)  # an injected OOM is raised in here, by the forward pre-hook
-            if j == 0 and self.faults.take("nan", s):
-                loss = loss * float("nan")  # the forward's loss turns non-finite, as in a real blow-up
-            (loss / self.accum).backward()
+            with self._no_sync(j):
+                with self._autocast:
+                    loss = self.net(x, y)  # an injected OOM is raised in here, by the forward pre-hook
+                if j == 0 and self.faults.take("nan", s):
+                    loss = loss * float("nan")  # the forward's loss turns non-finite, as in a real blow-up
+                (loss / self.accum).backward()
             total += loss.detach()
             self.micro_batches_computed += 1
-        return total / self.accum
+        if self.collective is None:
+            return total / self.accum
+        return _global_mean(total / self.accum, self.world)  # the loss logged and saved: the global batch's
+
+    def _no_sync(self, j: int) -> contextlib.AbstractContextManager[Any]:
+        """DDP averages the gradients once per step, at the last micro-batch's backward."""
+        if self.collective is None or self.collective.fsdp or j == self.accum - 1:
+            return contextlib.nullcontext()  # FSDP: reduce-scatters at each backward into the sharded gradients
+        return self.net.no_sync()  # type: ignore[operator]
+
+    def stop_requested(self) -> bool:
+        """Whether a stop was asked for: on several ranks, agreed by all (the same answer on every rank)."""
+        return self.collective.agreement.agree() if self.collective is not None else self.preemption.requested
 
     def _at_boundary(self, s: int, j: int, fault_micro: int) -> bool:
         """A micro-batch boundary: the only place a stop request or a process fault acts."""
@@ -254,6 +326,10 @@ class TrainLoop:
                 spec = self.faults.take(kind, s)
                 if spec is not None:
                     FaultInjector.act_process_fault(spec)
+        if self.collective is not None:
+            # Several ranks agree at step boundaries only (one all-reduce, kit.dist.StopAgreement): every rank
+            # then stops after the same step, however many saw the signal.
+            return j == 0 and self.collective.agreement.should_stop()
         return self.preemption.requested
 
     def _oom_fault_hook(self, _module: torch.nn.Module, _inputs: Any) -> None:
@@ -270,6 +346,11 @@ class TrainLoop:
         if self._cuda:
             torch.cuda.empty_cache()
         old = self.micro
+        if self.collective is not None:
+            # The ranks share each step's split: one rank cannot shrink its micro-batch alone.
+            raise self.attempt.fail("oom", s, f"out of memory on rank {self.rank} of {self.world} (no in-process "
+                                    f"micro-batch shrink with several ranks): {detail}",
+                                    micro_batch_size=old, batch_size=self.args.batch_size)
         if old == 1:
             raise self.attempt.fail("oom", s, f"out of memory at micro-batch 1: {detail}",
                                     micro_batch_size=1, batch_size=self.args.batch_size)
@@ -300,20 +381,35 @@ class TrainLoop:
     def _save_due(self, s: int) -> bool:
         if self.auto_save is None:
             return s % self.args.save_interval == 0
+        if self.collective is not None:  # a collective save: one decision (any rank's), or they hang
+            return any_rank(self.auto_save.due())
         return self.auto_save.due()
 
     def _save(self, step: int, *, background: bool, rng: dict[str, Any] | None = None) -> None:
         rng = rng if rng is not None else capture_rng(self._cuda)
         meta = checkpoint_meta(self.args, step=step, micro=self.micro, accum=self.accum,
-                               data_sha256=self.data_sha256, oom_events=self.oom_events, attempt=self.attempt.n)
+                               data_sha256=self.data_sha256, oom_events=self.oom_events, attempt=self.attempt.n,
+                               world=self.world)
         files = state_files(self.model, self.optimizer, self.scheduler, rng, meta)
         t0 = time.monotonic()
         try:
-            self.ckpts.save(step, files, background=background)
+            if self.collective is not None and self.collective.fsdp:
+                # Every rank its shards of model and optimizer (DCP) and its RNG; rank 0 the scheduler and meta
+                self._saved_path = self.collective.sckpts.save(
+                    step, sharded=dcp_state(self.model, self.optimizer), per_rank={"rng.pt": rng},
+                    replicated={"sched.pt": self.scheduler.state_dict(), "meta.json": meta})
+            elif self.collective is not None:
+                # One commit of every rank: rank 0 the replicated state, each rank its RNG (blocking, collective)
+                per_rank = {"rng.pt": files.pop("rng.pt")}
+                self._saved_path = self.collective.sckpts.save(step, replicated=files, per_rank=per_rank)
+            else:
+                self.ckpts.save(step, files, background=background)
         except CheckpointError as e:
             raise self.attempt.save_failed(e) from e
         if self.auto_save is not None:  # the loop's blocked time is the cost the interval weighs
-            self.auto_save.record_save(time.monotonic() - t0, self.ckpts.last_save_s)  # total: the newest commit
+            blocked = time.monotonic() - t0
+            # total: the newest commit's (a collective save blocks for all of it)
+            self.auto_save.record_save(blocked, blocked if self.collective is not None else self.ckpts.last_save_s)
         self._post_progress(saving=step)
         self.heartbeat.beat_now()
 
@@ -336,7 +432,10 @@ class TrainLoop:
         else:
             # The RNG as it was when the discarded step began = as it was after the last completed one.
             self._save(self.step, background=False, rng=self._rng_at_step_start)
-            saved = self.ckpts.last_committed[1] if self.ckpts.last_committed else None
+            if self.collective is not None:
+                saved = self._saved_path
+            else:
+                saved = self.ckpts.last_committed[1] if self.ckpts.last_committed else None
         self.preemption.record_step(self.step)
         raise self.attempt.fail("preempted", self.step,
                                 f"{self.preemption.reason} during step {self._computing_step}: saved the last "
@@ -356,3 +455,36 @@ class TrainLoop:
                                               tok_s=self._tok_s, tokens_per_step=self.tokens_per_step,
                                               saving=saving, resumed_from=self.start_step),
                             **(self.auto_save.fields() if self.auto_save is not None else {}))
+
+
+def _gathered(args: argparse.Namespace, loaded: Loaded, device: torch.device) -> Loaded:
+    """FSDP: the whole model, on rank 0, for result/ and the eval loss (a collective: every rank calls it; the
+    other ranks get ``loaded`` back, finish being rank 0's)."""
+    import dataclasses
+
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+
+    from orch_trainer.model import TinyGPT
+
+    full = get_model_state_dict(loaded.model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+    if not full:
+        return loaded
+    plain = TinyGPT(PRESETS[args.preset], args.lora_rank).to(device)
+    plain.load_state_dict(full)
+    return dataclasses.replace(loaded, model=plain)
+
+
+def _ddp(model: torch.nn.Module, device: torch.device) -> torch.nn.Module:
+    """DDP around ``model`` (its parameters broadcast from rank 0; gradients averaged at each step's end)."""
+    from torch.nn.parallel import DistributedDataParallel
+
+    return DistributedDataParallel(model, device_ids=[device.index] if device.type == "cuda" else None)
+
+
+def _global_mean(local: torch.Tensor, world: int) -> torch.Tensor:
+    """The mean over the ranks of each rank's mean loss (equal micro-batch counts: the global batch's mean)."""
+    import torch.distributed as dist
+
+    out = local.detach().clone()
+    dist.all_reduce(out)  # SUM: gloo has no AVG
+    return out / world

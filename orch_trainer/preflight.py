@@ -12,7 +12,6 @@ from __future__ import annotations
 import argparse
 import errno
 import hashlib
-import os
 import shutil
 from dataclasses import dataclass
 from pathlib import Path
@@ -23,9 +22,11 @@ import torch
 from orch_trainer import data as datamod
 from orch_trainer.attempt import Attempt
 from orch_trainer.model import PRESETS, checkpoint_bytes_estimate
+from orch_trainer.ranks import SINGLE, Ranks
 from orch_trainer.runfiles import log
 from orchestrator import protocol
 from orchestrator.kit.checkpoint import CheckpointManager
+from orchestrator.kit.dist import grad_accumulation
 
 # An input that is not there (ENOENT) or whose NFS handle went stale (ESTALE): maybe back in a moment.
 MISSING_ERRNOS = frozenset({errno.ENOENT, errno.ESTALE})
@@ -43,22 +44,20 @@ class Preflight:
     resume_meta: dict[str, Any] | None  # its meta.json
     skipped_checkpoints: tuple[dict[str, str], ...]  # corrupt ones set aside on the way, for run_config.json
     micro: int  # micro-batch size: the argument's, or the smaller one a resumed run shrank to after an OOM
-    accum: int  # micro-batches per optimizer step (batch_size // micro)
+    accum: int  # micro-batches per optimizer step on each rank (batch_size // (micro * world size))
 
 
-def preflight(args: argparse.Namespace, attempt: Attempt, ckpts: CheckpointManager) -> Preflight:
+def preflight(args: argparse.Namespace, attempt: Attempt, ckpts: CheckpointManager,
+              ranks: Ranks = SINGLE) -> Preflight:
     """Run the filesystem checks in order; a refusal raises ``attempt.fail(...)`` (nothing loaded yet).
 
     Side effects, all on the run dir: stale tmp dirs of a crashed writer are removed, corrupt
     checkpoints and those newer than an explicit resume point are renamed aside.
     """
-    # Several ranks of this single-process trainer would share one run dir and race on its checkpoints (hostile
-    # test: `--nproc-per-node 2` crashed at random on "Directory not empty"): refuse before touching anything.
-    world = os.environ.get("WORLD_SIZE", "1")
-    if world.strip() not in ("", "1"):
-        raise attempt.fail("invalid", None, f"the bundled trainer runs as one process, not as WORLD_SIZE={world[:16]} "
-                                            "ranks (drop --nproc-per-node; use orch_run for your own DDP loop)")
-    ckpts.clean_stale()
+    # Several ranks share one run dir: rank 0 alone cleans, renames aside and decides (hostile test: two ranks
+    # that each did crashed at random on "Directory not empty"); the others read what it decided.
+    if ranks.is_writer:
+        ckpts.clean_stale()
     # Unreadable corpus: refuse now, not after the model is built (and not as a crash later).
     try:
         raw, source = datamod.read_corpus_bytes(args.data)
@@ -70,25 +69,49 @@ def preflight(args: argparse.Namespace, attempt: Attempt, ckpts: CheckpointManag
                                path=str(args.data)) from None
         raise attempt.fail("invalid", None, f"corpus {args.data} unreadable: {e}") from None
     data_sha256 = hashlib.sha256(raw).hexdigest()
-    device = _pick_device(args, attempt)
-    skipped: list[dict[str, str]] = []
-    resume_path, resume_meta = _select_checkpoint(args, attempt, ckpts, skipped)
-    micro, accum = args.micro_batch_size, args.batch_size // args.micro_batch_size
-    if resume_path is not None and resume_meta is not None:
-        micro, accum = _check_resume_compatible(args, attempt, resume_path, resume_meta, data_sha256, micro, accum)
-    _check_free_space(args, attempt)
+    device = _pick_device(args, attempt, ranks)
+    resume_path, resume_meta, skipped, micro, accum = ranks.rank0_decides(
+        lambda: _resume_point(args, attempt, ckpts, data_sha256))
+    if ranks.multi:
+        accum = _accumulation_per_rank(args, attempt, micro, ranks.world)
+    if ranks.is_writer:
+        _check_free_space(args, attempt)
     return Preflight(corpus_raw=raw, corpus_source=source, data_sha256=data_sha256, device=device,
                      resume_path=resume_path, resume_meta=resume_meta, skipped_checkpoints=tuple(skipped),
                      micro=micro, accum=accum)
 
 
-def _pick_device(args: argparse.Namespace, attempt: Attempt) -> torch.device:
+def _resume_point(args: argparse.Namespace, attempt: Attempt, ckpts: CheckpointManager, data_sha256: str,
+                  ) -> tuple[Path | None, dict[str, Any] | None, list[dict[str, str]], int, int]:
+    """(checkpoint, its meta, corrupt ones set aside, micro, accum): rank 0's choice, with its side effects."""
+    skipped: list[dict[str, str]] = []
+    resume_path, resume_meta = _select_checkpoint(args, attempt, ckpts, skipped)
+    micro, accum = args.micro_batch_size, args.batch_size // args.micro_batch_size
+    if resume_path is not None and resume_meta is not None:
+        micro, accum = _check_resume_compatible(args, attempt, resume_path, resume_meta, data_sha256, micro, accum)
+    return resume_path, resume_meta, skipped, micro, accum
+
+
+def _accumulation_per_rank(args: argparse.Namespace, attempt: Attempt, micro: int, world: int) -> int:
+    """Micro-batches per step on each rank: --batch-size is the global batch on any world size."""
+    try:
+        return grad_accumulation(args.batch_size, micro, world)
+    except ValueError as e:  # a micro-batch a one-rank OOM shrank to that does not split over these ranks
+        raise attempt.fail("invalid", None, f"--batch-size is the global batch: {e}") from None
+
+
+def pick_device(args: argparse.Namespace, ranks: Ranks = SINGLE) -> torch.device:
+    """CUDA when asked or available (this rank's GPU, LOCAL_RANK, under several ranks), else CPU."""
+    if args.device == "cpu" or not torch.cuda.is_available():
+        return torch.device("cpu")
+    return torch.device("cuda", ranks.local_rank) if ranks.multi else torch.device("cuda")
+
+
+def _pick_device(args: argparse.Namespace, attempt: Attempt, ranks: Ranks) -> torch.device:
     if args.device == "cuda" and not torch.cuda.is_available():
         # Falling back to CPU would turn a 1-hour GPU job into a 3-day CPU job without a word.
         raise attempt.fail("invalid", None, "--device cuda but no CUDA device is available")
-    if args.device == "cpu" or not torch.cuda.is_available():
-        return torch.device("cpu")
-    return torch.device("cuda")
+    return pick_device(args, ranks)
 
 
 def _select_checkpoint(args: argparse.Namespace, attempt: Attempt, ckpts: CheckpointManager,
@@ -176,6 +199,10 @@ def _check_resume_compatible(args: argparse.Namespace, attempt: Attempt, path: P
                            f"checkpoint {path.name} was trained with --batch-size "
                            f"{meta.get('batch_size')}, this run asks for {args.batch_size}; "
                            "pass --allow-batch-change to resume anyway")
+    # An FSDP commit holds sharded state (DCP), a DDP or one-process one whole files: each loads only its own kind.
+    if bool(meta.get("fsdp")) != bool(args.fsdp):
+        how = "with" if meta.get("fsdp") else "without"
+        raise attempt.fail("invalid", None, f"checkpoint {path.name} was written {how} --fsdp; resume it the same way")
     # The runbook's data_hash (seed 002): a resume on other data is a different experiment.
     if meta.get("data_sha256") != data_sha256 and not args.allow_data_change:
         raise attempt.fail("invalid", None,

@@ -12,7 +12,9 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from orch_trainer.ranks import Ranks
 from orchestrator import protocol
+from orchestrator.kit.run import RANK_FAILURE
 
 # What command.json keeps of the environment: enough to see where and how an attempt ran, never
 # the whole environment (it may hold tokens).
@@ -46,9 +48,20 @@ def set_aside_stale_failure(run_dir: Path, attempt: int) -> Path | None:
 
 def report_failure(run_dir: Path, attempt: int, cls: str, step: int | None, detail: str,
                    **extra: Any) -> bool:
-    """Write failure.json; if even that fails (a full disk), say the class on stderr. True if written."""
+    """Write failure.json; if even that fails (a full disk), say the class on stderr. True if written.
+
+    A rank other than 0 of several never writes failure.json (rank 0 reports the attempt): it writes its own
+    ``failure.rank-<r>.json`` (the kit's name, read by ``Run.crashed`` on a peer that lost it), and nothing for a
+    stop, which every rank takes at the same step and rank 0 reports."""
     log(f"failure class={cls} step={step}: {detail}")
+    ranks = Ranks.from_env()
     try:
+        if not ranks.is_writer:
+            if cls != "preempted":
+                adir = protocol.attempt_dir(run_dir, attempt)
+                protocol.atomic_write_json(adir / RANK_FAILURE.format(ranks.rank), {
+                    "class": cls, "step": step, "rank": ranks.rank, "detail": detail[-1800:], **extra})
+            return True
         protocol.write_failure(run_dir, attempt, cls, step, detail, **extra)
         return True
     except OSError as e:

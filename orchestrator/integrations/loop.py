@@ -52,7 +52,7 @@ from orchestrator.kit.log import log
 from orchestrator.kit.preemption import PreemptionFlag
 from orchestrator.kit.rng import capture_rng, restore_rng
 from orchestrator.kit.run import Run, signal_name
-from orchestrator.kit.sharded import ShardedCheckpointer, is_sharded
+from orchestrator.kit.sharded import ShardedCheckpointer, dcp_state, is_sharded, set_dcp_state
 
 
 class OrchRun:
@@ -121,22 +121,13 @@ class OrchRun:
 
     def _sharded_state(self) -> dict[str, Any]:
         """Model (and optimizer) state as torch.distributed.checkpoint saves and reshards it."""
-        from torch.distributed.checkpoint.state_dict import get_model_state_dict, get_optimizer_state_dict
-
-        state: dict[str, Any] = {"model": get_model_state_dict(self.model)}
-        if self.optimizer is not None:
-            state["optim"] = get_optimizer_state_dict(self.model, self.optimizer)
-        return state
+        return dcp_state(self.model, self.optimizer)
 
     def _restore(self, step: int, path: Path) -> None:
         if is_sharded(path):
-            from torch.distributed.checkpoint.state_dict import set_model_state_dict, set_optimizer_state_dict
-
             sharded = self._sharded_state()
             loaded = self.sckpts.load(path, sharded=sharded)  # resume() verified every file
-            set_model_state_dict(self.model, sharded["model"])
-            if self.optimizer is not None:
-                set_optimizer_state_dict(self.model, self.optimizer, sharded["optim"])
+            set_dcp_state(self.model, self.optimizer, sharded)
         else:
             loaded = CheckpointManager.load(path)  # verifies every sha256 again, then torch.load(weights_only)
             self.model.load_state_dict(loaded["model.pt"])

@@ -166,6 +166,25 @@ def _hashing_filesystem(hook: Callable[[], None] | None) -> Any:
     return HashingFileSystem()
 
 
+def dcp_state(model: torch.nn.Module, optimizer: torch.optim.Optimizer | None = None) -> dict[str, Any]:
+    """Model (and optimizer) state as torch.distributed.checkpoint saves and reshards it (FSDP shards as they are)."""
+    from torch.distributed.checkpoint.state_dict import get_model_state_dict, get_optimizer_state_dict
+
+    state: dict[str, Any] = {"model": get_model_state_dict(model)}
+    if optimizer is not None:
+        state["optim"] = get_optimizer_state_dict(model, optimizer)
+    return state
+
+
+def set_dcp_state(model: torch.nn.Module, optimizer: torch.optim.Optimizer | None, state: dict[str, Any]) -> None:
+    """Inverse of :func:`dcp_state`, for a ``state`` that :meth:`ShardedCheckpointer.load` filled in place."""
+    from torch.distributed.checkpoint.state_dict import set_model_state_dict, set_optimizer_state_dict
+
+    set_model_state_dict(model, state["model"])
+    if optimizer is not None:
+        set_optimizer_state_dict(model, optimizer, state["optim"])
+
+
 def is_sharded(path: Path) -> bool:
     """Whether the committed checkpoint at ``path`` was written by :class:`ShardedCheckpointer`."""
     try:

@@ -157,13 +157,19 @@ def test_ranks_left_by_a_killed_wrapper_and_torchrun_keep_the_attempt_alive_and_
             q.kill()
 
 
-def test_the_bundled_trainer_as_two_ranks_is_refused_as_invalid_not_left_to_race(orch):
-    """orch_trainer is one process: two ranks of it shared one run dir and crashed at random on each other's
-    checkpoint writes (hostile test). It refuses before touching the run dir: invalid, exit 2, said once."""
+def test_the_bundled_trainer_refuses_a_fault_drill_on_two_ranks_as_invalid_before_writing(orch):
+    """The bundled trainer runs DDP over several ranks (tests/trainer/test_trainer_ddp.py), but a combination it
+    does not support there is refused before the process group or any checkpoint exists: `--inject-fault` (one
+    fault file per run dir: two ranks raced on it, and a SIGTERM fault stopped one rank alone). invalid, exit 2
+    from the CLI's view of the job, said in one line."""
     p = orch("submit", "--name", "t2", "--nproc-per-node", "2", "--wait", "--", sys.executable, "-m", "orch_trainer",
-             "--preset", "tiny", "--max-steps", "20", env=GLOO_ENV)
+             "--preset", "tiny", "--max-steps", "20", "--batch-size", "8", "--micro-batch-size", "2",
+             "--inject-fault", "sigterm@step=3", env=GLOO_ENV)
     assert p.returncode == 4, p.stdout + p.stderr  # submit --wait: ended without a verified marker
     a = orch.show("t2")["attempts"][0]
     assert (orch.state("t2"), a["failure_class"]) == ("failed", "invalid"), a
-    assert "runs as one process, not as WORLD_SIZE=2 ranks" in a["detail"], a
-    assert not (orch.runs / "t2" / "checkpoints").exists() or not any((orch.runs / "t2" / "checkpoints").iterdir())
+    assert "--inject-fault is not supported with WORLD_SIZE=2 (it is a one-process drill)" in a["detail"], a
+    assert "\n" not in a["detail"].strip(), a
+    run_dir = orch.runs / "t2"
+    assert not (run_dir / "checkpoints").exists() or not any((run_dir / "checkpoints").iterdir())
+    assert not (run_dir / protocol.RUN_CONFIG).exists()  # refused before the model: nothing of the run written
