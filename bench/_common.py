@@ -150,6 +150,23 @@ def table(headers: Sequence[str], rows: Sequence[Sequence[object]]) -> str:
     return "\n".join(lines)
 
 
+def program_pid(run_dir: Path, needle_cmd: str) -> int | None:
+    """The pid of the program orch runs for ``run_dir`` (its environ has ``ORCH_RUN_DIR=<run_dir>``, its command
+    line contains ``needle_cmd``), found by a /proc scan; None when there is none (not started, or gone)."""
+    from orchestrator import protocol
+
+    needle = f"{protocol.ENV_RUN_DIR}={run_dir}".encode()
+    for d in Path("/proc").iterdir():
+        if d.name.isdigit():
+            try:
+                if needle in (d / "environ").read_bytes().split(b"\0") and \
+                        needle_cmd.encode() in (d / "cmdline").read_bytes():
+                    return int(d.name)
+            except OSError:
+                continue
+    return None
+
+
 @contextlib.contextmanager
 def _locked() -> Iterator[None]:
     fd = os.open(str(BENCHMARKS) + ".lock", os.O_CREAT | os.O_RDWR, 0o644)
@@ -162,8 +179,9 @@ def _locked() -> Iterator[None]:
             os.unlink(str(BENCHMARKS) + ".lock")
 
 
-def replace_section(title: str, body: str, path: Path = BENCHMARKS) -> None:
-    """Replace the ``## {title}`` section of BENCHMARKS.md (append it when absent).
+def replace_section(title: str, body: str, path: Path = BENCHMARKS, after: str | None = None) -> None:
+    """Replace the ``## {title}`` section of BENCHMARKS.md; when absent, insert it right after the ``## {after}``
+    section (a measured companion of a simulated one), else append it.
 
     A section runs from its heading to the next ``## `` heading; nothing else in the file changes.
     """
@@ -173,7 +191,11 @@ def replace_section(title: str, body: str, path: Path = BENCHMARKS) -> None:
         lines = text.splitlines(keepends=True)
         start = next((i for i, ln in enumerate(lines) if ln.rstrip("\n") == heading), None)
         new = [heading + "\n", "\n", body.rstrip("\n") + "\n", "\n"]
-        if start is None:
+        prev = next((i for i, ln in enumerate(lines) if after and ln.rstrip("\n") == f"## {after}"), None)
+        if start is None and prev is not None:
+            end = next((i for i in range(prev + 1, len(lines)) if lines[i].startswith("## ")), len(lines))
+            lines[end:end] = new if end < len(lines) else ["\n", *new]
+        elif start is None:
             if lines and lines[-1].strip():
                 lines[-1] = lines[-1] if lines[-1].endswith("\n") else lines[-1] + "\n"
                 lines.append("\n")
