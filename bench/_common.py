@@ -150,23 +150,6 @@ def table(headers: Sequence[str], rows: Sequence[Sequence[object]]) -> str:
     return "\n".join(lines)
 
 
-def program_pid(run_dir: Path, needle_cmd: str) -> int | None:
-    """The pid of the program orch runs for ``run_dir`` (its environ has ``ORCH_RUN_DIR=<run_dir>``, its command
-    line contains ``needle_cmd``), found by a /proc scan; None when there is none (not started, or gone)."""
-    from orchestrator import protocol
-
-    needle = f"{protocol.ENV_RUN_DIR}={run_dir}".encode()
-    for d in Path("/proc").iterdir():
-        if d.name.isdigit():
-            try:
-                if needle in (d / "environ").read_bytes().split(b"\0") and \
-                        needle_cmd.encode() in (d / "cmdline").read_bytes():
-                    return int(d.name)
-            except OSError:
-                continue
-    return None
-
-
 @contextlib.contextmanager
 def _locked() -> Iterator[None]:
     fd = os.open(str(BENCHMARKS) + ".lock", os.O_CREAT | os.O_RDWR, 0o644)

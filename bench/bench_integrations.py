@@ -110,6 +110,19 @@ def orch(home: Path, *args: str) -> subprocess.CompletedProcess:
     return p
 
 
+def program_pid(run_dir: Path, needle_cmd: str) -> int | None:
+    needle = f"{protocol.ENV_RUN_DIR}={run_dir}".encode()
+    for d in Path("/proc").iterdir():
+        if d.name.isdigit():
+            try:
+                if needle in (d / "environ").read_bytes().split(b"\0") and \
+                        needle_cmd.encode() in (d / "cmdline").read_bytes():
+                    return int(d.name)
+            except OSError:
+                continue
+    return None
+
+
 def steps_done(case: Case, run_dir: Path, log: Path) -> list[int]:
     if case.script is not None:
         return [int(line.split()[1]) for line in log.read_text().splitlines() if line.strip()]
@@ -135,7 +148,7 @@ def run_case(case: Case, work: Path, preemptions: int, rng: random.Random) -> di
         while True:
             orch(home, "reconcile")
             step = int((protocol.read_progress(run_dir, attempt) or {}).get("step") or 0)
-            if step > past and (pid := C.program_pid(run_dir, needle)):
+            if step > past and (pid := program_pid(run_dir, needle)):
                 break
             if time.time() > deadline:
                 raise RuntimeError(f"{name} attempt {attempt} never passed step {past}")
@@ -206,7 +219,7 @@ def run_kill9(case: Case, work: Path, rng: random.Random) -> dict:
     deadline, mid_save, pid = time.time() + 300, False, None
     while time.time() < deadline:
         step = int((protocol.read_progress(run_dir, 1) or {}).get("step") or 0)
-        pid = C.program_pid(run_dir, needle)
+        pid = program_pid(run_dir, needle)
         if pid and step >= after and _saving(run_dir):
             mid_save = True
             break

@@ -2,31 +2,34 @@
 with injected kills: the bundled trainer under orch on the local backend, kill -9 at Poisson times, orch recovering.
 
 The simulation (bench/bench_interval.py) models a day-long job; this run checks the same mechanism for real at a
-scale that fits minutes on 2 cores. What runs, per strategy, one after the other in one ORCH_HOME:
+scale that fits minutes on 2 cores. What runs, in one ORCH_HOME, every strategy's job at the same time (so the
+machine's load, which moves the trainer's start-up most, is the same for all of them):
 
 * the job: ``bench/_interval_job.py``, the bundled trainer (``orch_trainer``'s own ``main()``, tiny preset, one
-  thread) with each step paced to at least ``--step-s`` (50 ms: the model computes ~15 ms of it) and ``--save-s``
-  (0.5 s) added to every checkpoint save, blocking (``--no-background-save``): a save the loop visibly waits for,
-  as a bigger model's would. ``--save-interval auto`` is handed M = 1/λ (``--mtbf-s``, which replaces the
-  ``ORCH_MTBF_S`` orch set: orch's own estimate starts at its 24 h prior and would need days of such kills to come
-  down to seconds; the trainer's log keeps what orch handed);
-* the kills: for each attempt, from when its program process appears (/proc), the bench draws an exponential time
-  with mean M = 1/λ and sends SIGKILL to the program then, unless it has ended: a Poisson process in held time,
-  startup and saves included (memoryless, so a fresh draw per attempt is the same process). The draws come from
-  one seeded generator per strategy with the same seed, so attempt k of every strategy dies at the same age;
+  thread, batch 2) with each step paced to at least ``--step-s`` (50 ms; the model computes ~5-15 ms of it) and
+  ``--save-s`` (0.5 s) added to every checkpoint save, blocking (``--no-background-save``): a save the loop
+  visibly waits for, as a bigger model's would. ``--save-interval auto`` is handed M = 1/λ (``--mtbf-s``, which
+  replaces the ``ORCH_MTBF_S`` orch set: orch's own estimate starts at its 24 h prior and would need days of such
+  kills to come down to seconds; the trainer's log keeps what orch handed);
+* the kills: attempt n's program gets SIGKILL at age a_n of held time, counted from its start as orch's job
+  wrapper records it (``wrapper.json``), unless it has ended; a_1, a_2, ... are exponential with mean M = 1/λ,
+  drawn up front from one seeded generator (a Poisson process in held time, start-up and saves included:
+  memoryless, so one draw per attempt is the same process), the same ages for every strategy;
 * the recovery: orch alone. ``orch reconcile --watch 0.5`` runs beside it; each kill is classified ``killed`` and
   requeued from the newest committed checkpoint. ``orch.toml`` sets ``crash_backoff_s = 0`` (the default 30 s
   back-off per kill would be most of the run), ``max_attempts = 1000``, ``[policy.caps] killed = 1000`` and
   ``no_progress_attempts = 0`` (a kill before the next save is this bench's normal case, not a stuck job);
-* the strategies: ``auto``; every 10 steps (the trainer's default); every N steps with N = Daly's τ for the save
-  cost auto measured (its ``save_cost_s``) and M, in steps; every 4·N steps (too long).
+* the strategies: ``auto`` (submitted first); once it has measured its save cost C (its first save's
+  ``save_cost_s``) and step time, every 10 steps (the trainer's default), every N steps with N = Daly's τ for C
+  and M in steps, and every 2·N steps.
 
 Measured per strategy, from orch's own accounting (``orch show NAME --json``: the goodput split of every attempt):
-goodput (useful / held), lost work and steps redone per kill, save stall, startup; the interval auto chose (its
-heartbeats' ``save_interval_s``). Cross-checked by the bench's own count: steps logged again in the next
-attempt's ``stderr.log`` (``--log-interval 1``) per kill, and useful steps × step time / the held time the bench
-saw (program start -> end in /proc). Lost work per kill is compared with half the interval in compute seconds
-(auto: the ``save_interval_s`` in force at the kill; fixed: N × step time).
+goodput (useful / held), lost work and steps redone per kill, save stall, start-up; the interval auto chose (its
+heartbeats' ``save_interval_s``). Cross-checked by the bench's own count: steps logged again after each kill
+(``stderr.log``, ``--log-interval 1``: exact, where orch reads steps from heartbeats 0.1 s apart), and
+useful steps × step time (from the heartbeats) / the held time the bench saw (wrapper start -> the program's end
+in /proc). Lost work per kill is compared with half the interval in compute seconds (auto: the
+``save_interval_s`` in force at the kill; fixed: N × orch's step time).
 
 Run: ``.venv/bin/python bench/bench_interval_real.py`` (5–6 minutes): prints the table and writes the section
 after P7d in BENCHMARKS.md; ``--quick`` is CI's smoke run (two strategies, one kill each, nothing written; the exit
@@ -48,8 +51,10 @@ import subprocess
 import sys
 import tempfile
 import textwrap
+import threading
 import time
 from dataclasses import dataclass, field
+from datetime import datetime
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -81,13 +86,15 @@ class Kill:
 
 @dataclass
 class Outcome:
-    name: str
+    label: str
     fixed: int | None  # steps between saves; None: auto
+    name: str  # the job's
+    run_dir: Path
+    t0: float  # monotonic, at submit
     kills: list[Kill] = field(default_factory=list)
-    held_seen: float = 0.0  # program start -> end, summed over attempts, as the bench saw it in /proc
+    held_seen: float = 0.0  # the program's start (its wrapper's record) -> its end as the bench saw it in /proc
     wall: float = 0.0
     show: dict = field(default_factory=dict)
-    run_dir: Path = Path()
 
 
 def env(home: Path) -> dict[str, str]:
@@ -104,63 +111,111 @@ def orch(home: Path, *args: str) -> str:
     return p.stdout
 
 
-def attempt_of(pid: int) -> int | None:
+def wrapper_record(run_dir: Path, n: int) -> dict | None:
+    """What orch's job wrapper wrote when it started attempt ``n``'s program: its pid and the held time's start."""
     try:
-        env_ = (Path(f"/proc/{pid}") / "environ").read_bytes().split(b"\0")
-    except OSError:
+        return json.loads((protocol.attempt_dir(run_dir, n) / protocol.WRAPPER_FILE).read_text())
+    except (OSError, ValueError):
         return None
-    key = f"{protocol.ENV_ATTEMPT}=".encode()
-    return next((int(v[len(key):]) for v in env_ if v.startswith(key)), None)
 
 
-def alive(pid: int, attempt: int) -> bool:
-    """The program of ``attempt`` still runs (a reaped pid reused by another process is not it)."""
-    return attempt_of(pid) == attempt
+def running(pid: int, run_dir: Path, n: int) -> bool:
+    """``pid`` is still attempt ``n``'s program (a pid reused by another process is not)."""
+    try:
+        env_ = set((Path(f"/proc/{pid}") / "environ").read_bytes().split(b"\0"))
+    except OSError:
+        return False
+    return (f"{protocol.ENV_RUN_DIR}={run_dir}".encode() in env_
+            and f"{protocol.ENV_ATTEMPT}={n}".encode() in env_)
 
 
-def drive(home: Path, name: str, run_dir: Path, rate: float, seed: int, max_kills: int, limit_s: float,
-          out: Outcome) -> None:
-    """Kill each attempt's program at an exponential age until the job's marker verifies; orch recovers it."""
+def drive(home: Path, out: Outcome, rate: float, seed: int, max_kills: int, deadline: float) -> None:
+    """Kill attempt n's program at age ages[n] (held time, from its wrapper's start) until the job's marker
+    verifies; orch alone recovers each kill. The ages are drawn up front: attempt n of every strategy gets the
+    same one."""
     rng = random.Random(seed)
-    t0, seen = time.monotonic(), 0
-    while not protocol.verify_done_marker(run_dir).verified:
-        if time.monotonic() - t0 > limit_s:
-            raise RuntimeError(f"{name} not verified within {limit_s:.0f} s:\n{orch(home, 'show', name)}")
-        pid = C.program_pid(run_dir, JOB.name)
-        n = attempt_of(pid) if pid else None
-        if pid is None or n is None or n <= seen:
+    ages = [rng.expovariate(rate) for _ in range(max_kills)]
+    n = 1
+    while not protocol.verify_done_marker(out.run_dir).verified:
+        if time.time() > deadline:
+            raise RuntimeError(f"{out.name} not verified in time:\n{orch(home, 'show', out.name)}")
+        w = wrapper_record(out.run_dir, n)
+        if w is None or not running(pid := int(w["child_pid"]), out.run_dir, n):
+            if (protocol.attempt_dir(out.run_dir, n) / protocol.EXIT_FILE).exists():
+                n += 1  # it ended before this loop saw it run (a fast last attempt)
             time.sleep(0.05)
             continue
-        seen, start = n, time.monotonic()
-        age = rng.expovariate(rate) if len(out.kills) < max_kills else math.inf
-        while alive(pid, n) and time.monotonic() - start < age:
-            time.sleep(min(0.02, max(0.0, age - (time.monotonic() - start))))
-        if alive(pid, n):
+        start = datetime.fromisoformat(w["started_at"]).timestamp()
+        age = ages[n - 1] if n <= len(ages) else math.inf
+        while running(pid, out.run_dir, n) and time.time() < start + age:
+            time.sleep(min(0.02, max(0.001, start + age - time.time())))
+        if running(pid, out.run_dir, n):
             os.kill(pid, signal.SIGKILL)
-            out.kills.append(Kill(n, time.monotonic() - start))
-            print(f"    killed attempt {n} at age {out.kills[-1].age_s:.2f} s", flush=True)
-        out.held_seen += time.monotonic() - start
-    deadline = time.monotonic() + 60
-    while (show := json.loads(orch(home, "show", name, "--json")))["state"] != "done_marker_verified":
-        if time.monotonic() > deadline:
-            raise RuntimeError(f"{name}: the marker verifies but orch says {show['state']}")
+            out.kills.append(Kill(n, time.time() - start))
+            print(f"    {out.name}: killed attempt {n} at age {out.kills[-1].age_s:.2f} s", flush=True)
+        out.held_seen += time.time() - start
+        n += 1
+    while (show := json.loads(orch(home, "show", out.name, "--json")))["state"] != "done_marker_verified":
+        if time.time() > deadline + 60:
+            raise RuntimeError(f"{out.name}: the marker verifies but orch says {show['state']}")
         time.sleep(0.3)
     out.show = show
 
 
-def run_strategy(home: Path, label: str, fixed: int | None, a: argparse.Namespace) -> Outcome:
+def submit(home: Path, label: str, fixed: int | None, a: argparse.Namespace) -> Outcome:
     name = re.sub(r"[^a-z0-9]+", "-", label.lower()).strip("-")
     interval = ["--save-interval", "auto" if fixed is None else str(fixed)]
     cmd = [C.PY, str(JOB), "--save-s", str(a.save_s), "--step-s", str(a.step_s), "--mtbf-s", f"{a.mtbf_s:g}", "--",
-           "--preset", "tiny", "--threads", "1", "--max-steps", str(a.max_steps), *interval, "--no-background-save",
-           "--keep-last-k", "2", "--log-interval", "1", "--heartbeat-interval", "0.1"]
-    out = Outcome(label, fixed, run_dir=home / "runs" / name)
+           "--preset", "tiny", "--threads", "1", "--batch-size", "2", "--max-steps", str(a.max_steps), *interval,
+           "--no-background-save", "--keep-last-k", "2", "--log-interval", "1", "--heartbeat-interval", "0.1"]
     print(f"  {label}: {a.max_steps} steps, kills at rate 1/{a.mtbf_s:g} s", flush=True)
-    t0 = time.monotonic()
     orch(home, "submit", "--name", name, "--", *cmd)
-    drive(home, name, out.run_dir, 1 / a.mtbf_s, a.seed, a.max_kills, a.limit_s, out)
-    out.wall = time.monotonic() - t0
-    return out
+    return Outcome(label, fixed, name, home / "runs" / name, time.monotonic())
+
+
+def first_cost(o: Outcome, deadline: float) -> tuple[float, float]:
+    """(C, step time): the save cost ``auto`` measured at its first save (a heartbeat's ``save_cost_s``; an attempt
+    killed before it measured nothing, the next one measures) and the median step time of its heartbeats so far."""
+    while time.time() < deadline:
+        hb = [b for n in range(1, 100) if protocol.attempt_dir(o.run_dir, n).is_dir() for b in beats(o.run_dir, n)]
+        c = next((b["save_cost_s"] for b in hb if "save_cost_s" in b), None)
+        t = step_time(hb)
+        if c is not None and not math.isnan(t):
+            return float(c), t
+        time.sleep(0.1)
+    raise RuntimeError(f"auto reported no save cost and step time:\n{orch(o.run_dir.parents[1], 'show', o.name)}")
+
+
+def run_all(home: Path, a: argparse.Namespace, outs: list[Outcome]) -> tuple[list[Outcome], float]:
+    """``auto`` first; once it has measured C, the fixed intervals; all of them at once (the same machine load
+    for every strategy), each driven by its own thread."""
+    deadline = time.time() + a.limit_s
+    auto = submit(home, "auto", None, a)
+    outs.append(auto)  # the caller's list: it cancels what did not finish
+    threads: list[threading.Thread] = []
+    errors: list[BaseException] = []
+
+    def go(o: Outcome) -> None:
+        try:
+            drive(home, o, 1 / a.mtbf_s, a.seed, a.max_kills, deadline)
+        except BaseException as e:  # noqa: BLE001 - reported by the main thread
+            errors.append(e)
+        o.wall = time.monotonic() - o.t0
+
+    threads.append(threading.Thread(target=go, args=(auto,), daemon=True))
+    threads[0].start()
+    cost, step = first_cost(auto, deadline)
+    n_daly = max(1, round(daly_interval(cost, a.mtbf_s) / step))
+    for n in [10] if a.quick else [10, n_daly, 2 * n_daly]:
+        label = f"every {n} steps" + (" (default)" if n == 10 else " (Daly τ)" if n == n_daly else " (2 τ)")
+        outs.append(submit(home, label, n, a))
+        threads.append(threading.Thread(target=go, args=(outs[-1],), daemon=True))
+        threads[-1].start()
+    for t in threads:
+        t.join()
+    if errors:
+        raise errors[0]
+    return outs, daly_interval(cost, a.mtbf_s)
 
 
 # ------------------------------------------------------------------------------------------------ reading
@@ -174,6 +229,13 @@ def logged_steps(run_dir: Path, n: int) -> list[int]:
 
 def beats(run_dir: Path, n: int) -> list[dict]:
     return protocol.read_progress_history(run_dir, n)
+
+
+def step_time(hb: list[dict]) -> float:
+    """The median seconds per step from beat to beat, where no save came between (the bench's own reading)."""
+    dts = [(y["time"] - x["time"]) / (y["step"] - x["step"]) for x, y in zip(hb, hb[1:], strict=False)
+           if y["step"] > x["step"] and "saved_step" not in y and y.get("resumed_from") == x.get("resumed_from")]
+    return statistics.median(dts) if dts else float("nan")
 
 
 def resumed_from(run_dir: Path, n: int) -> int | None:
@@ -210,10 +272,11 @@ def per_kill(o: Outcome, step_s: float) -> list[PerKill]:
         if o.fixed is not None:
             half, bound = o.fixed * (g.get("step_time_s") or step_s) / 2, o.fixed
         else:  # the interval in force at the kill: the attempt's last beat that says, else its predecessor's
-            iv = next((b["save_interval_s"] for b in reversed(hb) if "save_interval_s" in b), None)
-            iv = iv if iv is not None else next((b["save_interval_s"] for m in range(k.attempt - 1, 0, -1)
-                                                 for b in reversed(beats(o.run_dir, m)) if "save_interval_s" in b), 0)
-            half, bound = iv / 2, math.ceil(iv / step_s) + 1  # every step takes >= step_s (the pacing)
+            ivs = [b["save_interval_s"] for m in range(k.attempt, 0, -1) for b in reversed(beats(o.run_dir, m))
+                   if "save_interval_s" in b]
+            iv = ivs[0] if ivs else 0.0
+            # the most steps between two saves: the longest interval it used, each step >= step_s (the pacing)
+            half, bound = iv / 2, math.ceil(max(ivs, default=0.0) / step_s) + 2
         saved = max([b["saved_step"] for b in hb if "saved_step" in b] + [resumed_from(o.run_dir, k.attempt) or 0])
         rows.append(PerKill(k.attempt, bool(steps), int(g.get("steps_redone") or 0),
                             max(0, (max(steps) if steps else 0) - nxt), float(g.get("seconds", {}).get("lost_work", 0)),
@@ -232,7 +295,7 @@ def summarize(o: Outcome, a: argparse.Namespace) -> tuple[list[object], dict]:
     sec, held = g["seconds"], g["held_s"]
     ks = per_kill(o, a.step_s)
     trained = [k for k in ks if k.in_training]
-    step_t = statistics.median(x["step_time_s"] for x in g["attempts"] if x.get("step_time_s"))
+    step_t = statistics.median(x["step_time_s"] for x in g["attempts"] if x.get("step_time_s"))  # orch's
     if o.fixed is None:
         ivs = [b["save_interval_s"] for n in range(1, len(g["attempts"]) + 1) for b in beats(o.run_dir, n)
                if "saved_step" in b and "save_interval_s" in b]
@@ -242,11 +305,12 @@ def summarize(o: Outcome, a: argparse.Namespace) -> tuple[list[object], dict]:
     else:
         ivs, costs = [o.fixed * step_t], []
         interval = f"{o.fixed} steps = {o.fixed * step_t:.2f} s"
-    own = a.max_steps * step_t / o.held_seen if o.held_seen else float("nan")
+    own_t = step_time([b for n in range(1, len(g["attempts"]) + 1) for b in beats(o.run_dir, n)])
+    own = a.max_steps * own_t / o.held_seen if o.held_seen else float("nan")
     lost = [k.lost_s for k in trained]
     half = [k.half_interval_s for k in trained]
     dep = (sec["lost_work"] + sec["save_stall"]) / held  # the part of the badput the interval decides
-    row = [o.name, interval, f"{len(o.kills)} ({len(trained)})",
+    row = [o.label, interval, f"{len(o.kills)} ({len(trained)})",
            mm([k.redone_orch for k in trained]), mm([k.redone_seen for k in trained]),
            f"{statistics.mean(lost):.2f} s vs {statistics.mean(half):.2f} s" if trained else "–",
            f"{100 * g['goodput']:.1f} %", f"{100 * own:.1f} %",
@@ -255,7 +319,7 @@ def summarize(o: Outcome, a: argparse.Namespace) -> tuple[list[object], dict]:
     facts = {"goodput": g["goodput"], "own": own, "dep": dep, "lost": lost, "half": half, "kills": len(o.kills),
              "trained": len(trained), "interval_s": statistics.median(ivs), "step_s": step_t,
              "cost_s": statistics.median(costs) if costs else None,
-             "ok": (all(k.resumed_ok and k.redone_orch <= k.bound_steps for k in ks)
+             "ok": (all(k.resumed_ok and k.redone_seen <= k.bound_steps for k in ks)
                     and all(x.get("failure_class") == "killed" for x in o.show["attempts"][:-1])
                     and len(o.show["attempts"]) == len(o.kills) + 1
                     and protocol.verify_done_marker(o.run_dir).verified),
@@ -277,13 +341,13 @@ def start_reconciler(home: Path, log: Path) -> subprocess.Popen:
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--max-steps", type=int, default=500)
+    ap.add_argument("--max-steps", type=int, default=1000)
     ap.add_argument("--mtbf-s", type=float, default=15.0, help="M = 1/λ: mean held seconds between kills")
     ap.add_argument("--save-s", type=float, default=0.5, help="seconds added to every save")
     ap.add_argument("--step-s", type=float, default=0.05, help="every step takes at least this long")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--max-kills", type=int, default=40, help="no more kills after this many (a bound on the run)")
-    ap.add_argument("--limit-s", type=float, default=400, help="give up on a strategy after this long")
+    ap.add_argument("--limit-s", type=float, default=420, help="give up (and cancel the jobs) after this long")
     ap.add_argument("--no-write", action="store_true")
     C.add_quick(ap)
     a = ap.parse_args()
@@ -295,18 +359,15 @@ def main() -> int:
     home.mkdir()
     (home / "orch.toml").write_text(ORCH_TOML)
     rec = start_reconciler(home, work / "reconcile.log")
-    results: list[tuple[list[object], dict]] = []
+    outs: list[Outcome] = []
     try:
-        auto = run_strategy(home, "auto", None, a)
-        results.append(summarize(auto, a))
-        f = results[0][1]
-        tau = daly_interval(f["cost_s"], a.mtbf_s)
-        n_daly = max(1, round(tau / f["step_s"]))
-        fixed = [10] if a.quick else [10, n_daly, 4 * n_daly]
-        for n in fixed:
-            label = f"every {n} steps" + (" (default)" if n == 10 else " (Daly τ)" if n == n_daly else " (4 τ)")
-            results.append(summarize(run_strategy(home, label, n, a), a))
+        outs, tau = run_all(home, a, outs)
+        results = [summarize(o, a) for o in outs]
     finally:
+        for o in outs:  # a failed run leaves no trainer behind
+            if not protocol.verify_done_marker(o.run_dir).verified:
+                subprocess.run([C.PY, "-m", "orchestrator.cli", "cancel", o.name], env=env(home), cwd=str(C.ROOT),
+                               capture_output=True, timeout=120)
         rec.send_signal(signal.SIGTERM)
         try:
             rec.wait(30)
