@@ -82,7 +82,7 @@ killed = 1000
 @dataclass
 class Kill:
     attempt: int
-    age_s: float  # the attempt's age (since its program appeared) when it was killed
+    age_s: float  # the attempt's age (held time, from its wrapper's recorded start) when it was killed
 
 
 @dataclass
@@ -151,7 +151,12 @@ def drive(home: Path, out: Outcome, rate: float, seed: int, max_kills: int, dead
         while running(pid, out.run_dir, n) and time.time() < start + age:
             time.sleep(min(0.02, max(0.001, start + age - time.time())))
         if running(pid, out.run_dir, n):
-            os.kill(pid, signal.SIGKILL)
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:  # it ended between the check and the kill: not a kill
+                out.held_seen += time.time() - start
+                n += 1
+                continue
             out.kills.append(Kill(n, time.time() - start))
             print(f"    {out.name}: killed attempt {n} at age {out.kills[-1].age_s:.2f} s", flush=True)
         out.held_seen += time.time() - start
