@@ -378,7 +378,7 @@ def main() -> int:
     C.add_quick(ap)
     a = ap.parse_args()
     if a.quick:  # CI: every code path, tiny sizes, one kill per strategy, nothing written
-        a.max_steps, a.mtbf_s, a.seed, a.max_kills, a.limit_s, a.no_write = 60, 5.0, 6, 1, 120, True
+        a.max_steps, a.mtbf_s, a.seed, a.max_kills, a.limit_s, a.no_write = 120, 10.0, 6, 1, 120, True
     load_before = os.getloadavg()[0]
     work = Path(tempfile.mkdtemp(prefix="orch-bench-interval-"))
     home = work / "home"
