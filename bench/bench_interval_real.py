@@ -68,6 +68,7 @@ from orchestrator.kit.interval import daly_interval  # noqa: E402
 TITLE = "Checkpoint interval chosen by orch, real run with injected kills (P7d, measured)"
 AFTER = "Checkpoint interval chosen by orch (P7d)"
 JOB = Path(__file__).resolve().parent / "_interval_job.py"
+STOP = threading.Event()  # set when the run is over: a failed run's threads must not write into its removed dir
 STEP_RE = re.compile(r"\[trainer\] step (\d+)/")
 HANDED_RE = re.compile(r"orch handed ([0-9.]+|none)")
 ORCH_TOML = """[policy]
@@ -138,6 +139,8 @@ def drive(home: Path, out: Outcome, rate: float, seed: int, max_kills: int, dead
     ages = [rng.expovariate(rate) for _ in range(max_kills)]
     n = 1
     while not protocol.verify_done_marker(out.run_dir).verified:
+        if STOP.is_set():
+            return
         if time.time() > deadline:
             raise RuntimeError(f"{out.name} not verified in time:\n{orch(home, 'show', out.name)}")
         w = wrapper_record(out.run_dir, n)
@@ -148,8 +151,10 @@ def drive(home: Path, out: Outcome, rate: float, seed: int, max_kills: int, dead
             continue
         start = datetime.fromisoformat(w["started_at"]).timestamp()
         age = ages[n - 1] if n <= len(ages) else math.inf
-        while running(pid, out.run_dir, n) and time.time() < start + age:
+        while running(pid, out.run_dir, n) and time.time() < start + age and not STOP.is_set():
             time.sleep(min(0.02, max(0.001, start + age - time.time())))
+        if STOP.is_set():
+            return
         if running(pid, out.run_dir, n):
             try:
                 os.kill(pid, signal.SIGKILL)
@@ -392,6 +397,7 @@ def main() -> int:
         tau = daly_interval(cost, a.mtbf_s)
         results = [summarize(o, a, cost) for o in outs]
     finally:
+        STOP.set()
         for o in outs:  # a failed run leaves no trainer behind
             if not protocol.verify_done_marker(o.run_dir).verified:
                 subprocess.run([C.PY, "-m", "orchestrator.cli", "cancel", o.name], env=env(home), cwd=str(C.ROOT),
