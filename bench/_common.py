@@ -162,8 +162,9 @@ def _locked() -> Iterator[None]:
             os.unlink(str(BENCHMARKS) + ".lock")
 
 
-def replace_section(title: str, body: str, path: Path = BENCHMARKS) -> None:
-    """Replace the ``## {title}`` section of BENCHMARKS.md (append it when absent).
+def replace_section(title: str, body: str, path: Path = BENCHMARKS, after: str | None = None) -> None:
+    """Replace the ``## {title}`` section of BENCHMARKS.md; when absent, insert it right after the ``## {after}``
+    section (a measured companion of a simulated one), else append it.
 
     A section runs from its heading to the next ``## `` heading; nothing else in the file changes.
     """
@@ -173,7 +174,11 @@ def replace_section(title: str, body: str, path: Path = BENCHMARKS) -> None:
         lines = text.splitlines(keepends=True)
         start = next((i for i, ln in enumerate(lines) if ln.rstrip("\n") == heading), None)
         new = [heading + "\n", "\n", body.rstrip("\n") + "\n", "\n"]
-        if start is None:
+        prev = next((i for i, ln in enumerate(lines) if after and ln.rstrip("\n") == f"## {after}"), None)
+        if start is None and prev is not None:
+            end = next((i for i in range(prev + 1, len(lines)) if lines[i].startswith("## ")), len(lines))
+            lines[end:end] = new if end < len(lines) else ["\n", *new]
+        elif start is None:
             if lines and lines[-1].strip():
                 lines[-1] = lines[-1] if lines[-1].endswith("\n") else lines[-1] + "\n"
                 lines.append("\n")

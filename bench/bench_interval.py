@@ -189,8 +189,8 @@ def main() -> int:
                f"{g['d10']:.0f} pp (10 steps), {g['d100']:.0f} pp (100 steps) and {g['d600']:.0f} pp (10 min) "
                "against the best. The 24 h prior alone is far too optimistic when failures are frequent, which is why "
                "orch weights it as a quarter of a failure (orchestrator/mtbf.py: weighted as a whole one, an "
-               "exploratory run kept M near 24 h for a day at 4/h and lost 3.5–5.7 pp there). Not measured: a real "
-               "run with injected kills.")
+               "exploratory run kept M near 24 h for a day at 4/h and lost 3.5–5.7 pp there). The real run with "
+               "injected kills is the next section (bench/bench_interval_real.py).")
     if not a.no_write:
         C.replace_section(TITLE, C.preamble("bench_interval.py", NOTES) + "\n" + tab + "\n\n"
                           + textwrap.fill(summary, 115) + "\n")
