@@ -5,8 +5,8 @@
 # report, and the time each part took.
 #
 # With no arguments the suite runs as three pytest processes at once: tests/slurm (its time goes mostly
-# to Slurm's own delays: preemption grace, time limits), integrations + local (real programs end to end),
-# and the rest. One pytest alone keeps one core busy at best (load ~1.2 on 2 cores): run one after the
+# to Slurm's own delays: preemption grace, time limits) with tests/local, integrations + the trainer's
+# (real programs end to end, multi-rank ones among them), and the rest. One pytest alone keeps one core busy at best (load ~1.2 on 2 cores): run one after the
 # other they took 37 min of CI's 35-minute budget. With arguments, one pytest runs what they select.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -43,7 +43,7 @@ if [ $# -gt 0 ]; then
 else
   # Stream 2 and 3 run in the background, each with its own log and report, printed after stream 1's.
   # Stream 1 is what the others leave out, so a new test folder is never missed.
-  side=(tests/slurm "tests/integrations tests/local")  # ~equal shares of the time, measured by JUnit
+  side=("tests/slurm tests/local" "tests/integrations tests/trainer")  # ~equal shares of the time, by JUnit
   ignore=(); pids=()
   for i in "${!side[@]}"; do
     read -ra dirs <<<"${side[$i]}"
