@@ -19,6 +19,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any, NoReturn
 
 import _common as C
 
@@ -153,8 +154,7 @@ def worker_resume(mb: int, runs: int, work: Path, out: Path, save: bool) -> None
         net(torch.randn(4, 1024)).sum().backward()
         opt.step()
         ckpts.save(1, sharded={"model": get_model_state_dict(net), "optim": get_optimizer_state_dict(net, opt)})
-        dist.destroy_process_group()
-        return
+        _exit_without_teardown(dist)
     step_dir = work / protocol.CHECKPOINTS_DIR / protocol.checkpoint_name(1)
     times: list[float] = []
     for _ in range(runs):
@@ -171,7 +171,22 @@ def worker_resume(mb: int, runs: int, work: Path, out: Path, save: bool) -> None
         times.append(float(took.item()))
     if dist.get_rank() == 0:
         out.write_text(json.dumps(times))
-    dist.destroy_process_group()
+    _exit_without_teardown(dist)
+
+
+def _exit_without_teardown(dist: Any) -> NoReturn:
+    """End a worker that holds a DDP model without tearing its process group down.
+
+    Seen in CI (quick mode, 4 ranks on 2 loaded cores): after the step committed, 2 of the 4 ranks hung for
+    16 minutes in ``~ProcessGroupGloo`` (joining gloo's worker thread) when the function returned: DDP's reducer
+    held the group's last reference, so the group died in a dealloc that holds the GIL, while gloo's worker
+    thread waited for the GIL to free a just-finished broadcast's tensors. What the worker measured is
+    written by now; the barrier lets every rank finish it first.
+    """
+    dist.barrier()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
 
 
 # --- measurements --------------------------------------------------------------------------------------
