@@ -146,7 +146,9 @@ def test_preemption_kill_and_save_stall_split_as_the_job_logged_them(orch):
     assert abs(g["seconds"]["waiting"] - sum(waits)) < 1e-6
     assert 0 < g["goodput"] < 1
     # the README's worked example: attempt 3 resumed from 40 and kept all 40 steps to 80, saving 4 times
-    assert splits[2]["steps_kept"] == 40 and abs(splits[2]["seconds"]["save_stall"] - 4 * 0.3) <= 0.1
+    # (the stall itself is checked above against the times the job logged: its nominal 4 x 0.3 s is a wall-clock
+    # figure that a loaded CI machine exceeded, 1.31 s)
+    assert splits[2]["steps_kept"] == 40 and len([r for r in logs[2] if "save" in r]) == 4
 
 
 def protocol_time(iso: str) -> float:
