@@ -107,6 +107,11 @@ def first_own_end(ends: list[RankEnd]) -> RankEnd | None:
     process group (the peer aborts) before its interpreter has finished exiting (both seen on a loaded machine).
     Where a rank's own abort is the cause and a peer then raises, the peer is named; both are ``crash``."""
     own = [e for e in ends if e.returncode != 0 and not e.stopped]
+    if own and all(_kind_of_end(e) == 2 for e in own):
+        # Only aborts, which a lost peer causes: a rank torchrun's stop reached while it was already exiting with
+        # an error code of its own (not the stop's 143) is their cause. Seen in CI: rank 1 raised, rank 0's gloo
+        # aborted, torchrun then stopped rank 1 before its exit 1 was seen, and the record named rank 0.
+        own += [e for e in ends if e.stopped and e.signal is None and e.returncode not in (0, protocol.EXIT_PREEMPTED)]
     return min(own, key=lambda e: (_kind_of_end(e), e.at, e.rank)) if own else None
 
 

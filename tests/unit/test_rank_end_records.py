@@ -81,6 +81,18 @@ def test_a_rank_that_raised_wins_over_an_abort_recorded_before_its_exit():
     assert first_own_end([RankEnd(0, 1, 2.0, False), RankEnd(1, 1, 1.0, False)]).rank == 1  # exit codes: by time
 
 
+def test_a_rank_that_raised_is_named_even_when_torchruns_stop_reached_it_before_its_exit():
+    """CI: rank 1 raised, its teardown made rank 0's gloo abort, torchrun saw rank 0 end first and stopped rank 1
+    while it was still exiting: rank 1's end was marked stopped and the record named the abort of rank 0."""
+    aborted, raised = RankEnd(0, -6, 2.0, False), RankEnd(1, 1, 3.0, True)
+    assert first_own_end([aborted, raised]) == raised
+    # a stopped rank that exited as a stop does (143), or was killed by the stop's signal, stays a consequence
+    assert first_own_end([aborted, RankEnd(1, 143, 3.0, True)]) == aborted
+    assert first_own_end([aborted, RankEnd(1, -15, 3.0, True)]) == aborted
+    # a failure of its own elsewhere outranks a stopped rank's exit code
+    assert first_own_end([RankEnd(0, 1, 2.0, False), RankEnd(1, 2, 1.0, True)]).rank == 0
+
+
 def exit_json(tmp_path, **fields: object) -> ExitRecord | None:
     (tmp_path / protocol.EXIT_FILE).write_text(json.dumps({"token": "t", "returncode": 1, **fields}))
     return protocol.read_exit(tmp_path)
