@@ -137,15 +137,9 @@ def worker_resume(mb: int, runs: int, work: Path, out: Path, save: bool) -> None
     share of the files) to the state set into the model and optimizer (DCP load, resharded), slowest rank."""
     import torch
     import torch.distributed as dist
-    from torch.distributed.checkpoint.state_dict import (
-        get_model_state_dict,
-        get_optimizer_state_dict,
-        set_model_state_dict,
-        set_optimizer_state_dict,
-    )
 
     from orchestrator import protocol
-    from orchestrator.kit.sharded import ShardedCheckpointer
+    from orchestrator.kit.sharded import ShardedCheckpointer, dcp_state, set_dcp_state
 
     dist.init_process_group("gloo")
     net, opt = _resume_model(mb)
@@ -153,7 +147,7 @@ def worker_resume(mb: int, runs: int, work: Path, out: Path, save: bool) -> None
     if save:
         net(torch.randn(4, 1024)).sum().backward()
         opt.step()
-        ckpts.save(1, sharded={"model": get_model_state_dict(net), "optim": get_optimizer_state_dict(net, opt)})
+        ckpts.save(1, sharded=dcp_state(net, opt))
         _exit_without_teardown(dist)
     step_dir = work / protocol.CHECKPOINTS_DIR / protocol.checkpoint_name(1)
     times: list[float] = []
@@ -162,10 +156,9 @@ def worker_resume(mb: int, runs: int, work: Path, out: Path, save: bool) -> None
         t0 = time.perf_counter()
         found = ckpts.resume(lambda: (1, step_dir))
         assert found is not None and found[0] == 1, found
-        state = {"model": get_model_state_dict(net), "optim": get_optimizer_state_dict(net, opt)}
+        state = dcp_state(net, opt)
         ckpts.load(found[1], sharded=state)
-        set_model_state_dict(net, state["model"])
-        set_optimizer_state_dict(net, opt, state["optim"])
+        set_dcp_state(net, opt, state)
         took = torch.tensor([time.perf_counter() - t0], dtype=torch.float64)
         dist.all_reduce(took, op=dist.ReduceOp.MAX)
         times.append(float(took.item()))
