@@ -28,6 +28,7 @@ from orchestrator import filelock
 from orchestrator.config import Config
 from orchestrator.config import sqlite_path as _sqlite_path
 from orchestrator.errors import DatabaseInterrupted, DatabaseProblem, Refused, UsageError
+from orchestrator.quickdb import is_full, is_locked, locked_error
 
 SQLITE_APPLICATION_ID = 0x6F726368  # "orch" in the header of a DB file orch created
 SCHEMA_HEAD = "0010"  # a test checks this equals Alembic's head revision
@@ -321,19 +322,17 @@ class Database:
     def _writer(self) -> str:
         """Who holds the write lock, where it can be found (a stopped writer was named by nobody)."""
         path = _sqlite_path(self.cfg.db_url)
-        who = filelock.sqlite_writer(path) if path is not None else ""
-        return who or "another writer"
+        return filelock.sqlite_writer(path) if path is not None else ""
 
     @contextlib.contextmanager
     def _guard(self) -> Iterator[None]:
         try:
             yield
         except OperationalError as e:
-            if "disk is full" in str(e):  # SQLITE_FULL: a later pass may find room again
+            if is_full(e):
                 raise DatabaseInterrupted(f"database {describe(self.cfg)}: {_short(e)}") from None
-            if "locked" in str(e) or "busy" in str(e) or "lock timeout" in str(e):  # SQLite / PostgreSQL
-                raise DatabaseInterrupted(f"database {describe(self.cfg)} is locked by {self._writer()} "
-                                          f"for longer than {self.cfg.busy_timeout_ms} ms; try again") from None
+            if is_locked(e):
+                raise locked_error(self.cfg, describe(self.cfg), self._writer()) from None
             if e.connection_invalidated:  # the dialect saw a disconnect: the next checkout reconnects
                 raise DatabaseInterrupted(f"database {describe(self.cfg)}: connection lost ({_short(e)})") from None
             raise DatabaseProblem(f"database {describe(self.cfg)}: {_short(e)}") from None

@@ -76,15 +76,12 @@ def expand_names(s: Session, names: list[str], skip: tuple[JobState, ...] = ()) 
 def environment_id(s: Session, environ: Mapping[str, str]) -> int:
     """The id of the stored environment equal to ``environ`` (inserted if new): jobs submitted from
     the same shell share one row."""
-    import hashlib
-    import json
-
     from sqlalchemy.exc import IntegrityError
 
+    from orchestrator.launchprep import environment_record
     from orchestrator.models import Environment
 
-    data = dict(sorted(environ.items()))
-    digest = hashlib.sha256(json.dumps(data, sort_keys=True).encode()).hexdigest()
+    digest, data = environment_record(environ)
     found = s.scalar(select(Environment.id).where(Environment.sha256 == digest))
     if found is not None:
         return found

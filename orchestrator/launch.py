@@ -18,7 +18,7 @@ wrapper may have read the old fence, is adopted (its id recorded, the fence file
 generation) instead of being joined by a second one. Residual: a wrapper of that adopted submission
 that read the NEW fence in that instant exits without running the program; the attempt then ends
 without an exit record and is retried — never two copies. A healthy launcher renews its claim while
-it prepares (``_ClaimKeeper``), so only a stopped or dead one loses it: the grace is a recovery delay.
+it prepares (``claimkeeper.ClaimKeeper``), so only a stopped or dead one loses it: the grace is a recovery delay.
 
 Every way a launch can fail ends the attempt with a reason, so no job is left ``pending`` for ever
 (issue 9): a refusal (a symlinked ``attempts/``, a scheduler that will never take the submission)
@@ -31,21 +31,20 @@ from __future__ import annotations
 import dataclasses
 import enum
 import errno
-import threading
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any, NoReturn
 
 from sqlalchemy import update
 
-from orchestrator import protocol, resumestate, testhooks
+from orchestrator import protocol, testhooks
 from orchestrator.backends import get_backend
 from orchestrator.backends.base import AttemptRef, Backend, BackendError, SubmitSpec
-from orchestrator.ballast import allocate as allocate_ballast
+from orchestrator.claimkeeper import ClaimKeeper, launch_grace_s
 from orchestrator.config import Config
 from orchestrator.db import Database
 from orchestrator.errors import IllegalTransition, OrchError, Refused
 from orchestrator.jobs import attempt_ref, get_job
+from orchestrator.launchprep import Held, check_and_prepare, dumps, make_spec
 from orchestrator.lifecycle import (
     AttemptState,
     JobState,
@@ -61,25 +60,13 @@ from orchestrator.models import Attempt, Job
 from orchestrator.mtbf import mtbf_env
 from orchestrator.policy import command_for
 from orchestrator.protocol import ENV_SWEEP, ENV_SWEEP_PARAMS, ENV_TASK_INDEX, FailureClass
-from orchestrator.resources import resources_dict, resources_of
-from orchestrator.resumestate import SET_ASIDE_KEY, TRASHED_KEY, keep_globs
-from orchestrator.rundir import check_run_dir
-from orchestrator.states import STOP_GRACE_S
+from orchestrator.resumestate import keep_globs
 from orchestrator.suspects import exclusion_for, with_exclusion
-from orchestrator.trash import empty_trash, leftovers_why, move_to_trash
+
+__all__ = ["launch_grace_s"]  # re-exported: the reconciler's expiry of claims
 
 A, J = AttemptState, JobState
 _DISK_FULL = (errno.ENOSPC, errno.EDQUOT)
-
-
-def launch_grace_s() -> float:
-    """How long a launcher's claim holds (longer than sbatch's own timeout)."""
-    import os
-
-    try:
-        return max(0.0, float(os.environ.get("ORCH_LAUNCH_GRACE_S", "120")))
-    except ValueError:
-        return 120.0
 
 
 class LaunchOutcome(enum.StrEnum):
@@ -171,52 +158,8 @@ def _claim_move(a: Attempt, reclaim: bool, now: Any) -> Move | None:
     return Move(a, a.state, A.LAUNCHING, {"claimed_at": now, "fence": fence}, fenced=True, fence=a.fence, why=why)
 
 
-class _ClaimKeeper:
-    """Renews this launcher's claims (``claimed_at``, compare-and-set on the fence) from a small
-    thread while it prepares, so a healthy but slow launcher (hashing a multi-GB checkpoint) keeps
-    them; a stopped or dead one stops renewing and loses them after the launch grace."""
-
-    def __init__(self, db: Database) -> None:
-        self.db = db
-        self._claims: dict[int, int] = {}
-        self._lock = threading.Lock()
-        self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
-
-    def __enter__(self) -> _ClaimKeeper:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.stop()
-
-    def add(self, attempt_id: int, fence: int) -> None:
-        with self._lock:
-            self._claims[attempt_id] = fence
-            if self._thread is None:
-                self._thread = threading.Thread(target=self._loop, name="orch claim keeper", daemon=True)
-                self._thread.start()
-
-    def _loop(self) -> None:
-        interval = max(0.05, launch_grace_s() / 4)
-        while not self._stop.wait(interval):
-            self.renew()
-
-    def renew(self) -> None:
-        with self._lock:
-            claims = list(self._claims.items())
-        try:
-            held = renew_claims(self.db, claims)  # one transaction for all (a sweep holds 1,000 claims)
-        except Exception:  # noqa: BLE001 - a busy DB now: the next renewal tries again
-            return
-        with self._lock:
-            for attempt_id, _fence in claims:
-                if attempt_id not in held:
-                    self._claims.pop(attempt_id, None)
-
-    def stop(self) -> None:
-        self._stop.set()
-        if self._thread is not None:
-            self._thread.join(timeout=60)
+def _keeper(db: Database) -> ClaimKeeper:
+    return ClaimKeeper(lambda claims: renew_claims(db, claims))
 
 
 def renew_claims(db: Database, claims: list[tuple[int, int]]) -> set[int]:
@@ -279,23 +222,20 @@ def _read_attempt(s: Any, cfg: Config, job: Job, backend_name: str | None) -> _R
     if a is None or a.state not in (A.PENDING, A.LAUNCHING):
         return None
     argv, overrides = command_for(job, a.plan)
-    env = {protocol.ENV_OVERRIDES: _dumps(overrides)}
+    env = {protocol.ENV_OVERRIDES: dumps(overrides)}
     env.update(mtbf_env(s, job.backend, job.resources))  # ORCH_MTBF_S: --save-interval auto's M (mtbf.py)
     if job.sweep is not None and job.task_index is not None:
         env.update(sweep_env(job.sweep.name, job.task_index, job.sweep.params))
-    spec = SubmitSpec(job=job.name, attempt=a.n, token=a.token, run_dir=Path(job.run_dir), command=tuple(argv),
-                      outputs=tuple(job.outputs), env=env, resources=resources_of(job.resources),
-                      warning_signal=job.resources.get("warning_signal") or "TERM", umask=cfg.umask,
-                      task=job.task_index, base_env=job.environment.vars if job.environment else None,
-                      spot_notice=job.resources.get("spot_notice") or cfg.spot_notice,
-                      spot_url=cfg.spot_url, spot_interval_s=cfg.spot_interval_s, grace_s=STOP_GRACE_S)
+    spec = make_spec(cfg, job=job.name, attempt=a.n, token=a.token, run_dir=job.run_dir, argv=argv,
+                     outputs=list(job.outputs), env=env, resources=job.resources, task=job.task_index,
+                     base_env=job.environment.vars if job.environment else None)
     return _Read(job.name, job.id, a.id, job.env_id, spec, overrides, a.plan, list(job.outputs),
                  keep_globs(job.resources), backend_name or job.backend, a.state is A.LAUNCHING,
                  a.batch_token or a.token)
 
 
 def _ready(db: Database, cfg: Config, name: str, backend_name: str | None, reclaim: bool,
-           keeper: _ClaimKeeper) -> _Ready | Launched:
+           keeper: ClaimKeeper) -> _Ready | Launched:
     """Read, claim, check and prepare the job's pending attempt (``reclaim``: its expired launching one).
 
     Returns a Launched when there is nothing to submit (another launcher has it; the marker verifies).
@@ -311,27 +251,32 @@ def _ready(db: Database, cfg: Config, name: str, backend_name: str | None, recla
     return _claimed(db, cfg, rd, fence, keeper)
 
 
-def _claimed(db: Database, cfg: Config, rd: _Read, fence: int, keeper: _ClaimKeeper,
+def _claimed(db: Database, cfg: Config, rd: _Read, fence: int, keeper: ClaimKeeper,
              batch: protocol.SyncBatch | None = None) -> _Ready | Launched:
     """Check and prepare an attempt this launcher claimed under ``fence``. ``batch``: its records are
     written there (in place once the caller commits it), not each made durable on its own."""
     keeper.add(rd.attempt_id, fence)
     spec = dataclasses.replace(rd.spec, fence=fence)
-    run_dir = spec.run_dir
     try:
-        check_run_dir(cfg, run_dir)
-        if protocol.verify_done_marker(run_dir).verified:
-            _close_verified(db, rd.attempt_id, rd.job_id)
-            return Launched(outcome=LaunchOutcome.VERIFIED)
-        moved = _prepare(cfg, spec, rd.plan, rd.outputs, rd.backend_name, rd.keep, batch)
-    except (Refused, protocol.UnsafePath) as e:
-        _fail(db, cfg, rd.attempt_id, FailureClass.INVALID, f"refused: {e}")
-        raise Refused(f"refused: {rd.name}: {e}") from None
-    except OSError as e:
-        _fail_os(db, cfg, rd.attempt_id, e)
-        raise OrchError(f"{rd.name}: launch failed: {e.strerror or e}"
-                        + (f": {e.filename}" if getattr(e, "filename", None) else "")) from None
+        moved = check_and_prepare(cfg, spec, rd.plan, rd.outputs, rd.backend_name, rd.keep, batch)
+    except (Refused, protocol.UnsafePath, OSError) as e:
+        prepare_failed(db, cfg, rd.name, rd.attempt_id, e)
+    if moved is None:  # the marker verifies
+        _close_verified(db, rd.attempt_id, rd.job_id)
+        return Launched(outcome=LaunchOutcome.VERIFIED)
     return _Ready(rd, spec, moved, fence)
+
+
+def prepare_failed(db: Database, cfg: Config, name: str, attempt_id: int, e: Exception) -> NoReturn:
+    """``check_and_prepare`` raised ``e`` under this launcher's claim: the attempt ends with the reason, then
+    Refused (for good: invalid) or OrchError (a filesystem error: its retryable class) is raised."""
+    if isinstance(e, (Refused, protocol.UnsafePath)):
+        _fail(db, cfg, attempt_id, FailureClass.INVALID, f"refused: {e}")
+        raise Refused(f"refused: {name}: {e}") from None
+    assert isinstance(e, OSError)
+    _fail_os(db, cfg, attempt_id, e)
+    raise OrchError(f"{name}: launch failed: {e.strerror or e}"
+                    + (f": {e.filename}" if getattr(e, "filename", None) else "")) from None
 
 
 def _fail_os(db: Database, cfg: Config, attempt_id: int, e: OSError) -> None:
@@ -347,7 +292,7 @@ def launch(db: Database, cfg: Config, name: str, backend: Backend | None = None,
     OrchError for a launch that failed (the attempt is ended with its class, or, for a transient
     scheduler error, left to the reconciler).
     """
-    with _ClaimKeeper(db) as keeper:
+    with _keeper(db) as keeper:
         r = _ready(db, cfg, name, backend.name if backend else None, reclaim, keeper)
         if isinstance(r, Launched):
             return r
@@ -371,7 +316,7 @@ def launch(db: Database, cfg: Config, name: str, backend: Backend | None = None,
     return _record_own(db, backend, r, external_id)
 
 
-def _record_own(db: Database, backend: Backend, r: _Ready, external_id: str) -> Launched:
+def _record_own(db: Database, backend: Backend, r: _Ready | Held, external_id: str) -> Launched:
     """Record this launcher's submission, if its claim still stands (compare-and-set on its fence)."""
     try:
         stopped = record_submitted(db, r.attempt_id, external_id, r.overrides, backend=backend, fence=r.fence)
@@ -395,7 +340,7 @@ def launch_group(db: Database, cfg: Config, names: list[str], backend: Backend, 
     """
     results: dict[str, Launched | OrchError] = {}
     ready: list[_Ready] = []
-    with _ClaimKeeper(db) as keeper:  # every member's claim is renewed until all are prepared
+    with _keeper(db) as keeper:  # every member's claim is renewed until all are prepared
         reads = _read_group(db, cfg, names, backend.name, results)
         fences = _claim_all(db, [rd.attempt_id for rd in reads], reclaim)
         testhooks.site("group_claimed")
@@ -561,7 +506,7 @@ def _adopt_if_submitted(db: Database, backend: Backend, r: _Ready) -> Launched |
     return Launched(ext, r.moved, LaunchOutcome.STOPPED if stopped else LaunchOutcome.ADOPTED)
 
 
-def _submission_failed(db: Database, cfg: Config, members: list[_Ready], e: Exception) -> NoReturn:
+def _submission_failed(db: Database, cfg: Config, members: list[_Ready] | list[Held], e: Exception) -> NoReturn:
     """The backend call failed for these attempts: raise, after recording what the failure means."""
     names = ", ".join(r.name for r in members)
     if isinstance(e, BackendError) and e.permanent:
@@ -594,7 +539,7 @@ def new_batch_token() -> str:
 def sweep_env(sweep: str, index: int, params: list[dict[str, Any]]) -> dict[str, str]:
     """What a sweep task gets besides ORCH_*: its sweep, its index and its argument set (JSON)."""
     return {ENV_SWEEP: sweep, ENV_TASK_INDEX: str(index),
-            ENV_SWEEP_PARAMS: _dumps(params[index] if 0 <= index < len(params) else {})}
+            ENV_SWEEP_PARAMS: dumps(params[index] if 0 <= index < len(params) else {})}
 
 
 def _close_verified(db: Database, attempt_id: int, job_id: int) -> None:
@@ -606,73 +551,6 @@ def _close_verified(db: Database, attempt_id: int, job_id: int) -> None:
             move_attempt(s, a, A.CANCELLED, detail="not launched: the run dir's marker verifies")
         if job.state is not J.DONE:
             move_job(s, job, J.DONE, "marker verified before launch")
-
-
-def _prepare(cfg: Config, spec: SubmitSpec, plan: Any, outputs: list[str], backend_name: str,
-             keep: list[str] | None = None, batch: protocol.SyncBatch | None = None) -> list[str]:
-    """Set torn checkpoints aside, clear what the next attempt must not see (never its resume state),
-    then write its command record, which names what went to the trash and why (``orch show``)."""
-    run_dir = spec.run_dir
-    # 0o770 under the umask orch set from orch.toml: 0700, or 0750 with [runs] group_shared (a fixed 0o700
-    # made every run dir private although the README promised the group 0750: found by its first test).
-    run_dir.mkdir(mode=0o770, parents=True, exist_ok=True)
-    check_run_dir(cfg, run_dir)  # again: it may have been created as a symlink meanwhile
-    # A symlinked attempts/ or a glob through a symlinked dir would make orch write or move things
-    # outside its runs root: refused, for this job only.
-    protocol.resolve_inside(run_dir, f"{protocol.ATTEMPTS_DIR}/{spec.attempt}")
-    keep = keep or []
-    # Issue 17: a kill -9 mid-save left a checkpoint every next attempt crashed on: renamed, never deleted.
-    set_aside = resumestate.set_aside_torn(run_dir, keep)
-    quarantine = plan.quarantine if plan else ()
-    why = dict(leftovers_why(run_dir, outputs, quarantine, keep))
-    moved = move_to_trash(cfg, run_dir, list(why), spec.job)
-    pruned = [p for p in (plan.prune if plan else ()) if p not in moved]
-    moved += move_to_trash(cfg, run_dir, pruned, spec.job)
-    why.update({p: "pruned by the policy (disk full)" for p in pruned})
-    if plan is not None and plan.empty_trash:
-        empty_trash(cfg, spec.job)
-    if spec.attempt_dir.exists() and spec.token not in _attempt_tokens(spec.attempt_dir):
-        # attempts/<n>/ left by an earlier run of this name (fresh DB, same runs root): its
-        # failure.json would classify this new attempt (an old "invalid" failed it for good).
-        rel = f"{protocol.ATTEMPTS_DIR}/{spec.attempt}"
-        moved += move_to_trash(cfg, run_dir, [rel], spec.job)
-        why[rel] = "an attempt dir of an earlier run of this name"
-    spec.attempt_dir.mkdir(mode=0o770, parents=True, exist_ok=True)
-    # The wrapper's ballast, taken here first: a disk too full for it fails this launch as enospc (never ran)
-    # rather than running a program whose end could not be recorded (orchestrator/ballast.py).
-    allocate_ballast(spec.attempt_dir / protocol.EXIT_RESERVE)
-    record = {"argv": list(spec.command), "overrides": _loads(spec.env.get(protocol.ENV_OVERRIDES)),
-              "backend": backend_name, "token": spec.token, "resources": resources_dict(spec.resources),
-              "at": protocol.now_iso(),
-              TRASHED_KEY: [{"path": p, "why": why.get(p, "")} for p in moved],
-              SET_ASIDE_KEY: [x.as_dict() for x in set_aside]}
-    if ENV_SWEEP_PARAMS in spec.env:
-        # A sweep resubmitted after a lost DB adopts this task's verified result only for the same argument
-        # set: a program reading ORCH_SWEEP_PARAMS (no {key} in argv) ran the same argv for other parameters.
-        record["sweep_params"] = _loads(spec.env[ENV_SWEEP_PARAMS])
-    if batch is not None:  # a group launch: in place (and durable) once the caller commits the batch
-        batch.write_json(spec.attempt_dir / protocol.COMMAND_FILE, record)
-    else:
-        protocol.atomic_write_json(spec.attempt_dir / protocol.COMMAND_FILE, record)
-    # After the claim, before the backend call: the wrapper runs the program only under this generation.
-    protocol.write_fence(spec.attempt_dir, spec.token, spec.fence, batch)
-    testhooks.site("after_attempt_row")
-    return moved
-
-
-def _attempt_tokens(adir: Path) -> set[str]:
-    """Tokens recorded in an attempt dir by orch (command.json, before the backend call) and by its
-    wrapper (wrapper.json, exit.json). A job may rewrite command.json (the trainer does), so no
-    single file decides whose dir this is."""
-    tokens = set()
-    for fname in (protocol.COMMAND_FILE, protocol.WRAPPER_FILE, protocol.EXIT_FILE):
-        try:
-            rec = protocol.read_json_bounded(adir / fname, limit=1 << 20)
-        except (OSError, ValueError):
-            continue
-        if isinstance(rec, dict) and isinstance(rec.get("token"), str):
-            tokens.add(rec["token"])
-    return tokens
 
 
 def _fail(db: Database, cfg: Config, attempt_id: int, cls: FailureClass, detail: str) -> None:
@@ -768,15 +646,3 @@ def _record_group(db: Database, backend: Backend, members: list[_Ready], ids: di
         else:
             out[r.name] = Launched(ext, r.moved, LaunchOutcome.STOPPED if rec.stopped else LaunchOutcome.SUBMITTED)
     return out
-
-
-def _dumps(obj: Any) -> str:
-    import json
-
-    return json.dumps(obj, sort_keys=True, default=str)
-
-
-def _loads(s: str | None) -> Any:
-    import json
-
-    return json.loads(s) if s else {}

@@ -20,6 +20,7 @@ from __future__ import annotations
 import json
 import threading
 import time
+from collections.abc import Callable, Iterable
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -49,13 +50,23 @@ def partition_key(backend: str, resources: Any) -> str:
 
 def mtbf_env(s: Any, backend: str, resources: Any, now: float | None = None) -> dict[str, str]:
     """``ORCH_MTBF_S`` and ``ORCH_MTBF_SOURCE`` for a job on ``backend`` with ``resources`` (a read session ``s``)."""
+    return mtbf_env_from(lambda cutoff: s.connection().execute(history_select(backend, cutoff)), backend, resources,
+                         now)
+
+
+def mtbf_env_from(rows_since: Callable[[datetime], Iterable[tuple[Any, ...]]], backend: str, resources: Any,
+                  now: float | None = None) -> dict[str, str]:
+    """``mtbf_env`` with the history's rows from ``rows_since(cutoff)``: (started_at, ended_at, failure class,
+    the job's resources as stored) of ``backend``'s attempts that ended at or after ``cutoff`` (naive UTC), as
+    ``history_select`` reads them (``orch submit``'s quick path runs its SQL on stdlib sqlite3)."""
     now = time.time() if now is None else now
     key = (backend, partition_key(backend, resources))
     with _lock:
         hit = _cache.get(key)
         if hit is not None and now - hit[0] < CACHE_S:
             return dict(hit[1])
-    held, failures = _history(s, backend, key[1], now)
+    cutoff = datetime.fromtimestamp(now, UTC).replace(tzinfo=None) - WINDOW
+    held, failures = fold_history(rows_since(cutoff), backend, key[1])
     m = estimate_mtbf(held, failures)
     env = {ENV_MTBF: f"{m:.1f}",
            ENV_MTBF_SOURCE: f"{key[1]}: {failures} unwarned failure(s) in {held / 3600:.2f} h held over "
@@ -65,20 +76,22 @@ def mtbf_env(s: Any, backend: str, resources: Any, now: float | None = None) -> 
     return dict(env)
 
 
-def _history(s: Any, backend: str, part: str, now: float) -> tuple[float, int]:
-    """(held seconds, unwarned failures) of the attempts that ended on ``part`` within WINDOW."""
+def history_select(backend: str, cutoff: datetime):  # noqa: ANN201 - a sqlalchemy Select, imported lazily
+    """The attempts of ``backend`` that ended at or after ``cutoff``, with their job's stored resources."""
     from sqlalchemy import Text, select, type_coerce
 
     from orchestrator.models import Attempt, Job
 
-    cutoff = datetime.fromtimestamp(now, UTC).replace(tzinfo=None) - WINDOW
     # Issue 20: every submit reads this, and 10,000 ended attempts took 50 ms: decoding each row's resources was
     # 60 % of it (now each distinct JSON text is decoded once; a sweep's tasks share one) and the ORM's row
     # loading most of the rest (Core rows, on the session's own connection and transaction).
-    q = (select(Attempt.started_at, Attempt.ended_at, Attempt.failure_class, type_coerce(Job.resources, Text))
-         .join(Job, Job.id == Attempt.job_id)
-         .where(Job.backend == backend, Attempt.ended_at >= cutoff))
-    rows = s.connection().execute(q)
+    return (select(Attempt.started_at, Attempt.ended_at, Attempt.failure_class, type_coerce(Job.resources, Text))
+            .join(Job, Job.id == Attempt.job_id)
+            .where(Job.backend == backend, Attempt.ended_at >= cutoff))
+
+
+def fold_history(rows: Iterable[tuple[Any, ...]], backend: str, part: str) -> tuple[float, int]:
+    """(held seconds, unwarned failures) of the rows (``history_select``'s) whose job ran on ``part``."""
     parts: dict[str | None, str] = {}
     held, failures = 0.0, 0
     for started, ended, cls, stored in rows:

@@ -15,17 +15,16 @@ progressvalues, staleness) at module level.
 
 from __future__ import annotations
 
-import os
 import sqlite3
-import stat
 import time
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any, TypeVar
 
 from orchestrator import protocol
-from orchestrator.config import Config, sqlite_path
+from orchestrator.config import Config
 from orchestrator.progressvalues import plausible
+from orchestrator.quickdb import QUICK_REVISION, at_revision, connect
 from orchestrator.staleness import judge
 from orchestrator.states import JobState
 
@@ -129,7 +128,7 @@ def group_by_sweep(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
 # one schema: change models.py or status_select and that test prints the new text to paste here.
 # Never read from disk: the earlier cache file ($ORCH_HOME/cache/status-sql.json) ran whatever SQL a hand
 # edit put in it (an ATTACH created files), since a file's SQL cannot be trusted without recompiling it.
-STATUS_REVISION = "0010"
+STATUS_REVISION = QUICK_REVISION
 _SELECT = ("SELECT jobs.name, jobs.state, jobs.backend, jobs.run_dir, anon_1.count, attempts.external_id, "
            "attempts.failure_class, attempts.n, attempts.restarts, sweeps.name AS sweep, jobs.task_index, "
            "attempts.state AS attempt_state \nFROM jobs LEFT OUTER JOIN (SELECT attempts.job_id AS job_id, "
@@ -150,22 +149,13 @@ def fast_read(cfg: Config, query: Callable[[sqlite3.Connection], T]) -> T | None
     cannot read, in a private home, at ``STATUS_REVISION`` (anything else, PostgreSQL and any sqlite3
     error included, goes to the slow path, which creates, upgrades, tightens or reports). The read commands'
     one gate (orch status, orch report), so none can drift from the others' rules."""
-    db_file = sqlite_path(cfg.db_url)
-    if db_file is None or not _home_is_private(cfg.home):
+    conn = connect(cfg)
+    if conn is None:
         return None
     try:
-        st = os.lstat(db_file)  # a symlink goes to the slow path, which refuses it (hostile: read commands followed it)
-        if not stat.S_ISREG(st.st_mode) or st.st_size == 0 or st.st_uid != os.geteuid() or st.st_mode & 0o077:
-            return None  # absent, empty or not private: the slow path creates, upgrades or tightens it
-        conn = sqlite3.connect(db_file, timeout=cfg.busy_timeout_ms / 1000, isolation_level=None)
-    except (OSError, sqlite3.Error):
-        return None
-    try:
-        conn.execute(f"PRAGMA busy_timeout={int(cfg.busy_timeout_ms)}")
         conn.execute("PRAGMA query_only=ON")  # a read command writes nothing
         conn.execute("BEGIN")  # the revision and every query from one snapshot
-        rev = conn.execute("SELECT version_num FROM alembic_version").fetchone()
-        if rev is None or rev[0] != STATUS_REVISION:
+        if not at_revision(conn):
             return None
         found = query(conn)
         conn.execute("COMMIT")
@@ -192,10 +182,3 @@ def drop_legacy_cache(cfg: Config) -> None:
         pass
 
 
-def _home_is_private(home: Path) -> bool:
-    """What ``db.prepare_home`` would leave unchanged: our own 0700 directory, not a symlink."""
-    try:
-        st = os.lstat(home)
-    except OSError:
-        return False
-    return stat.S_ISDIR(st.st_mode) and st.st_uid == os.geteuid() and not stat.S_IMODE(st.st_mode) & 0o077

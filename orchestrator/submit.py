@@ -15,17 +15,15 @@ from typing import Any
 
 from sqlalchemy import select
 
-from orchestrator import protocol, testhooks
+from orchestrator import testhooks
 from orchestrator.backends import get_backend
 from orchestrator.config import Config
 from orchestrator.db import Database
-from orchestrator.errors import AlreadyVerified, Refused
 from orchestrator.jobs import environment_id, get_job, names_taken
 from orchestrator.launch import Launched, launch
 from orchestrator.lifecycle import JobState, create_attempt, create_job
-from orchestrator.liveness import live_processes
 from orchestrator.models import Job
-from orchestrator.rundir import check_run_dir, ensure_runs_root, run_dir_for
+from orchestrator.quicksubmit import name_taken, preflight
 from orchestrator.tokens import new_token
 
 
@@ -42,25 +40,14 @@ class SubmitRequest:
 
 def submit(db: Database, cfg: Config, req: SubmitRequest) -> Job:
     """Create the job and its first attempt, then launch it. Returns the job with its attempts."""
-    run_dir = run_dir_for(cfg, req.name)
-    ensure_runs_root(cfg)
-    check_run_dir(cfg, run_dir)
-    if protocol.verify_done_marker(run_dir).verified:
-        raise AlreadyVerified(f"refused: {run_dir} holds a verified done marker; job {req.name!r} is finished")
-    with db.read() as s:
-        existing = s.scalar(select(Job.state).where(Job.name == req.name))
-    if existing is not None:
-        raise Refused(f"refused: job {req.name!r} already exists ({existing.value}); "
-                      f"use `orch requeue {req.name}` to run it again")
-    live = live_processes([run_dir])[run_dir]
-    if live:
-        # The DB lost this job (deleted, or another ORCH_HOME on the same runs root) but its attempt
-        # still runs there: a second one beside it would share the run dir (issue 9).
-        raise Refused(f"refused: a live attempt runs in {run_dir} ({'; '.join(live[:3])}) that this DB "
-                      "does not know (was the DB deleted?); stop it first")
+    def job_state() -> JobState | None:
+        with db.read() as s:
+            return s.scalar(select(Job.state).where(Job.name == req.name))
+
+    run_dir = preflight(cfg, req.name, job_state)
     with db.write() as s:
         if names_taken(s, [req.name]):
-            raise Refused(f"refused: {req.name!r} already exists (a job or a sweep); use `orch requeue {req.name}`")
+            raise name_taken(req.name)
         testhooks.site("names_checked")
         job = create_job(s, JobState.PENDING, name=req.name, backend=req.backend, run_dir=str(run_dir),
                          command=list(req.command), resources=dict(req.resources), outputs=list(req.outputs),

@@ -23,7 +23,7 @@ import dataclasses
 import itertools
 import re
 import sys
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any
@@ -199,47 +199,65 @@ def choose_exclusion(suspects: Iterable[str], usable: frozenset[str] | None,
 # ------------------------------------------------------------------------------------------
 # the DB: evidence from attempts, clears from node_clears
 # ------------------------------------------------------------------------------------------
-def load_failures(db: Database, backend: str, since: datetime) -> list[Failure]:
+def failures_select(backend: str, since: datetime):  # noqa: ANN201 - a sqlalchemy Select, imported lazily
     """The attempts of ``backend`` that ended in a suspect class at or after ``since`` with a node list."""
     from sqlalchemy import select
 
     from orchestrator.models import Attempt, Job, Sweep
 
-    q = (select(Job.name, Job.sweep_id, Sweep.name, Attempt.n, Attempt.failure_class, Attempt.ended_at,
-                Attempt.nodes)
-         .join(Job, Attempt.job_id == Job.id).outerjoin(Sweep, Job.sweep_id == Sweep.id)
-         .where(Attempt.backend == backend, Attempt.failure_class.in_(SUSPECT_CLASSES),
-                Attempt.ended_at >= since, Attempt.nodes.is_not(None)))
-    with db.read() as s:
-        rows = s.execute(q).all()
+    return (select(Job.name, Job.sweep_id, Sweep.name, Attempt.n, Attempt.failure_class, Attempt.ended_at,
+                   Attempt.nodes)
+            .join(Job, Attempt.job_id == Job.id).outerjoin(Sweep, Job.sweep_id == Sweep.id)
+            .where(Attempt.backend == backend, Attempt.failure_class.in_(SUSPECT_CLASSES),
+                   Attempt.ended_at >= since, Attempt.nodes.is_not(None)))
+
+
+def failures_of(rows: Iterable[tuple[Any, ...]]) -> list[Failure]:
+    """``failures_select``'s rows as failures (the class as a FailureClass or its stored string)."""
     return [Failure(job=name, group=f"sweep:{sweep}" if sweep_id is not None else f"job:{name}", attempt=n,
-                    cls=cls, at=_aware(ended), nodes=nodes)
+                    cls=FailureClass(cls), at=_aware(ended), nodes=nodes)
             for name, sweep_id, sweep, n, cls, ended, nodes in rows]
 
 
-def load_clears(db: Database, backend: str) -> dict[str, datetime]:
-    """node -> its latest clear."""
+def load_failures(db: Database, backend: str, since: datetime) -> list[Failure]:
+    with db.read() as s:
+        return failures_of(s.execute(failures_select(backend, since)).all())
+
+
+def clears_select(backend: str):  # noqa: ANN201 - a sqlalchemy Select, imported lazily
+    """node -> its latest clear, on ``backend``."""
     from sqlalchemy import func, select
 
     from orchestrator.models import NodeClear
 
+    return (select(NodeClear.node, func.max(NodeClear.cleared_at))
+            .where(NodeClear.backend == backend).group_by(NodeClear.node))
+
+
+def load_clears(db: Database, backend: str) -> dict[str, datetime]:
+    """node -> its latest clear."""
     with db.read() as s:
-        rows = s.execute(select(NodeClear.node, func.max(NodeClear.cleared_at))
-                         .where(NodeClear.backend == backend).group_by(NodeClear.node)).all()
-    return {node: _aware(at) for node, at in rows}
+        return {node: _aware(at) for node, at in s.execute(clears_select(backend)).all()}
 
 
 def current_suspects(db: Database, cfg: Config, backend: str, now: datetime | None = None) -> dict[str, Suspect]:
     """The nodes ``backend`` should keep new attempts off now."""
+    return suspects_from(cfg, lambda since: load_failures(db, backend, since), lambda: load_clears(db, backend), now)
+
+
+def suspects_from(cfg: Config, failures_since: Callable[[datetime], list[Failure]],
+                  clears: Callable[[], dict[str, datetime]], now: datetime | None = None) -> dict[str, Suspect]:
+    """``current_suspects`` with the evidence from ``failures_since(since)`` and ``clears()`` (``orch submit``'s
+    quick path reads them on stdlib sqlite3)."""
     rule = Rule.of(cfg)
     if rule.failures <= 0:
         return {}
     now = now or _now()
     since = now - timedelta(seconds=rule.window_s + rule.exclusion_s)
-    failures = load_failures(db, backend, since)
+    failures = failures_since(since)
     if not failures:  # no evidence, no suspect: every submit asks, and most find none (issue 20: one query less)
         return {}
-    return find_suspects(failures, rule, now, load_clears(db, backend))
+    return find_suspects(failures, rule, now, clears())
 
 
 def clear(db: Database, cfg: Config, backend: str, node: str) -> Suspect:
@@ -289,9 +307,18 @@ def clear_anywhere(db: Database, cfg: Config, node: str) -> None:
 def exclusion_for(db: Database, cfg: Config, backend: Backend, resources: Resources) -> tuple[str, ...]:
     """The nodes a new attempt with ``resources`` should exclude on ``backend`` (empty where the backend
     cannot exclude nodes, the rule is off, or excluding would leave the job unschedulable)."""
-    if not backend.capabilities.node_exclusion or cfg.suspect_failures <= 0:
+    if not excludes_nodes(cfg, backend):
         return ()
-    suspects = current_suspects(db, cfg, backend.name)
+    return exclusion_among(current_suspects(db, cfg, backend.name), backend, resources)
+
+
+def excludes_nodes(cfg: Config, backend: Backend) -> bool:
+    """Whether attempts on ``backend`` are kept off suspect nodes at all."""
+    return backend.capabilities.node_exclusion and cfg.suspect_failures > 0
+
+
+def exclusion_among(suspects: Mapping[str, Suspect], backend: Backend, resources: Resources) -> tuple[str, ...]:
+    """Of ``suspects``, the nodes to exclude for ``resources`` (never all a job could run on: then none)."""
     if not suspects:
         return ()  # the common case: no scheduler query at all
     exclude, warning = choose_exclusion(suspects, backend.usable_nodes(resources), resources.nodes or 1)
@@ -307,7 +334,7 @@ def with_exclusion(db: Database, cfg: Config, backend: Backend, spec: SubmitSpec
 
 
 def _now() -> datetime:
-    from orchestrator.models import utcnow
+    from orchestrator.states import utcnow
 
     return _aware(utcnow())
 

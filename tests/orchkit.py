@@ -74,12 +74,13 @@ def use_backend(monkeypatch, backend) -> None:  # noqa: ANN001
     scheduler boundary, for in-process tests)."""
     import orchestrator.launch
     import orchestrator.liveness
+    import orchestrator.quicksubmit
     import orchestrator.requeue
     import orchestrator.stop
     import orchestrator.submit
 
     for mod in (orchestrator.launch, orchestrator.liveness, orchestrator.requeue, orchestrator.stop,
-                orchestrator.submit):
+                orchestrator.submit, orchestrator.quicksubmit):
         monkeypatch.setattr(mod, "get_backend", lambda _name: backend)
 
 

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import time
 from datetime import UTC, datetime, timedelta
 
 import pytest
@@ -27,6 +26,15 @@ def _ended(db, name: str, backend: str, resources: object, cls: str | None, held
             {"j": jid, "tok": "tok-" + name, "b": backend, "t": end, "s": start, "e": end, "c": cls})
 
 
+def _history(s, backend: str, part: str) -> tuple[float, int]:
+    from datetime import UTC, datetime
+
+    from orchestrator import mtbf
+
+    cutoff = datetime.now(UTC).replace(tzinfo=None) - mtbf.WINDOW
+    return mtbf.fold_history(s.connection().execute(mtbf.history_select(backend, cutoff)), backend, part)
+
+
 @pytest.mark.each_db
 def test_only_the_partitions_attempts_of_the_window_count_whatever_else_their_resources_hold(db):
     """Issue 20: the history is read once per submit, and decoding every row's resources was most of it (50 ms
@@ -45,7 +53,7 @@ def test_only_the_partitions_attempts_of_the_window_count_whatever_else_their_re
     _ended(db, "h", "local", spot, "killed", 6400, 60)
     _ended(db, "i", "slurm", spot, "killed", 12800, mtbf.WINDOW.total_seconds() + 3600)
     with db.read() as s:
-        assert mtbf._history(s, "slurm", "slurm/spot", time.time()) == (700.0, 3)
-        assert mtbf._history(s, "slurm", "slurm/gpu", time.time()) == (800.0, 1)
-        assert mtbf._history(s, "slurm", "slurm/-", time.time()) == (1600.0, 1)  # no partition
-        assert mtbf._history(s, "local", "local/spot", time.time()) == (6400.0, 1)
+        assert _history(s, "slurm", "slurm/spot") == (700.0, 3)
+        assert _history(s, "slurm", "slurm/gpu") == (800.0, 1)
+        assert _history(s, "slurm", "slurm/-") == (1600.0, 1)  # no partition
+        assert _history(s, "local", "local/spot") == (6400.0, 1)

@@ -1,0 +1,139 @@
+"""An attempt's launch, the parts without the job table: its submission spec, its run dir made ready, its
+records (stdlib and orch's own file modules only, so that ``orch submit``'s quick path,
+``orchestrator/quicksubmit.py``, and ``orchestrator/launch.py`` share them)."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from orchestrator import protocol, resumestate, testhooks
+from orchestrator.backends.base import SubmitSpec
+from orchestrator.ballast import allocate as allocate_ballast
+from orchestrator.config import Config
+from orchestrator.protocol import ENV_SWEEP_PARAMS
+from orchestrator.resources import resources_dict, resources_of
+from orchestrator.resumestate import SET_ASIDE_KEY, TRASHED_KEY
+from orchestrator.rundir import check_run_dir
+from orchestrator.states import STOP_GRACE_S
+from orchestrator.trash import empty_trash, leftovers_why, move_to_trash
+
+
+@dataclass
+class Held:
+    """An attempt a launcher holds under its claim, as the failure and record paths need it."""
+
+    name: str
+    attempt_id: int
+    fence: int
+    overrides: dict[str, Any] = field(default_factory=dict)
+    moved: list[str] = field(default_factory=list)
+
+
+def make_spec(cfg: Config, *, job: str, attempt: int, token: str, run_dir: str, argv: list[str],
+              outputs: list[str], env: dict[str, str], resources: dict[str, Any], task: int | None,
+              base_env: dict[str, str] | None) -> SubmitSpec:
+    """What the backend gets for one attempt (before its claim's fence is known)."""
+    return SubmitSpec(job=job, attempt=attempt, token=token, run_dir=Path(run_dir), command=tuple(argv),
+                      outputs=tuple(outputs), env=env, resources=resources_of(resources),
+                      warning_signal=resources.get("warning_signal") or "TERM", umask=cfg.umask,
+                      task=task, base_env=base_env,
+                      spot_notice=resources.get("spot_notice") or cfg.spot_notice,
+                      spot_url=cfg.spot_url, spot_interval_s=cfg.spot_interval_s, grace_s=STOP_GRACE_S)
+
+
+def environment_record(environ: Mapping[str, str]) -> tuple[str, dict[str, str]]:
+    """(sha256, vars) of the environment a job is submitted from, as table ``environments`` stores it once per
+    distinct content (every attempt runs with it, whoever launches it)."""
+    import hashlib
+
+    data = dict(sorted(environ.items()))
+    return hashlib.sha256(json.dumps(data, sort_keys=True).encode()).hexdigest(), data
+
+
+def check_and_prepare(cfg: Config, spec: SubmitSpec, plan: Any, outputs: list[str], backend_name: str,
+                      keep: list[str] | None = None, batch: protocol.SyncBatch | None = None) -> list[str] | None:
+    """Under the claim: the run dir checked again, then made ready (what was moved aside), or None when its
+    marker verifies (nothing to launch). Raises Refused / protocol.UnsafePath (refused for good) or OSError."""
+    check_run_dir(cfg, spec.run_dir)
+    if protocol.verify_done_marker(spec.run_dir).verified:
+        return None
+    return prepare_run_dir(cfg, spec, plan, outputs, backend_name, keep, batch)
+
+
+def prepare_run_dir(cfg: Config, spec: SubmitSpec, plan: Any, outputs: list[str], backend_name: str,
+             keep: list[str] | None = None, batch: protocol.SyncBatch | None = None) -> list[str]:
+    """Set torn checkpoints aside, clear what the next attempt must not see (never its resume state),
+    then write its command record, which names what went to the trash and why (``orch show``)."""
+    run_dir = spec.run_dir
+    # 0o770 under the umask orch set from orch.toml: 0700, or 0750 with [runs] group_shared (a fixed 0o700
+    # made every run dir private although the README promised the group 0750: found by its first test).
+    run_dir.mkdir(mode=0o770, parents=True, exist_ok=True)
+    check_run_dir(cfg, run_dir)  # again: it may have been created as a symlink meanwhile
+    # A symlinked attempts/ or a glob through a symlinked dir would make orch write or move things
+    # outside its runs root: refused, for this job only.
+    protocol.resolve_inside(run_dir, f"{protocol.ATTEMPTS_DIR}/{spec.attempt}")
+    keep = keep or []
+    # Issue 17: a kill -9 mid-save left a checkpoint every next attempt crashed on: renamed, never deleted.
+    set_aside = resumestate.set_aside_torn(run_dir, keep)
+    quarantine = plan.quarantine if plan else ()
+    why = dict(leftovers_why(run_dir, outputs, quarantine, keep))
+    moved = move_to_trash(cfg, run_dir, list(why), spec.job)
+    pruned = [p for p in (plan.prune if plan else ()) if p not in moved]
+    moved += move_to_trash(cfg, run_dir, pruned, spec.job)
+    why.update({p: "pruned by the policy (disk full)" for p in pruned})
+    if plan is not None and plan.empty_trash:
+        empty_trash(cfg, spec.job)
+    if spec.attempt_dir.exists() and spec.token not in attempt_tokens(spec.attempt_dir):
+        # attempts/<n>/ left by an earlier run of this name (fresh DB, same runs root): its
+        # failure.json would classify this new attempt (an old "invalid" failed it for good).
+        rel = f"{protocol.ATTEMPTS_DIR}/{spec.attempt}"
+        moved += move_to_trash(cfg, run_dir, [rel], spec.job)
+        why[rel] = "an attempt dir of an earlier run of this name"
+    spec.attempt_dir.mkdir(mode=0o770, parents=True, exist_ok=True)
+    # The wrapper's ballast, taken here first: a disk too full for it fails this launch as enospc (never ran)
+    # rather than running a program whose end could not be recorded (orchestrator/ballast.py).
+    allocate_ballast(spec.attempt_dir / protocol.EXIT_RESERVE)
+    record = {"argv": list(spec.command), "overrides": loads(spec.env.get(protocol.ENV_OVERRIDES)),
+              "backend": backend_name, "token": spec.token, "resources": resources_dict(spec.resources),
+              "at": protocol.now_iso(),
+              TRASHED_KEY: [{"path": p, "why": why.get(p, "")} for p in moved],
+              SET_ASIDE_KEY: [x.as_dict() for x in set_aside]}
+    if ENV_SWEEP_PARAMS in spec.env:
+        # A sweep resubmitted after a lost DB adopts this task's verified result only for the same argument
+        # set: a program reading ORCH_SWEEP_PARAMS (no {key} in argv) ran the same argv for other parameters.
+        record["sweep_params"] = loads(spec.env[ENV_SWEEP_PARAMS])
+    if batch is not None:  # a group launch: in place (and durable) once the caller commits the batch
+        batch.write_json(spec.attempt_dir / protocol.COMMAND_FILE, record)
+    else:
+        protocol.atomic_write_json(spec.attempt_dir / protocol.COMMAND_FILE, record)
+    # After the claim, before the backend call: the wrapper runs the program only under this generation.
+    protocol.write_fence(spec.attempt_dir, spec.token, spec.fence, batch)
+    testhooks.site("after_attempt_row")
+    return moved
+
+
+def attempt_tokens(adir: Path) -> set[str]:
+    """Tokens recorded in an attempt dir by orch (command.json, before the backend call) and by its
+    wrapper (wrapper.json, exit.json). A job may rewrite command.json (the trainer does), so no
+    single file decides whose dir this is."""
+    tokens = set()
+    for fname in (protocol.COMMAND_FILE, protocol.WRAPPER_FILE, protocol.EXIT_FILE):
+        try:
+            rec = protocol.read_json_bounded(adir / fname, limit=1 << 20)
+        except (OSError, ValueError):
+            continue
+        if isinstance(rec, dict) and isinstance(rec.get("token"), str):
+            tokens.add(rec["token"])
+    return tokens
+
+
+def dumps(obj: Any) -> str:
+    return json.dumps(obj, sort_keys=True, default=str)
+
+
+def loads(s: str | None) -> Any:
+    return json.loads(s) if s else {}

@@ -1,0 +1,156 @@
+"""The job table on stdlib ``sqlite3``, for the commands that must not import SQLAlchemy (~0.25 s of CPU, more
+than ``orch submit``'s whole latency goal on a login node: issue 20).
+
+Only a DB the SQLAlchemy path would leave as it is gets through the gate: a regular, non-empty file of ours
+that others cannot read, in a private home, in WAL mode, at ``QUICK_REVISION`` (a unit test keeps it equal to
+the schema head). Anything else (a DB to create, upgrade or tighten, PostgreSQL, any sqlite3 error at the gate)
+returns None and the caller takes the SQLAlchemy path, which creates, upgrades, tightens or reports as every
+command does. Errors after the gate are the ones ``db.Database`` raises, with the same words.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import sqlite3
+import stat
+from collections.abc import Iterator
+from datetime import datetime
+from pathlib import Path
+
+from orchestrator.config import Config, sqlite_path
+from orchestrator.errors import DatabaseInterrupted, DatabaseProblem
+
+QUICK_REVISION = "0010"  # == db.SCHEMA_HEAD (tests/unit/test_quicksubmit.py)
+
+
+def home_is_private(home: Path) -> bool:
+    """What ``db.prepare_home`` would leave unchanged: our own 0700 directory, not a symlink."""
+    try:
+        st = os.lstat(home)
+    except OSError:
+        return False
+    return stat.S_ISDIR(st.st_mode) and st.st_uid == os.geteuid() and not stat.S_IMODE(st.st_mode) & 0o077
+
+
+def connect(cfg: Config) -> sqlite3.Connection | None:
+    """A connection (autocommit: the caller says BEGIN) to a DB that passes the gate's file checks, or None."""
+    db_file = sqlite_path(cfg.db_url)
+    if db_file is None or not home_is_private(cfg.home):
+        return None
+    try:
+        st = os.lstat(db_file)  # a symlink goes to the slow path, which refuses it (hostile: read commands followed it)
+        if not stat.S_ISREG(st.st_mode) or st.st_size == 0 or st.st_uid != os.geteuid() or st.st_mode & 0o077:
+            return None  # absent, empty or not private: the slow path creates, upgrades or tightens it
+        conn = sqlite3.connect(db_file, timeout=cfg.busy_timeout_ms / 1000, isolation_level=None)
+        conn.execute(f"PRAGMA busy_timeout={int(cfg.busy_timeout_ms)}")
+    except (OSError, sqlite3.Error):
+        return None
+    return conn
+
+
+def at_revision(conn: sqlite3.Connection) -> bool:
+    row = conn.execute("SELECT version_num FROM alembic_version").fetchone()
+    return row is not None and row[0] == QUICK_REVISION
+
+
+def stored_time(t: datetime) -> str:
+    """A naive UTC time as SQLAlchemy stores it in SQLite (and compares it there: as text)."""
+    return t.isoformat(" ", "microseconds")
+
+
+def read_time(text: str | None) -> datetime | None:
+    return None if text is None else datetime.fromisoformat(text)
+
+
+class QuickDB:
+    """One writer connection with the pragmas ``db.make_engine`` sets; ``write()`` is BEGIN IMMEDIATE."""
+
+    def __init__(self, cfg: Config, conn: sqlite3.Connection) -> None:
+        self.cfg, self.conn = cfg, conn
+        self.path = sqlite_path(cfg.db_url)
+
+    @classmethod
+    def open(cls, cfg: Config) -> QuickDB | None:
+        """Through the gate, or None: take the SQLAlchemy path."""
+        conn = connect(cfg)
+        if conn is None:
+            return None
+        try:
+            conn.execute("PRAGMA foreign_keys=ON")
+            conn.execute("PRAGMA synchronous=NORMAL")
+            mode = conn.execute("PRAGMA journal_mode").fetchone()
+            if mode is None or str(mode[0]).lower() != "wal" or not at_revision(conn):
+                conn.close()
+                return None
+        except sqlite3.Error:
+            conn.close()
+            return None
+        return cls(cfg, conn)
+
+    def close(self) -> None:
+        self.conn.close()
+
+    @contextlib.contextmanager
+    def write(self) -> Iterator[sqlite3.Connection]:
+        """A write transaction, committed on success; sqlite3 errors raised as ``db.Database`` raises them."""
+        with self._mapped():
+            self.conn.execute("BEGIN IMMEDIATE")
+        try:
+            with self._mapped():
+                yield self.conn
+                self.conn.execute("COMMIT")
+        except BaseException:
+            with contextlib.suppress(sqlite3.Error):
+                self.conn.execute("ROLLBACK")
+            raise
+
+    @contextlib.contextmanager
+    def read(self) -> Iterator[sqlite3.Connection]:
+        """One snapshot for the reads inside."""
+        with self._mapped():
+            self.conn.execute("BEGIN")
+        try:
+            with self._mapped():
+                yield self.conn
+        finally:
+            with contextlib.suppress(sqlite3.Error):
+                self.conn.execute("COMMIT")
+
+    @contextlib.contextmanager
+    def _mapped(self) -> Iterator[None]:
+        try:
+            yield
+        except sqlite3.OperationalError as e:
+            raise db_error(self.cfg, self.path, e) from None
+        except sqlite3.DatabaseError as e:
+            raise DatabaseProblem(f"database {self.path} is unusable: {_first_line(e)}") from None
+
+
+def db_error(cfg: Config, path: Path | None, e: Exception) -> DatabaseProblem:
+    """``db.Database``'s error for a driver's OperationalError ``e`` on the SQLite file ``path``."""
+    from orchestrator import filelock
+
+    if is_full(e):
+        return DatabaseInterrupted(f"database {path}: {_first_line(e)}")
+    if is_locked(e):
+        return locked_error(cfg, str(path), (filelock.sqlite_writer(path) if path is not None else ""))
+    return DatabaseProblem(f"database {path}: {_first_line(e)}")
+
+
+def is_full(e: Exception) -> bool:
+    return "disk is full" in str(e)  # SQLITE_FULL: a later pass may find room again
+
+
+def is_locked(e: Exception) -> bool:
+    return any(w in str(e) for w in ("locked", "busy", "lock timeout"))  # SQLite / PostgreSQL
+
+
+def locked_error(cfg: Config, where: str, holder: str) -> DatabaseInterrupted:
+    """The DB stayed locked past the busy timeout; ``holder``: who holds the write lock ('' if unknown)."""
+    return DatabaseInterrupted(f"database {where} is locked by {holder or 'another writer'} for longer than "
+                               f"{cfg.busy_timeout_ms} ms; try again")
+
+
+def _first_line(e: Exception) -> str:
+    return str(e).splitlines()[0][:200] if str(e) else type(e).__name__
