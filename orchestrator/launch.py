@@ -44,7 +44,7 @@ from orchestrator.config import Config
 from orchestrator.db import Database
 from orchestrator.errors import IllegalTransition, OrchError, Refused
 from orchestrator.jobs import attempt_ref, get_job
-from orchestrator.launchprep import Held, check_and_prepare, dumps, make_spec
+from orchestrator.launchprep import Held, check_and_prepare, dumps, make_spec, new_batch_token, sweep_env
 from orchestrator.lifecycle import (
     AttemptState,
     JobState,
@@ -59,11 +59,11 @@ from orchestrator.lifecycle import (
 from orchestrator.models import Attempt, Job
 from orchestrator.mtbf import mtbf_env
 from orchestrator.policy import command_for
-from orchestrator.protocol import ENV_SWEEP, ENV_SWEEP_PARAMS, ENV_TASK_INDEX, FailureClass
+from orchestrator.protocol import FailureClass
 from orchestrator.resumestate import keep_globs
 from orchestrator.suspects import exclusion_for, with_exclusion
 
-__all__ = ["launch_grace_s"]  # re-exported: the reconciler's expiry of claims
+__all__ = ["launch_grace_s", "new_batch_token", "sweep_env"]  # re-exported (their home: claimkeeper, launchprep)
 
 A, J = AttemptState, JobState
 _DISK_FULL = (errno.ENOSPC, errno.EDQUOT)
@@ -425,11 +425,16 @@ def _commit_group(db: Database, cfg: Config, batch: protocol.SyncBatch, ready: l
     try:
         batch.commit()
     except OSError as e:
-        for r in ready:
-            _fail_os(db, cfg, r.attempt_id, e)
-            results[r.name] = OrchError(f"{r.name}: launch failed: {e.strerror or e}")
+        group_write_failed(db, cfg, ready, results, e)
         return []
     return ready
+
+
+def group_write_failed(db: Database, cfg: Config, ready: list[_Ready] | list[Held],
+                       results: dict[str, Launched | OrchError], e: OSError) -> None:
+    for r in ready:
+        _fail_os(db, cfg, r.attempt_id, e)
+        results[r.name] = OrchError(f"{r.name}: launch failed: {e.strerror or e}")
 
 
 def _mark_batch(db: Database, attempt_ids: list[int], batch: str) -> set[int]:
@@ -528,18 +533,6 @@ def _submission_failed(db: Database, cfg: Config, members: list[_Ready] | list[H
     for r in members:
         _fail(db, cfg, r.attempt_id, cls, f"launch failed: {e}")
     raise OrchError(f"{names}: launch failed: {getattr(e, 'strerror', None) or e}") from None
-
-
-def new_batch_token() -> str:
-    import secrets
-
-    return "b" + secrets.token_hex(8)
-
-
-def sweep_env(sweep: str, index: int, params: list[dict[str, Any]]) -> dict[str, str]:
-    """What a sweep task gets besides ORCH_*: its sweep, its index and its argument set (JSON)."""
-    return {ENV_SWEEP: sweep, ENV_TASK_INDEX: str(index),
-            ENV_SWEEP_PARAMS: dumps(params[index] if 0 <= index < len(params) else {})}
 
 
 def _close_verified(db: Database, attempt_id: int, job_id: int) -> None:

@@ -5,6 +5,7 @@ records (stdlib and orch's own file modules only, so that ``orch submit``'s quic
 from __future__ import annotations
 
 import json
+import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -14,7 +15,7 @@ from orchestrator import protocol, resumestate, testhooks
 from orchestrator.backends.base import SubmitSpec
 from orchestrator.ballast import allocate as allocate_ballast
 from orchestrator.config import Config
-from orchestrator.protocol import ENV_SWEEP_PARAMS
+from orchestrator.protocol import ENV_SWEEP, ENV_SWEEP_PARAMS, ENV_TASK_INDEX
 from orchestrator.resources import resources_dict, resources_of
 from orchestrator.resumestate import SET_ASIDE_KEY, TRASHED_KEY
 from orchestrator.rundir import check_run_dir
@@ -31,6 +32,7 @@ class Held:
     fence: int
     overrides: dict[str, Any] = field(default_factory=dict)
     moved: list[str] = field(default_factory=list)
+    spec: SubmitSpec | None = None  # under this launcher's fence (a group member's: its token names its id)
 
 
 def make_spec(cfg: Config, *, job: str, attempt: int, token: str, run_dir: str, argv: list[str],
@@ -43,6 +45,18 @@ def make_spec(cfg: Config, *, job: str, attempt: int, token: str, run_dir: str, 
                       task=task, base_env=base_env,
                       spot_notice=resources.get("spot_notice") or cfg.spot_notice,
                       spot_url=cfg.spot_url, spot_interval_s=cfg.spot_interval_s, grace_s=STOP_GRACE_S)
+
+
+def sweep_env(sweep: str, index: int, params: list[dict[str, Any]]) -> dict[str, str]:
+    """What a sweep task gets besides ORCH_*: its sweep, its index and its argument set (JSON)."""
+    return {ENV_SWEEP: sweep, ENV_TASK_INDEX: str(index),
+            ENV_SWEEP_PARAMS: dumps(params[index] if 0 <= index < len(params) else {})}
+
+
+def new_batch_token() -> str:
+    import secrets
+
+    return "b" + secrets.token_hex(8)
 
 
 def environment_record(environ: Mapping[str, str]) -> tuple[str, dict[str, str]]:
@@ -71,29 +85,25 @@ def prepare_run_dir(cfg: Config, spec: SubmitSpec, plan: Any, outputs: list[str]
     run_dir = spec.run_dir
     # 0o770 under the umask orch set from orch.toml: 0700, or 0750 with [runs] group_shared (a fixed 0o700
     # made every run dir private although the README promised the group 0750: found by its first test).
-    run_dir.mkdir(mode=0o770, parents=True, exist_ok=True)
+    try:
+        os.mkdir(run_dir, 0o770)
+        created = True
+    except FileExistsError:
+        created = False
+    except FileNotFoundError:  # the runs root itself is missing (removed since the checks): made as before
+        run_dir.mkdir(mode=0o770, parents=True, exist_ok=True)
+        created = False
     check_run_dir(cfg, run_dir)  # again: it may have been created as a symlink meanwhile
-    # A symlinked attempts/ or a glob through a symlinked dir would make orch write or move things
-    # outside its runs root: refused, for this job only.
-    protocol.resolve_inside(run_dir, f"{protocol.ATTEMPTS_DIR}/{spec.attempt}")
-    keep = keep or []
-    # Issue 17: a kill -9 mid-save left a checkpoint every next attempt crashed on: renamed, never deleted.
-    set_aside = resumestate.set_aside_torn(run_dir, keep)
-    quarantine = plan.quarantine if plan else ()
-    why = dict(leftovers_why(run_dir, outputs, quarantine, keep))
-    moved = move_to_trash(cfg, run_dir, list(why), spec.job)
-    pruned = [p for p in (plan.prune if plan else ()) if p not in moved]
-    moved += move_to_trash(cfg, run_dir, pruned, spec.job)
-    why.update({p: "pruned by the policy (disk full)" for p in pruned})
-    if plan is not None and plan.empty_trash:
-        empty_trash(cfg, spec.job)
-    if spec.attempt_dir.exists() and spec.token not in attempt_tokens(spec.attempt_dir):
-        # attempts/<n>/ left by an earlier run of this name (fresh DB, same runs root): its
-        # failure.json would classify this new attempt (an old "invalid" failed it for good).
-        rel = f"{protocol.ATTEMPTS_DIR}/{spec.attempt}"
-        moved += move_to_trash(cfg, run_dir, [rel], spec.job)
-        why[rel] = "an attempt dir of an earlier run of this name"
-    spec.attempt_dir.mkdir(mode=0o770, parents=True, exist_ok=True)
+    moved: list[str] = []
+    why: dict[str, str] = {}
+    set_aside: list[Any] = []
+    if created and plan is None and _make_fresh(spec.attempt_dir):
+        # This launch made the run dir a moment ago: nothing in it to set aside, trash or check (issue 20: the
+        # scans below were a third of a 1,000-task sweep, every one of them of an empty directory).
+        pass
+    else:
+        moved, why, set_aside = _clear_for_attempt(cfg, spec, plan, outputs, keep)
+        spec.attempt_dir.mkdir(mode=0o770, parents=True, exist_ok=True)
     # The wrapper's ballast, taken here first: a disk too full for it fails this launch as enospc (never ran)
     # rather than running a program whose end could not be recorded (orchestrator/ballast.py).
     allocate_ballast(spec.attempt_dir / protocol.EXIT_RESERVE)
@@ -114,6 +124,43 @@ def prepare_run_dir(cfg: Config, spec: SubmitSpec, plan: Any, outputs: list[str]
     protocol.write_fence(spec.attempt_dir, spec.token, spec.fence, batch)
     testhooks.site("after_attempt_row")
     return moved
+
+
+def _make_fresh(attempt_dir: Path) -> bool:
+    """``attempts/<n>`` made in a run dir this launch just created; False if something got there first."""
+    try:
+        os.mkdir(attempt_dir.parent, 0o770)
+        os.mkdir(attempt_dir, 0o770)
+    except FileExistsError:
+        return False
+    return True
+
+
+def _clear_for_attempt(cfg: Config, spec: SubmitSpec, plan: Any, outputs: list[str],
+                       keep: list[str] | None) -> tuple[list[str], dict[str, str], list[Any]]:
+    """What an existing run dir must lose before the attempt starts: (moved to the trash, why each, set aside)."""
+    run_dir = spec.run_dir
+    # A symlinked attempts/ or a glob through a symlinked dir would make orch write or move things
+    # outside its runs root: refused, for this job only.
+    protocol.resolve_inside(run_dir, f"{protocol.ATTEMPTS_DIR}/{spec.attempt}")
+    keep = keep or []
+    # Issue 17: a kill -9 mid-save left a checkpoint every next attempt crashed on: renamed, never deleted.
+    set_aside = resumestate.set_aside_torn(run_dir, keep)
+    quarantine = plan.quarantine if plan else ()
+    why = dict(leftovers_why(run_dir, outputs, quarantine, keep))
+    moved = move_to_trash(cfg, run_dir, list(why), spec.job)
+    pruned = [p for p in (plan.prune if plan else ()) if p not in moved]
+    moved += move_to_trash(cfg, run_dir, pruned, spec.job)
+    why.update({p: "pruned by the policy (disk full)" for p in pruned})
+    if plan is not None and plan.empty_trash:
+        empty_trash(cfg, spec.job)
+    if spec.attempt_dir.exists() and spec.token not in attempt_tokens(spec.attempt_dir):
+        # attempts/<n>/ left by an earlier run of this name (fresh DB, same runs root): its
+        # failure.json would classify this new attempt (an old "invalid" failed it for good).
+        rel = f"{protocol.ATTEMPTS_DIR}/{spec.attempt}"
+        moved += move_to_trash(cfg, run_dir, [rel], spec.job)
+        why[rel] = "an attempt dir of an earlier run of this name"
+    return moved, why, set_aside
 
 
 def attempt_tokens(adir: Path) -> set[str]:

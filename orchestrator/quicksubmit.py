@@ -50,8 +50,14 @@ SQL = {
     "environment": "SELECT environments.id \nFROM environments \nWHERE environments.sha256 = ?",
     "new_environment": "INSERT INTO environments (sha256, vars_json) VALUES (?, ?)",
     "new_job": "INSERT INTO jobs (name, state, backend, run_dir, command_json, resources_json, outputs_json, "
-               "max_attempts, overrides_json, auto_requeue, created_at, updated_at, env_id) "
-               "VALUES (?, 'pending', ?, ?, ?, ?, ?, ?, '{}', 0, ?, ?, ?)",
+               "max_attempts, overrides_json, auto_requeue, created_at, updated_at, env_id, sweep_id, task_index) "
+               "VALUES (?, 'pending', ?, ?, ?, ?, ?, ?, '{}', 0, ?, ?, ?, ?, ?)",
+    "new_sweep": "INSERT INTO sweeps (name, backend, throttle, params_json, created_at) VALUES (?, ?, ?, ?, ?)",
+    "sweep_jobs": "SELECT jobs.task_index, jobs.id FROM jobs WHERE jobs.sweep_id = ?",
+    "sweep_tasks": "SELECT jobs.task_index, jobs.id, attempts.id FROM jobs JOIN attempts ON attempts.job_id = jobs.id "
+                   "WHERE jobs.sweep_id = ?",
+    # launch._mark_batch: the group's token on each attempt still launching
+    "mark_batch": "UPDATE attempts SET batch_token=? WHERE attempts.id = ? AND attempts.state = 'launching'",
     "new_attempt": "INSERT INTO attempts (job_id, n, token, state, backend, overrides_json, counted, restarts, fence, "
                    "created_at) VALUES (?, 1, ?, 'pending', ?, '{}', 1, 0, 0, ?)",
     "event": "INSERT INTO events (job_id, attempt_id, at, from_state, to_state, reason) VALUES (?, ?, ?, ?, ?, ?)",
@@ -158,7 +164,7 @@ def _submit(db: QuickDB, cfg: Config, name: str, command: list[str], backend: Ba
         env_id = found[0] if found else c.execute(SQL["new_environment"], (digest, dumps(env_vars))).lastrowid
         now = stored_time(utcnow())
         job_id = c.execute(SQL["new_job"], (name, backend.name, str(run_dir), dumps(command), dumps(resources),
-                                            dumps(outputs), max_attempts, now, now, env_id)).lastrowid
+                                            dumps(outputs), max_attempts, now, now, env_id, None, None)).lastrowid
         attempt_id = c.execute(SQL["new_attempt"], (job_id, token, backend.name, now)).lastrowid
     return _launch(db, cfg, backend, Held(name, attempt_id, 1), job_id, token, run_dir, command, outputs, resources,
                    env_vars)
@@ -169,17 +175,17 @@ def _launch(db: QuickDB, cfg: Config, backend: Backend, held: Held, job_id: int,
     """``launch.launch`` of the new attempt (attempt 1, claimed under fence 1)."""
     env = {protocol.ENV_OVERRIDES: dumps(held.overrides)}
     with db.read() as c:  # ORCH_MTBF_S: --save-interval auto's M (mtbf.py)
-        env.update(mtbf_env_from(lambda cutoff: _history(c, backend.name, cutoff), backend.name, resources))
+        env.update(mtbf_env_from(lambda cutoff: history(c, backend.name, cutoff), backend.name, resources))
     spec = make_spec(cfg, job=held.name, attempt=1, token=token, run_dir=str(run_dir), argv=command, outputs=outputs,
                      env=env, resources=resources, task=None, base_env=env_vars)
     with db.write() as c:
         now = utcnow()
         claimed = c.execute(SQL["claim"], (stored_time(now), held.fence, held.attempt_id, held.fence - 1)).rowcount
         if claimed == 1:
-            _event(c, job_id, held.attempt_id, now, A.PENDING, A.LAUNCHING, f"claimed (fence {held.fence})")
+            event(c, job_id, held.attempt_id, now, A.PENDING, A.LAUNCHING, f"claimed (fence {held.fence})")
     if claimed != 1:  # a reconcile pass claimed it first (this process was stopped between the two transactions)
         return _deviated(held, run_dir, "lost_claim")
-    with ClaimKeeper(lambda claims: _renew(cfg, claims)) as keeper:
+    with ClaimKeeper(lambda claims: renew(cfg, claims)) as keeper:
         keeper.add(held.attempt_id, held.fence)
         spec = dataclasses.replace(spec, fence=held.fence)
         try:
@@ -187,11 +193,11 @@ def _launch(db: QuickDB, cfg: Config, backend: Backend, held: Held, job_id: int,
         except (Refused, protocol.UnsafePath, OSError) as e:
             from orchestrator.launch import prepare_failed
 
-            prepare_failed(_slow_db(cfg), cfg, held.name, held.attempt_id, e)
+            prepare_failed(slow_db(cfg), cfg, held.name, held.attempt_id, e)
         if moved is None:  # the marker verifies after all (a racing finish)
             from orchestrator.launch import _close_verified
 
-            _close_verified(_slow_db(cfg), held.attempt_id, job_id)
+            _close_verified(slow_db(cfg), held.attempt_id, job_id)
             return _deviated(held, run_dir, "verified")
         held.moved = moved
         testhooks.site("before_backend_submit")
@@ -201,7 +207,7 @@ def _launch(db: QuickDB, cfg: Config, backend: Backend, held: Held, job_id: int,
     if not still:  # a cancel came first (closed unlaunched), or a re-claimer has it: decided as launch decides
         from orchestrator.launch import _check_claim
 
-        outcome = _check_claim(_slow_db(cfg), held.attempt_id, held.fence)
+        outcome = _check_claim(slow_db(cfg), held.attempt_id, held.fence)
         if outcome is not None:
             return _deviated(held, run_dir, outcome.value)
     testhooks.site("fence_checked")
@@ -210,7 +216,7 @@ def _launch(db: QuickDB, cfg: Config, backend: Backend, held: Held, job_id: int,
     except (BackendError, OSError) as e:
         from orchestrator.launch import _submission_failed
 
-        _submission_failed(_slow_db(cfg), cfg, [held], e)
+        _submission_failed(slow_db(cfg), cfg, [held], e)
     testhooks.site("after_backend_submit")
     return _record(db, cfg, backend, held, job_id, run_dir, external_id)
 
@@ -224,14 +230,14 @@ def _record(db: QuickDB, cfg: Config, backend: Backend, held: Held, job_id: int,
         ok = c.execute(SQL["record"], (external_id, stored_time(now), dumps(held.overrides), held.attempt_id,
                                        held.fence)).rowcount == 1
         if ok:
-            _event(c, job_id, held.attempt_id, now, A.LAUNCHING, A.SUBMITTED, f"submitted as {external_id}")
+            event(c, job_id, held.attempt_id, now, A.LAUNCHING, A.SUBMITTED, f"submitted as {external_id}")
             if c.execute(SQL["job_submitted"], (stored_time(now), job_id)).rowcount == 1:
-                _event(c, job_id, None, now, J.PENDING, J.SUBMITTED, f"attempt 1 submitted as {external_id}")
+                event(c, job_id, None, now, J.PENDING, J.SUBMITTED, f"attempt 1 submitted as {external_id}")
     if ok:
         return Submitted(held.name, run_dir, external_id, moved=held.moved)
     from orchestrator.launch import _record_own
 
-    return Submitted(held.name, run_dir, launched=_record_own(_slow_db(cfg), backend, held, external_id))
+    return Submitted(held.name, run_dir, launched=_record_own(slow_db(cfg), backend, held, external_id))
 
 
 def _deviated(held: Held, run_dir: Path, outcome: str) -> Submitted:
@@ -240,11 +246,11 @@ def _deviated(held: Held, run_dir: Path, outcome: str) -> Submitted:
     return Submitted(held.name, run_dir, launched=Launched(moved=held.moved, outcome=LaunchOutcome(outcome)))
 
 
-def _event(c: Any, job_id: int, attempt_id: int | None, at: Any, src: Any, dst: Any, reason: str) -> None:
+def event(c: Any, job_id: int, attempt_id: int | None, at: Any, src: Any, dst: Any, reason: str) -> None:
     c.execute(SQL["event"], (job_id, attempt_id, stored_time(at), src.value, dst.value, reason[:2000]))
 
 
-def _renew(cfg: Config, claims: list[tuple[int, int]]) -> set[int]:
+def renew(cfg: Config, claims: list[tuple[int, int]]) -> set[int]:
     """``launch.renew_claims`` on the keeper thread's own connection (sqlite3 connections stay in their thread)."""
     db = QuickDB.open(cfg)
     if db is None:
@@ -257,15 +263,21 @@ def _renew(cfg: Config, claims: list[tuple[int, int]]) -> set[int]:
         db.close()
 
 
-def _history(c: Any, backend: str, cutoff: Any) -> list[tuple[Any, ...]]:
+def history(c: Any, backend: str, cutoff: Any) -> list[tuple[Any, ...]]:
     return [(read_time(s), read_time(e), cls, res)
             for s, e, cls, res in c.execute(SQL["mtbf_history"], (backend, stored_time(cutoff)))]
 
 
 def _with_exclusion(db: QuickDB, cfg: Config, backend: Backend, spec: Any) -> Any:
     """``suspects.with_exclusion``, its evidence read here."""
+    exclude = exclusion(db, cfg, backend, spec.resources)
+    return dataclasses.replace(spec, exclude_nodes=exclude) if exclude else spec
+
+
+def exclusion(db: QuickDB, cfg: Config, backend: Backend, resources: Any) -> tuple[str, ...]:
+    """``suspects.exclusion_for``, its evidence read here."""
     if not excludes_nodes(cfg, backend):
-        return spec
+        return ()
     with db.read() as c:
         def failures(since: Any) -> list[Any]:
             rows = c.execute(_FAILURES_SQL, (backend.name, *_CLASSES, stored_time(since.replace(tzinfo=None))))
@@ -279,11 +291,10 @@ def _with_exclusion(db: QuickDB, cfg: Config, backend: Backend, spec: Any) -> An
                     for node, at in c.execute(SQL["node_clears"], (backend.name,))}
 
         suspects = suspects_from(cfg, failures, clears)
-    exclude = exclusion_among(suspects, backend, spec.resources)
-    return dataclasses.replace(spec, exclude_nodes=exclude) if exclude else spec
+    return exclusion_among(suspects, backend, resources)
 
 
-def _slow_db(cfg: Config) -> Any:
+def slow_db(cfg: Config) -> Any:
     """The SQLAlchemy path's Database, for a deviation's handler."""
     from orchestrator.db import Database
 

@@ -353,7 +353,7 @@ def live_by_run_dir(run_dirs: Iterable[Path | str] = ()) -> dict[str, list[str]]
     (``env -i setsid ... &``) carries nothing else, and ``orch requeue`` started attempt 2 beside it
     (hostile test). This process and its ancestors (the user's shell that runs orch, maybe in the run
     dir) are not counted."""
-    roots = sorted({os.path.realpath(d) for d in run_dirs})
+    roots = {os.path.realpath(d) for d in run_dirs}
     mine = _self_and_ancestors() if roots else set()
     out: dict[str, list[str]] = {}
     for p in proctable.all_procs():
@@ -370,12 +370,22 @@ def live_by_run_dir(run_dirs: Iterable[Path | str] = ()) -> dict[str, list[str]]
     return out
 
 
-def _root_of(roots: list[str], paths: Iterable[str]) -> str | None:
-    """The first of ``roots`` (real paths) that one of ``paths`` lies in, else None."""
+def _root_of(roots: set[str], paths: Iterable[str]) -> str | None:
+    """The first (sorted) of ``roots`` (real paths) that the first of ``paths`` lying in one lies in, else None.
+
+    Each path's own ancestors are looked up (a set), not every root compared with it: a 1,000-task sweep's
+    scan compared each open file of each process with 1,000 roots (issue 20: a tenth of the sweep)."""
     for path in paths:
-        for root in roots:
-            if path == root or path.startswith(root.rstrip("/") + "/"):
-                return root
+        hits, p = [], path.rstrip("/") or "/"
+        while True:
+            if p in roots:
+                hits.append(p)
+            parent = os.path.dirname(p)
+            if parent == p:
+                break
+            p = parent
+        if hits:
+            return min(hits)
     return None
 
 

@@ -6,7 +6,7 @@ from typing import Any
 
 import click
 
-from orchestrator.cli.app import _ctx, _emit, main
+from orchestrator.cli.app import _cfg, _emit, main
 from orchestrator.cli.args import _absolute_program, _name_cb, job_options, job_settings
 
 
@@ -34,7 +34,7 @@ def sweep(name: str, grid: tuple[str, ...], from_file: str | None, throttle: int
     sweep (--tasks for every task); `orch cancel NAME` and `orch requeue NAME` act on its tasks.
     """
     from orchestrator.errors import UsageError
-    from orchestrator.sweep import SweepRequest, check_argv_size, parse_grid, parse_params_file, render, submit_sweep
+    from orchestrator.sweepspec import SweepRequest, check_argv_size, parse_grid, parse_params_file, render
 
     if bool(grid) == bool(from_file):
         raise click.UsageError("give --grid KEY=V1,V2 (repeatable) or --from FILE (not both)")
@@ -46,19 +46,36 @@ def sweep(name: str, grid: tuple[str, ...], from_file: str | None, throttle: int
         check_argv_size([render(list(command), p) for p in params])
     except UsageError as e:
         raise click.BadParameter(str(e), param_hint="COMMAND") from None
-    cfg, db = _ctx()
+    cfg = _cfg()
     req = SweepRequest(name=name, command=list(command), params=params, backend=backend, resources=resources,
                        max_attempts=max_attempts or cfg.max_attempts, outputs=list(outputs), throttle=throttle)
-    sw = submit_sweep(db, cfg, req)
+    if not as_json:  # issue 20: no SQLAlchemy import where the DB and the scheduler allow (orchestrator/quicksweep.py)
+        from orchestrator import quicksweep
+
+        quick = quicksweep.sweep(cfg, req)
+        if quick is not None and quick.all_submitted:
+            click.echo(_summary(name, quick.tasks, backend, throttle, {"submitted": quick.tasks}))
+            return
+    else:
+        quick = None
+    from orchestrator.db import Database
+    from orchestrator.views import show_sweep
+
+    db = Database(cfg)
+    if quick is None:
+        from orchestrator.sweep import submit_sweep
+
+        submit_sweep(db, cfg, req)
     if req.launch_deferred:
         click.echo(f"orch: warning: not launched yet ({req.launch_deferred}); `orch reconcile` launches the tasks",
                    err=True)
-    from orchestrator.views import show_sweep
-
-    d = show_sweep(db, sw.name)
+    d = show_sweep(db, name)
     if as_json:
         _emit(d)
         return
-    click.echo(f"sweep {d['name']}: {d['tasks']} tasks on {d['backend']}"
-               + (f", at most {throttle} at once" if throttle else "") + "; "
-               + ", ".join(f"{n} {st}" for st, n in d["states"].items()))
+    click.echo(_summary(d["name"], d["tasks"], d["backend"], throttle, d["states"]))
+
+
+def _summary(name: str, tasks: int, backend: str, throttle: int | None, states: dict[str, int]) -> str:
+    return (f"sweep {name}: {tasks} tasks on {backend}" + (f", at most {throttle} at once" if throttle else "") + "; "
+            + ", ".join(f"{n} {st}" for st, n in states.items()))

@@ -113,7 +113,7 @@ def test_the_mtbf_and_suspect_evidence_read_quickly_equal_the_slow_reads(db, cfg
     qdb = QuickDB.open(cfg)
     try:
         with qdb.read() as c:
-            quick_env = mtbf.mtbf_env_from(lambda cutoff: quicksubmit._history(c, "slurm", cutoff), "slurm",
+            quick_env = mtbf.mtbf_env_from(lambda cutoff: quicksubmit.history(c, "slurm", cutoff), "slurm",
                                            {"partition": "spot"})
     finally:
         qdb.close()

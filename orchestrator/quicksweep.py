@@ -1,0 +1,264 @@
+"""``orch sweep``'s quick path on a scheduler that keeps the group's queue (a Slurm array): the same sweep,
+without importing SQLAlchemy, every step batched.
+
+Issue 20 asked for a 1,000-task ``orch sweep`` within 2x submitit's ``map_array`` of the same tasks. The
+steps are those of ``sweep.submit_sweep`` + ``launch.launch_group`` (the shared checks before anything is
+written, ``sweepspec.preflight_sweep``; the sweep, its jobs and first attempts in one transaction; every claim
+in one; each run dir made ready by ``launchprep.check_and_prepare`` with one flush for all; the fences checked
+in one; the group's token in one; ONE ``submit_group``; every id recorded in one), each per-task decision the
+same, on stdlib ``sqlite3`` behind ``quickdb``'s gate.
+
+A batched step is a compare-and-set of every task at once: when it does not match every row (a task cancelled
+or re-claimed meanwhile), its transaction is rolled back whole and ``launch``'s own function for that step
+decides task by task from the DB; a per-task failure (a refusal or a filesystem error while preparing) goes to
+``launch``'s handler for it. Not taken (None, nothing written): a scheduler without a group queue (the local
+backend keeps its throttle under a lock), a task whose run dir already holds a verified result, a DB the gate
+refuses. ``--json`` renders through the SQLAlchemy path.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from dataclasses import dataclass
+from typing import Any
+
+from orchestrator import protocol, testhooks
+from orchestrator.backends import get_backend
+from orchestrator.backends.base import Backend, BackendError
+from orchestrator.claimkeeper import ClaimKeeper
+from orchestrator.config import Config
+from orchestrator.errors import OrchError, Refused
+from orchestrator.launchprep import (
+    Held,
+    check_and_prepare,
+    dumps,
+    environment_record,
+    make_spec,
+    new_batch_token,
+    sweep_env,
+)
+from orchestrator.mtbf import mtbf_env_from
+from orchestrator.quickdb import QuickDB, stored_time
+from orchestrator.quicksubmit import SQL, event, exclusion, history, renew, slow_db
+from orchestrator.resumestate import keep_globs
+from orchestrator.rundir import run_dir_for
+from orchestrator.states import AttemptState, JobState, utcnow
+from orchestrator.sweepspec import SweepRequest, names_exist, preflight_sweep
+from orchestrator.tokens import new_token
+
+A, J = AttemptState, JobState
+_CHUNK = 500  # names per IN (...): below every SQLite's bound-parameter limit
+
+
+class _Mismatch(Exception):
+    """A batched compare-and-set did not match every row: its transaction is rolled back."""
+
+
+@dataclass
+class SweepSubmitted:
+    """What the quick path did: ``all_submitted``, or the tasks' states are read back from the DB to be shown."""
+
+    name: str
+    tasks: int
+    all_submitted: bool
+
+
+def sweep(cfg: Config, req: SweepRequest) -> SweepSubmitted | None:
+    """Submit as ``sweep.submit_sweep`` does, or None (nothing written) where this path does not apply."""
+    backend = get_backend(req.backend)
+    if not backend.capabilities.group_queue:
+        return None
+    db = QuickDB.open(cfg)
+    if db is None:
+        return None
+    try:
+        pre = preflight_sweep(cfg, req, backend)
+        if pre.verified:  # a finished task of an earlier sweep: recorded done by the SQLAlchemy path
+            return None
+        return _sweep(db, cfg, req, backend, pre.names, pre.commands)
+    finally:
+        db.close()
+
+
+def _sweep(db: QuickDB, cfg: Config, req: SweepRequest, backend: Backend, names: list[str],
+           commands: list[list[str]]) -> SweepSubmitted:
+    digest, env_vars = environment_record(os.environ)
+    run_dirs = [run_dir_for(cfg, n) for n in names]
+    resources, outputs = dumps(dict(req.resources)), dumps(list(req.outputs))
+    with db.write() as c:  # the sweep, its jobs and their first attempts (submit_sweep's transaction)
+        taken = _taken(c, [req.name, *names])
+        if taken:
+            raise names_exist(taken)
+        testhooks.site("names_checked")
+        now = stored_time(utcnow())
+        sweep_id = c.execute(SQL["new_sweep"], (req.name, backend.name, req.throttle, dumps(req.params),
+                                                now)).lastrowid
+        found = c.execute(SQL["environment"], (digest,)).fetchone()
+        env_id = found[0] if found else c.execute(SQL["new_environment"], (digest, dumps(env_vars))).lastrowid
+        c.executemany(SQL["new_job"], [(n, backend.name, str(d), dumps(cmd), resources, outputs, req.max_attempts,
+                                        now, now, env_id, sweep_id, i)
+                                       for i, (n, d, cmd) in enumerate(zip(names, run_dirs, commands, strict=True))])
+        job_ids = dict(c.execute(SQL["sweep_jobs"], (sweep_id,)))
+        tokens = [new_token() for _ in names]
+        c.executemany(SQL["new_attempt"], [(job_ids[i], tokens[i], backend.name, now) for i in range(len(names))])
+        ids = {i: (job_id, attempt_id) for i, job_id, attempt_id in c.execute(SQL["sweep_tasks"], (sweep_id,))}
+    held = [Held(n, ids[i][1], 1) for i, n in enumerate(names)]
+    env = {protocol.ENV_OVERRIDES: dumps({})}
+    with db.read() as c:  # ORCH_MTBF_S: one partition, one history read
+        env.update(mtbf_env_from(lambda cutoff: history(c, backend.name, cutoff), backend.name, req.resources))
+    for i, h in enumerate(held):
+        h.spec = make_spec(cfg, job=h.name, attempt=1, token=tokens[i], run_dir=str(run_dirs[i]), argv=commands[i],
+                           outputs=list(req.outputs), env={**env, **sweep_env(req.name, i, req.params)},
+                           resources=dict(req.resources), task=i, base_env=env_vars)
+    try:
+        _claim_all(db, held, [ids[i][0] for i in range(len(names))])
+    except _Mismatch:  # a reconcile pass launches some of them already: launch decides task by task
+        from orchestrator.sweep import launch_queued
+
+        launch_queued(slow_db(cfg), cfg, backend, sweep_id)
+        return SweepSubmitted(req.name, len(names), False)
+    testhooks.site("group_claimed")
+    return _launch(db, cfg, req, backend, held, {h.attempt_id: ids[i][0] for i, h in enumerate(held)})
+
+
+def _taken(c: Any, names: list[str]) -> set[str]:
+    taken: set[str] = set()
+    for k in range(0, len(names), _CHUNK):
+        chunk = names[k:k + _CHUNK]
+        marks = ", ".join("?" * len(chunk))
+        taken |= {r[0] for r in c.execute(f"SELECT name FROM jobs WHERE name IN ({marks}) "  # noqa: S608 - marks only
+                                          f"UNION ALL SELECT name FROM sweeps WHERE name IN ({marks})", chunk * 2)}
+    return taken
+
+
+def _claim_all(db: QuickDB, held: list[Held], job_ids: list[int]) -> None:
+    """``launch._claim_all`` of pending attempts: every one claimed under fence 1, or none (``_Mismatch``)."""
+    with db.write() as c:
+        now = utcnow()
+        n = c.executemany(SQL["claim"], [(stored_time(now), 1, h.attempt_id, 0) for h in held]).rowcount
+        if n != len(held):
+            raise _Mismatch
+        for h, job_id in zip(held, job_ids, strict=True):
+            event(c, job_id, h.attempt_id, now, A.PENDING, A.LAUNCHING, "claimed (fence 1)")
+
+
+def _launch(db: QuickDB, cfg: Config, req: SweepRequest, backend: Backend, held: list[Held],
+            job_of: dict[int, int]) -> SweepSubmitted:
+    """``launch.launch_group`` from its claims on: prepare, flush, check the fences, mark, submit, record."""
+    results: dict[str, Any] = {}
+    ready: list[Held] = []
+    with ClaimKeeper(lambda claims: renew(cfg, claims)) as keeper:
+        batch = protocol.SyncBatch()
+        for h in held:
+            keeper.add(h.attempt_id, h.fence)
+            h.spec = dataclasses.replace(h.spec, fence=h.fence)
+            try:
+                moved = check_and_prepare(cfg, h.spec, None, list(req.outputs), backend.name,
+                                          keep_globs(req.resources), batch)
+            except (Refused, protocol.UnsafePath, OSError) as e:
+                results[h.name] = _handled(lambda e=e, h=h: _slow().prepare_failed(slow_db(cfg), cfg, h.name,
+                                                                                     h.attempt_id, e))
+                continue
+            if moved is None:  # its marker verifies after all
+                _slow()._close_verified(slow_db(cfg), h.attempt_id, job_of[h.attempt_id])
+                results[h.name] = "verified"
+                continue
+            h.moved = moved
+            ready.append(h)
+        testhooks.site("group_written")
+        try:
+            batch.commit()
+        except OSError as e:
+            _slow().group_write_failed(slow_db(cfg), cfg, ready, results, e)
+            ready = []
+        testhooks.site("before_backend_submit")
+    ready = _check_claims(db, cfg, ready, results)
+    testhooks.site("fence_checked")
+    if ready:
+        _submit(db, cfg, req, backend, ready, job_of, results)
+    return SweepSubmitted(req.name, len(held), len(results) == 0)
+
+
+def _check_claims(db: QuickDB, cfg: Config, ready: list[Held], results: dict[str, Any]) -> list[Held]:
+    """``launch._check_claims``: each claim still this launcher's, renewed and its generation noted; else
+    (a cancel or a re-claimer came first) launch decides each from the DB."""
+    try:
+        with db.write() as c:
+            now = stored_time(utcnow())
+            if c.executemany(SQL["check_claim"], [(now, h.fence, h.attempt_id, h.fence)
+                                                  for h in ready]).rowcount != len(ready):
+                raise _Mismatch
+        return ready
+    except _Mismatch:
+        lost = _slow()._check_claims(slow_db(cfg), [(h.attempt_id, h.fence) for h in ready])
+        for h in ready:
+            if lost[h.attempt_id] is not None:
+                results[h.name] = lost[h.attempt_id]
+        return [h for h in ready if lost[h.attempt_id] is None]
+
+
+def _submit(db: QuickDB, cfg: Config, req: SweepRequest, backend: Backend, members: list[Held],
+            job_of: dict[int, int], results: dict[str, Any]) -> None:
+    batch_token = new_batch_token()
+    try:
+        with db.write() as c:
+            if c.executemany(SQL["mark_batch"], [(batch_token, h.attempt_id) for h in members]).rowcount \
+                    != len(members):
+                raise _Mismatch
+    except _Mismatch:
+        marked = _slow()._mark_batch(slow_db(cfg), [h.attempt_id for h in members], batch_token)
+        for h in members:
+            if h.attempt_id not in marked:
+                results[h.name] = "not marked"
+        members = [h for h in members if h.attempt_id in marked]
+        if not members:
+            return
+    try:
+        exclude = exclusion(db, cfg, backend, members[0].spec.resources)
+        ids = backend.submit_group([dataclasses.replace(h.spec, exclude_nodes=exclude) for h in members],
+                                   batch_token, req.throttle)
+    except (BackendError, OSError) as e:
+        err = _handled(lambda e=e: _slow()._submission_failed(slow_db(cfg), cfg, members, e))
+        results.update((h.name, err) for h in members)
+        return
+    testhooks.site("after_backend_submit")
+    try:
+        _record(db, members, job_of, ids)
+    except _Mismatch:  # a cancel came first, or a re-claimer: launch records each as it records one
+        for name, launched in _slow()._record_group(slow_db(cfg), backend, members, ids).items():
+            if launched.outcome.value != "submitted":
+                results[name] = launched
+
+
+def _record(db: QuickDB, members: list[Held], job_of: dict[int, int], ids: dict[str, str]) -> None:
+    """``launch._record_group``: every member launching -> submitted under its fence, its job pending ->
+    submitted, in one transaction; ``_Mismatch`` (rolled back) if any row moved meanwhile."""
+    with db.write() as c:
+        now = utcnow()
+        at = stored_time(now)
+        rows = [(ids[h.spec.token], at, dumps(h.overrides), h.attempt_id, h.fence) for h in members]
+        if c.executemany(SQL["record"], rows).rowcount != len(members):
+            raise _Mismatch
+        if c.executemany(SQL["job_submitted"], [(at, job_of[h.attempt_id]) for h in members]).rowcount \
+                != len(members):
+            raise _Mismatch
+        for h in members:
+            ext = ids[h.spec.token]
+            event(c, job_of[h.attempt_id], h.attempt_id, now, A.LAUNCHING, A.SUBMITTED, f"submitted as {ext}")
+            event(c, job_of[h.attempt_id], None, now, J.PENDING, J.SUBMITTED, f"attempt 1 submitted as {ext}")
+
+
+def _handled(handler: Any) -> OrchError:
+    """The error ``handler`` (a launch function that records the failure, then raises) raised."""
+    try:
+        handler()
+    except OrchError as e:
+        return e
+    raise AssertionError("a failure handler returned")  # pragma: no cover - each one raises
+
+
+def _slow() -> Any:
+    from orchestrator import launch
+
+    return launch

@@ -1,0 +1,227 @@
+"""orchestrator.quicksweep: ``orch sweep`` on a group-queue scheduler without SQLAlchemy (issue 20) writes what the
+SQLAlchemy path writes, and a batched step that does not match every task is rolled back whole and decided task by
+task by ``launch``'s own function (each such deviation made to happen for real in the DB here)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from sqlalchemy import select, update
+
+from orchestrator import quicksweep, testhooks
+from orchestrator.backends.base import Backend, BackendError, Capabilities, SubmissionRefused
+from orchestrator.errors import Refused
+from orchestrator.jobs import get_job
+from orchestrator.lifecycle import AttemptState, JobState
+from orchestrator.models import Attempt, Event, Job, Sweep
+from orchestrator.sweep import SweepRequest, submit_sweep
+
+ROOT = Path(__file__).resolve().parents[2]
+PER_ROW = {"id", "job_id", "name", "run_dir", "token", "created_at", "updated_at", "claimed_at", "submitted_at",
+           "external_id", "batch_token", "sweep_id"}
+
+
+class Arrays(Backend):
+    """A scheduler that keeps the group's queue (a Slurm array), at its boundary only: ids ``<n>_<task>``."""
+
+    name = "arrays"
+    capabilities = Capabilities(group_queue=True)
+
+    def __init__(self) -> None:
+        self.groups: list[list[str]] = []
+        self.fail: Exception | None = None
+
+    def submit(self, spec):  # noqa: ANN001, ANN201
+        raise AssertionError("a group-queue sweep is submitted as one group")
+
+    def submit_group(self, specs, batch_token, throttle):  # noqa: ANN001, ANN201
+        if self.fail is not None:
+            raise self.fail
+        self.groups.append([s.job for s in specs])
+        return {s.token: f"{len(self.groups)}_{s.task}" for s in specs}
+
+    def poll(self, refs):  # noqa: ANN001, ANN201
+        return {}
+
+    def cancel(self, refs):  # noqa: ANN001, ANN201
+        pass
+
+    def find_by_token(self, refs):  # noqa: ANN001, ANN201
+        return {}
+
+    def max_group_size(self):  # noqa: ANN201
+        return None
+
+
+@pytest.fixture
+def arrays(monkeypatch) -> Arrays:  # noqa: ANN001
+    b = Arrays()
+    for mod in ("orchestrator.sweep", "orchestrator.quicksweep", "orchestrator.launch"):
+        monkeypatch.setattr(f"{mod}.get_backend", lambda _name: b)
+    return b
+
+
+def _req(name: str, n: int = 3) -> SweepRequest:
+    return SweepRequest(name=name, command=["python", "train.py", "--lr", "{lr}"],
+                        params=[{"lr": 10.0 ** -i} for i in range(n)], backend="arrays",
+                        resources={"time_limit": "01:00:00"}, max_attempts=4, outputs=["model.pt"], throttle=2)
+
+
+def _rows(db, sweep: str) -> list:  # noqa: ANN001
+    with db.read() as s:
+        sw = s.scalar(select(Sweep).where(Sweep.name == sweep))
+        out = [(sw.backend, sw.throttle, sw.params)]
+        for job in sw.tasks:
+            out.append({c.key: getattr(job, c.key) for c in Job.__mapper__.column_attrs if c.key not in PER_ROW})
+            out += [{c.key: getattr(a, c.key) for c in Attempt.__mapper__.column_attrs if c.key not in PER_ROW}
+                    for a in job.attempts]
+            ext = job.attempts[-1].external_id or "-"
+            out += [(e.attempt_id is None, e.from_state, e.to_state, e.reason.replace(ext, "ID"))
+                    for e in s.scalars(select(Event).where(Event.job_id == job.id).order_by(Event.id))]
+            assert job.attempts[-1].batch_token and job.attempts[-1].claimed_at and job.attempts[-1].submitted_at
+    return out
+
+
+def test_a_quick_sweep_writes_the_rows_the_sqlalchemy_path_writes(db, cfg, arrays):
+    submit_sweep(db, cfg, _req("slow"))
+    out = quicksweep.sweep(cfg, _req("quick"))
+    assert out is not None and out.all_submitted and out.tasks == 3
+    assert _rows(db, "quick") == _rows(db, "slow")
+    assert arrays.groups == [["slow.0000", "slow.0001", "slow.0002"], ["quick.0000", "quick.0001", "quick.0002"]]
+    for i in range(3):  # each task's records in place, under its fence
+        assert (cfg.runs_root / f"quick.{i:04d}" / "attempts" / "1" / "fence.json").is_file()
+
+
+def test_it_leaves_to_the_sqlalchemy_path_what_it_does_not_do_and_writes_nothing(db, cfg, arrays, monkeypatch):
+    from orchestrator.backends import get_backend
+
+    # the local backend keeps its own queue (a throttle under a lock): not this path
+    monkeypatch.setattr("orchestrator.quicksweep.get_backend", lambda n: get_backend(n) if n == "local" else arrays)
+    assert quicksweep.sweep(cfg, SweepRequest(name="loc", command=["true"], params=[{}], backend="local")) is None
+    # a task whose run dir holds a verified result is recorded done by the SQLAlchemy path
+    from orchestrator import protocol
+
+    done = cfg.runs_root / "v.0000"
+    (done / "attempts" / "1").mkdir(parents=True)
+    (done / "attempts" / "1" / "command.json").write_text('{"argv": ["true"], "sweep_params": {}}')
+    (done / "out").write_text("x")
+    protocol.write_done_marker(done, "v.0000", 1, ["out"])
+    assert quicksweep.sweep(cfg, SweepRequest(name="v", command=["true"], params=[{}, {}], backend="arrays")) is None
+    with db.read() as s:
+        assert s.scalar(select(Job.id)) is None and s.scalar(select(Sweep.id)) is None
+    assert arrays.groups == []
+
+
+def _at(monkeypatch, site: str, action) -> None:  # noqa: ANN001
+    real = testhooks.site
+
+    def hook(name: str) -> None:
+        if name == site:
+            action()
+        real(name)
+
+    monkeypatch.setattr(testhooks, "site", hook)
+
+
+def test_a_task_claimed_by_another_launcher_first_is_left_to_it(db, cfg, arrays, monkeypatch):
+    from orchestrator import launch
+
+    real = quicksweep.mtbf_env_from
+
+    def one_claimed_meanwhile(*a, **kw):  # noqa: ANN002, ANN003, ANN202 - between the rows and the claims
+        with db.read() as s:
+            attempt_id = get_job(s, "c.0001").attempts[-1].id
+        assert launch._claim(db, attempt_id, reclaim=False) == 1
+        return real(*a, **kw)
+
+    monkeypatch.setattr(quicksweep, "mtbf_env_from", one_claimed_meanwhile)
+    out = quicksweep.sweep(cfg, _req("c"))
+    assert not out.all_submitted and arrays.groups == [["c.0000", "c.0002"]]  # the claim step, decided per task
+    with db.read() as s:
+        assert get_job(s, "c.0001").attempts[-1].state is AttemptState.LAUNCHING  # its claimer launches it
+
+
+def test_a_task_cancelled_while_the_group_prepared_is_closed_unlaunched_and_the_rest_go(db, cfg, arrays,
+                                                                                        monkeypatch):
+    from orchestrator.stop import cancel
+
+    _at(monkeypatch, "before_backend_submit", lambda: cancel(db, cfg, ["k.0002"]))
+    out = quicksweep.sweep(cfg, _req("k"))
+    assert not out.all_submitted and arrays.groups == [["k.0000", "k.0001"]]
+    with db.read() as s:
+        assert get_job(s, "k.0002").attempts[-1].state is AttemptState.CANCELLED
+        assert get_job(s, "k.0000").attempts[-1].state is AttemptState.SUBMITTED
+
+
+def test_a_claim_lost_during_the_group_submission_is_not_recorded_over_the_reclaimer(db, cfg, arrays,
+                                                                                      monkeypatch):
+    def reclaimed() -> None:
+        with db.write() as s:
+            a = get_job(s, "r.0001").attempts[-1]
+            s.execute(update(Attempt).where(Attempt.id == a.id).values(fence=Attempt.fence + 1))
+
+    _at(monkeypatch, "after_backend_submit", reclaimed)
+    out = quicksweep.sweep(cfg, _req("r"))
+    assert not out.all_submitted
+    with db.read() as s:
+        states = {j.name: j.attempts[-1].state for j in s.scalars(select(Job))}
+    assert states == {"r.0000": AttemptState.SUBMITTED, "r.0001": AttemptState.LAUNCHING,
+                      "r.0002": AttemptState.SUBMITTED}
+
+
+def test_one_task_refused_while_preparing_fails_alone(db, cfg, arrays, monkeypatch, tmp_path):
+    (tmp_path / "elsewhere").mkdir()
+    bad = cfg.runs_root / "p.0001"
+    _at(monkeypatch, "names_checked", lambda: (bad.mkdir(parents=True),
+                                               (bad / "attempts").symlink_to(tmp_path / "elsewhere")))
+    out = quicksweep.sweep(cfg, _req("p"))
+    assert not out.all_submitted and arrays.groups == [["p.0000", "p.0002"]]
+    with db.read() as s:
+        job = get_job(s, "p.0001")
+        assert job.state is JobState.FAILED and job.attempts[-1].failure_class.value == "invalid"
+    assert list((tmp_path / "elsewhere").iterdir()) == []
+
+
+@pytest.mark.parametrize("permanent", [False, True])
+def test_a_failed_group_submission_is_handled_as_launch_handles_it(db, cfg, arrays, permanent):
+    arrays.fail = (SubmissionRefused if permanent else BackendError)("sbatch: error: no")
+    out = quicksweep.sweep(cfg, _req("f"))
+    assert not out.all_submitted
+    with db.read() as s:
+        attempts = [j.attempts[-1] for j in s.scalars(select(Job))]
+    if permanent:
+        assert {a.state for a in attempts} == {AttemptState.FAILED}
+    else:  # the claims stay: the reconciler looks the batch token up, then retries
+        assert {a.state for a in attempts} == {AttemptState.LAUNCHING}
+        assert all(a.detail.startswith("submission failed (will be retried)") for a in attempts)
+
+
+def test_a_taken_name_is_refused_with_nothing_written(db, cfg, arrays):
+    quicksweep.sweep(cfg, _req("t"))
+    with pytest.raises(Refused, match="already exist"):
+        quicksweep.sweep(cfg, _req("t"))
+    with db.read() as s:
+        assert len(list(s.scalars(select(Job)))) == 3
+
+
+def test_orch_sweep_on_slurm_imports_no_sqlalchemy(tmp_path):
+    """A real `orch sweep --backend slurm` as a user runs it (sbatch a PATH shim printing an id: no cluster)."""
+    shim = tmp_path / "bin"
+    shim.mkdir()
+    (shim / "sbatch").write_text("#!/bin/sh\necho 4242\n")
+    (shim / "sbatch").chmod(0o755)
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("ORCH_", "SLURM_"))}
+    env.update(ORCH_HOME=str(tmp_path / "home"), PYTHONPATH=str(ROOT), PATH=f"{shim}:{env['PATH']}")
+    subprocess.run([sys.executable, "-m", "orchestrator.cli", "status"], env=env, check=True, capture_output=True)
+    p = subprocess.run([sys.executable, "-X", "importtime", "-m", "orchestrator.cli", "sweep", "--name", "s",
+                        "--grid", "i=1,2,3", "--backend", "slurm", "--", "echo", "{i}"],
+                       env=env, capture_output=True, text=True, timeout=120)
+    assert p.returncode == 0, p.stderr[-2000:]
+    assert p.stdout == "sweep s: 3 tasks on slurm; 3 submitted\n"
+    imported = [ln.rsplit("|", 1)[-1].strip() for ln in p.stderr.splitlines() if ln.startswith("import time:")]
+    assert "orchestrator.quicksweep" in imported
+    assert not [m for m in imported if m.startswith(("sqlalchemy", "orchestrator.models", "alembic"))]
