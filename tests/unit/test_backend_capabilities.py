@@ -162,3 +162,17 @@ def test_reconcile_launches_a_fresh_queued_task_only_where_orch_keeps_the_queue(
     fake = Fake(Capabilities(group_queue=group_queue))
     reconcile_pass(db, cfg, backend_for=lambda _n: fake)
     assert (fake.groups, fake.submits) == (([], []) if group_queue else ([], ["tok-sw1"]))
+
+
+def test_a_process_is_found_in_the_run_dir_its_cwd_or_any_open_file_lies_under() -> None:
+    """The process scan looks each path's ancestors up among the run dirs (issue 20: it compared every open
+    file with every one of a sweep's 1,000 run dirs); what it finds is what the prefix comparison found."""
+    from orchestrator.backends.local import _root_of
+
+    roots = {"/r/a", "/r/ab", "/r/n", "/r/n/inner"}
+    assert _root_of(roots, ["/r/ab/attempts/1/stdout"]) == "/r/ab"  # an open file deep under it
+    assert _root_of(roots, ["/r/a"]) == "/r/a"  # its cwd, the run dir itself
+    assert _root_of(roots, ["/r/abc/x", "/tmp/y", "/r"]) is None  # a name that only starts the same is another dir
+    assert _root_of(roots, ["/elsewhere", "/r/a/x"]) == "/r/a"  # the first path that lies in one decides
+    assert _root_of(roots, ["/r/n/inner/f"]) == "/r/n"  # nested: the first root in sorted order, as before
+    assert _root_of({"/"}, ["/any/thing"]) == "/"
