@@ -230,16 +230,17 @@ def _sweep_external_ids(db: Path) -> tuple[int, int]:
 
 # (label, function whose cumulative time it is; "-" subtracts, "fsync" is the syscall's own time)
 PROFILE_ROWS = (
-    ("checks and rows before the launch (one transaction)", ("submit_sweep", "-launch_queued")),
+    ("checks before anything is written (`preflight_sweep`)", ("preflight_sweep",)),
     ("  of which `live_processes` (one process-table scan)", ("live_processes",)),
-    ("read every task (`_read_group`: one read)", ("_read_group",)),
+    ("the sweep, its jobs and attempts (one transaction), one history read, each task's spec",
+     ("_sweep", "-_launch", "-_claim_all")),
     ("claim every task (`_claim_all`: one write transaction)", ("_claim_all",)),
-    ("prepare each run dir, records written unflushed (`_claimed`)", ("_claimed",)),
-    ("one flush of all records (`_commit_group`: 2 syncfs)", ("_commit_group",)),
+    ("prepare each run dir, records written unflushed (`check_and_prepare`)", ("check_and_prepare",)),
     ("re-check every fence (`_check_claims`: one write transaction)", ("_check_claims",)),
-    ("group token (`_mark_batch`: one write transaction)", ("_mark_batch",)),
+    ("group token (one write transaction), node exclusion", ("_submit", "-submit_group", "-_record")),
     ("`submit_group`: tasks.json, 1 sbatch, submitted.json per task (one flush)", ("submit_group",)),
-    ("record every id (`_record_group`: one write transaction)", ("_record_group",)),
+    ("record every id (`_record`: one write transaction)", ("_record",)),
+    ("flushes of all records (2 `SyncBatch.commit`s: 4 `syncfs`), in the rows above", ("commit",)),
     ("fsync + syncfs (all callers, the syscalls themselves)", ("fsync", "_flush")),
 )
 
@@ -284,7 +285,8 @@ def profile_section(plain: float, total: float, rows: list[tuple[str, float]], t
              "token, fence generation and records (exactly-once and crash recovery per task), but the steps are "
              "batched: one transaction per step for all tasks, and two `syncfs` flushes per step that writes "
              "files (all records written under tmp names, flushed, renamed, flushed), where the launch took five "
-             "write transactions and six fsyncs per task.")
+             "write transactions and six fsyncs per task. The steps run on stdlib `sqlite3` "
+             "(`orchestrator/quicksweep.py`): SQLAlchemy is not imported.")
     return notes, tbl
 
 

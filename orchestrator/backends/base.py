@@ -10,6 +10,7 @@ Backends are constructed on the login node / controller host and must be cheap t
 from __future__ import annotations
 
 import enum
+import functools
 import os
 import sys
 from abc import ABC, abstractmethod
@@ -99,8 +100,8 @@ class SubmitSpec:
         """The attempt's process environment before orch's own variables are added."""
         return dict(os.environ if self.base_env is None else self.base_env)
 
-    @property
-    def attempt_dir(self) -> Path:
+    @functools.cached_property
+    def attempt_dir(self) -> Path:  # computed once per spec: a sweep's launch asked 5,000 times (issue 20)
         return self.run_dir / ATTEMPTS_DIR / str(self.attempt)
 
     def wrapper_argv(self, python: str | None = None, time_limit_s: float | None = None,
@@ -143,8 +144,8 @@ class AttemptRef:
     batch: str | None = None  # the group submission's token (a Slurm array's name), if any
     task: int | None = None
 
-    @property
-    def attempt_dir(self) -> Path:
+    @functools.cached_property
+    def attempt_dir(self) -> Path:  # computed once per spec: a sweep's launch asked 5,000 times (issue 20)
         return self.run_dir / ATTEMPTS_DIR / str(self.attempt)
 
 

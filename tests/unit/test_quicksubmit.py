@@ -55,10 +55,10 @@ def _rows(db, name: str) -> tuple[dict, list[dict], list[tuple]]:  # noqa: ANN00
 
 
 def test_a_quick_submission_writes_the_rows_the_sqlalchemy_path_writes(db, cfg, sched):
+    quick = _quick(cfg, "quick")  # first: its environment row is the one the slow path then finds by its digest
     slow = submit(db, cfg, SubmitRequest(name="slow", command=["python", "train.py", "--lr", "0.1"],
                                          resources={"partition": "spot", "time_limit": "01:00:00"}, max_attempts=5,
                                          outputs=["model.pt"]))
-    quick = _quick(cfg, "quick")
     assert quick.external_id == f"fake-{sched.tokens['quick']}" and quick.run_dir == cfg.runs_root / "quick"
     assert slow.state is JobState.SUBMITTED
     assert _rows(db, "quick") == _rows(db, "slow")

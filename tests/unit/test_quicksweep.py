@@ -87,11 +87,11 @@ def _rows(db, sweep: str) -> list:  # noqa: ANN001
 
 
 def test_a_quick_sweep_writes_the_rows_the_sqlalchemy_path_writes(db, cfg, arrays):
+    out = quicksweep.sweep(cfg, _req("quick"))  # first: the slow path then finds its environment row
     submit_sweep(db, cfg, _req("slow"))
-    out = quicksweep.sweep(cfg, _req("quick"))
     assert out is not None and out.all_submitted and out.tasks == 3
     assert _rows(db, "quick") == _rows(db, "slow")
-    assert arrays.groups == [["slow.0000", "slow.0001", "slow.0002"], ["quick.0000", "quick.0001", "quick.0002"]]
+    assert arrays.groups == [["quick.0000", "quick.0001", "quick.0002"], ["slow.0000", "slow.0001", "slow.0002"]]
     for i in range(3):  # each task's records in place, under its fence
         assert (cfg.runs_root / f"quick.{i:04d}" / "attempts" / "1" / "fence.json").is_file()
 
