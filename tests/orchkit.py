@@ -233,3 +233,18 @@ def fake_scheduler(name: str = "local"):  # noqa: ANN201 - a Backend subclass in
             return {}
 
     return FakeScheduler()
+
+
+def at_site(monkeypatch, site: str, action) -> None:  # noqa: ANN001
+    """Run ``action()`` when this process reaches testhooks site ``site`` (in-process: the race made to happen
+    at that exact point of orch's code)."""
+    from orchestrator import testhooks
+
+    real = testhooks.site
+
+    def hook(name: str) -> None:
+        if name == site:
+            action()
+        real(name)
+
+    monkeypatch.setattr(testhooks, "site", hook)

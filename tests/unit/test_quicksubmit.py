@@ -14,10 +14,11 @@ import sys
 from pathlib import Path
 
 import pytest
+from orchkit import at_site
 from sqlalchemy import select, update
 from sqlalchemy.dialects import sqlite
 
-from orchestrator import quicksubmit, testhooks
+from orchestrator import quicksubmit
 from orchestrator.backends.base import BackendError, SubmissionRefused
 from orchestrator.errors import OrchError, Refused
 from orchestrator.jobs import get_job
@@ -160,22 +161,11 @@ def test_the_gate_sends_a_db_it_would_have_to_change_to_the_slow_path_and_writes
     assert not (cfg.runs_root / "a").exists() and sched.tokens == {}
 
 
-def _at(monkeypatch, site: str, action) -> None:  # noqa: ANN001
-    real = testhooks.site
-
-    def hook(name: str) -> None:
-        if name == site:
-            action()
-        real(name)
-
-    monkeypatch.setattr(testhooks, "site", hook)
-
-
 def test_a_cancel_during_the_quick_launch_closes_the_attempt_unlaunched(db, cfg, sched, monkeypatch):
     from orchestrator.launch import LaunchOutcome
     from orchestrator.stop import cancel
 
-    _at(monkeypatch, "before_backend_submit", lambda: cancel(db, cfg, ["c"]))
+    at_site(monkeypatch, "before_backend_submit", lambda: cancel(db, cfg, ["c"]))
     out = _quick(cfg, "c")
     assert out.external_id is None and out.launched.outcome is LaunchOutcome.STOPPED
     with db.read() as s:
@@ -191,7 +181,7 @@ def test_a_claim_lost_before_the_backend_call_submits_nothing(db, cfg, sched, mo
         with db.write() as s:
             s.execute(update(Attempt).values(fence=Attempt.fence + 1))
 
-    _at(monkeypatch, "before_backend_submit", reclaimed)
+    at_site(monkeypatch, "before_backend_submit", reclaimed)
     out = _quick(cfg, "l")
     assert out.launched.outcome is LaunchOutcome.LOST_CLAIM and "l" not in sched.tokens
     with db.read() as s:
@@ -223,7 +213,7 @@ def test_a_claim_lost_during_the_backend_call_is_not_recorded_over_the_reclaimer
         with db.write() as s:
             s.execute(update(Attempt).values(fence=Attempt.fence + 1))
 
-    _at(monkeypatch, "after_backend_submit", reclaimed)
+    at_site(monkeypatch, "after_backend_submit", reclaimed)
     out = _quick(cfg, "r")
     assert out.launched.outcome is LaunchOutcome.LOST_CLAIM and "lost its launch claim" in out.launched.detail
     with db.read() as s:
@@ -235,7 +225,7 @@ def test_a_refusal_while_preparing_fails_the_attempt_for_good(db, cfg, sched, tm
     run_dir.mkdir(parents=True)
     (tmp_path / "elsewhere").mkdir()
     # planted after the checks before any row (they refuse it with nothing written), while the rows are made
-    _at(monkeypatch, "names_checked", lambda: (run_dir / "attempts").symlink_to(tmp_path / "elsewhere"))
+    at_site(monkeypatch, "names_checked", lambda: (run_dir / "attempts").symlink_to(tmp_path / "elsewhere"))
     with pytest.raises(Refused, match="refused: s: "):
         _quick(cfg, "s")
     with db.read() as s:

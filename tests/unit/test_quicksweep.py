@@ -10,9 +10,10 @@ import sys
 from pathlib import Path
 
 import pytest
+from orchkit import at_site
 from sqlalchemy import select, update
 
-from orchestrator import quicksweep, testhooks
+from orchestrator import quicksweep
 from orchestrator.backends.base import Backend, BackendError, Capabilities, SubmissionRefused
 from orchestrator.errors import Refused
 from orchestrator.jobs import get_job
@@ -116,17 +117,6 @@ def test_it_leaves_to_the_sqlalchemy_path_what_it_does_not_do_and_writes_nothing
     assert arrays.groups == []
 
 
-def _at(monkeypatch, site: str, action) -> None:  # noqa: ANN001
-    real = testhooks.site
-
-    def hook(name: str) -> None:
-        if name == site:
-            action()
-        real(name)
-
-    monkeypatch.setattr(testhooks, "site", hook)
-
-
 def test_a_task_claimed_by_another_launcher_first_is_left_to_it(db, cfg, arrays, monkeypatch):
     from orchestrator import launch
 
@@ -149,7 +139,7 @@ def test_a_task_cancelled_while_the_group_prepared_is_closed_unlaunched_and_the_
                                                                                         monkeypatch):
     from orchestrator.stop import cancel
 
-    _at(monkeypatch, "before_backend_submit", lambda: cancel(db, cfg, ["k.0002"]))
+    at_site(monkeypatch, "before_backend_submit", lambda: cancel(db, cfg, ["k.0002"]))
     out = quicksweep.sweep(cfg, _req("k"))
     assert not out.all_submitted and arrays.groups == [["k.0000", "k.0001"]]
     with db.read() as s:
@@ -164,7 +154,7 @@ def test_a_claim_lost_during_the_group_submission_is_not_recorded_over_the_recla
             a = get_job(s, "r.0001").attempts[-1]
             s.execute(update(Attempt).where(Attempt.id == a.id).values(fence=Attempt.fence + 1))
 
-    _at(monkeypatch, "after_backend_submit", reclaimed)
+    at_site(monkeypatch, "after_backend_submit", reclaimed)
     out = quicksweep.sweep(cfg, _req("r"))
     assert not out.all_submitted
     with db.read() as s:
@@ -176,7 +166,7 @@ def test_a_claim_lost_during_the_group_submission_is_not_recorded_over_the_recla
 def test_one_task_refused_while_preparing_fails_alone(db, cfg, arrays, monkeypatch, tmp_path):
     (tmp_path / "elsewhere").mkdir()
     bad = cfg.runs_root / "p.0001"
-    _at(monkeypatch, "names_checked", lambda: (bad.mkdir(parents=True),
+    at_site(monkeypatch, "names_checked", lambda: (bad.mkdir(parents=True),
                                                (bad / "attempts").symlink_to(tmp_path / "elsewhere")))
     out = quicksweep.sweep(cfg, _req("p"))
     assert not out.all_submitted and arrays.groups == [["p.0000", "p.0002"]]
