@@ -316,10 +316,13 @@ def launch(db: Database, cfg: Config, name: str, backend: Backend | None = None,
     return _record_own(db, backend, r, external_id)
 
 
-def _record_own(db: Database, backend: Backend, r: _Ready | Held, external_id: str) -> Launched:
-    """Record this launcher's submission, if its claim still stands (compare-and-set on its fence)."""
+def _record_own(db: Database, backend: Backend, r: _Ready | Held, external_id: str, *,
+                cancel: bool = True) -> Launched:
+    """Record this launcher's submission, if its claim still stands (compare-and-set on its fence).
+    ``cancel=False``: the submission to stop, if any, was stopped already (``quicksubmit.stop_overtaken``)."""
     try:
-        stopped = record_submitted(db, r.attempt_id, external_id, r.overrides, backend=backend, fence=r.fence)
+        stopped = record_submitted(db, r.attempt_id, external_id, r.overrides, backend=backend, fence=r.fence,
+                                   cancel=cancel)
     except LostClaim as e:
         return Launched(external_id, r.moved, LaunchOutcome.LOST_CLAIM, str(e))
     return Launched(external_id, r.moved, LaunchOutcome.STOPPED if stopped else LaunchOutcome.SUBMITTED)
@@ -555,7 +558,7 @@ def _fail(db: Database, cfg: Config, attempt_id: int, cls: FailureClass, detail:
 
 
 def record_submitted(db: Database, attempt_id: int, external_id: str, overrides: dict[str, Any] | None = None,
-                     *, backend: Backend | None = None, fence: int | None = None) -> bool:
+                     *, backend: Backend | None = None, fence: int | None = None, cancel: bool = True) -> bool:
     """launching -> submitted with the backend's id (job pending -> submitted).
 
     If ``orch cancel`` overtook the launch (the attempt is already ``stopping``), the id is recorded
@@ -565,7 +568,7 @@ def record_submitted(db: Database, attempt_id: int, external_id: str, overrides:
     """
     with db.write() as s:
         rec = _record_in(s, attempt_id, external_id, overrides, fence)
-    if rec.cancel is not None:
+    if rec.cancel is not None and cancel:
         (backend or get_backend(rec.backend)).cancel([rec.cancel])
     if rec.lost:
         raise LostClaim(rec.lost)
@@ -608,9 +611,11 @@ def _record_in(s: Any, attempt_id: int, external_id: str, overrides: dict[str, A
     return out
 
 
-def _record_group(db: Database, backend: Backend, members: list[_Ready], ids: dict[str, str]) -> dict[str, Launched]:
+def _record_group(db: Database, backend: Backend, members: list[_Ready] | list[Held], ids: dict[str, str], *,
+                  cancel: bool = True) -> dict[str, Launched]:
     """``_record_own`` of every member of one group submission, in one transaction; the cancels it calls
-    for (a cancel that came first, a claim lost to a re-claimer) go out after it in one backend call."""
+    for (a cancel that came first, a claim lost to a re-claimer) go out after it in one backend call
+    (``cancel=False``: they went out already, ``quicksubmit.stop_overtaken``)."""
     recs: dict[str, _Recorded] = {}
     with db.write() as s, s.no_autoflush:
         rows = _preload(s, [r.attempt_id for r in members], jobs=True)
@@ -629,7 +634,7 @@ def _record_group(db: Database, backend: Backend, members: list[_Ready], ids: di
             recs[r.name] = _Recorded(job.backend)
         move_many(s, moves)  # rows read in this transaction: every guard holds, or all of it rolls back
     cancels = [rec.cancel for rec in recs.values() if rec.cancel is not None]
-    if cancels:
+    if cancels and cancel:
         backend.cancel(cancels)
     out: dict[str, Launched] = {}
     for r in members:

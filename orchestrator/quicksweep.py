@@ -40,7 +40,7 @@ from orchestrator.launchprep import (
 )
 from orchestrator.mtbf import mtbf_env_from
 from orchestrator.quickdb import QuickDB, stored_time
-from orchestrator.quicksubmit import SQL, event, exclusion, history, renew, slow_db
+from orchestrator.quicksubmit import SQL, event, exclusion, history, renew, slow_db, stop_overtaken
 from orchestrator.resumestate import keep_globs
 from orchestrator.rundir import run_dir_for
 from orchestrator.states import AttemptState, JobState, utcnow
@@ -226,7 +226,8 @@ def _submit(db: QuickDB, cfg: Config, req: SweepRequest, backend: Backend, membe
     try:
         _record(db, members, job_of, ids)
     except _Mismatch:  # a cancel came first, or a re-claimer: launch records each as it records one
-        for name, launched in _slow()._record_group(slow_db(cfg), backend, members, ids).items():
+        stop_overtaken(db, backend, [(h, ids[h.spec.token]) for h in members])
+        for name, launched in _slow()._record_group(slow_db(cfg), backend, members, ids, cancel=False).items():
             if launched.outcome.value != "submitted":
                 results[name] = launched
 

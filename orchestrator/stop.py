@@ -10,6 +10,8 @@ reconciler, which finds the submission by its token and stops it (issue 9).
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from orchestrator.backends import get_backend
 from orchestrator.backends.base import AttemptRef, BackendError
 from orchestrator.config import Config
@@ -52,6 +54,8 @@ def cancel(db: Database, cfg: Config, names: list[str]) -> list[tuple[str, str]]
                 elif a.state is A.STOPPING:
                     set_attempt_fields(s, a, A.STOPPING, stop_reason=StopReason.CANCEL)
                 else:
+                    if a.state is A.LAUNCHING:
+                        revoke_launch(job.run_dir, a.n, a.token)
                     move_attempt(s, a, A.STOPPING, stop_reason=StopReason.CANCEL, stop_requested_at=utcnow())
                 if a.external_id:
                     to_stop.setdefault(job.backend, []).append((name, attempt_ref(a, job)))
@@ -65,3 +69,23 @@ def cancel(db: Database, cfg: Config, names: list[str]) -> list[tuple[str, str]]
             out = [(n, f"cancelled in orch, but the backend was not told ({e}); stop it by hand")
                    if n in told else (n, w) for n, w in out]
     return out
+
+
+REVOKED_FENCE = 0  # no launch claim has generation 0 (the first is 1): a wrapper started under any claim runs nothing
+
+
+def revoke_launch(run_dir: str, n: int, token: str) -> None:
+    """A cancel of a launching attempt: its fence file names no claim any more, so a wrapper its launcher starts
+    from now on runs nothing (fencing, not a race with the launcher's record: a cancel that came right after the
+    launcher's last check saw the program start, and a short one end verified, hostile test). Written inside the
+    cancel's write transaction, which the launcher's check and record wait for; best effort: a run dir not made yet,
+    or one whose ``attempts/`` is no real directory (never written through), has no wrapper to stop either, and the
+    launcher's record still stops what it submitted."""
+    from orchestrator import protocol
+
+    try:
+        adir = protocol.resolve_inside(Path(run_dir), f"{protocol.ATTEMPTS_DIR}/{int(n)}")
+        if adir.is_dir() and not adir.is_symlink():
+            protocol.write_fence(adir, token, REVOKED_FENCE)
+    except (OSError, protocol.UnsafePath):
+        pass

@@ -144,8 +144,8 @@ class AttemptRef:
     batch: str | None = None  # the group submission's token (a Slurm array's name), if any
     task: int | None = None
 
-    @functools.cached_property
-    def attempt_dir(self) -> Path:  # computed once per spec: a sweep's launch asked 5,000 times (issue 20)
+    @property
+    def attempt_dir(self) -> Path:
         return self.run_dir / ATTEMPTS_DIR / str(self.attempt)
 
 

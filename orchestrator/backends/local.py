@@ -144,7 +144,7 @@ def liveness(ref_id: str | None, token: str, table: dict[int, list[proctable.Pro
                 "shifted clock cannot be told apart from the job)"))
         # The number was handed to a new process, which the kernel does only after every process of
         # our session (which held it as their session id) was gone.
-        return _left_the_session(token, carriers) or Liveness(
+        return _left_the_session(token, carriers, sid) or Liveness(
             "gone", None, (), "its session ended (the id now names another process)")
     if holder is None or holder.zombie:
         leader = None
@@ -163,17 +163,39 @@ def liveness(ref_id: str | None, token: str, table: dict[int, list[proctable.Pro
         return Liveness("unknown", None, (), (
             f"liveness undecidable: {len(members)} process(es) of session {sid} live but none can be proven "
             "the job's (no readable token)"))
-    return _left_the_session(token, carriers) or Liveness("gone", None, ())
+    return _left_the_session(token, carriers, sid) or Liveness("gone", None, ())
 
 
-def _left_the_session(token: str, carriers: TokenCarriers | None) -> Liveness | None:
+def _left_the_session(token: str, carriers: TokenCarriers | None, sid: int | None = None) -> Liveness | None:
     """Alive by the processes that left the attempt's session but carry its token, else None."""
-    left = carriers(token) if carriers is not None else []
+    left = own_carriers(token, carriers, sid) if carriers is not None else []
     if not left:
         return None
     return Liveness("alive", None, tuple(left),
                     f"its session is gone but {len(left)} process(es) carrying the attempt's token run "
                     "(a rank of torchrun's, in a session of its own)")
+
+
+def own_carriers(token: str, carriers: TokenCarriers, sid: int | None) -> list[proctable.Proc]:
+    """The processes carrying ``token`` that belong to the launch whose session is ``sid``: not those under a live
+    job wrapper of another session. A re-claimed launch of the same attempt carries the same token; the stale
+    launch's cancel, its own session ended, signalled the healthy relaunch's program (hostile test, issue 20)."""
+    return [p for p in carriers(token) if not _under_another_wrapper(p, sid)]
+
+
+def _under_another_wrapper(p: proctable.Proc, sid: int | None) -> bool:
+    """``p`` or one of its ancestors is a live job wrapper other than the leader of session ``sid``."""
+    seen: set[int] = set()
+    pid = p.pid
+    while pid > 1 and pid not in seen:
+        seen.add(pid)
+        if pid != sid and proctable.wrapper_run_dir(pid) is not None:
+            return True
+        q = proctable.read_proc(pid)
+        if q is None:
+            return False
+        pid = q.ppid
+    return False
 
 
 def _tops(procs: Sequence[proctable.Proc]) -> list[proctable.Proc]:
@@ -296,7 +318,9 @@ class LocalBackend(Backend):
             if live.state == "alive":
                 _signal_all(live.members or ([live.leader] if live.leader else []), signal.SIGKILL)
                 known = {p.pid for p in live.members}
-                _signal_all([p for p in carriers(ref.token) if p.pid not in known], signal.SIGKILL)
+                ident = parse_id(ref.external_id)
+                _signal_all([p for p in own_carriers(ref.token, carriers, ident.sid if ident else None)
+                             if p.pid not in known], signal.SIGKILL)
 
     def find_by_token(self, refs: Sequence[AttemptRef]) -> dict[str, str]:
         """A lost launch is found by its token in a live process's environment (kernel data), or by

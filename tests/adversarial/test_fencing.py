@@ -224,3 +224,36 @@ def test_a_wrapper_started_with_a_stale_fence_runs_nothing_and_keeps_the_current
         p = _wrapper(run, "tok", 2)
         assert p.returncode == 0, (p.returncode, p.stderr)
         assert (run / "ran.txt").read_text().count("ran") == n
+
+
+@pytest.mark.parametrize("path", ["quick", "sqlalchemy"])
+def test_a_cancel_right_after_the_launchers_last_check_never_lets_the_program_run(orch, tmp_path, path):
+    """Hostile test of issue 20's quick submit: `orch cancel` between the launcher's last fence check and its
+    backend call was honoured only by the launcher's record, after the call; the wrapper started meanwhile, and a
+    short program ran and ended VERIFIED although the job had been cancelled (every run on the quick path, whose
+    record waited for SQLAlchemy's import). The cancel now revokes the attempt's fence file in its transaction, so
+    the wrapper that launch starts runs nothing whatever the timing, and the launcher stops what it submitted at
+    once (test_stop, test_quicksubmit: each mechanism alone)."""
+    gate = tmp_path / "gate"
+    ran = tmp_path / "ran"
+    assert orch("status").returncode == 0  # the DB exists: the quick path, as for every command after the first
+    json_flag = ["--json"] if path == "sqlalchemy" else []  # --json renders the job: the SQLAlchemy path whole
+    p = orch_popen(orch, "submit", "--name", "c", *json_flag, "--outputs", "out/*", "--", "/bin/sh", "-c",
+                   f"mkdir -p out && echo x > out/a && touch {ran}",
+                   env={"ORCH_PAUSE_AT": "fence_checked", "ORCH_PAUSE_UNTIL": str(gate), "ORCH_PAUSE_S": "60"})
+    wait_for(lambda: Path(f"{gate}.reached").exists(), 60, "the launch to pass its last fence check")
+    c = orch("cancel", "c")
+    assert c.returncode == 0 and "cancelled" in c.stdout, c.stderr
+    gate.touch()
+    out, err = p.communicate(timeout=60)
+    assert p.returncode == 0, err
+    # No reconcile pass before the launch's wrapper (the session leader its local id names) has ended by itself: a
+    # pass's stop of the cancelled attempt would end it too, whatever the wrapper would have done.
+    ext = json.loads(out)["attempts"][-1]["external_id"] if json_flag else out.split("(local ", 1)[1].split(")")[0]
+    leader = int(ext.split("@", 1)[0])
+    wait_for(lambda: _session(leader) != leader, 60, "the cancelled launch's wrapper to end")
+    final = settle(orch, ["c"])
+    assert final["c"]["state"] == "cancelled", final
+    assert not ran.exists() and not (orch.runs / "c" / "out").exists()  # the program never started
+    v = orch("verify", "c")
+    assert v.returncode == 4, v.stdout

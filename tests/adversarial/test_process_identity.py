@@ -301,3 +301,37 @@ def test_a_forged_wrapper_json_never_aims_cancel_at_a_foreign_process(orch, spaw
     finally:
         sampler.stop()
         victim.kill()
+
+
+def test_a_stale_launchs_cancel_never_reaches_the_relaunch_that_carries_the_same_token(tmp_path):
+    """Hostile test (issue 20): a launcher stalled past the grace submitted anyway; its wrapper, under a stale
+    fence, exited at once; its record then cancelled its own submission, whose session was gone, and the token
+    fallback (for torchrun's ranks, in sessions of their own) found the re-claimer's healthy relaunch, which
+    carries the same attempt token, and SIGTERMed it. A process under another live job wrapper is that launch's.
+    Real processes: a relaunch (a process named as a job wrapper, its program beside it, the token in both), a
+    dead session for the stale launch, and an orphan of the stale launch (a rank whose wrapper is gone)."""
+    import sys
+
+    from orchestrator.backends.base import AttemptRef
+    from orchestrator.backends.local import LocalBackend
+
+    token = "feedc0de00000001"
+    env = {**os.environ, protocol.ENV_TOKEN: token}
+    relaunch = subprocess.Popen(  # argv as the job wrapper's: ``-m orchestrator.wrapper --run-dir ...``
+        [sys.executable, "-c", "import subprocess, sys; subprocess.run(['sleep', '120'])", "orchestrator.wrapper",
+         "--run-dir", str(tmp_path)], env=env, start_new_session=True)
+    orphan = subprocess.Popen(["sleep", "120"], env=env, start_new_session=True)  # the stale launch's own rank
+    stale = subprocess.Popen(["true"], start_new_session=True)
+    ticks = proctable.read_proc(stale.pid).start_ticks
+    stale.wait()
+    try:
+        program = wait_for(lambda: [p for p in proctable.all_procs() if p.ppid == relaunch.pid], 30,
+                           "the relaunch's program")[0]
+        ref = AttemptRef(format_id(stale.pid, ticks, proctable.namespaces()), token, tmp_path, 1)
+        LocalBackend().cancel([ref])
+        wait_for(lambda: orphan.poll() is not None, 30, "the stale launch's orphan to be stopped")
+        assert relaunch.poll() is None and proctable.read_proc(program.pid) is not None  # the relaunch untouched
+    finally:
+        for p in (relaunch, orphan):
+            os.killpg(p.pid, signal.SIGKILL) if p.poll() is None else None
+            p.wait()

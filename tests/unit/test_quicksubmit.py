@@ -262,3 +262,23 @@ def test_orch_submit_imports_no_sqlalchemy_and_says_what_it_submitted(tmp_path):
     imported = [ln.rsplit("|", 1)[-1].strip() for ln in p.stderr.splitlines() if ln.startswith("import time:")]
     assert "orchestrator.quicksubmit" in imported
     assert not [m for m in imported if m.startswith(("sqlalchemy", "orchestrator.models", "alembic"))]
+
+
+def test_a_submission_overtaken_by_a_cancel_is_stopped_before_the_slow_path_records_it(db, cfg, sched, monkeypatch):
+    """Hostile test: the record of a launch that a cancel overtook waited for SQLAlchemy's import (~0.25 s)
+    before its submission was stopped, and a short program ran to a verified end meanwhile. The quick path stops
+    it itself, as launch._record_in decides, and the slow record then only writes the DB."""
+    from orchestrator import launch
+    from orchestrator.stop import cancel
+
+    at_site(monkeypatch, "fence_checked", lambda: cancel(db, cfg, ["o"]))
+    recorded_after: list[list[list[str]]] = []
+    real = launch._record_own
+    monkeypatch.setattr(launch, "_record_own", lambda *a, **kw: (recorded_after.append(list(sched.cancelled)),
+                                                                 real(*a, **kw))[1])
+    out = _quick(cfg, "o")
+    assert recorded_after == [[["o"]]]  # stopped before the slow path was even entered
+    assert sched.cancelled == [["o"]]  # once: the slow record does not stop it again
+    with db.read() as s:
+        a = get_job(s, "o").attempts[-1]
+        assert a.state is AttemptState.STOPPING and a.external_id == out.launched.external_id

@@ -34,6 +34,7 @@ class Arrays(Backend):
 
     def __init__(self) -> None:
         self.groups: list[list[str]] = []
+        self.cancelled: list[list[str]] = []
         self.fail: Exception | None = None
 
     def submit(self, spec):  # noqa: ANN001, ANN201
@@ -49,7 +50,7 @@ class Arrays(Backend):
         return {}
 
     def cancel(self, refs):  # noqa: ANN001, ANN201
-        pass
+        self.cancelled.append(sorted(r.external_id for r in refs))
 
     def find_by_token(self, refs):  # noqa: ANN001, ANN201
         return {}
@@ -215,3 +216,24 @@ def test_orch_sweep_on_slurm_imports_no_sqlalchemy(tmp_path):
     imported = [ln.rsplit("|", 1)[-1].strip() for ln in p.stderr.splitlines() if ln.startswith("import time:")]
     assert "orchestrator.quicksweep" in imported
     assert not [m for m in imported if m.startswith(("sqlalchemy", "orchestrator.models", "alembic"))]
+
+
+def test_a_task_cancelled_during_the_group_submission_is_stopped_before_the_slow_path_records_it(
+        db, cfg, arrays, monkeypatch):
+    """Its array task was submitted with the others; the quick record misses it, and it is stopped at once (as
+    launch._record_in decides), not after SQLAlchemy's import: a short task ran to a verified end meanwhile."""
+    from orchestrator import launch
+    from orchestrator.stop import cancel
+
+    at_site(monkeypatch, "after_backend_submit", lambda: cancel(db, cfg, ["g.0001"]))
+    seen: list = []
+    real = launch._record_group
+    monkeypatch.setattr(launch, "_record_group", lambda *a, **kw: (seen.append(list(arrays.cancelled)),
+                                                                   real(*a, **kw))[1])
+    out = quicksweep.sweep(cfg, _req("g"))
+    assert not out.all_submitted and seen == [[["1_1"]]] and arrays.cancelled == [["1_1"]]
+    with db.read() as s:
+        states = {j.name: j.attempts[-1].state for j in s.scalars(select(Job))}
+    assert states == {"g.0000": AttemptState.SUBMITTED, "g.0001": AttemptState.STOPPING,
+                      "g.0002": AttemptState.SUBMITTED}
+

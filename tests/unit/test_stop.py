@@ -72,3 +72,46 @@ def test_a_backend_that_cannot_be_told_is_reported_per_job(db, cfg, sched):
     assert name == "j" and what.startswith("cancelled in orch, but the backend was not told (scancel: connection")
     assert what.endswith("stop it by hand")
     assert _attempt(db, "j")[4] is JobState.CANCELLED
+
+
+def test_a_cancel_of_a_launching_attempt_revokes_its_fence_and_writes_nowhere_else(db, cfg, tmp_path):
+    """A wrapper started by a launch that a cancel overtook runs nothing: the cancel writes the attempt's fence file
+    to generation 0 (no claim has it) in its transaction. Only for a launching attempt, only in a real attempts/."""
+    import json
+
+    from orchkit import pending_job
+    from sqlalchemy import update
+
+    from orchestrator import protocol
+    from orchestrator.lifecycle import AttemptState
+    from orchestrator.models import Attempt
+    from orchestrator.stop import cancel
+
+    for name in ("l", "p", "s"):
+        pending_job(db, cfg, name)
+        (cfg.runs_root / name / "attempts" / "1").mkdir(parents=True)
+        protocol.write_fence(cfg.runs_root / name / "attempts" / "1", f"tok-{name}", 3)
+    with db.write() as s:
+        for name, state in (("l", AttemptState.LAUNCHING), ("s", AttemptState.SUBMITTED)):
+            s.execute(update(Attempt).where(Attempt.job_id == get_job(s, name).id).values(
+                state=state, fence=3, external_id="x" if name == "s" else None))
+    # a hostile attempts/ of its own: never written through
+    pending_job(db, cfg, "h")
+    (tmp_path / "else").mkdir()
+    (cfg.runs_root / "h" / "attempts").symlink_to(tmp_path / "else")
+    with db.write() as s:
+        s.execute(update(Attempt).where(Attempt.job_id == get_job(s, "h").id).values(state=AttemptState.LAUNCHING))
+    cancel(db, cfg, ["l", "p", "s", "h"])
+
+    def fence(name: str) -> int:
+        return json.loads((cfg.runs_root / name / "attempts" / "1" / "fence.json").read_text())["fence"]
+
+    assert protocol.read_fence(cfg.runs_root / "l" / "attempts" / "1") == (
+        get_job_token(db, "l"), 0)  # revoked, under the attempt's own token
+    assert fence("p") == 3 and fence("s") == 3  # not launching: untouched
+    assert list((tmp_path / "else").iterdir()) == []
+
+
+def get_job_token(db, name: str) -> str:  # noqa: ANN001
+    with db.read() as s:
+        return get_job(s, name).attempts[-1].token
