@@ -85,6 +85,8 @@ def test_a_twenty_task_array_recovers_each_task_on_its_own(orch, cleanup, tmp_pa
     script = tmp_path / "task.py"
     script.write_text(f"PREEMPTED, CRASH_ONCE, INVALID = {PREEMPTED}, {CRASH_ONCE}, {INVALID}\n" + TASK)
     log = tmp_path / "sweep.log"
+    # The DB exists, as after a home's first command: the sweep takes the quick path (orchestrator/quicksweep.py).
+    assert orch("status").returncode == 0
     p = orch("sweep", "--name", "sw", "--backend", "slurm", "--partition", "spot", "--cpus-per-task", "1",
              "--mem", "100M", "--grid", "i=" + ",".join(map(str, range(N))), "--throttle", "3",
              "--outputs", "result.txt", "--", sys.executable, str(script), env={"SWEEP_LOG": str(log)})
@@ -182,6 +184,7 @@ def test_a_sweep_whose_submitter_dies_right_after_sbatch_is_found_by_its_token(o
     # "group_written" after every task's command/fence records were written but before the one flush that
     # puts them in place; each task must still run exactly once, under its one attempt.
     node_idle()
+    assert orch("status").returncode == 0  # the DB exists: the quick path (each of its steps killed here)
     since = time.strftime("%Y-%m-%dT%H:%M:%S", time.localtime(time.time() - 1))
     p = orch("sweep", "--name", "kx", "--backend", "slurm", "--partition", "spot", "--cpus-per-task", "1",
              "--mem", "100M", "--grid", "i=0,1,2", "--outputs", "result.txt", "--", sys.executable, "-c",
