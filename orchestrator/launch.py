@@ -348,10 +348,15 @@ def launch_group(db: Database, cfg: Config, names: list[str], backend: Backend, 
         fences = _claim_all(db, [rd.attempt_id for rd in reads], reclaim)
         testhooks.site("group_claimed")
         batch = protocol.SyncBatch()
+        batch_tokens: dict[tuple, str] = {}  # one per group below, chosen now: each fence record names its own
         for rd in reads:
             if rd.attempt_id not in fences:
                 results[rd.name] = Launched(outcome=LaunchOutcome.LOST_CLAIM)  # another launcher has it
                 continue
+            key = (rd.spec.resources, rd.spec.warning_signal, rd.env_id)
+            if key not in batch_tokens:
+                batch_tokens[key] = new_batch_token()
+            rd.spec = dataclasses.replace(rd.spec, batch=batch_tokens[key])
             try:
                 r = _claimed(db, cfg, rd, fences[rd.attempt_id], keeper, batch)
             except OrchError as e:
@@ -382,7 +387,7 @@ def launch_group(db: Database, cfg: Config, names: list[str], backend: Backend, 
             groups.setdefault((r.spec.resources, r.spec.warning_signal, r.env_id), []).append(r)
     testhooks.site("fence_checked")
     for members in groups.values():
-        batch_token = new_batch_token()
+        batch_token = members[0].spec.batch or new_batch_token()
         marked = _mark_batch(db, [r.attempt_id for r in members], batch_token)
         members = [r for r in members if r.attempt_id in marked]
         try:
@@ -510,7 +515,9 @@ def _adopt_if_submitted(db: Database, backend: Backend, r: _Ready) -> Launched |
     except LostClaim:
         return Launched(ext, r.moved, LaunchOutcome.LOST_CLAIM)
     if old is not None:
-        protocol.write_fence(r.spec.attempt_dir, r.spec.token, old)  # its wrapper runs (again, on a requeue)
+        # Its wrapper runs (again, on a requeue); an old array task's record names its batch again.
+        group = protocol.GroupSlot(key, r.spec.task) if key != r.spec.token and r.spec.task is not None else None
+        protocol.write_fence(r.spec.attempt_dir, r.spec.token, old, group=group)
     return Launched(ext, r.moved, LaunchOutcome.STOPPED if stopped else LaunchOutcome.ADOPTED)
 
 

@@ -35,14 +35,14 @@ class Held:
     spec: SubmitSpec | None = None  # under this launcher's fence (a group member's: its token names its id)
 
 
-def make_spec(cfg: Config, *, job: str, attempt: int, token: str, run_dir: str, argv: list[str],
+def make_spec(cfg: Config, *, job: str, attempt: int, token: str, run_dir: str | Path, argv: list[str],
               outputs: list[str], env: dict[str, str], resources: dict[str, Any], task: int | None,
-              base_env: dict[str, str] | None) -> SubmitSpec:
-    """What the backend gets for one attempt (before its claim's fence is known)."""
+              base_env: dict[str, str] | None, batch: str | None = None, fence: int | None = None) -> SubmitSpec:
+    """What the backend gets for one attempt (``fence``: its claim's generation, where already known)."""
     return SubmitSpec(job=job, attempt=attempt, token=token, run_dir=Path(run_dir), command=tuple(argv),
                       outputs=tuple(outputs), env=env, resources=resources_of(resources),
                       warning_signal=resources.get("warning_signal") or "TERM", umask=cfg.umask,
-                      task=task, base_env=base_env,
+                      task=task, base_env=base_env, batch=batch, fence=fence,
                       spot_notice=resources.get("spot_notice") or cfg.spot_notice,
                       spot_url=cfg.spot_url, spot_interval_s=cfg.spot_interval_s, grace_s=STOP_GRACE_S)
 
@@ -93,7 +93,8 @@ def prepare_run_dir(cfg: Config, spec: SubmitSpec, plan: Any, outputs: list[str]
     except FileNotFoundError:  # the runs root itself is missing (removed since the checks): made as before
         run_dir.mkdir(mode=0o770, parents=True, exist_ok=True)
         created = False
-    check_run_dir(cfg, run_dir)  # again: it may have been created as a symlink meanwhile
+    if not created:
+        check_run_dir(cfg, run_dir)  # again: it may have been created as a symlink meanwhile
     moved: list[str] = []
     why: dict[str, str] = {}
     set_aside: list[Any] = []
@@ -121,7 +122,8 @@ def prepare_run_dir(cfg: Config, spec: SubmitSpec, plan: Any, outputs: list[str]
     else:
         protocol.atomic_write_json(spec.attempt_dir / protocol.COMMAND_FILE, record)
     # After the claim, before the backend call: the wrapper runs the program only under this generation.
-    protocol.write_fence(spec.attempt_dir, spec.token, spec.fence, batch)
+    group = protocol.GroupSlot(spec.batch, spec.task) if spec.batch and spec.task is not None else None
+    protocol.write_fence(spec.attempt_dir, spec.token, spec.fence, batch, group=group)
     testhooks.site("after_attempt_row")
     return moved
 

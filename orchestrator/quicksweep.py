@@ -107,10 +107,12 @@ def _sweep(db: QuickDB, cfg: Config, req: SweepRequest, backend: Backend, names:
     env = {protocol.ENV_OVERRIDES: dumps({})}
     with db.read() as c:  # ORCH_MTBF_S: one partition, one history read
         env.update(mtbf_env_from(lambda cutoff: history(c, backend.name, cutoff), backend.name, req.resources))
+    batch_token = new_batch_token()  # before the run dirs: each task's fence record names it (SubmitSpec.batch)
     for i, h in enumerate(held):
-        h.spec = make_spec(cfg, job=h.name, attempt=1, token=tokens[i], run_dir=str(run_dirs[i]), argv=commands[i],
+        h.spec = make_spec(cfg, job=h.name, attempt=1, token=tokens[i], run_dir=run_dirs[i], argv=commands[i],
                            outputs=list(req.outputs), env={**env, **sweep_env(req.name, i, req.params)},
-                           resources=dict(req.resources), task=i, base_env=env_vars)
+                           resources=dict(req.resources), task=i, base_env=env_vars, batch=batch_token,
+                           fence=1)  # the generation _claim_all claims every task under, or it falls back
     try:
         _claim_all(db, held, [ids[i][0] for i in range(len(names))])
     except _Mismatch:  # a reconcile pass launches some of them already: launch decides task by task
@@ -152,13 +154,10 @@ def _launch(db: QuickDB, cfg: Config, req: SweepRequest, backend: Backend, held:
         batch = protocol.SyncBatch()
         for h in held:
             keeper.add(h.attempt_id, h.fence)
-            h.spec = dataclasses.replace(h.spec, fence=h.fence)
-            try:
-                moved = check_and_prepare(cfg, h.spec, None, list(req.outputs), backend.name,
-                                          keep_globs(req.resources), batch)
-            except (Refused, protocol.UnsafePath, OSError) as e:
-                results[h.name] = _handled(lambda e=e, h=h: _slow().prepare_failed(slow_db(cfg), cfg, h.name,
-                                                                                     h.attempt_id, e))
+        for h, moved in zip(held, _prepare_all(cfg, req, backend, held, batch), strict=True):
+            if isinstance(moved, Exception):
+                results[h.name] = _handled(lambda e=moved, h=h: _slow().prepare_failed(slow_db(cfg), cfg, h.name,
+                                                                                         h.attempt_id, e))
                 continue
             if moved is None:  # its marker verifies after all
                 _slow()._close_verified(slow_db(cfg), h.attempt_id, job_of[h.attempt_id])
@@ -178,6 +177,20 @@ def _launch(db: QuickDB, cfg: Config, req: SweepRequest, backend: Backend, held:
     if ready:
         _submit(db, cfg, req, backend, ready, job_of, results)
     return SweepSubmitted(req.name, len(held), len(results) == 0)
+
+
+def _prepare_all(cfg: Config, req: SweepRequest, backend: Backend, held: list[Held],
+                 batch: protocol.SyncBatch) -> list[list[str] | None | Exception]:
+    """``check_and_prepare`` of every task: what each moved aside, None (its marker verifies) or the error.
+    (Threads did not pay: on the dev machine's ext4, 2 to 8 of them made the sweep slower.)"""
+    outputs, keep = list(req.outputs), keep_globs(req.resources)
+    out: list[list[str] | None | Exception] = []
+    for h in held:
+        try:
+            out.append(check_and_prepare(cfg, h.spec, None, outputs, backend.name, keep, batch))
+        except (Refused, protocol.UnsafePath, OSError) as e:
+            out.append(e)
+    return out
 
 
 def _check_claims(db: QuickDB, cfg: Config, ready: list[Held], results: dict[str, Any]) -> list[Held]:
@@ -200,7 +213,7 @@ def _check_claims(db: QuickDB, cfg: Config, ready: list[Held], results: dict[str
 
 def _submit(db: QuickDB, cfg: Config, req: SweepRequest, backend: Backend, members: list[Held],
             job_of: dict[int, int], results: dict[str, Any]) -> None:
-    batch_token = new_batch_token()
+    batch_token = members[0].spec.batch or new_batch_token()
     try:
         with db.write() as c:
             if c.executemany(SQL["mark_batch"], [(batch_token, h.attempt_id) for h in members]).rowcount \
@@ -216,8 +229,9 @@ def _submit(db: QuickDB, cfg: Config, req: SweepRequest, backend: Backend, membe
             return
     try:
         exclude = exclusion(db, cfg, backend, members[0].spec.resources)
-        ids = backend.submit_group([dataclasses.replace(h.spec, exclude_nodes=exclude) for h in members],
-                                   batch_token, req.throttle)
+        specs = [dataclasses.replace(h.spec, exclude_nodes=exclude) for h in members] if exclude \
+            else [h.spec for h in members]
+        ids = backend.submit_group(specs, batch_token, req.throttle)
     except (BackendError, OSError) as e:
         err = _handled(lambda e=e: _slow()._submission_failed(slow_db(cfg), cfg, members, e))
         results.update((h.name, err) for h in members)

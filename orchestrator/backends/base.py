@@ -95,6 +95,10 @@ class SubmitSpec:
     # Nodes this attempt must not run on (suspect nodes, orchestrator/suspects.py); only a backend whose
     # ``Capabilities.node_exclusion`` is set is ever given any.
     exclude_nodes: tuple[str, ...] = ()
+    # The group submission (a Slurm array) this launch goes out in, chosen before the run dir is prepared: the
+    # attempt's fence record names it and ``task``, so the group's one submitted record is found from the run
+    # dir (issue 20: a record per task was a quarter of a 1,000-task sweep). None: a single submission.
+    batch: str | None = None
 
     def job_environ(self) -> dict[str, str]:
         """The attempt's process environment before orch's own variables are added."""

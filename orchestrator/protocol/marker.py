@@ -91,6 +91,12 @@ def verify_done_marker(run_dir: Path | str) -> Verification:
     """
     run_dir = Path(run_dir)
     marker_path = run_dir / DONE_MARKER
+    try:
+        os.lstat(run_dir)
+    except FileNotFoundError:  # one syscall, not three, for each new task of a sweep (issue 20)
+        return Verification(MarkerStatus.ABSENT, f"no {DONE_MARKER}")
+    except OSError:
+        pass  # the checks below name what is wrong
     if run_dir.is_symlink():
         return Verification(MarkerStatus.CORRUPT, "run dir is a symlink")
     if marker_path.is_symlink():

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import stat
 import time
 from collections.abc import Mapping, Sequence
@@ -389,25 +390,57 @@ class ExitRecord:
 FENCE_LIMIT = 4096
 
 
-def write_fence(attempt_path: Path, token: str, fence: int, batch: SyncBatch | None = None) -> None:
+def write_fence(attempt_path: Path, token: str, fence: int, batch: SyncBatch | None = None, *,
+                group: GroupSlot | None = None) -> None:
     """Record which launch claim of the attempt is the current one (atomic: a wrapper reads the old
-    record or the new one, never a torn one). ``batch``: in place only once the batch commits."""
-    record = {"token": token, "fence": fence, "at": now_iso()}
+    record or the new one, never a torn one). ``batch``: in place only once the batch commits. ``group``:
+    the group submission (a Slurm array) this claim's launch goes out in, and the attempt's index in it,
+    so that the group's one submitted record names this attempt's scheduler job (``read_group_slot``)."""
+    record: dict[str, Any] = {"token": token, "fence": fence, "at": now_iso()}
+    if group is not None:
+        record["group"], record["task"] = group.token, group.task
     if batch is not None:
         batch.write_json(attempt_path / FENCE_FILE, record)
     else:
         atomic_write_json(attempt_path / FENCE_FILE, record)
 
 
+@dataclass(frozen=True)
+class GroupSlot:
+    """A group submission's token (``b`` + hex, a name inside the runs root) and one attempt's index in it."""
+
+    token: str
+    task: int
+
+
+_GROUP_TOKEN = re.compile(r"b[0-9a-f]{8,64}")
+
+
 def read_fence(attempt_path: Path) -> tuple[str, int] | None:
     """(token, fence) of the attempt dir's fence record; None if absent or malformed."""
+    r = _fence_record(attempt_path)
+    if r is None or not isinstance(r.get("token"), str) or not is_int(r.get("fence")):
+        return None
+    return r["token"], int(r["fence"])
+
+
+def read_group_slot(attempt_path: Path) -> GroupSlot | None:
+    """The group submission the attempt's current claim went out in, from its fence record; None for a single
+    submission, or a record that does not name a well-formed one (the token becomes a path: a forged
+    ``../x`` must lead nowhere)."""
+    r = _fence_record(attempt_path)
+    if r is None or not isinstance(r.get("group"), str) or not _GROUP_TOKEN.fullmatch(r["group"]) \
+            or not is_int(r.get("task")) or int(r["task"]) < 0:
+        return None
+    return GroupSlot(r["group"], int(r["task"]))
+
+
+def _fence_record(attempt_path: Path) -> dict[str, Any] | None:
     try:
         r = read_json_bounded(attempt_path / FENCE_FILE, limit=FENCE_LIMIT)
     except (OSError, ValueError):
         return None
-    if not isinstance(r, dict) or not isinstance(r.get("token"), str) or not is_int(r.get("fence")):
-        return None
-    return r["token"], int(r["fence"])
+    return r if isinstance(r, dict) else None
 
 
 def write_exit(attempt_path: Path, record: ExitRecord) -> None:

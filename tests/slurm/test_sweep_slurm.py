@@ -237,3 +237,39 @@ def test_a_sweep_larger_than_the_clusters_max_array_size_is_refused_before_anyth
                                 f"(MaxArraySize={limit}): split it into sweeps of at most {limit}, or raise "
                                 "MaxArraySize"), p.stderr
     assert orch.json("status") == [] and (not orch.runs.exists() or not any(orch.runs.iterdir()))
+
+
+def test_a_pending_array_task_keeps_its_run_dir_after_the_db_is_lost(orch, cleanup):  # noqa: ANN001
+    # Issue 20 records an array's submission once, in its batch dir; each task's fence.json points to it. A DB
+    # lost while the array waits (held here by --begin): resubmitting the sweep, or one of its tasks, must still
+    # see the pending task in its run dir (a second run of the same job would start beside it, issue 9).
+    assert orch("status").returncode == 0  # the DB exists: the quick path, as users' sweeps take it
+    p = orch("sweep", "--name", "held", "--backend", "slurm", "--partition", "spot", "--cpus-per-task", "1",
+             "--mem", "50M", "--sbatch-arg=--begin=now+7days", "--grid", "i=0,1,2", "--", "true")
+    assert p.returncode == 0, p.stdout + p.stderr
+    exts = {r["name"]: r["external_id"] for r in orch.json("status")}
+    array = exts["held.0001"].split("_")[0]
+    cleanup.append(array)
+    assert exts == {f"held.{i:04d}": f"{array}_{i}" for i in range(3)}, exts
+    assert not list(orch.runs.glob("held.*/attempts/1/slurm"))  # no per-task record: the batch holds it
+    for f in orch.home.glob("orch.db*"):  # the DB is lost; the runs root and the held array are not
+        f.unlink()
+    p = orch("submit", "--name", "held.0001", "--backend", "slurm", "--partition", "spot", "--", "true")
+    assert p.returncode == 3, p.stdout + p.stderr
+    assert p.stderr == (f"orch: refused: a live attempt runs in {orch.runs / 'held.0001'} (Slurm job {array}_1 "
+                        "(PENDING)) that this DB does not know (was the DB deleted?); stop it first\n"), p.stderr
+    p = orch("sweep", "--name", "held", "--backend", "slurm", "--partition", "spot", "--grid", "i=0,1,2", "--",
+             "true")
+    assert p.returncode == 3, p.stdout + p.stderr
+    assert p.stderr.startswith(f"orch: refused: a live attempt runs in {orch.runs / 'held.0000'} (Slurm job "
+                               f"{array}_0 (PENDING)"), p.stderr
+    assert orch.json("status") == []  # nothing recorded
+    run("scancel", array)
+    t0 = time.time()
+    while run("squeue", "-h", "-j", array).stdout.strip():  # the controller drops the cancelled tasks
+        assert time.time() - t0 < 60, run("squeue", "-h", "-j", array).stdout
+        time.sleep(0.5)
+    p = orch("submit", "--name", "held.0001", "--backend", "slurm", "--partition", "spot",
+             "--sbatch-arg=--begin=now+7days", "--", "true")
+    assert p.returncode == 0, p.stdout + p.stderr  # nothing live there any more: the run dir is usable
+    cleanup.append(orch.show("held.0001")["attempts"][-1]["external_id"])

@@ -34,6 +34,7 @@ class Arrays(Backend):
 
     def __init__(self) -> None:
         self.groups: list[list[str]] = []
+        self.batches: list[str] = []
         self.cancelled: list[list[str]] = []
         self.fail: Exception | None = None
 
@@ -44,6 +45,7 @@ class Arrays(Backend):
         if self.fail is not None:
             raise self.fail
         self.groups.append([s.job for s in specs])
+        self.batches.append(batch_token)
         return {s.token: f"{len(self.groups)}_{s.task}" for s in specs}
 
     def poll(self, refs):  # noqa: ANN001, ANN201
@@ -96,6 +98,66 @@ def test_a_quick_sweep_writes_the_rows_the_sqlalchemy_path_writes(db, cfg, array
     assert arrays.groups == [["quick.0000", "quick.0001", "quick.0002"], ["slow.0000", "slow.0001", "slow.0002"]]
     for i in range(3):  # each task's records in place, under its fence
         assert (cfg.runs_root / f"quick.{i:04d}" / "attempts" / "1" / "fence.json").is_file()
+
+
+def test_each_tasks_fence_record_names_the_array_it_went_out_in_on_both_paths(db, cfg, arrays):
+    # The array's one submitted record (Slurm: <batch dir>/submitted.json) is found from a task's run dir through
+    # this pointer: without it a run dir whose DB was lost hid its pending task (SlurmBackend.live_in_run_dir).
+    from orchestrator import protocol
+
+    quicksweep.sweep(cfg, _req("quick"))
+    submit_sweep(db, cfg, _req("slow"))
+    for sweep, batch in zip(("quick", "slow"), arrays.batches, strict=True):
+        for i in range(3):
+            with db.read() as s:
+                recorded = get_job(s, f"{sweep}.{i:04d}").attempts[0].batch_token
+            slot = protocol.read_group_slot(cfg.runs_root / f"{sweep}.{i:04d}" / "attempts" / "1")
+            assert slot == protocol.GroupSlot(batch, i) and recorded == batch, (sweep, i, slot, recorded)
+
+
+def test_a_reclaimed_task_whose_old_array_turns_up_is_adopted_under_that_arrays_pointer(db, cfg, arrays,
+                                                                                      monkeypatch):
+    # The sweep's launcher dies right after sbatch; the reconciler's first look-up misses the array, it
+    # re-claims each task (fence 2 in its record), and its second look-up finds the old array: each task is
+    # adopted, its fence record restored to generation 1 AND to the old array (the pointer live_in_run_dir
+    # follows), not left naming a batch that was never submitted.
+    from datetime import timedelta
+
+    from orchestrator import protocol
+    from orchestrator.reconcile import reconcile_pass
+    from orchestrator.states import utcnow
+
+    class Died(BaseException):
+        pass
+
+    def died() -> None:
+        raise Died
+
+    at_site(monkeypatch, "after_backend_submit", died)
+    with pytest.raises(Died):
+        quicksweep.sweep(cfg, _req("a"))
+    monkeypatch.undo()
+    (old,) = arrays.batches
+    with db.write() as s:  # the dead launcher's claims expired
+        s.execute(update(Attempt).values(claimed_at=utcnow() - timedelta(hours=1)))
+    looks: list[list[str]] = []
+
+    def find_by_token(refs):  # noqa: ANN001, ANN202 - the pass's look-up misses it, the re-claim's finds it
+        looks.append([r.token for r in refs])
+        return {} if len(looks) == 1 else {old: "1"}
+
+    arrays.find_by_token = find_by_token
+    for mod in ("orchestrator.sweep", "orchestrator.launch"):
+        monkeypatch.setattr(f"{mod}.get_backend", lambda _name: arrays)
+    reconcile_pass(db, cfg, backend_for=lambda _name: arrays)
+    assert len(arrays.batches) == 1  # adopted: nothing submitted a second time
+    for i in range(3):
+        with db.read() as s:
+            a = get_job(s, f"a.{i:04d}").attempts
+        assert [(x.state, x.external_id) for x in a] == [(AttemptState.SUBMITTED, f"1_{i}")], a
+        adir = cfg.runs_root / f"a.{i:04d}" / "attempts" / "1"
+        assert protocol.read_fence(adir)[1] == 1
+        assert protocol.read_group_slot(adir) == protocol.GroupSlot(old, i)
 
 
 def test_it_leaves_to_the_sqlalchemy_path_what_it_does_not_do_and_writes_nothing(db, cfg, arrays, monkeypatch):
