@@ -32,6 +32,7 @@ import re
 import shutil
 import signal
 import sqlite3
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -193,16 +194,19 @@ def measure_cluster(tasks: int, blocks: int, work: Path, submits: int | None = N
     # the first command of a new ORCH_HOME creates it through SQLAlchemy (~0.5 s, once), not the quick paths.
     _timed([*orch, "status"], submit_env)
     r = {"raw": [], "submit": [], "sweep": [], "calls": {"raw": 0, "submit": 0}, "sweep_calls": [], "waited": 0.0,
-         "sweep_submitted": [], "loads": [], "map_array": [], "map_calls": [], "array": [], "array_calls": []}
+         "sweep_submitted": [], "floor": [], "loads": [], "map_array": [], "map_calls": [], "array": [],
+         "array_calls": []}
     map_script = work / "map_array.py"
     map_script.write_text(MAP_ARRAY.format(begin=HOLD.split("=", 1)[1]))
     submits = tasks if submits is None else submits
     per_block = [submits // blocks + (b < submits % blocks) for b in range(blocks)]
     try:
         for b, n in enumerate(per_block):
-            # every job this run has still to submit stays counted until MinJobAge after its cancel: a sweep, a
-            # map_array and a raw array of `tasks` per block left, and its single submits and raw sbatch calls
-            cl.planned = sum(3 * tasks + 2 * k for k in per_block[b:])
+            # this block's jobs (a sweep, a map_array and a raw array of `tasks`, its single submits and raw sbatch
+            # calls) beside the records the controller still holds (every ended job, until MinJobAge after it): room
+            # for the whole run at once never came with 5 blocks of 1,000 (15,000 > MaxJobCount), and each block
+            # waits here for its own
+            cl.planned = 3 * tasks + 2 * n
             r["waited"] += cl.wait_free()
             r["loads"].append(os.getloadavg()[0])
             for i in range(n):
@@ -233,6 +237,7 @@ def measure_cluster(tasks: int, blocks: int, work: Path, submits: int | None = N
             r["sweep_calls"].append(cl.new_calls("sweep"))
             m = re.search(r"(\d+) submitted", out)  # "sweep NAME: 1000 tasks on slurm; 1000 submitted"
             r["sweep_submitted"].append(int(m.group(1)) if m else 0)
+            r["floor"].append(layout_floor(tasks, work / f"floor-{b}", runs=1))  # in the same block: same disk
             r["loads"].append(os.getloadavg()[0])
             cl.cancel_all()
             print(f"  block {b + 1}/{blocks}: {n} raw sbatch {C.fmt(r['raw'][-n:])}, {n} orch submit "
@@ -266,9 +271,9 @@ PROFILE_ROWS = (
     ("prepare each run dir, records written unflushed (`check_and_prepare`)", ("check_and_prepare",)),
     ("re-check every fence (`_check_claims`: one write transaction)", ("_check_claims",)),
     ("group token (one write transaction), node exclusion", ("_submit", "-submit_group", "-_record")),
-    ("`submit_group`: tasks.json, 1 sbatch, submitted.json per task (one flush)", ("submit_group",)),
+    ("`submit_group`: tasks.json, 1 sbatch, one submitted.json for the array", ("submit_group",)),
     ("record every id (`_record`: one write transaction)", ("_record",)),
-    ("flushes of all records (2 `SyncBatch.commit`s: 4 `syncfs`), in the rows above", ("commit",)),
+    ("flush of every task's records (1 `SyncBatch.commit`: 2 `syncfs`), in the rows above", ("commit",)),
     ("fsync + syncfs (all callers, the syscalls themselves)", ("fsync", "_flush")),
 )
 
@@ -304,6 +309,33 @@ def profile_sweep(tasks: int, work: Path) -> tuple[float, float, list[tuple[str,
     return plain, st.total_tt, [(label, sum(cum(f) for f in fns)) for label, fns in PROFILE_ROWS]
 
 
+def layout_floor(tasks: int, work: Path, runs: int = 3) -> float:
+    """The filesystem work a sweep's tasks need, and nothing else, in a bare loop (median of ``runs``): per task
+    its run dir, ``attempts/`` and ``attempts/1``, a ballast of ``BALLAST_BYTES`` and two one-line records under
+    tmp names; one ``SyncBatch`` commit for all (flush, renames, flush). No checks, no JSON, no DB: what no
+    implementation of this layout goes below on this filesystem."""
+    from orchestrator import protocol
+    from orchestrator.ballast import allocate
+
+    times = []
+    for r in range(runs):
+        root = work / f"floor-{r}"
+        root.mkdir(parents=True)
+        t0 = time.perf_counter()
+        batch = protocol.SyncBatch()
+        for i in range(tasks):
+            adir = root / f"t.{i:04d}" / "attempts" / "1"
+            os.mkdir(adir.parent.parent, 0o770)
+            os.mkdir(adir.parent, 0o770)
+            os.mkdir(adir, 0o770)
+            allocate(adir / protocol.EXIT_RESERVE)
+            batch.write(adir / protocol.COMMAND_FILE, '{"token": "x"}\n')
+            batch.write(adir / protocol.FENCE_FILE, '{"fence": 1}\n')
+        batch.commit()
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times)
+
+
 # ------------------------------------------------------------------------------------------------
 def profile_section(plain: float, total: float, rows: list[tuple[str, float]], tasks: int) -> tuple[str, str]:
     tbl = C.table([f"where one `orch sweep` of {tasks:,} tasks spends its time (cProfile)", "seconds", "share"],
@@ -334,6 +366,8 @@ def cluster_section(r: dict, tasks: int) -> tuple[str, str, bool]:
                    for j in sacct.get("sweep", [])]
     ok_calls = all(c == 1 for c in r["sweep_calls"])
     per_block = [sw / m for sw, m in zip(r["sweep"], r["map_array"], strict=True)]
+    floor_vs_map = C.stats([f / m for f, m in zip(r["floor"], r["map_array"], strict=True)])[0]
+    floor_vs_sweep = C.stats([f / sw for f, sw in zip(r["floor"], r["sweep"], strict=True)])[0]
     vs_map = C.stats(per_block)[0]
     sub_med = C.stats(r["submit"])[0]
     rows = [
@@ -375,7 +409,12 @@ def cluster_section(r: dict, tasks: int) -> tuple[str, str, bool]:
              f"sbatch calls; every sweep reported {min(r['sweep_submitted']):,} tasks submitted. "
              f"Load average (1 min) at the block edges: {min(r['loads']):.1f}–{max(r['loads']):.1f} on "
              f"{os.cpu_count()} cores shared with other work; {r['waited']:.0f} s spent waiting for Slurm tests "
-             "of others to finish.")
+             "of others to finish. Against the goal, the floor of orch's per-task layout on this disk: each block "
+             f"also made {tasks:,} run dirs with `attempts/` and `attempts/1`, a ballast and two one-line records "
+             "each, flushed as the sweep flushes them, in a bare loop (no checks, JSON or DB): "
+             f"{C.fmt(r['floor'], 's', 1, 2)}, {floor_vs_map:.2f}× the same block's `map_array` (median of the "
+             f"blocks) and {floor_vs_sweep:.0%} of its sweep. `map_array` writes one file per task into one "
+             "directory.")
     good = (ok_calls and speed >= SPEED_GOAL and len(sacct.get("sweep", [])) == n_sweeps
             and vs_map <= SUBMITIT_GOAL and sub_med <= SUBMIT_GOAL_S)
     return notes, tbl, good
