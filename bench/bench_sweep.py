@@ -32,7 +32,6 @@ import re
 import shutil
 import signal
 import sqlite3
-import statistics
 import subprocess
 import sys
 import tempfile
@@ -237,7 +236,7 @@ def measure_cluster(tasks: int, blocks: int, work: Path, submits: int | None = N
             r["sweep_calls"].append(cl.new_calls("sweep"))
             m = re.search(r"(\d+) submitted", out)  # "sweep NAME: 1000 tasks on slurm; 1000 submitted"
             r["sweep_submitted"].append(int(m.group(1)) if m else 0)
-            r["floor"].append(layout_floor(tasks, work / f"floor-{b}", runs=1))  # in the same block: same disk
+            r["floor"].append(layout_floor(tasks, work / f"floor-{b}"))  # in the same block: the same disk
             r["loads"].append(os.getloadavg()[0])
             cl.cancel_all()
             print(f"  block {b + 1}/{blocks}: {n} raw sbatch {C.fmt(r['raw'][-n:])}, {n} orch submit "
@@ -309,31 +308,27 @@ def profile_sweep(tasks: int, work: Path) -> tuple[float, float, list[tuple[str,
     return plain, st.total_tt, [(label, sum(cum(f) for f in fns)) for label, fns in PROFILE_ROWS]
 
 
-def layout_floor(tasks: int, work: Path, runs: int = 3) -> float:
-    """The filesystem work a sweep's tasks need, and nothing else, in a bare loop (median of ``runs``): per task
-    its run dir, ``attempts/`` and ``attempts/1``, a ballast of ``BALLAST_BYTES`` and two one-line records under
-    tmp names; one ``SyncBatch`` commit for all (flush, renames, flush). No checks, no JSON, no DB: what no
+def layout_floor(tasks: int, work: Path) -> float:
+    """Seconds for the filesystem work a sweep's tasks need, and nothing else, in a bare loop: per task its run
+    dir, ``attempts/`` and ``attempts/1``, a ballast of ``BALLAST_BYTES`` and two one-line records under tmp
+    names; one ``SyncBatch`` commit for all (flush, renames, flush). No checks, no JSON, no DB: what no
     implementation of this layout goes below on this filesystem."""
     from orchestrator import protocol
     from orchestrator.ballast import allocate
 
-    times = []
-    for r in range(runs):
-        root = work / f"floor-{r}"
-        root.mkdir(parents=True)
-        t0 = time.perf_counter()
-        batch = protocol.SyncBatch()
-        for i in range(tasks):
-            adir = root / f"t.{i:04d}" / "attempts" / "1"
-            os.mkdir(adir.parent.parent, 0o770)
-            os.mkdir(adir.parent, 0o770)
-            os.mkdir(adir, 0o770)
-            allocate(adir / protocol.EXIT_RESERVE)
-            batch.write(adir / protocol.COMMAND_FILE, '{"token": "x"}\n')
-            batch.write(adir / protocol.FENCE_FILE, '{"fence": 1}\n')
-        batch.commit()
-        times.append(time.perf_counter() - t0)
-    return statistics.median(times)
+    work.mkdir(parents=True)
+    t0 = time.perf_counter()
+    batch = protocol.SyncBatch()
+    for i in range(tasks):
+        adir = work / f"t.{i:04d}" / "attempts" / "1"
+        os.mkdir(adir.parent.parent, 0o770)
+        os.mkdir(adir.parent, 0o770)
+        os.mkdir(adir, 0o770)
+        allocate(adir / protocol.EXIT_RESERVE)
+        batch.write(adir / protocol.COMMAND_FILE, '{"token": "x"}\n')
+        batch.write(adir / protocol.FENCE_FILE, '{"fence": 1}\n')
+    batch.commit()
+    return time.perf_counter() - t0
 
 
 # ------------------------------------------------------------------------------------------------

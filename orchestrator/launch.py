@@ -378,16 +378,15 @@ def launch_group(db: Database, cfg: Config, names: list[str], backend: Backend, 
             if adopted is not None:
                 results[r.name] = adopted
                 ready.remove(r)
-    groups: dict[tuple, list[_Ready]] = {}
+    groups: dict[str | None, list[_Ready]] = {}  # by the batch each member's fence record names
     lost = _check_claims(db, [(r.attempt_id, r.fence) for r in ready])
     for r in ready:
         if lost[r.attempt_id] is not None:
             results[r.name] = Launched(moved=r.moved, outcome=lost[r.attempt_id])
         else:
-            groups.setdefault((r.spec.resources, r.spec.warning_signal, r.env_id), []).append(r)
+            groups.setdefault(r.spec.batch, []).append(r)  # one batch per (resources, signal, env), above
     testhooks.site("fence_checked")
-    for members in groups.values():
-        batch_token = members[0].spec.batch or new_batch_token()
+    for batch_token, members in groups.items():
         marked = _mark_batch(db, [r.attempt_id for r in members], batch_token)
         members = [r for r in members if r.attempt_id in marked]
         try:

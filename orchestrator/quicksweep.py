@@ -152,12 +152,14 @@ def _launch(db: QuickDB, cfg: Config, req: SweepRequest, backend: Backend, held:
     ready: list[Held] = []
     with ClaimKeeper(lambda claims: renew(cfg, claims)) as keeper:
         batch = protocol.SyncBatch()
+        outputs, keep = list(req.outputs), keep_globs(req.resources)
         for h in held:
             keeper.add(h.attempt_id, h.fence)
-        for h, moved in zip(held, _prepare_all(cfg, req, backend, held, batch), strict=True):
-            if isinstance(moved, Exception):
-                results[h.name] = _handled(lambda e=moved, h=h: _slow().prepare_failed(slow_db(cfg), cfg, h.name,
-                                                                                         h.attempt_id, e))
+            try:
+                moved = check_and_prepare(cfg, h.spec, None, outputs, backend.name, keep, batch)
+            except (Refused, protocol.UnsafePath, OSError) as e:
+                results[h.name] = _handled(lambda e=e, h=h: _slow().prepare_failed(slow_db(cfg), cfg, h.name,
+                                                                                     h.attempt_id, e))
                 continue
             if moved is None:  # its marker verifies after all
                 _slow()._close_verified(slow_db(cfg), h.attempt_id, job_of[h.attempt_id])
@@ -177,20 +179,6 @@ def _launch(db: QuickDB, cfg: Config, req: SweepRequest, backend: Backend, held:
     if ready:
         _submit(db, cfg, req, backend, ready, job_of, results)
     return SweepSubmitted(req.name, len(held), len(results) == 0)
-
-
-def _prepare_all(cfg: Config, req: SweepRequest, backend: Backend, held: list[Held],
-                 batch: protocol.SyncBatch) -> list[list[str] | None | Exception]:
-    """``check_and_prepare`` of every task: what each moved aside, None (its marker verifies) or the error.
-    (Threads did not pay: on the dev machine's ext4, 2 to 8 of them made the sweep slower.)"""
-    outputs, keep = list(req.outputs), keep_globs(req.resources)
-    out: list[list[str] | None | Exception] = []
-    for h in held:
-        try:
-            out.append(check_and_prepare(cfg, h.spec, None, outputs, backend.name, keep, batch))
-        except (Refused, protocol.UnsafePath, OSError) as e:
-            out.append(e)
-    return out
 
 
 def _check_claims(db: QuickDB, cfg: Config, ready: list[Held], results: dict[str, Any]) -> list[Held]:

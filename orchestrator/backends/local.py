@@ -370,11 +370,10 @@ def real_paths(paths: Sequence[Path]) -> dict[Path, str]:
     parents: dict[Path, str] = {}
     out: dict[Path, str] = {}
     for p in paths:
-        name = p.name
         try:
-            plain = name not in ("", ".", "..") and not stat.S_ISLNK(os.lstat(p).st_mode)
+            plain = p.name not in ("", ".", "..") and not stat.S_ISLNK(os.lstat(p).st_mode)
         except FileNotFoundError:
-            plain = name not in ("", ".", "..")
+            plain = True  # a plain name (only those get the lstat) of nothing: no symlink either
         except OSError:
             plain = False
         if not plain:
@@ -382,7 +381,7 @@ def real_paths(paths: Sequence[Path]) -> dict[Path, str]:
             continue
         if p.parent not in parents:
             parents[p.parent] = os.path.realpath(p.parent)
-        out[p] = os.path.join(parents[p.parent], name)
+        out[p] = os.path.join(parents[p.parent], p.name)
     return out
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import enum
 import os
+import stat
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -92,12 +93,12 @@ def verify_done_marker(run_dir: Path | str) -> Verification:
     run_dir = Path(run_dir)
     marker_path = run_dir / DONE_MARKER
     try:
-        os.lstat(run_dir)
+        run_dir_is_link = stat.S_ISLNK(os.lstat(run_dir).st_mode)
     except FileNotFoundError:  # one syscall, not three, for each new task of a sweep (issue 20)
         return Verification(MarkerStatus.ABSENT, f"no {DONE_MARKER}")
     except OSError:
-        pass  # the checks below name what is wrong
-    if run_dir.is_symlink():
+        run_dir_is_link = run_dir.is_symlink()  # as before: pathlib's answer (or error) for the odd cases
+    if run_dir_is_link:
         return Verification(MarkerStatus.CORRUPT, "run dir is a symlink")
     if marker_path.is_symlink():
         return Verification(MarkerStatus.CORRUPT, f"{DONE_MARKER} is a symlink")

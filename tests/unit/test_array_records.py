@@ -129,5 +129,5 @@ def test_real_paths_are_what_realpath_answers(tmp_path: Path, monkeypatch: pytes
     monkeypatch.chdir(runs)
     paths = [runs / "plain", runs / "link", runs / "dangling", runs / "absent", tmp_path / "alias" / "plain",
              tmp_path / "alias" / "absent", runs / "plain" / "..", runs / ".", runs / "afile" / "x", Path("plain"),
-             Path("/"), runs / "link" / ".."]
+             Path("/"), runs / "link" / "..", runs / "absent" / ".."]
     assert real_paths(paths) == {p: os.path.realpath(p) for p in paths}
