@@ -11,7 +11,7 @@ from __future__ import annotations
 import contextlib
 import errno
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import TypeVar
 
@@ -36,6 +36,79 @@ def allocate(path: Path, size: int = BALLAST_BYTES) -> None:
             os.unlink(path)
         raise
     os.close(fd)
+
+
+# A batch's pool (issue 20): one file holding a slot per task of a group launch, where each task's own ballast file
+# (one more inode and directory per task) was most of a 1,000-task sweep's filesystem work. A task's wrapper gives
+# its slot back first thing when it starts, then makes its attempt dir, records and ballast: on a disk that filled
+# while the task was queued, in the room the slot held (hence a slot is a ballast and room for those). The task's
+# end (``ending.finish``) gives back the slot of a task that never started; the file goes once no slot holds
+# blocks. It needs a filesystem that frees part of a file (hole punching: ext4, xfs, btrfs, tmpfs, Lustre >= 2.14);
+# elsewhere each task gets its own ballast at launch, as before.
+SLOT_BYTES = BALLAST_BYTES + (64 << 10)  # + the attempt dir, fence.json and command.json
+_PUNCH_HOLE_KEEP_SIZE = 0x02 | 0x01  # FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE (linux/falloc.h)
+
+
+def _punch(fd: int, offset: int, length: int) -> None:
+    import ctypes
+
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        fallocate = libc.fallocate
+    except (OSError, AttributeError):
+        raise OSError(errno.EOPNOTSUPP, "no fallocate(2) here") from None
+    fallocate.argtypes = [ctypes.c_int, ctypes.c_int, ctypes.c_int64, ctypes.c_int64]
+    if fallocate(fd, _PUNCH_HOLE_KEEP_SIZE, offset, length) != 0:
+        e = ctypes.get_errno()
+        raise OSError(e, os.strerror(e))
+
+
+def reserve_pool(path: Path, slots: Iterable[int], size: int = SLOT_BYTES) -> bool:
+    """Create ``path`` holding real blocks for each slot (slot i at ``i * size``), or raise the OSError
+    (ENOSPC: the disk is too full for the batch's tasks to record their ends). False, nothing left behind,
+    where the filesystem cannot give one slot back alone: then each task needs a ballast of its own."""
+    slots = sorted(set(slots))
+    if not slots:
+        return False
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+    try:
+        start = prev = slots[0]
+        for i in [*slots[1:], None]:  # one fallocate per run of consecutive slots
+            if i is not None and i == prev + 1:
+                prev = i
+                continue
+            os.posix_fallocate(fd, start * size, (prev - start + 1) * size)
+            if i is not None:
+                start = prev = i
+        probe = (slots[-1] + 1) * size  # one slot more, given back at once: can this filesystem punch?
+        os.posix_fallocate(fd, probe, size)
+        _punch(fd, probe, size)
+    except OSError as e:
+        os.close(fd)
+        with contextlib.suppress(OSError):
+            os.unlink(path)
+        if e.errno in (errno.EOPNOTSUPP, errno.ENOSYS, errno.EINVAL):
+            return False
+        raise
+    os.close(fd)
+    return True
+
+
+def release_slot(path: Path, slot: int, size: int = SLOT_BYTES) -> None:
+    """Give slot ``slot`` of the pool at ``path`` back (again: nothing happens); the file goes once less than one
+    slot's blocks are left in it. Best effort: a pool that is gone, or will not punch, is left as it is."""
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except OSError:
+        return
+    try:
+        _punch(fd, slot * size, size)
+        if os.fstat(fd).st_blocks * 512 < size:
+            os.unlink(path)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
 
 
 class Ballast:

@@ -9,6 +9,7 @@ about an attempt that ended, without the DB.
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
+from pathlib import Path
 from typing import Any
 
 from sqlalchemy import select
@@ -16,6 +17,7 @@ from sqlalchemy.orm import selectinload
 
 from orchestrator import protocol, testhooks
 from orchestrator.backends.base import AttemptRef, Outcome
+from orchestrator.ballast import release_slot
 from orchestrator.classify import classify
 from orchestrator.config import Config
 from orchestrator.db import Database
@@ -79,6 +81,7 @@ def finish(db: Database, cfg: Config, attempt_id: int, ev: Evidence | None, rep:
         if a is None or a.state not in (A.SUBMITTED, A.RUNNING, A.STOPPING, A.LAUNCHING):
             return
         job, seen = a.job, a.state
+    _release_batch_slot(job, a)
     restarts = _restarts_at_end(a.restarts, ev)
     common: dict[str, Any] = {"restarts": restarts}
     if ev is not None:
@@ -121,6 +124,13 @@ def finish(db: Database, cfg: Config, attempt_id: int, ev: Evidence | None, rep:
         carried = _carried(job, plan) if target is J.RETRYABLE_FAILED else {}
         move_job(s, job, target, f"attempt {a.n}: {cls.value} ({detail[:200]}) -> {plan.action}", **carried)
     _note(rep, job.name, target, cls, plan.action)
+
+
+def _release_batch_slot(job: Job, a: Attempt) -> None:
+    """The room its group launch held for the attempt's ballast (``launchprep.BatchRecords``), given back: a
+    task that never started never took it (a wrapper that started gave it back then)."""
+    if a.batch_token and job.task_index is not None and protocol.is_group_token(a.batch_token):
+        release_slot(protocol.batch_dir(Path(job.run_dir), a.batch_token) / protocol.BATCH_RESERVE, job.task_index)
 
 
 def _stale_of(a: Attempt) -> Stale | None:

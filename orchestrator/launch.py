@@ -32,6 +32,7 @@ import dataclasses
 import enum
 import errno
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, NoReturn
 
 from sqlalchemy import update
@@ -39,6 +40,7 @@ from sqlalchemy import update
 from orchestrator import protocol, testhooks
 from orchestrator.backends import get_backend
 from orchestrator.backends.base import AttemptRef, Backend, BackendError, SubmitSpec
+from orchestrator.ballast import release_slot
 from orchestrator.claimkeeper import ClaimKeeper, launch_grace_s
 from orchestrator.config import Config
 from orchestrator.db import Database
@@ -447,11 +449,20 @@ def group_write_failed(db: Database, cfg: Config, ready: list[_Ready] | list[Hel
 def _mark_batch(db: Database, attempt_ids: list[int], batch: str) -> set[int]:
     """Record the group's token on each attempt still launching, in one transaction; the ids marked."""
     with db.write() as s:
-        rows = _preload(s, attempt_ids)
+        rows = _preload(s, attempt_ids, jobs=True)
         moves = [Move(a, A.LAUNCHING, None, {"batch_token": batch})
                  for a in (rows[i] for i in attempt_ids) if a.state is A.LAUNCHING]
+        # A relaunch under a new batch (the old one's launcher stopped or stalled, and its array was not found):
+        # the room the old batch's pool held for the task is given back; an old wrapper that does start after
+        # all finds this launch's fence and runs nothing (launchprep.BatchRecords).
+        earlier = [(rows["job", m.row.job_id].run_dir, m.row.batch_token, rows["job", m.row.job_id].task_index)
+                   for m in moves if m.row.batch_token and m.row.batch_token != batch]
         move_many(s, moves)
-        return {m.row.id for m in moves}
+        marked = {m.row.id for m in moves}
+    for run_dir, old, task in earlier:
+        if task is not None and protocol.is_group_token(old):
+            release_slot(protocol.batch_dir(Path(run_dir), old) / protocol.BATCH_RESERVE, task)
+    return marked
 
 
 class LostClaim(OrchError):

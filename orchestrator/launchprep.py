@@ -14,6 +14,7 @@ from typing import Any
 from orchestrator import protocol, resumestate, testhooks
 from orchestrator.backends.base import SubmitSpec
 from orchestrator.ballast import allocate as allocate_ballast
+from orchestrator.ballast import reserve_pool
 from orchestrator.config import Config
 from orchestrator.protocol import ENV_SWEEP, ENV_SWEEP_PARAMS, ENV_TASK_INDEX
 from orchestrator.resources import resources_dict, resources_of
@@ -69,19 +70,36 @@ def environment_record(environ: Mapping[str, str]) -> tuple[str, dict[str, str]]
 
 
 def check_and_prepare(cfg: Config, spec: SubmitSpec, plan: Any, outputs: list[str], backend_name: str,
-                      keep: list[str] | None = None, batch: protocol.SyncBatch | None = None) -> list[str] | None:
+                      keep: list[str] | None = None, batch: protocol.SyncBatch | None = None,
+                      in_batch: BatchRecords | None = None) -> list[str] | None:
     """Under the claim: the run dir checked again, then made ready (what was moved aside), or None when its
     marker verifies (nothing to launch). Raises Refused / protocol.UnsafePath (refused for good) or OSError."""
     check_run_dir(cfg, spec.run_dir)
     if protocol.verify_done_marker(spec.run_dir).verified:
         return None
-    return prepare_run_dir(cfg, spec, plan, outputs, backend_name, keep, batch)
+    return prepare_run_dir(cfg, spec, plan, outputs, backend_name, keep, batch, in_batch)
+
+
+@dataclass
+class BatchRecords:
+    """A group launch's attempt records for the tasks whose run dirs it made itself (task index -> command
+    record), written once in its batch dir (``protocol.BATCH_RECORDS``) beside one ballast pool: each task's
+    wrapper puts its command.json and fence.json in place when it starts and takes its ballast from the pool.
+
+    Issue 20: a 1,000-task sweep made 3,000 dirs and 3,000 files before ``sbatch`` (attempts/, attempts/1,
+    ballast, command.json, fence.json per task), more than submitit's whole ``map_array``. Only a run dir the
+    launch made is left this way: an existing one is cleared and recorded in place as before."""
+
+    token: str
+    records: dict[str, dict[str, Any]] = field(default_factory=dict)
 
 
 def prepare_run_dir(cfg: Config, spec: SubmitSpec, plan: Any, outputs: list[str], backend_name: str,
-             keep: list[str] | None = None, batch: protocol.SyncBatch | None = None) -> list[str]:
+                    keep: list[str] | None = None, batch: protocol.SyncBatch | None = None,
+                    in_batch: BatchRecords | None = None) -> list[str]:
     """Set torn checkpoints aside, clear what the next attempt must not see (never its resume state),
-    then write its command record, which names what went to the trash and why (``orch show``)."""
+    then write its command record, which names what went to the trash and why (``orch show``).
+    ``in_batch``: a run dir made here gets its records there instead (``BatchRecords``)."""
     run_dir = spec.run_dir
     # 0o770 under the umask orch set from orch.toml: 0700, or 0750 with [runs] group_shared (a fixed 0o700
     # made every run dir private although the README promised the group 0750: found by its first test).
@@ -95,6 +113,11 @@ def prepare_run_dir(cfg: Config, spec: SubmitSpec, plan: Any, outputs: list[str]
         created = False
     if not created:
         check_run_dir(cfg, run_dir)  # again: it may have been created as a symlink meanwhile
+    if created and plan is None and in_batch is not None and spec.batch == in_batch.token \
+            and spec.task is not None:
+        in_batch.records[str(spec.task)] = _command_record(spec, backend_name, [], {}, [])
+        testhooks.site("after_attempt_row")
+        return []
     moved: list[str] = []
     why: dict[str, str] = {}
     set_aside: list[Any] = []
@@ -108,15 +131,7 @@ def prepare_run_dir(cfg: Config, spec: SubmitSpec, plan: Any, outputs: list[str]
     # The wrapper's ballast, taken here first: a disk too full for it fails this launch as enospc (never ran)
     # rather than running a program whose end could not be recorded (orchestrator/ballast.py).
     allocate_ballast(spec.attempt_dir / protocol.EXIT_RESERVE)
-    record = {"argv": list(spec.command), "overrides": loads(spec.env.get(protocol.ENV_OVERRIDES)),
-              "backend": backend_name, "token": spec.token, "resources": resources_dict(spec.resources),
-              "at": protocol.now_iso(),
-              TRASHED_KEY: [{"path": p, "why": why.get(p, "")} for p in moved],
-              SET_ASIDE_KEY: [x.as_dict() for x in set_aside]}
-    if ENV_SWEEP_PARAMS in spec.env:
-        # A sweep resubmitted after a lost DB adopts this task's verified result only for the same argument
-        # set: a program reading ORCH_SWEEP_PARAMS (no {key} in argv) ran the same argv for other parameters.
-        record["sweep_params"] = loads(spec.env[ENV_SWEEP_PARAMS])
+    record = _command_record(spec, backend_name, moved, why, set_aside)
     if batch is not None:  # a group launch: in place (and durable) once the caller commits the batch
         batch.write_json(spec.attempt_dir / protocol.COMMAND_FILE, record)
     else:
@@ -126,6 +141,42 @@ def prepare_run_dir(cfg: Config, spec: SubmitSpec, plan: Any, outputs: list[str]
     protocol.write_fence(spec.attempt_dir, spec.token, spec.fence, batch, group=group)
     testhooks.site("after_attempt_row")
     return moved
+
+
+def _command_record(spec: SubmitSpec, backend_name: str, moved: list[str], why: dict[str, str],
+                    set_aside: list[Any]) -> dict[str, Any]:
+    record = {"argv": list(spec.command), "overrides": loads(spec.env.get(protocol.ENV_OVERRIDES)),
+              "backend": backend_name, "token": spec.token, "resources": resources_dict(spec.resources),
+              "at": protocol.now_iso(),
+              TRASHED_KEY: [{"path": p, "why": why.get(p, "")} for p in moved],
+              SET_ASIDE_KEY: [x.as_dict() for x in set_aside]}
+    if ENV_SWEEP_PARAMS in spec.env:
+        # A sweep resubmitted after a lost DB adopts this task's verified result only for the same argument
+        # set: a program reading ORCH_SWEEP_PARAMS (no {key} in argv) ran the same argv for other parameters.
+        record["sweep_params"] = loads(spec.env[ENV_SWEEP_PARAMS])
+    return record
+
+
+def write_batch_records(run_dir: Path, in_batch: BatchRecords, batch: protocol.SyncBatch) -> None:
+    """The batch's records file, in place (and durable) once ``batch`` commits."""
+    d = protocol.batch_dir(run_dir, in_batch.token)
+    d.mkdir(mode=0o700, parents=True, exist_ok=True)
+    batch.write(d / protocol.BATCH_RECORDS, json.dumps(in_batch.records, sort_keys=True, separators=(",", ":")))
+
+
+def reserve_batch_ballast(specs: list[SubmitSpec]) -> None:
+    """Right before the group's submission: the ballast of every member whose records wait in the batch, as one
+    pool in the batch dir, or each its own where the filesystem cannot free one slot of a pool. Raises the
+    OSError (ENOSPC: this launch fails as enospc, never ran, as a member's own ballast failing did)."""
+    waiting = [s for s in specs if s.records_in_batch and s.batch and s.task is not None]
+    if not waiting:
+        return
+    pool = protocol.batch_dir(waiting[0].run_dir, waiting[0].batch) / protocol.BATCH_RESERVE
+    if reserve_pool(pool, [s.task for s in waiting]):  # type: ignore[misc]
+        return
+    for s in waiting:  # no hole punching here: per task, in the attempt dir its wrapper adopts it from
+        s.attempt_dir.mkdir(mode=0o770, parents=True, exist_ok=True)
+        allocate_ballast(s.attempt_dir / protocol.EXIT_RESERVE)
 
 
 def _make_fresh(attempt_dir: Path) -> bool:

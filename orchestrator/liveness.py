@@ -30,9 +30,11 @@ def live_processes(run_dirs: Sequence[Path]) -> dict[Path, list[str]]:
         asked: list[Path] = []
         try:
             backend = get_backend(name)
-            # A scheduler only for dirs an attempt was ever submitted from: skip needless round trips.
+            # A scheduler only for dirs an attempt was ever submitted from: skip needless round trips. A group
+            # launch's task has no attempts/ until it starts (its records wait in the batch): its run dir is asked.
             asked = [d for d in run_dirs
-                     if backend.capabilities.host_liveness or (d / protocol.ATTEMPTS_DIR).is_dir()]
+                     if backend.capabilities.host_liveness or (d / protocol.ATTEMPTS_DIR).is_dir()
+                     or (backend.capabilities.group_queue and d.is_dir())]
             if not asked:
                 continue
             for d, live in backend.live_in_run_dirs(asked).items():

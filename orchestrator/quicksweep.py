@@ -30,13 +30,16 @@ from orchestrator.claimkeeper import ClaimKeeper
 from orchestrator.config import Config
 from orchestrator.errors import OrchError, Refused
 from orchestrator.launchprep import (
+    BatchRecords,
     Held,
     check_and_prepare,
     dumps,
     environment_record,
     make_spec,
     new_batch_token,
+    reserve_batch_ballast,
     sweep_env,
+    write_batch_records,
 )
 from orchestrator.mtbf import mtbf_env_from
 from orchestrator.quickdb import QuickDB, stored_time
@@ -153,10 +156,11 @@ def _launch(db: QuickDB, cfg: Config, req: SweepRequest, backend: Backend, held:
     with ClaimKeeper(lambda claims: renew(cfg, claims)) as keeper:
         batch = protocol.SyncBatch()
         outputs, keep = list(req.outputs), keep_globs(req.resources)
+        in_batch = BatchRecords(held[0].spec.batch)  # the records of each run dir made here (launchprep)
         for h in held:
             keeper.add(h.attempt_id, h.fence)
             try:
-                moved = check_and_prepare(cfg, h.spec, None, outputs, backend.name, keep, batch)
+                moved = check_and_prepare(cfg, h.spec, None, outputs, backend.name, keep, batch, in_batch)
             except (Refused, protocol.UnsafePath, OSError) as e:
                 results[h.name] = _handled(lambda e=e, h=h: _slow().prepare_failed(slow_db(cfg), cfg, h.name,
                                                                                      h.attempt_id, e))
@@ -166,9 +170,13 @@ def _launch(db: QuickDB, cfg: Config, req: SweepRequest, backend: Backend, held:
                 results[h.name] = "verified"
                 continue
             h.moved = moved
+            if str(h.spec.task) in in_batch.records:
+                h.spec = dataclasses.replace(h.spec, records_in_batch=True)
             ready.append(h)
-        testhooks.site("group_written")
         try:
+            if in_batch.records:
+                write_batch_records(held[0].spec.run_dir, in_batch, batch)
+            testhooks.site("group_written")
             batch.commit()
         except OSError as e:
             _slow().group_write_failed(slow_db(cfg), cfg, ready, results, e)
@@ -219,6 +227,7 @@ def _submit(db: QuickDB, cfg: Config, req: SweepRequest, backend: Backend, membe
         exclude = exclusion(db, cfg, backend, members[0].spec.resources)
         specs = [dataclasses.replace(h.spec, exclude_nodes=exclude) for h in members] if exclude \
             else [h.spec for h in members]
+        reserve_batch_ballast(specs)
         ids = backend.submit_group(specs, batch_token, req.throttle)
     except (BackendError, OSError) as e:
         err = _handled(lambda e=e: _slow()._submission_failed(slow_db(cfg), cfg, members, e))

@@ -10,6 +10,8 @@ reconciler, which finds the submission by its token and stops it (issue 9).
 
 from __future__ import annotations
 
+import contextlib
+import os
 from pathlib import Path
 
 from orchestrator.backends import get_backend
@@ -85,6 +87,12 @@ def revoke_launch(run_dir: str, n: int, token: str) -> None:
 
     try:
         adir = protocol.resolve_inside(Path(run_dir), f"{protocol.ATTEMPTS_DIR}/{int(n)}")
+        if not adir.exists() and Path(run_dir).is_dir() and not Path(run_dir).is_symlink():
+            # A run dir a group launch made leaves the attempt's records in its batch (launchprep.BatchRecords):
+            # the wrapper puts its fence in place only where none is, so this one must be there first.
+            for d in (adir.parent, adir):
+                with contextlib.suppress(FileExistsError):
+                    os.mkdir(d, 0o770)
         if adir.is_dir() and not adir.is_symlink():
             protocol.write_fence(adir, token, REVOKED_FENCE)
     except (OSError, protocol.UnsafePath):

@@ -49,6 +49,7 @@ from __future__ import annotations
 import argparse
 import errno
 import glob
+import json
 import os
 import re
 import signal
@@ -59,7 +60,7 @@ import time
 from pathlib import Path
 
 from orchestrator import memlimit, protocol, rankend, ranks, spotnotice, testhooks
-from orchestrator.ballast import Ballast
+from orchestrator.ballast import Ballast, release_slot
 from orchestrator.cmdline import parse_with_command
 
 FORWARDED = (signal.SIGTERM, signal.SIGUSR2, signal.SIGINT, signal.SIGUSR1)
@@ -79,6 +80,9 @@ def _parse(argv: list[str]) -> argparse.Namespace:
     ap.add_argument("--token", required=True)
     ap.add_argument("--fence", type=int, default=None,
                     help="the launch claim's generation: run only while attempts/<n>/fence.json names it")
+    ap.add_argument("--batch", default=None,
+                    help="the group launch that left this attempt's records in its batch dir (with --task)")
+    ap.add_argument("--task", type=int, default=None, help="this attempt's index in --batch")
     ap.add_argument("--outputs", action="append", default=[])
     ap.add_argument("--warning-signal", choices=("TERM", "USR2", "INT"), default="TERM",
                     help="what the program gets when the scheduler warns of the time limit (SIGUSR2 to us)")
@@ -355,14 +359,25 @@ def main(argv: list[str] | None = None) -> int:
     os.umask(int(a.umask, 8) & 0o777)
     run_dir = Path(a.run_dir)
     adir = protocol.attempt_dir(run_dir, a.attempt)
+    slot = _batch_slot(a)
+    if slot is not None:  # the launch left this attempt's records in its batch, and its ballast's room
+        # Given back first: on a disk that filled while the task was queued, what follows is made in that room.
+        release_slot(protocol.batch_dir(run_dir, slot.token) / protocol.BATCH_RESERVE, slot.task)
     adir.mkdir(parents=True, exist_ok=True)
     restart = int(os.environ.get("SLURM_RESTART_COUNT", "0") or 0)
+    if slot is not None and a.fence is not None:
+        try:
+            protocol.claim_fence(adir, a.token, a.fence, slot)  # kept if a cancel or a re-claimer wrote one first
+        except OSError as e:  # then no fence names this launch: the check below runs nothing
+            print(f"orch wrapper: cannot put {protocol.FENCE_FILE} in place: {e}", file=sys.stderr, flush=True)
     # Before anything of the current launch is touched (its exit.json set aside, its ballast): a
     # launcher that lost its claim still called the backend, and two copies ran (the fence's failure).
     stale = _stale_fence(a, adir)
     if stale:
         _superseded(a, adir, restart, stale)
         return 0
+    if slot is not None:
+        _command_record(run_dir, adir, slot)
     protocol.set_aside(adir / protocol.EXIT_FILE)
     # A Slurm in-place rerun of this attempt (same token): the earlier run's completion or stop is not this one's.
     protocol.set_aside(adir / protocol.COMPLETE_FILE)
@@ -372,6 +387,35 @@ def main(argv: list[str] | None = None) -> int:
         return _attempt(a, run_dir, adir, restart, ballast)
     finally:
         ballast.release()  # never left behind, whatever ended the wrapper
+
+
+def _batch_slot(a: argparse.Namespace) -> protocol.GroupSlot | None:
+    """--batch/--task as a slot, only when well formed (the token becomes a path component)."""
+    if a.batch is None or a.task is None:
+        return None
+    if not protocol.is_group_token(a.batch) or a.task < 0:
+        print(f"orch wrapper: ignoring --batch {a.batch!r} --task {a.task}: not a batch token and index",
+              file=sys.stderr, flush=True)
+        return None
+    return protocol.GroupSlot(a.batch, a.task)
+
+
+def _command_record(run_dir: Path, adir: Path, slot: protocol.GroupSlot) -> None:
+    """The attempt's command.json from its batch's records, unless one is in place (a Slurm rerun in place)."""
+    if (adir / protocol.COMMAND_FILE).exists():
+        return
+    try:
+        records = protocol.read_json_bounded(protocol.batch_dir(run_dir, slot.token) / protocol.BATCH_RECORDS,
+                                             limit=64 << 20)
+        rec = records.get(str(slot.task)) if isinstance(records, dict) else None
+        if isinstance(rec, dict):
+            protocol.atomic_create(adir / protocol.COMMAND_FILE, json.dumps(rec, sort_keys=True) + "\n")
+            return
+        why = "no record for this task"
+    except (OSError, ValueError) as e:
+        why = str(e)
+    # Informative only (orch show: what the attempt ran and what its launch set aside): never worth not running.
+    print(f"orch wrapper: no {protocol.COMMAND_FILE} from batch {slot.token}: {why}", file=sys.stderr, flush=True)
 
 
 def _stale_fence(a: argparse.Namespace, adir: Path) -> str:

@@ -99,6 +99,9 @@ class SubmitSpec:
     # attempt's fence record names it and ``task``, so the group's one submitted record is found from the run
     # dir (issue 20: a record per task was a quarter of a 1,000-task sweep). None: a single submission.
     batch: str | None = None
+    # The launch left this attempt's command and fence records, and its ballast, in ``batch``'s dir
+    # (``protocol.BATCH_RECORDS``): the wrapper puts them in place when the task starts (issue 20).
+    records_in_batch: bool = False
 
     def job_environ(self) -> dict[str, str]:
         """The attempt's process environment before orch's own variables are added."""
@@ -120,6 +123,8 @@ class SubmitSpec:
                 "--warning-signal", self.warning_signal, "--umask", f"{self.umask:04o}"]
         if self.fence is not None:
             argv += ["--fence", str(self.fence)]
+        if self.records_in_batch and self.batch and self.task is not None:
+            argv += ["--batch", self.batch, "--task", str(self.task)]
         for g in self.outputs:
             argv += ["--outputs", g]
         if time_limit_s:

@@ -26,6 +26,7 @@ from orchestrator.protocol.durable import (  # noqa: F401 - the protocol's publi
     BadRecord,
     HashingWriter,
     SyncBatch,
+    atomic_create,
     atomic_write,
     atomic_write_json,
     finite_number,

@@ -117,6 +117,24 @@ def atomic_write_json(path: Path | str, obj: Any) -> None:
     atomic_write(path, json.dumps(obj, indent=1, sort_keys=True) + "\n")
 
 
+def atomic_create(path: Path | str, data: bytes | str) -> bool:
+    """``path`` made to hold ``data`` (durably, whole or not at all) only if no file has that name yet: False,
+    nothing changed, when one has. A tmp file, fsynced, is hard-linked to the name (``link`` never replaces),
+    so whoever writes ``path`` first wins and a reader never sees a prefix."""
+    path = Path(path)
+    tmp = path.with_name(tmp_name(path.name))
+    write_file_synced(tmp, [data.encode() if isinstance(data, str) else data])
+    try:
+        os.link(tmp, path, follow_symlinks=False)
+    except FileExistsError:
+        return False
+    finally:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+    fsync_dir(path.parent)
+    return True
+
+
 def sha256_file(path: Path, bufsize: int = 1 << 20) -> tuple[int, str]:
     """(size, sha256) of a regular file; a FIFO or device is refused (BadRecord), never read."""
     h = hashlib.sha256()

@@ -53,7 +53,19 @@ SLURM_SCRIPT = "job.sbatch"
 SLURM_SUBMITTED = "submitted.json"
 SLURM_OUTPUT_PATTERN = "slurm-%j.out"
 BATCHES_DIR = ".orch-batches"  # <runs root>/.orch-batches/<token>/: a group submission's files
+# A group launch's attempt records for tasks whose run dir it made (issue 20): each task's wrapper puts its own
+# command.json and fence.json in place from these when it starts, and takes its ballast from the batch's pool.
+BATCH_RECORDS = "records.json"
+BATCH_RESERVE = "exit.reserve"  # the batch's ballast pool: slot i (BALLAST_BYTES) is task i's until it starts
 MANIFEST = "manifest.json"
+
+
+def batch_dir(run_dir: Path, token: str) -> Path:
+    """``<runs root>/.orch-batches/<token>``: a group submission's files, beside its tasks' run dirs (inside the
+    runs root, and never a job's name: those start with a letter or digit)."""
+    return run_dir.parent / BATCHES_DIR / token
+
+
 FAULTS_FIRED = ".faults_fired.json"  # injected faults that already fired (fire at most once per run dir)
 TENSORBOARD_DIR = "tensorboard"  # one stable TensorBoard log dir for every attempt
 CHECKPOINT_RE = re.compile(r"^step-(\d{8})$")

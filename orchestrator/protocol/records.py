@@ -19,6 +19,7 @@ from typing import Any
 from orchestrator.protocol.durable import (
     MAX_DB_INT,
     SyncBatch,
+    atomic_create,
     atomic_write_json,
     finite_number,
     fsync_dir,
@@ -405,6 +406,14 @@ def write_fence(attempt_path: Path, token: str, fence: int, batch: SyncBatch | N
         atomic_write_json(attempt_path / FENCE_FILE, record)
 
 
+def claim_fence(attempt_path: Path, token: str, fence: int, group: GroupSlot) -> bool:
+    """A wrapper whose launch left its records in the batch (``BATCH_RECORDS``): its own claim's fence record
+    put in place only if the attempt dir has none yet. One a cancel (generation 0) or a re-claimer's launch
+    wrote first is kept, and the wrapper's check then finds its launch stale; False when one was there."""
+    record = {"token": token, "fence": fence, "at": now_iso(), "group": group.token, "task": group.task}
+    return atomic_create(attempt_path / FENCE_FILE, json.dumps(record, sort_keys=True) + "\n")
+
+
 @dataclass(frozen=True)
 class GroupSlot:
     """A group submission's token (``b`` + hex, a name inside the runs root) and one attempt's index in it."""
@@ -414,6 +423,11 @@ class GroupSlot:
 
 
 _GROUP_TOKEN = re.compile(r"b[0-9a-f]{8,64}")
+
+
+def is_group_token(value: object) -> bool:
+    """Whether ``value`` is a group submission's token (it becomes a path component: ``../x`` must not)."""
+    return isinstance(value, str) and _GROUP_TOKEN.fullmatch(value) is not None
 
 
 def read_fence(attempt_path: Path) -> tuple[str, int] | None:
@@ -429,7 +443,7 @@ def read_group_slot(attempt_path: Path) -> GroupSlot | None:
     submission, or a record that does not name a well-formed one (the token becomes a path: a forged
     ``../x`` must lead nowhere)."""
     r = _fence_record(attempt_path)
-    if r is None or not isinstance(r.get("group"), str) or not _GROUP_TOKEN.fullmatch(r["group"]) \
+    if r is None or not is_group_token(r.get("group")) \
             or not is_int(r.get("task")) or int(r["task"]) < 0:
         return None
     return GroupSlot(r["group"], int(r["task"]))

@@ -116,6 +116,63 @@ def test_a_batch_record_of_another_batch_is_not_believed(tmp_path: Path, fake: S
     assert fake.asked("squeue") == []
 
 
+def _waiting(root: Path, n: int, batch: str = BATCH) -> list[SubmitSpec]:
+    """Sweep tasks as the quick sweep leaves run dirs it made: nothing in them, their records in the batch."""
+    specs = []
+    for i in range(n):
+        s = SubmitSpec(job=f"sw.{i:04d}", attempt=1, token=f"tok{i}", run_dir=root / f"sw.{i:04d}", command=("true",),
+                       env={"ORCH_OVERRIDES": "{}"}, resources=Resources(extras={"partition": "spot"}), task=i,
+                       fence=1, batch=batch, records_in_batch=True)
+        s.run_dir.mkdir(parents=True)
+        specs.append(s)
+    (root / ".orch-batches" / batch).mkdir(parents=True)
+    (root / ".orch-batches" / batch / protocol.BATCH_RECORDS).write_text(json.dumps({str(i): {} for i in range(n)}))
+    return specs
+
+
+def test_a_pending_task_whose_records_wait_in_its_batch_is_found_from_its_run_dir(tmp_path: Path, fake: Slurm):
+    # Its run dir has no attempts/ until the task starts: the batches beside it are asked, one squeue for all.
+    specs = _waiting(tmp_path, 3)
+    slurm.SlurmBackend().submit_group(specs, BATCH, None)
+    assert "--batch" in json.loads((tmp_path / ".orch-batches" / BATCH / "tasks.json").read_text())["1"]["argv"]
+    fake.queue = f"77_1|orch-{BATCH}|PENDING|BeginTime\n77_2|orch-{BATCH}|RUNNING|None\n"
+    b = slurm.SlurmBackend()
+    assert b.live_in_run_dir(specs[1].run_dir) == ["Slurm job 77_1 (PENDING)"]
+    dirs = [s.run_dir for s in specs]
+    assert b.live_in_run_dirs(dirs) == {dirs[0]: [], dirs[1]: ["Slurm job 77_1 (PENDING)"],
+                                        dirs[2]: ["Slurm job 77_2 (RUNNING)"]}
+    assert len(fake.asked("squeue")) == 2  # one per call, not one per run dir
+    fake.queue = f"77_1|orch-{'b' + 'e' * 16}|PENDING|BeginTime\n"  # another batch's job under that id: not it
+    assert b.live_in_run_dir(specs[1].run_dir) == []
+
+
+def test_a_waiting_task_is_found_without_its_arrays_record_and_beside_the_ballast_of_a_non_punching_disk(
+        tmp_path: Path, fake: Slurm):
+    # The launcher stopped (kill -STOP) between sbatch and the array's submitted.json, and the DB was lost: the
+    # batch's job name still finds the task. And where the filesystem cannot punch holes, the launch gave the task
+    # an attempt dir holding only its ballast: no fence record there, so the batches are asked too.
+    specs = _waiting(tmp_path, 2)
+    slurm.SlurmBackend().submit_group(specs, BATCH, None)
+    (tmp_path / ".orch-batches" / BATCH / "submitted.json").unlink()
+    specs[0].attempt_dir.mkdir(parents=True)
+    (specs[0].attempt_dir / protocol.EXIT_RESERVE).write_bytes(b"\0" * 4096)
+    fake.queue = f"77_0|orch-{BATCH}|PENDING|BeginTime\n77_1|orch-{BATCH}|PENDING|BeginTime\n"
+    b = slurm.SlurmBackend()
+    assert b.live_in_run_dir(specs[0].run_dir) == ["Slurm job 77_0 (PENDING)"]
+    assert b.live_in_run_dirs([specs[1].run_dir]) == {specs[1].run_dir: ["Slurm job 77_1 (PENDING)"]}
+
+
+def test_a_run_dir_beside_no_waiting_batch_costs_no_squeue(tmp_path: Path, fake: Slurm):
+    # An empty run dir (made by hand, or a task's whose batch is gone) beside batches that left no records:
+    # nothing to ask the controller about.
+    specs = [_task(tmp_path, 0)]
+    slurm.SlurmBackend().submit_group(specs, BATCH, None)
+    (tmp_path / "empty").mkdir()
+    assert slurm.SlurmBackend().live_in_run_dirs([tmp_path / "empty", tmp_path / "absent"]) == {
+        tmp_path / "empty": [], tmp_path / "absent": []}
+    assert fake.asked("squeue") == []
+
+
 def test_real_paths_are_what_realpath_answers(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
     # The liveness scan resolves each run dir's parent once for all its siblings (issue 20): every case in which
     # that shortcut could differ from os.path.realpath, side by side.

@@ -34,6 +34,7 @@ class Arrays(Backend):
 
     def __init__(self) -> None:
         self.groups: list[list[str]] = []
+        self.specs: list = []  # every SubmitSpec submitted, as the scheduler got it
         self.batches: list[str] = []
         self.cancelled: list[list[str]] = []
         self.fail: Exception | None = None
@@ -45,6 +46,7 @@ class Arrays(Backend):
         if self.fail is not None:
             raise self.fail
         self.groups.append([s.job for s in specs])
+        self.specs += specs
         self.batches.append(batch_token)
         return {s.token: f"{len(self.groups)}_{s.task}" for s in specs}
 
@@ -75,6 +77,13 @@ def _req(name: str, n: int = 3) -> SweepRequest:
                         resources={"time_limit": "01:00:00"}, max_attempts=4, outputs=["model.pt"], throttle=2)
 
 
+def _start(spec, **kw) -> subprocess.CompletedProcess:  # noqa: ANN001
+    """The task started as its scheduler starts it: the wrapper's argv, in its run dir, with its environment."""
+    env = {**os.environ, **spec.env, "PYTHONPATH": str(ROOT)}
+    return subprocess.run(spec.wrapper_argv(sys.executable), cwd=spec.run_dir, env=env, capture_output=True,
+                          text=True, timeout=120, **kw)
+
+
 def _rows(db, sweep: str) -> list:  # noqa: ANN001
     with db.read() as s:
         sw = s.scalar(select(Sweep).where(Sweep.name == sweep))
@@ -96,8 +105,9 @@ def test_a_quick_sweep_writes_the_rows_the_sqlalchemy_path_writes(db, cfg, array
     assert out is not None and out.all_submitted and out.tasks == 3
     assert _rows(db, "quick") == _rows(db, "slow")
     assert arrays.groups == [["quick.0000", "quick.0001", "quick.0002"], ["slow.0000", "slow.0001", "slow.0002"]]
-    for i in range(3):  # each task's records in place, under its fence
-        assert (cfg.runs_root / f"quick.{i:04d}" / "attempts" / "1" / "fence.json").is_file()
+    for i in range(3):  # each task's records in place, under its fence (the quick path: once the task starts)
+        assert (cfg.runs_root / f"slow.{i:04d}" / "attempts" / "1" / "fence.json").is_file()
+        assert [s.records_in_batch for s in arrays.specs] == [True] * 3 + [False] * 3
 
 
 def test_each_tasks_fence_record_names_the_array_it_went_out_in_on_both_paths(db, cfg, arrays):
@@ -107,6 +117,9 @@ def test_each_tasks_fence_record_names_the_array_it_went_out_in_on_both_paths(db
 
     quicksweep.sweep(cfg, _req("quick"))
     submit_sweep(db, cfg, _req("slow"))
+    for spec in arrays.specs[:3]:  # the quick path's tasks put their records in place when they start
+        assert _start(spec).returncode == 2  # no train.py here: the program ran, and python said so (exit 2)
+        assert protocol.read_exit(spec.attempt_dir).returncode == 2
     for sweep, batch in zip(("quick", "slow"), arrays.batches, strict=True):
         for i in range(3):
             with db.read() as s:
@@ -115,16 +128,10 @@ def test_each_tasks_fence_record_names_the_array_it_went_out_in_on_both_paths(db
             assert slot == protocol.GroupSlot(batch, i) and recorded == batch, (sweep, i, slot, recorded)
 
 
-def test_a_reclaimed_task_whose_old_array_turns_up_is_adopted_under_that_arrays_pointer(db, cfg, arrays,
-                                                                                      monkeypatch):
-    # The sweep's launcher dies right after sbatch; the reconciler's first look-up misses the array, it
-    # re-claims each task (fence 2 in its record), and its second look-up finds the old array: each task is
-    # adopted, its fence record restored to generation 1 AND to the old array (the pointer live_in_run_dir
-    # follows), not left naming a batch that was never submitted.
+def _launcher_dies_after_sbatch(db, cfg, monkeypatch, req: SweepRequest) -> None:  # noqa: ANN001
+    """``req``'s quick sweep killed right after its sbatch (before it recorded the ids); its claims expire."""
     from datetime import timedelta
 
-    from orchestrator import protocol
-    from orchestrator.reconcile import reconcile_pass
     from orchestrator.states import utcnow
 
     class Died(BaseException):
@@ -135,11 +142,23 @@ def test_a_reclaimed_task_whose_old_array_turns_up_is_adopted_under_that_arrays_
 
     at_site(monkeypatch, "after_backend_submit", died)
     with pytest.raises(Died):
-        quicksweep.sweep(cfg, _req("a"))
+        quicksweep.sweep(cfg, req)
     monkeypatch.undo()
-    (old,) = arrays.batches
-    with db.write() as s:  # the dead launcher's claims expired
+    with db.write() as s:
         s.execute(update(Attempt).values(claimed_at=utcnow() - timedelta(hours=1)))
+
+
+def test_a_reclaimed_task_whose_old_array_turns_up_is_adopted_under_that_arrays_pointer(db, cfg, arrays,
+                                                                                      monkeypatch):
+    # The sweep's launcher dies right after sbatch; the reconciler's first look-up misses the array, it
+    # re-claims each task (fence 2 in its record), and its second look-up finds the old array: each task is
+    # adopted, its fence record restored to generation 1 AND to the old array (the pointer live_in_run_dir
+    # follows), not left naming a batch that was never submitted.
+    from orchestrator import protocol
+    from orchestrator.reconcile import reconcile_pass
+
+    _launcher_dies_after_sbatch(db, cfg, monkeypatch, _req("a"))
+    (old,) = arrays.batches
     looks: list[list[str]] = []
 
     def find_by_token(refs):  # noqa: ANN001, ANN202 - the pass's look-up misses it, the re-claim's finds it
@@ -246,11 +265,14 @@ def test_a_failed_group_submission_is_handled_as_launch_handles_it(db, cfg, arra
     assert not out.all_submitted
     with db.read() as s:
         attempts = [j.attempts[-1] for j in s.scalars(select(Job))]
+    pool = cfg.runs_root / ".orch-batches" / attempts[0].batch_token / "exit.reserve"
     if permanent:
         assert {a.state for a in attempts} == {AttemptState.FAILED}
+        assert not pool.exists()  # each task's end gave its room back (ending.finish)
     else:  # the claims stay: the reconciler looks the batch token up, then retries
         assert {a.state for a in attempts} == {AttemptState.LAUNCHING}
         assert all(a.detail.startswith("submission failed (will be retried)") for a in attempts)
+        assert pool.exists()  # the array may have gone out after all, and be adopted
 
 
 def test_a_taken_name_is_refused_with_nothing_written(db, cfg, arrays):
@@ -299,3 +321,109 @@ def test_a_task_cancelled_during_the_group_submission_is_stopped_before_the_slow
     assert states == {"g.0000": AttemptState.SUBMITTED, "g.0001": AttemptState.STOPPING,
                       "g.0002": AttemptState.SUBMITTED}
 
+
+
+# --- a run dir the quick sweep made: the task's records wait in its batch until the task starts -------------
+# Issue 20: attempts/, attempts/1, a ballast, command.json and fence.json per task were more filesystem work than
+# submitit's whole map_array. Each task's wrapper (the real one here, started as Slurm starts it) puts its records
+# in place; the claims below are what that must keep: the fence, a cancel, a re-claim, the ballast's room.
+
+def _writes(name: str, n: int = 3) -> SweepRequest:
+    return SweepRequest(name=name, command=["sh", "-c", "echo {lr} > model.pt"],
+                        params=[{"lr": 10.0 ** -i} for i in range(n)], backend="arrays",
+                        resources={"time_limit": "01:00:00"}, max_attempts=4, outputs=["model.pt"])
+
+
+def _pool(cfg, batch: str) -> Path:  # noqa: ANN001
+    from orchestrator import protocol
+
+    return cfg.runs_root / protocol.BATCHES_DIR / batch / protocol.BATCH_RESERVE
+
+
+def _slots_held(pool: Path) -> int:
+    from orchestrator.ballast import SLOT_BYTES
+
+    return pool.stat().st_blocks * 512 // SLOT_BYTES if pool.exists() else 0
+
+
+def test_a_started_task_puts_its_records_in_place_and_its_ballast_room_moves_from_the_batch(db, cfg, arrays):
+    import json
+
+    from orchestrator import protocol
+
+    out = quicksweep.sweep(cfg, _writes("w"))
+    assert out.all_submitted
+    (batch,) = arrays.batches
+    records = json.loads((cfg.runs_root / protocol.BATCHES_DIR / batch / protocol.BATCH_RECORDS).read_text())
+    assert sorted(records) == ["0", "1", "2"] and records["1"]["sweep_params"] == {"lr": 0.1}
+    for spec in arrays.specs:  # queued: a run dir and nothing in it; the batch holds each task's room
+        assert list(spec.run_dir.iterdir()) == []
+    assert _slots_held(_pool(cfg, batch)) == 3
+    spec = arrays.specs[1]
+    assert _start(spec).returncode == 0
+    adir = spec.attempt_dir
+    assert protocol.read_fence(adir) == (spec.token, 1)
+    assert protocol.read_group_slot(adir) == protocol.GroupSlot(batch, 1)
+    assert json.loads((adir / protocol.COMMAND_FILE).read_text()) == records["1"]
+    assert protocol.verify_done_marker(spec.run_dir).verified
+    assert not (adir / protocol.EXIT_RESERVE).exists()  # its own ballast, given back at its end
+    assert _slots_held(_pool(cfg, batch)) == 2  # its slot given back when it took its own
+    for spec in (arrays.specs[0], arrays.specs[2]):
+        assert _start(spec).returncode == 0
+    assert not _pool(cfg, batch).exists()  # no slot held: the pool file goes
+
+
+def test_a_task_cancelled_before_its_wrapper_started_runs_nothing_when_it_does(db, cfg, arrays, monkeypatch):
+    # The array task may start before the launcher's record stops it: the cancel's fence (generation 0) must be in
+    # place before the wrapper's own, although the launch made no attempt dir (stop.revoke_launch makes it).
+    from orchestrator import protocol
+    from orchestrator.stop import cancel
+
+    at_site(monkeypatch, "after_backend_submit", lambda: cancel(db, cfg, ["g.0001"]))
+    quicksweep.sweep(cfg, _writes("g"))
+    (batch,) = arrays.batches
+    spec = arrays.specs[1]
+    assert _start(spec).returncode == 0
+    assert (spec.attempt_dir / protocol.SUPERSEDED_FILE).is_file()
+    assert not (spec.run_dir / "model.pt").exists() and not protocol.verify_done_marker(spec.run_dir).verified
+    assert _slots_held(_pool(cfg, batch)) == 2  # nobody runs under its slot: given back
+
+
+def test_a_task_relaunched_by_a_reclaimer_runs_once_whichever_array_starts_it(db, cfg, arrays, monkeypatch):
+    # The sweep's launcher dies right after sbatch; the reconciler does not find that array and relaunches each
+    # task in a new one. Both arrays exist: the first one's wrappers must run nothing, the second one's run.
+    from orchestrator import protocol
+    from orchestrator.reconcile import reconcile_pass
+
+    _launcher_dies_after_sbatch(db, cfg, monkeypatch, _writes("a"))
+    for mod in ("orchestrator.sweep", "orchestrator.launch"):
+        monkeypatch.setattr(f"{mod}.get_backend", lambda _name: arrays)
+    reconcile_pass(db, cfg, backend_for=lambda _name: arrays)
+    old, new = arrays.batches
+    assert len(arrays.specs) == 6 and not _pool(cfg, old).exists()  # the relaunch gave the old batch's room back
+    for first, second in zip(arrays.specs[:3], arrays.specs[3:], strict=True):
+        assert _start(first).returncode == 0 and (first.attempt_dir / protocol.SUPERSEDED_FILE).is_file()
+        assert not (first.run_dir / "model.pt").exists()
+        assert _start(second).returncode == 0 and protocol.verify_done_marker(second.run_dir).verified
+        assert protocol.read_group_slot(second.attempt_dir) == protocol.GroupSlot(new, second.task)
+
+
+def test_where_no_slot_of_a_pool_can_be_freed_each_task_gets_its_own_ballast_at_launch(db, cfg, arrays,
+                                                                                       monkeypatch):
+    # A filesystem without hole punching (said by fallocate's EOPNOTSUPP, faked here: the dev machine's all punch)
+    # could never give a started task's slot back: the pool would hold the whole batch's room until its end.
+    import errno
+
+    from orchestrator import ballast, protocol
+
+    def cannot(*_a):  # noqa: ANN002, ANN202
+        raise OSError(errno.EOPNOTSUPP, "Operation not supported")
+
+    monkeypatch.setattr(ballast, "_punch", cannot)
+    assert quicksweep.sweep(cfg, _writes("np")).all_submitted
+    (batch,) = arrays.batches
+    assert not _pool(cfg, batch).exists()
+    for spec in arrays.specs:
+        assert (spec.attempt_dir / protocol.EXIT_RESERVE).stat().st_blocks * 512 >= ballast.BALLAST_BYTES
+        assert not (spec.attempt_dir / protocol.FENCE_FILE).exists()  # its records still wait in the batch
+    assert _start(arrays.specs[0]).returncode == 0 and protocol.verify_done_marker(arrays.specs[0].run_dir).verified

@@ -77,6 +77,7 @@ from orchestrator.backends.slurm.sbatch import (
     ARRAY_OUTPUT_PATTERN,
     ARRAY_TASKS_FILE,
     FIND_HISTORY,
+    JOB_NAME_PREFIX,
     OUTPUT_PATTERN,
     QUERY_TIMEOUT_S,
     SCRIPT_NAME,
@@ -377,6 +378,12 @@ class SlurmBackend(Backend):
             attempt_dirs = [d for d in root.iterdir() if d.name.isdigit()] if root.is_dir() else []
         except OSError:
             return []
+        # A task whose records still wait in its batch (launchprep.BatchRecords) has no attempt dir, or one with
+        # only the ballast its launch gave it (a filesystem without hole punching): looked up in the batches.
+        waiting = not attempt_dirs or any(protocol.read_fence(d) is None
+                                          and not (d / SLURM_DIR / protocol.SLURM_SUBMITTED).exists()
+                                          for d in attempt_dirs)
+        found = self._waiting_in_batches(run_dir.parent, [run_dir])[run_dir] if waiting else []
         arrays: dict[str, str | None] = {}
         for d in attempt_dirs:
             try:
@@ -395,13 +402,81 @@ class SlurmBackend(Backend):
                 if arrays[slot.token] is not None:
                     ids[f"{arrays[slot.token]}_{slot.task}"] = slot.token
         if not ids:
-            return []
+            return found
         live = self._squeue(list(ids))
         if live is None:
-            return [f"Slurm job(s) {','.join(ids)} (squeue could not be asked)"]
-        return [f"Slurm job {jid} ({st})" for jid, (name, st, _r) in live.items()
-                if jid in ids and name == job_name_for(ids[jid])
-                and slurm_states.phase_of(st) in (Phase.PENDING, Phase.RUNNING)]
+            return [*found, f"Slurm job(s) {','.join(ids)} (squeue could not be asked)"]
+        return [*found, *(f"Slurm job {jid} ({st})" for jid, (name, st, _r) in live.items()
+                          if jid in ids and name == job_name_for(ids[jid])
+                          and slurm_states.phase_of(st) in (Phase.PENDING, Phase.RUNNING))]
+
+    def live_in_run_dirs(self, run_dirs: Sequence[Path]) -> dict[Path, list[str]]:
+        """``live_in_run_dir`` of each; a run dir with no attempt dir yet may be an array task whose records
+        wait in its batch until it starts (``launchprep.BatchRecords``): those are looked up in the batches
+        beside them whose arrays the controller still lists, one squeue call per runs root."""
+        out: dict[Path, list[str]] = {}
+        waiting: dict[Path, list[Path]] = {}
+        for d in run_dirs:
+            if (d / protocol.ATTEMPTS_DIR).is_dir():
+                out[d] = self.live_in_run_dir(d)
+            elif d.is_dir():
+                waiting.setdefault(d.parent, []).append(d)
+            else:
+                out[d] = []
+        for parent, dirs in waiting.items():
+            out.update(self._waiting_in_batches(parent, dirs))
+        return out
+
+    def _waiting_in_batches(self, parent: Path, run_dirs: list[Path]) -> dict[Path, list[str]]:
+        """Array tasks the controller lists as pending or running, of the batches beside ``run_dirs`` that left
+        records for their tasks, whose task table names one of them: one squeue call by the batches' job names
+        (``orch-<token>``), so a batch whose ``submitted.json`` was never written (its launcher stopped right
+        after sbatch) is found too."""
+        out: dict[Path, list[str]] = {d: [] for d in run_dirs}
+        root = parent / protocol.BATCHES_DIR
+        try:
+            tokens = [e.name for e in os.scandir(root) if protocol.is_group_token(e.name)
+                      and os.path.isfile(os.path.join(e.path, protocol.BATCH_RECORDS))]
+        except OSError:
+            return out
+        if not tokens:
+            return out
+        live = self._squeue_names([job_name_for(t) for t in tokens])
+        if live is None:
+            return {d: [f"Slurm arrays of batches {','.join(tokens)} (squeue could not be asked)"] for d in run_dirs}
+        by_batch: dict[str, dict[str, str]] = {}  # token -> task index -> "<array>_<task> (STATE)"
+        for jid, (name, st, _r) in live.items():
+            array, _, task = jid.partition("_")
+            if task.isdigit() and name.startswith(JOB_NAME_PREFIX) \
+                    and slurm_states.phase_of(st) in (Phase.PENDING, Phase.RUNNING):
+                by_batch.setdefault(name[len(JOB_NAME_PREFIX):], {})[task] = f"Slurm job {jid} ({st})"
+        index = {str(d): d for d in run_dirs}
+        for t, tasks_live in by_batch.items():
+            if t not in tokens:
+                continue
+            try:
+                tasks = protocol.read_json_bounded(root / t / ARRAY_TASKS_FILE, limit=256 << 20)
+            except (OSError, ValueError):
+                tasks = None
+            for i, task in (tasks.items() if isinstance(tasks, dict) else ()):
+                d = index.get(task.get("run_dir")) if isinstance(task, dict) else None
+                if d is not None and i in tasks_live:
+                    out[d].append(tasks_live[i])
+        return out
+
+    def _squeue_names(self, names: Sequence[str]) -> dict[str, tuple[str, str, str]] | None:
+        """Controller's view of the jobs named ``names`` (one call, each array task on its own line); None
+        when squeue cannot be asked."""
+        try:
+            p = _run(["squeue", "-h", "-r", "-t", "all", "-n", ",".join(sorted(names)), "-o",
+                      slurm_states.SQUEUE_FORMAT], self.query_timeout_s)
+        except (OSError, subprocess.TimeoutExpired):
+            self.query_failures += 1
+            return None
+        if p.returncode != 0:
+            self.query_failures += 1
+            return None
+        return slurm_states.parse_squeue(p.stdout)
 
     def find_by_token(self, refs: Sequence[AttemptRef]) -> dict[str, str]:
         """token -> Slurm job id by job name ``orch-<token>``: one sacct call, squeue for the rest.
