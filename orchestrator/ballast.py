@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import errno
 import os
+import stat
 from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import TypeVar
@@ -96,12 +97,17 @@ def reserve_pool(path: Path, slots: Iterable[int], size: int = SLOT_BYTES) -> bo
 
 def release_slot(path: Path, slot: int, size: int = SLOT_BYTES) -> None:
     """Give slot ``slot`` of the pool at ``path`` back (again: nothing happens); the file goes once less than one
-    slot's blocks are left in it. Best effort: a pool that is gone, or will not punch, is left as it is."""
+    slot's blocks are left in it. Best effort: a pool that is gone, or will not punch, is left as it is, and so
+    is anything that is not a pool orch made: a FIFO there hung every reconcile pass in this open, and a hard
+    link to another file had that file's bytes zeroed (hostile test)."""
     try:
-        fd = os.open(path, os.O_WRONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+        fd = os.open(path, os.O_WRONLY | os.O_NONBLOCK | os.O_NOFOLLOW | os.O_CLOEXEC)
     except OSError:
         return
     try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode) or st.st_nlink != 1 or st.st_uid != os.geteuid():
+            return
         _punch(fd, slot * size, size)
         if os.fstat(fd).st_blocks * 512 < size:
             os.unlink(path)
@@ -109,6 +115,18 @@ def release_slot(path: Path, slot: int, size: int = SLOT_BYTES) -> None:
         pass
     finally:
         os.close(fd)
+
+
+def give_back(run_dir: Path, token: str, task: int) -> None:
+    """Task ``task``'s slot in the pool of batch ``token`` beside ``run_dir``, given back; a pool reached through
+    a symlink (or a token that is none) is never touched."""
+    from orchestrator import protocol
+
+    try:
+        pool = protocol.batch_file(run_dir.parent, token, protocol.BATCH_RESERVE)
+    except protocol.UnsafePath:
+        return
+    release_slot(pool, task)
 
 
 class Ballast:

@@ -17,7 +17,7 @@ from sqlalchemy.orm import selectinload
 
 from orchestrator import protocol, testhooks
 from orchestrator.backends.base import AttemptRef, Outcome
-from orchestrator.ballast import release_slot
+from orchestrator.ballast import give_back
 from orchestrator.classify import classify
 from orchestrator.config import Config
 from orchestrator.db import Database
@@ -129,8 +129,8 @@ def finish(db: Database, cfg: Config, attempt_id: int, ev: Evidence | None, rep:
 def _release_batch_slot(job: Job, a: Attempt) -> None:
     """The room its group launch held for the attempt's ballast (``launchprep.BatchRecords``), given back: a
     task that never started never took it (a wrapper that started gave it back then)."""
-    if a.batch_token and job.task_index is not None and protocol.is_group_token(a.batch_token):
-        release_slot(protocol.batch_dir(Path(job.run_dir), a.batch_token) / protocol.BATCH_RESERVE, job.task_index)
+    if a.batch_token and job.task_index is not None:
+        give_back(Path(job.run_dir), a.batch_token, job.task_index)
 
 
 def _stale_of(a: Attempt) -> Stale | None:

@@ -40,7 +40,7 @@ from sqlalchemy import update
 from orchestrator import protocol, testhooks
 from orchestrator.backends import get_backend
 from orchestrator.backends.base import AttemptRef, Backend, BackendError, SubmitSpec
-from orchestrator.ballast import release_slot
+from orchestrator.ballast import give_back
 from orchestrator.claimkeeper import ClaimKeeper, launch_grace_s
 from orchestrator.config import Config
 from orchestrator.db import Database
@@ -460,8 +460,8 @@ def _mark_batch(db: Database, attempt_ids: list[int], batch: str) -> set[int]:
         move_many(s, moves)
         marked = {m.row.id for m in moves}
     for run_dir, old, task in earlier:
-        if task is not None and protocol.is_group_token(old):
-            release_slot(protocol.batch_dir(Path(run_dir), old) / protocol.BATCH_RESERVE, task)
+        if task is not None:
+            give_back(Path(run_dir), old, task)
     return marked
 
 

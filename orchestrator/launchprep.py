@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from orchestrator import protocol, resumestate, testhooks
-from orchestrator.backends.base import SubmitSpec
+from orchestrator.backends.base import SubmissionRefused, SubmitSpec
 from orchestrator.ballast import allocate as allocate_ballast
 from orchestrator.ballast import reserve_pool
 from orchestrator.config import Config
@@ -158,20 +158,24 @@ def _command_record(spec: SubmitSpec, backend_name: str, moved: list[str], why: 
 
 
 def write_batch_records(run_dir: Path, in_batch: BatchRecords, batch: protocol.SyncBatch) -> None:
-    """The batch's records file, in place (and durable) once ``batch`` commits."""
-    d = protocol.batch_dir(run_dir, in_batch.token)
-    d.mkdir(mode=0o700, parents=True, exist_ok=True)
+    """The batch's records file, in place (and durable) once ``batch`` commits. Raises UnsafePath for a batch dir
+    that is a symlink (or under one), OSError."""
+    d = protocol.make_batch_dir(run_dir.parent, in_batch.token)
     batch.write(d / protocol.BATCH_RECORDS, json.dumps(in_batch.records, sort_keys=True, separators=(",", ":")))
 
 
 def reserve_batch_ballast(specs: list[SubmitSpec]) -> None:
     """Right before the group's submission: the ballast of every member whose records wait in the batch, as one
     pool in the batch dir, or each its own where the filesystem cannot free one slot of a pool. Raises the
-    OSError (ENOSPC: this launch fails as enospc, never ran, as a member's own ballast failing did)."""
+    OSError (ENOSPC: this launch fails as enospc, never ran, as a member's own ballast failing did), or
+    SubmissionRefused for a batch dir that is a symlink."""
     waiting = [s for s in specs if s.records_in_batch and s.batch and s.task is not None]
     if not waiting:
         return
-    pool = protocol.batch_dir(waiting[0].run_dir, waiting[0].batch) / protocol.BATCH_RESERVE
+    try:
+        pool = protocol.batch_file(waiting[0].run_dir.parent, waiting[0].batch, protocol.BATCH_RESERVE)
+    except protocol.UnsafePath as e:  # the batch dir became a symlink since its records were written
+        raise SubmissionRefused(f"refusing the batch dir: {e}") from None
     if reserve_pool(pool, [s.task for s in waiting]):  # type: ignore[misc]
         return
     for s in waiting:  # no hole punching here: per task, in the attempt dir its wrapper adopts it from

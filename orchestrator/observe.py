@@ -13,7 +13,7 @@ from __future__ import annotations
 import contextlib
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
@@ -96,6 +96,12 @@ def observe(db: Database, cfg: Config, backend: Callable[[str], Backend], rows: 
         rep.polled += len(items)
         for r in items:
             out = outcomes.get(r.token) or Outcome(Phase.UNKNOWN, reason="backend did not answer")
+            if out.phase is Phase.UNKNOWN and out.not_live and r.state is A.STOPPING \
+                    and r.stop_reason is StopReason.CANCEL:
+                # Cancelled before it started: Slurm drops a pending array task from its array and never accounts
+                # it, and the attempt stayed `stopping` (its job `cancelled`) for good (hostile test). orch asked
+                # for this end and the scheduler shows the job neither live nor accounted: it is over.
+                out = replace(out, phase=Phase.VANISHED, reason="cancelled before it started (" + out.reason + ")")
             if out.phase is Phase.UNKNOWN:
                 rep.unknown += 1
                 if out.reason:

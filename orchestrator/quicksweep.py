@@ -181,6 +181,12 @@ def _launch(db: QuickDB, cfg: Config, req: SweepRequest, backend: Backend, held:
         except OSError as e:
             _slow().group_write_failed(slow_db(cfg), cfg, ready, results, e)
             ready = []
+        except protocol.UnsafePath as e:  # a symlinked batch dir: refused, as a symlinked attempts/ is
+            batch.abort()
+            for h in ready:
+                results[h.name] = _handled(lambda e=e, h=h: _slow().prepare_failed(slow_db(cfg), cfg, h.name,
+                                                                                     h.attempt_id, e))
+            ready = []
         testhooks.site("before_backend_submit")
     ready = _check_claims(db, cfg, ready, results)
     testhooks.site("fence_checked")

@@ -60,7 +60,7 @@ import time
 from pathlib import Path
 
 from orchestrator import memlimit, protocol, rankend, ranks, spotnotice, testhooks
-from orchestrator.ballast import Ballast, release_slot
+from orchestrator.ballast import Ballast, give_back
 from orchestrator.cmdline import parse_with_command
 
 FORWARDED = (signal.SIGTERM, signal.SIGUSR2, signal.SIGINT, signal.SIGUSR1)
@@ -362,7 +362,13 @@ def main(argv: list[str] | None = None) -> int:
     slot = _batch_slot(a)
     if slot is not None:  # the launch left this attempt's records in its batch, and its ballast's room
         # Given back first: on a disk that filled while the task was queued, what follows is made in that room.
-        release_slot(protocol.batch_dir(run_dir, slot.token) / protocol.BATCH_RESERVE, slot.task)
+        give_back(run_dir, slot.token, slot.task)
+        try:  # no launch made attempts/<n> under its checks: a symlink planted in the empty run dir is refused
+            protocol.resolve_inside(run_dir, f"{protocol.ATTEMPTS_DIR}/{a.attempt}")
+        except protocol.UnsafePath as e:
+            print(f"orch wrapper: refusing to write through {run_dir}: {e}; the program was not run",
+                  file=sys.stderr, flush=True)
+            return 2
     adir.mkdir(parents=True, exist_ok=True)
     restart = int(os.environ.get("SLURM_RESTART_COUNT", "0") or 0)
     if slot is not None and a.fence is not None:
@@ -405,14 +411,14 @@ def _command_record(run_dir: Path, adir: Path, slot: protocol.GroupSlot) -> None
     if (adir / protocol.COMMAND_FILE).exists():
         return
     try:
-        records = protocol.read_json_bounded(protocol.batch_dir(run_dir, slot.token) / protocol.BATCH_RECORDS,
+        records = protocol.read_json_bounded(protocol.batch_file(run_dir.parent, slot.token, protocol.BATCH_RECORDS),
                                              limit=64 << 20)
         rec = records.get(str(slot.task)) if isinstance(records, dict) else None
         if isinstance(rec, dict):
             protocol.atomic_create(adir / protocol.COMMAND_FILE, json.dumps(rec, sort_keys=True) + "\n")
             return
         why = "no record for this task"
-    except (OSError, ValueError) as e:
+    except (OSError, ValueError, protocol.UnsafePath) as e:
         why = str(e)
     # Informative only (orch show: what the attempt ran and what its launch set aside): never worth not running.
     print(f"orch wrapper: no {protocol.COMMAND_FILE} from batch {slot.token}: {why}", file=sys.stderr, flush=True)

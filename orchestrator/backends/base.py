@@ -96,8 +96,8 @@ class SubmitSpec:
     # ``Capabilities.node_exclusion`` is set is ever given any.
     exclude_nodes: tuple[str, ...] = ()
     # The group submission (a Slurm array) this launch goes out in, chosen before the run dir is prepared: the
-    # attempt's fence record names it and ``task``, so the group's one submitted record is found from the run
-    # dir (issue 20: a record per task was a quarter of a 1,000-task sweep). None: a single submission.
+    # attempt's fence record names it and ``task``, and the group gets one submitted record, not one per task
+    # (issue 20: a record per task was a quarter of a 1,000-task sweep). None: a single submission.
     batch: str | None = None
     # The launch left this attempt's command and fence records, and its ballast, in ``batch``'s dir
     # (``protocol.BATCH_RECORDS``): the wrapper puts them in place when the task starts (issue 20).
@@ -174,6 +174,10 @@ class Outcome:
     # restart; None where it gave no cause). The scheduler's account wins over the class the program guessed
     # from the stop signal it saw: a node failure Slurm reran in place was shown as a preemption (issue 18).
     restart_causes: tuple[FailureClass | None, ...] = ()
+    # UNKNOWN although the scheduler was asked: its live view does not list it as pending or running (not at all,
+    # or ended) and its accounting has no record. All Slurm leaves of a pending array task cancelled before it
+    # started (dropped from its array, never accounted).
+    not_live: bool = False
 
 
 class BackendError(RuntimeError):

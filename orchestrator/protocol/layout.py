@@ -60,12 +60,6 @@ BATCH_RESERVE = "exit.reserve"  # the batch's ballast pool: slot i (BALLAST_BYTE
 MANIFEST = "manifest.json"
 
 
-def batch_dir(run_dir: Path, token: str) -> Path:
-    """``<runs root>/.orch-batches/<token>``: a group submission's files, beside its tasks' run dirs (inside the
-    runs root, and never a job's name: those start with a letter or digit)."""
-    return run_dir.parent / BATCHES_DIR / token
-
-
 FAULTS_FIRED = ".faults_fired.json"  # injected faults that already fired (fire at most once per run dir)
 TENSORBOARD_DIR = "tensorboard"  # one stable TensorBoard log dir for every attempt
 CHECKPOINT_RE = re.compile(r"^step-(\d{8})$")

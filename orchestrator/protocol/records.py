@@ -6,6 +6,7 @@ returns None (or drops the field) rather than trusting it.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -29,6 +30,7 @@ from orchestrator.protocol.durable import (
 )
 from orchestrator.protocol.layout import (
     ATTEMPTS_DIR,
+    BATCHES_DIR,
     CHECKPOINTS_DIR,
     COMMAND_FILE,
     COMPLETE_FILE,
@@ -50,6 +52,7 @@ from orchestrator.protocol.layout import (
     UnsafePath,
     attempt_dir,
     now_iso,
+    resolve_inside,
     safe_relpath,
 )
 
@@ -395,8 +398,8 @@ def write_fence(attempt_path: Path, token: str, fence: int, batch: SyncBatch | N
                 group: GroupSlot | None = None) -> None:
     """Record which launch claim of the attempt is the current one (atomic: a wrapper reads the old
     record or the new one, never a torn one). ``batch``: in place only once the batch commits. ``group``:
-    the group submission (a Slurm array) this claim's launch goes out in, and the attempt's index in it,
-    so that the group's one submitted record names this attempt's scheduler job (``read_group_slot``)."""
+    the group submission (a Slurm array) this claim's launch goes out in, and the attempt's index in it (for
+    people and tools reading the run dir, ``read_group_slot``; orch finds a task's job from its batch's table)."""
     record: dict[str, Any] = {"token": token, "fence": fence, "at": now_iso()}
     if group is not None:
         record["group"], record["task"] = group.token, group.task
@@ -428,6 +431,31 @@ _GROUP_TOKEN = re.compile(r"b[0-9a-f]{8,64}")
 def is_group_token(value: object) -> bool:
     """Whether ``value`` is a group submission's token (it becomes a path component: ``../x`` must not)."""
     return isinstance(value, str) and _GROUP_TOKEN.fullmatch(value) is not None
+
+
+def batch_file(runs_root: Path, token: str, name: str) -> Path:
+    """``<runs root>/.orch-batches/<token>/<name>``, or UnsafePath when the token is not one or a component is a
+    symlink: a symlinked batch dir (or a linked file) led orch's writes and hole punching outside the runs root
+    (hostile test)."""
+    if not is_group_token(token):
+        raise UnsafePath(f"not a batch token: {token!r}")
+    return resolve_inside(runs_root, f"{BATCHES_DIR}/{token}/{name}")
+
+
+def make_batch_dir(runs_root: Path, token: str) -> Path:
+    """The batch dir, made (0700) where missing, each component checked to be no symlink before anything is made
+    under it; UnsafePath otherwise."""
+    if not is_group_token(token):
+        raise UnsafePath(f"not a batch token: {token!r}")
+    os.makedirs(runs_root, exist_ok=True)
+    d = runs_root
+    for part in (BATCHES_DIR, token):
+        d = d / part
+        with contextlib.suppress(FileExistsError):
+            os.mkdir(d, 0o700)
+        if d.is_symlink() or not d.is_dir():
+            raise UnsafePath(f"{d} is not a directory of orch's (a symlink or a file)")
+    return d
 
 
 def read_fence(attempt_path: Path) -> tuple[str, int] | None:

@@ -68,7 +68,7 @@ def test_a_started_wrapper_on_a_full_disk_still_records_its_end(tmp_path: Path):
         run = mnt / "runs" / "t.0000"
         run.mkdir(parents=True)
         batch = "b" + "1" * 16
-        bdir = protocol.batch_dir(run, batch)
+        bdir = run.parent / protocol.BATCHES_DIR / batch
         bdir.mkdir(parents=True)
         (bdir / protocol.BATCH_RECORDS).write_text(json.dumps({"0": {"argv": ["sh"], "token": "tok"}}))
         assert reserve_pool(bdir / protocol.BATCH_RESERVE, [0])
@@ -129,3 +129,54 @@ def test_a_forged_batch_argument_leads_the_wrapper_nowhere(tmp_path: Path):
     assert "ignoring --batch" in p.stderr, p.stderr
     assert (tmp_path / "x" / "exit.reserve").read_bytes() == b"keep" * 1024
     assert p.returncode == 0 and (run / "attempts" / "1" / "superseded.json").is_file()  # no fence: ran nothing
+
+
+def test_giving_a_slot_back_never_blocks_on_a_fifo_nor_touches_a_linked_or_outside_file(tmp_path: Path):
+    """Hostile test: a FIFO planted as the pool hung every reconcile pass (the task's end gives its slot back);
+    a hard link to another file, or a symlinked batch dir, had that file's bytes zeroed."""
+    import threading
+
+    from orchestrator import protocol
+    from orchestrator.ballast import give_back
+
+    batch = "b" + "3" * 16
+    run = tmp_path / "runs" / "t.0000"
+    bdir = run.parent / protocol.BATCHES_DIR / batch
+    bdir.mkdir(parents=True)
+    os.mkfifo(bdir / protocol.BATCH_RESERVE)
+    t = threading.Thread(target=give_back, args=(run, batch, 0), daemon=True)
+    t.start()
+    t.join(60)
+    assert not t.is_alive(), "blocked opening a FIFO"
+    (bdir / protocol.BATCH_RESERVE).unlink()
+    victim = tmp_path / "victim.bin"
+    data = os.urandom(2 * SLOT_BYTES)
+    victim.write_bytes(data)
+    os.link(victim, bdir / protocol.BATCH_RESERVE)
+    give_back(run, batch, 0)
+    assert victim.read_bytes() == data
+    (bdir / protocol.BATCH_RESERVE).unlink()
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    (outside / protocol.BATCH_RESERVE).write_bytes(data)
+    bdir.rmdir()
+    bdir.symlink_to(outside)
+    give_back(run, batch, 0)
+    assert (outside / protocol.BATCH_RESERVE).read_bytes() == data
+
+
+def test_a_queued_tasks_wrapper_refuses_a_symlinked_attempts_dir_and_writes_nothing_through_it(tmp_path: Path):
+    """Hostile test: with the run dir empty while queued, a symlink planted as attempts/ had the wrapper write the
+    attempt's records, logs and exit record outside the runs root, then run the program."""
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    run = tmp_path / "runs" / "t.0000"
+    run.mkdir(parents=True)
+    (run / "attempts").symlink_to(outside)
+    argv = [PY, "-m", "orchestrator.wrapper", "--run-dir", str(run), "--job", "t.0000", "--attempt", "1",
+            "--token", "tok", "--fence", "1", "--batch", "b" + "4" * 16, "--task", "0", "--",
+            "sh", "-c", "echo ran > ran.txt"]
+    p = subprocess.run(argv, cwd=run, env={**os.environ, "PYTHONPATH": str(ROOT)}, capture_output=True,
+                       text=True, timeout=120)
+    assert p.returncode == 2 and "refusing to write through" in p.stderr, (p.returncode, p.stderr)
+    assert list(outside.iterdir()) == [] and not (run / "ran.txt").exists()

@@ -240,9 +240,10 @@ def test_a_sweep_larger_than_the_clusters_max_array_size_is_refused_before_anyth
 
 
 def test_a_pending_array_task_keeps_its_run_dir_after_the_db_is_lost(orch, cleanup):  # noqa: ANN001
-    # Issue 20 records an array's submission once, in its batch dir; each task's fence.json points to it. A DB
-    # lost while the array waits (held here by --begin): resubmitting the sweep, or one of its tasks, must still
-    # see the pending task in its run dir (a second run of the same job would start beside it, issue 9).
+    # Issue 20: a queued task's run dir stays empty (its records wait in its batch) and the array's submission is
+    # recorded once, in its batch dir. A DB lost while the array waits (held here by --begin): resubmitting the
+    # sweep, or one of its tasks, must still see the pending task in its run dir, found from the batch's task
+    # table by the array's job name (a second run of the same job would start beside it, issue 9).
     assert orch("status").returncode == 0  # the DB exists: the quick path, as users' sweeps take it
     p = orch("sweep", "--name", "held", "--backend", "slurm", "--partition", "spot", "--cpus-per-task", "1",
              "--mem", "50M", "--sbatch-arg=--begin=now+7days", "--grid", "i=0,1,2", "--", "true")
@@ -251,7 +252,7 @@ def test_a_pending_array_task_keeps_its_run_dir_after_the_db_is_lost(orch, clean
     array = exts["held.0001"].split("_")[0]
     cleanup.append(array)
     assert exts == {f"held.{i:04d}": f"{array}_{i}" for i in range(3)}, exts
-    assert not list(orch.runs.glob("held.*/attempts/1/slurm"))  # no per-task record: the batch holds it
+    assert all(not any((orch.runs / f"held.{i:04d}").iterdir()) for i in range(3))  # the batch holds it all
     for f in orch.home.glob("orch.db*"):  # the DB is lost; the runs root and the held array are not
         f.unlink()
     p = orch("submit", "--name", "held.0001", "--backend", "slurm", "--partition", "spot", "--", "true")
@@ -273,3 +274,36 @@ def test_a_pending_array_task_keeps_its_run_dir_after_the_db_is_lost(orch, clean
              "--sbatch-arg=--begin=now+7days", "--", "true")
     assert p.returncode == 0, p.stdout + p.stderr  # nothing live there any more: the run dir is usable
     cleanup.append(orch.show("held.0001")["attempts"][-1]["external_id"])
+
+
+def _attempt_state(orch, name: str) -> str:  # noqa: ANN001
+    return orch.show(name)["attempts"][-1]["state"]
+
+
+def test_a_task_cancelled_while_queued_settles_and_gives_its_room_back(orch, cleanup):  # noqa: ANN001
+    # Hostile test: Slurm drops a pending array task cancelled on its own from its array and never accounts it, so
+    # `orch cancel` left the attempt `stopping` (the job not requeueable, "still stopping") for good, and the batch
+    # kept the task's slot of disk. A whole array cancelled while pending is listed as CANCELLED, then dropped.
+    from orchestrator.ballast import SLOT_BYTES
+
+    assert orch("status").returncode == 0
+    p = orch("sweep", "--name", "cq", "--backend", "slurm", "--partition", "spot", "--cpus-per-task", "1",
+             "--mem", "50M", "--sbatch-arg=--begin=now+7days", "--grid", "i=0,1,2", "--", "true")
+    assert p.returncode == 0, p.stdout + p.stderr
+    array = orch.show("cq.0000")["attempts"][-1]["external_id"].split("_")[0]
+    cleanup.append(array)
+    (pool,) = orch.runs.glob(".orch-batches/*/exit.reserve")
+    assert pool.stat().st_blocks * 512 // SLOT_BYTES == 3
+    assert orch("cancel", "cq.0001").returncode == 0
+    t0 = time.time()
+    while _attempt_state(orch, "cq.0001") != "cancelled":
+        assert time.time() - t0 < 120, orch.show("cq.0001")
+        orch("reconcile", check=True)
+    assert pool.stat().st_blocks * 512 // SLOT_BYTES == 2
+    assert _attempt_state(orch, "cq.0000") == "submitted"
+    assert orch("cancel", "cq.0000", "cq.0002").returncode == 0
+    t0 = time.time()
+    while {_attempt_state(orch, f"cq.{i:04d}") for i in (0, 2)} != {"cancelled"}:
+        assert time.time() - t0 < 120, orch.json("status")
+        orch("reconcile", check=True)
+    assert not pool.exists()

@@ -1,8 +1,9 @@
-"""Issue 20: a Slurm array's submission is recorded once, in its batch dir, not once per task; each task's fence
-record names the batch and the task's index. ``SlurmBackend.live_in_run_dir`` (what ``orch submit``/``orch
-sweep`` ask before they use a run dir the DB does not know, issue 9) finds a pending task through that pointer,
-and a forged pointer leads nowhere. The scheduler is faked at its command line (``_run``): the claim here is
-about the files orch writes and reads; the real cluster runs the same path in tests/slurm/test_sweep_slurm.py."""
+"""Issue 20: a Slurm array's submission is recorded once, in its batch dir, not once per task.
+``SlurmBackend.live_in_run_dir`` (what ``orch submit``/``orch sweep`` ask before they use a run dir the DB does not
+know, issue 9) finds an array task from the task tables of the batches beside the run dir, by the job names the
+controller lists: a queued task's run dir holds nothing yet, and a launcher stopped right after sbatch left no
+record of the array's id. The scheduler is faked at its command line (``_run``): the claim here is about the files
+orch writes and reads; the real cluster runs the same path in tests/slurm/test_sweep_slurm.py."""
 
 from __future__ import annotations
 
@@ -90,30 +91,46 @@ def test_a_task_recorded_the_old_way_is_still_found(tmp_path: Path, fake: Slurm)
 
 
 @pytest.mark.parametrize("forged", [
-    {"group": "../../evil", "task": 0},  # a path, not a batch token: it would lead to <tmp>/evil (made below)
+    {"group": "../../evil", "task": 0},  # a path, not a batch token
     {"group": BATCH, "task": -1},
-    {"group": BATCH, "task": "0"},
-    {"group": "b" + "f" * 16, "task": 0},  # a well-formed batch that has no submitted record
+    {"group": "b" + "f" * 16, "task": 1},  # another task's slot
 ])
-def test_a_forged_pointer_leads_nowhere(tmp_path: Path, fake: Slurm, forged: dict):
+def test_a_forged_fence_pointer_changes_nothing(tmp_path: Path, fake: Slurm, forged: dict):
+    # What a task's run dir shows is read from orch's task table and the controller's job names, not from the
+    # files in the run dir a job can rewrite.
     specs = [_task(tmp_path / "runs", i) for i in range(2)]
     slurm.SlurmBackend().submit_group(specs, BATCH, None)
-    (tmp_path / "evil").mkdir()  # outside the runs root, a record that would match the forged "batch"
-    (tmp_path / "evil" / "submitted.json").write_text(json.dumps({"job_id": "77", "batch_token": "../../evil"}))
-    adir = specs[0].attempt_dir
-    (adir / "fence.json").write_text(json.dumps({"token": "tok0", "fence": 1, **forged}))
-    fake.queue = f"77_0|orch-{BATCH}|PENDING|BeginTime\n77_0|orch-../../evil|PENDING|BeginTime\n"
-    assert slurm.SlurmBackend().live_in_run_dir(specs[0].run_dir) == []
-    assert fake.asked("squeue") == []
+    (specs[0].attempt_dir / "fence.json").write_text(json.dumps({"token": "tok0", "fence": 1, **forged}))
+    fake.queue = f"77_0|orch-{BATCH}|PENDING|BeginTime\n77_1|orch-../../evil|PENDING|BeginTime\n"
+    b = slurm.SlurmBackend()
+    assert b.live_in_run_dir(specs[0].run_dir) == ["Slurm job 77_0 (PENDING)"]
+    assert b.live_in_run_dir(specs[1].run_dir) == []
 
 
-def test_a_batch_record_of_another_batch_is_not_believed(tmp_path: Path, fake: Slurm):
-    specs = [_task(tmp_path, 0)]
+def test_a_live_batch_whose_task_table_cannot_be_read_is_cannot_tell_never_none(tmp_path: Path, fake: Slurm):
+    specs = [_task(tmp_path, i) for i in range(2)]
     slurm.SlurmBackend().submit_group(specs, BATCH, None)
-    rec = tmp_path / ".orch-batches" / BATCH / "submitted.json"
-    rec.write_text(json.dumps({"job_id": "66", "batch_token": "b" + "e" * 16}))  # copied from elsewhere
+    table = tmp_path / ".orch-batches" / BATCH / "tasks.json"
+    table.unlink()
+    os.mkfifo(table)  # a FIFO must cost a refusal, not a hang or a "none"
+    fake.queue = f"77_1|orch-{BATCH}|PENDING|BeginTime\n"
+    (found,) = slurm.SlurmBackend().live_in_run_dir(specs[0].run_dir)
+    assert "no readable task table" in found, found
+    fake.queue = ""  # nothing of that batch is live: its table is not needed
     assert slurm.SlurmBackend().live_in_run_dir(specs[0].run_dir) == []
+
+
+def test_a_symlinked_batches_dir_is_not_followed(tmp_path: Path, fake: Slurm):
+    runs, elsewhere = tmp_path / "runs", tmp_path / "elsewhere"
+    specs = [_task(elsewhere, 0)]
+    slurm.SlurmBackend().submit_group(specs, BATCH, None)
+    (runs / "sw.0000").mkdir(parents=True)
+    (runs / ".orch-batches").symlink_to(elsewhere / ".orch-batches")
+    fake.queue = f"77_0|orch-{BATCH}|PENDING|BeginTime\n"
+    assert slurm.SlurmBackend().live_in_run_dir(runs / "sw.0000") == []
     assert fake.asked("squeue") == []
+    with pytest.raises(slurm.SlurmSubmitRefused, match="refusing the batch dir"):
+        slurm.SlurmBackend().submit_group([_task(runs, 1)], "b" + "2" * 16, None)
 
 
 def _waiting(root: Path, n: int, batch: str = BATCH) -> list[SubmitSpec]:
@@ -146,28 +163,26 @@ def test_a_pending_task_whose_records_wait_in_its_batch_is_found_from_its_run_di
     assert b.live_in_run_dir(specs[1].run_dir) == []
 
 
-def test_a_waiting_task_is_found_without_its_arrays_record_and_beside_the_ballast_of_a_non_punching_disk(
-        tmp_path: Path, fake: Slurm):
+def test_a_task_is_found_without_its_arrays_record_queued_or_running(tmp_path: Path, fake: Slurm):
     # The launcher stopped (kill -STOP) between sbatch and the array's submitted.json, and the DB was lost: the
-    # batch's job name still finds the task. And where the filesystem cannot punch holes, the launch gave the task
-    # an attempt dir holding only its ballast: no fence record there, so the batches are asked too.
+    # batch's job name still finds the task, queued (where the filesystem cannot punch holes, with an attempt dir
+    # holding only its ballast) or running (its wrapper's fence record in place: a hostile test submitted a second
+    # copy into a running task's run dir from a host that could not see its processes).
     specs = _waiting(tmp_path, 2)
     slurm.SlurmBackend().submit_group(specs, BATCH, None)
     (tmp_path / ".orch-batches" / BATCH / "submitted.json").unlink()
     specs[0].attempt_dir.mkdir(parents=True)
     (specs[0].attempt_dir / protocol.EXIT_RESERVE).write_bytes(b"\0" * 4096)
-    fake.queue = f"77_0|orch-{BATCH}|PENDING|BeginTime\n77_1|orch-{BATCH}|PENDING|BeginTime\n"
+    specs[1].attempt_dir.mkdir(parents=True)
+    protocol.claim_fence(specs[1].attempt_dir, "tok1", 1, protocol.GroupSlot(BATCH, 1))
+    fake.queue = f"77_0|orch-{BATCH}|PENDING|BeginTime\n77_1|orch-{BATCH}|RUNNING|None\n"
     b = slurm.SlurmBackend()
     assert b.live_in_run_dir(specs[0].run_dir) == ["Slurm job 77_0 (PENDING)"]
-    assert b.live_in_run_dirs([specs[1].run_dir]) == {specs[1].run_dir: ["Slurm job 77_1 (PENDING)"]}
+    assert b.live_in_run_dirs([specs[1].run_dir]) == {specs[1].run_dir: ["Slurm job 77_1 (RUNNING)"]}
 
 
-def test_a_run_dir_beside_no_waiting_batch_costs_no_squeue(tmp_path: Path, fake: Slurm):
-    # An empty run dir (made by hand, or a task's whose batch is gone) beside batches that left no records:
-    # nothing to ask the controller about.
-    specs = [_task(tmp_path, 0)]
-    slurm.SlurmBackend().submit_group(specs, BATCH, None)
-    (tmp_path / "empty").mkdir()
+def test_a_run_dir_with_no_batch_beside_it_costs_no_squeue(tmp_path: Path, fake: Slurm):
+    (tmp_path / "empty").mkdir()  # made by hand: no batch beside it, nothing to ask the controller about
     assert slurm.SlurmBackend().live_in_run_dirs([tmp_path / "empty", tmp_path / "absent"]) == {
         tmp_path / "empty": [], tmp_path / "absent": []}
     assert fake.asked("squeue") == []

@@ -69,7 +69,7 @@ def test_an_array_excludes_too(monkeypatch, tmp_path):
         return subprocess.CompletedProcess(argv, 0, "55\n", "")
 
     monkeypatch.setattr(slurm, "_run", run)
-    slurm.SlurmBackend().submit_group([_spec(tmp_path, exclude_nodes=("gpu02",))], "batch1", None)
+    slurm.SlurmBackend().submit_group([_spec(tmp_path, exclude_nodes=("gpu02",))], "b0123456789abcdef", None)
     assert "--exclude=gpu02" in calls[0]
 
 

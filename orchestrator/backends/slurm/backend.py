@@ -102,18 +102,6 @@ from orchestrator.backends.slurm.sbatch import (
 )
 
 
-def _array_id(batch_dir: Path, token: str) -> str | None:
-    """The array id in a batch dir's submitted record (written once sbatch answered), if it is that batch's."""
-    try:
-        rec = protocol.read_json_bounded(batch_dir / protocol.SLURM_SUBMITTED, limit=1 << 16)
-    except (OSError, ValueError):
-        return None
-    if not isinstance(rec, dict) or rec.get("batch_token") != token:
-        return None
-    job_id = str(rec.get("job_id", ""))
-    return job_id if slurm_states.is_job_id(job_id) and "_" not in job_id else None
-
-
 class SlurmBackend(Backend):
     """Attempts as Slurm batch jobs named ``orch-<token>``; see the module docstring."""
 
@@ -222,7 +210,10 @@ class SlurmBackend(Backend):
             *exclude_options(first.exclude_nodes, first.resources),
             _check_path("batch script", script),
         ]
-        batch_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
+        try:
+            protocol.make_batch_dir(first.run_dir.parent, token)
+        except protocol.UnsafePath as e:  # a symlinked .orch-batches led the batch's files outside the runs root
+            raise SlurmSubmitRefused(f"refusing the batch dir: {e}") from None
         # Compact: the file is fsync'd before sbatch, and indented it was twice the bytes (700 KiB for 1,000 tasks).
         protocol.atomic_write(batch_dir / ARRAY_TASKS_FILE, json.dumps(tasks, sort_keys=True, separators=(",", ":")))
         protocol.atomic_write(script, array_script(self._interpreter(first), str(batch_dir / ARRAY_TASKS_FILE),
@@ -366,110 +357,96 @@ class SlurmBackend(Backend):
             raise BackendError(f"scancel failed: {e}") from None
 
     def live_in_run_dir(self, run_dir: Path) -> list[str]:
-        """Slurm jobs this run dir's attempts were submitted as (``attempts/*/slurm/submitted.json``; an array
-        task's: its fence record names the batch, whose ``submitted.json`` holds the array id) that the
-        controller still lists as pending or running under their ``orch-<token>`` name.
+        return self.live_in_run_dirs([run_dir])[run_dir]
+
+    def live_in_run_dirs(self, run_dirs: Sequence[Path]) -> dict[Path, list[str]]:
+        """Slurm jobs each run dir's attempts went out as that the controller still lists as pending or running
+        under their ``orch-<token>`` name: a single job's from its ``attempts/<n>/slurm/submitted.json``; an array
+        task's from the batches beside the run dir (``<runs root>/.orch-batches``), whose task tables name their
+        run dirs: a queued task's run dir holds nothing yet (``launchprep.BatchRecords``), and a task whose
+        launcher stopped right after sbatch left no ``submitted.json``. One squeue call for all array tasks.
 
         The records are files a job could rewrite; a forged one can only make ``submit`` refuse.
         """
+        out = {d: self._singles_live(d) for d in run_dirs}
+        by_parent: dict[Path, list[Path]] = {}
+        for d in run_dirs:
+            if d.is_dir():
+                by_parent.setdefault(d.parent, []).append(d)
+        for parent, dirs in by_parent.items():
+            for d, found in self._in_live_batches(parent, dirs).items():
+                out[d] += [f for f in found if f not in out[d]]
+        return out
+
+    def _singles_live(self, run_dir: Path) -> list[str]:
         ids: dict[str, str] = {}
         root = run_dir / protocol.ATTEMPTS_DIR
         try:
             attempt_dirs = [d for d in root.iterdir() if d.name.isdigit()] if root.is_dir() else []
         except OSError:
             return []
-        # A task whose records still wait in its batch (launchprep.BatchRecords) has no attempt dir, or one with
-        # only the ballast its launch gave it (a filesystem without hole punching): looked up in the batches.
-        waiting = not attempt_dirs or any(protocol.read_fence(d) is None
-                                          and not (d / SLURM_DIR / protocol.SLURM_SUBMITTED).exists()
-                                          for d in attempt_dirs)
-        found = self._waiting_in_batches(run_dir.parent, [run_dir])[run_dir] if waiting else []
-        arrays: dict[str, str | None] = {}
         for d in attempt_dirs:
             try:
                 rec = protocol.read_json_bounded(d / SLURM_DIR / protocol.SLURM_SUBMITTED, limit=1 << 16)
             except (OSError, ValueError):
-                rec = None
+                continue
             if (isinstance(rec, dict) and slurm_states.is_job_id(str(rec.get("job_id", "")))
                     and isinstance(rec.get("token"), str)):
                 ids[str(rec["job_id"])] = rec.get("batch_token") if isinstance(rec.get("batch_token"), str) \
                     else rec["token"]
-                continue
-            slot = protocol.read_group_slot(d)  # an array task: its fence record names the batch
-            if slot is not None:
-                if slot.token not in arrays:
-                    arrays[slot.token] = _array_id(batch_dir_of(run_dir, slot.token), slot.token)
-                if arrays[slot.token] is not None:
-                    ids[f"{arrays[slot.token]}_{slot.task}"] = slot.token
         if not ids:
-            return found
+            return []
         live = self._squeue(list(ids))
         if live is None:
-            return [*found, f"Slurm job(s) {','.join(ids)} (squeue could not be asked)"]
-        return [*found, *(f"Slurm job {jid} ({st})" for jid, (name, st, _r) in live.items()
-                          if jid in ids and name == job_name_for(ids[jid])
-                          and slurm_states.phase_of(st) in (Phase.PENDING, Phase.RUNNING))]
+            return [f"Slurm job(s) {','.join(ids)} (squeue could not be asked)"]
+        return [f"Slurm job {jid} ({st})" for jid, (name, st, _r) in live.items()
+                if jid in ids and name == job_name_for(ids[jid])
+                and slurm_states.phase_of(st) in (Phase.PENDING, Phase.RUNNING)]
 
-    def live_in_run_dirs(self, run_dirs: Sequence[Path]) -> dict[Path, list[str]]:
-        """``live_in_run_dir`` of each; a run dir with no attempt dir yet may be an array task whose records
-        wait in its batch until it starts (``launchprep.BatchRecords``): those are looked up in the batches
-        beside them whose arrays the controller still lists, one squeue call per runs root."""
-        out: dict[Path, list[str]] = {}
-        waiting: dict[Path, list[Path]] = {}
-        for d in run_dirs:
-            if (d / protocol.ATTEMPTS_DIR).is_dir():
-                out[d] = self.live_in_run_dir(d)
-            elif d.is_dir():
-                waiting.setdefault(d.parent, []).append(d)
-            else:
-                out[d] = []
-        for parent, dirs in waiting.items():
-            out.update(self._waiting_in_batches(parent, dirs))
-        return out
-
-    def _waiting_in_batches(self, parent: Path, run_dirs: list[Path]) -> dict[Path, list[str]]:
-        """Array tasks the controller lists as pending or running, of the batches beside ``run_dirs`` that left
-        records for their tasks, whose task table names one of them: one squeue call by the batches' job names
-        (``orch-<token>``), so a batch whose ``submitted.json`` was never written (its launcher stopped right
-        after sbatch) is found too."""
+    def _in_live_batches(self, parent: Path, run_dirs: list[Path]) -> dict[Path, list[str]]:
+        """Array tasks of the batches beside ``run_dirs`` that the controller lists as pending or running, where
+        the batch's task table names one of them. The user's jobs are listed once (no list of every batch ever
+        made); a live batch whose task table cannot be read is "cannot tell", never "none"."""
         out: dict[Path, list[str]] = {d: [] for d in run_dirs}
         root = parent / protocol.BATCHES_DIR
         try:
-            tokens = [e.name for e in os.scandir(root) if protocol.is_group_token(e.name)
-                      and os.path.isfile(os.path.join(e.path, protocol.BATCH_RECORDS))]
+            if root.is_symlink():
+                return out
+            tokens = {e.name for e in os.scandir(root) if protocol.is_group_token(e.name)}
         except OSError:
             return out
         if not tokens:
             return out
-        live = self._squeue_names([job_name_for(t) for t in tokens])
+        live = self._squeue_mine()
         if live is None:
-            return {d: [f"Slurm arrays of batches {','.join(tokens)} (squeue could not be asked)"] for d in run_dirs}
-        by_batch: dict[str, dict[str, str]] = {}  # token -> task index -> "<array>_<task> (STATE)"
+            return {d: [f"Slurm arrays of the batches in {root} (squeue could not be asked)"] for d in run_dirs}
+        by_batch: dict[str, dict[str, str]] = {}  # token -> task index -> "Slurm job <array>_<task> (STATE)"
         for jid, (name, st, _r) in live.items():
-            array, _, task = jid.partition("_")
-            if task.isdigit() and name.startswith(JOB_NAME_PREFIX) \
+            _array, _, task = jid.partition("_")
+            t = name[len(JOB_NAME_PREFIX):]
+            if task.isdigit() and name.startswith(JOB_NAME_PREFIX) and t in tokens \
                     and slurm_states.phase_of(st) in (Phase.PENDING, Phase.RUNNING):
-                by_batch.setdefault(name[len(JOB_NAME_PREFIX):], {})[task] = f"Slurm job {jid} ({st})"
+                by_batch.setdefault(t, {})[task] = f"Slurm job {jid} ({st})"
         index = {str(d): d for d in run_dirs}
         for t, tasks_live in by_batch.items():
-            if t not in tokens:
-                continue
             try:
-                tasks = protocol.read_json_bounded(root / t / ARRAY_TASKS_FILE, limit=256 << 20)
-            except (OSError, ValueError):
-                tasks = None
+                tasks = protocol.read_json_bounded(protocol.batch_file(parent, t, ARRAY_TASKS_FILE),
+                                                   limit=256 << 20)
+            except (OSError, ValueError) as e:  # UnsafePath is a ValueError
+                why = f"batch {t} has live tasks and no readable task table ({str(e)[:100]})"
+                return {d: [*out[d], f"Slurm array of {why}"] for d in run_dirs}
             for i, task in (tasks.items() if isinstance(tasks, dict) else ()):
                 d = index.get(task.get("run_dir")) if isinstance(task, dict) else None
                 if d is not None and i in tasks_live:
                     out[d].append(tasks_live[i])
         return out
 
-    def _squeue_names(self, names: Sequence[str]) -> dict[str, tuple[str, str, str]] | None:
-        """Controller's view of the jobs named ``names`` (one call, each array task on its own line); None
-        when squeue cannot be asked."""
+    def _squeue_mine(self) -> dict[str, tuple[str, str, str]] | None:
+        """Every job of this user the controller knows, each array task on its own line (one call); None when
+        squeue cannot be asked."""
         try:
-            p = _run(["squeue", "-h", "-r", "-t", "all", "-n", ",".join(sorted(names)), "-o",
-                      slurm_states.SQUEUE_FORMAT], self.query_timeout_s)
+            p = _run(["squeue", "-h", "-r", "-t", "all", "-u", str(os.getuid()), "-o", slurm_states.SQUEUE_FORMAT],
+                     self.query_timeout_s)
         except (OSError, subprocess.TimeoutExpired):
             self.query_failures += 1
             return None

@@ -280,7 +280,8 @@ def combine(sacct_outcome: Outcome | None, live: tuple[str, str, str] | None, *,
         why = "no sacct record" + (f"; squeue says {live[1]}" if live else "; squeue does not list it")
         return Outcome(Phase.UNKNOWN, backend_state=live[1] if live else None, reason=why,
                        restart_count=sacct_outcome.restart_count if sacct_outcome else 0,
-                       restart_causes=sacct_outcome.restart_causes if sacct_outcome else ())
+                       restart_causes=sacct_outcome.restart_causes if sacct_outcome else (),
+                       not_live=live_known and (live is None or phase_of(live[1]) is Phase.EXITED))
     if (sacct_outcome.phase is Phase.EXITED and not live_known
             and sacct_outcome.backend_state in MAYBE_REQUEUED_STATES):
         return Outcome(Phase.UNKNOWN, backend_state=sacct_outcome.backend_state,
