@@ -181,6 +181,38 @@ def test_a_task_is_found_without_its_arrays_record_queued_or_running(tmp_path: P
     assert b.live_in_run_dirs([specs[1].run_dir]) == {specs[1].run_dir: ["Slurm job 77_1 (RUNNING)"]}
 
 
+def test_a_started_task_is_found_from_its_fence_record_when_its_batch_dir_is_gone(tmp_path: Path, fake: Slurm):
+    # Hostile test: the sweep killed right after sbatch (no submitted.json), the task running, the DB lost and the
+    # batch dir removed: a second copy was submitted beside it. Its wrapper's fence record still names the batch.
+    import shutil
+
+    specs = _waiting(tmp_path, 2)
+    slurm.SlurmBackend().submit_group(specs, BATCH, None)
+    specs[0].attempt_dir.mkdir(parents=True)
+    protocol.claim_fence(specs[0].attempt_dir, "tok0", 1, protocol.GroupSlot(BATCH, 0))
+    shutil.rmtree(tmp_path / ".orch-batches")
+    fake.queue = f"77_0|orch-{BATCH}|RUNNING|None\n77_1|orch-{BATCH}|PENDING|BeginTime\n"
+    b = slurm.SlurmBackend()
+    assert b.live_in_run_dirs([s.run_dir for s in specs]) == {specs[0].run_dir: ["Slurm job 77_0 (RUNNING)"],
+                                                              specs[1].run_dir: []}  # its script lost its table
+    assert len(fake.asked("squeue")) == 1
+
+
+def test_an_array_task_whose_task_table_is_a_fifo_ends_at_once_and_runs_nothing(tmp_path: Path):
+    # Hostile test: the batch script blocked on a FIFO planted as tasks.json and held its allocation for good.
+    import sys
+
+    from orchestrator.backends.slurm.sbatch import array_script
+
+    table = tmp_path / "tasks.json"
+    os.mkfifo(table)
+    script = tmp_path / "job.sbatch"
+    script.write_text(array_script(sys.executable, str(table), "test"))
+    p = subprocess.run([sys.executable, str(script)], env={**os.environ, "SLURM_ARRAY_TASK_ID": "0"},
+                       capture_output=True, text=True, timeout=60)
+    assert p.returncode == 1 and "is not a regular file; the task was not run" in p.stderr, p.stderr
+
+
 def test_a_run_dir_with_no_batch_beside_it_costs_no_squeue(tmp_path: Path, fake: Slurm):
     (tmp_path / "empty").mkdir()  # made by hand: no batch beside it, nothing to ask the controller about
     assert slurm.SlurmBackend().live_in_run_dirs([tmp_path / "empty", tmp_path / "absent"]) == {

@@ -54,7 +54,7 @@ import json
 import os
 import re
 import subprocess
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from orchestrator import protocol
@@ -363,20 +363,47 @@ class SlurmBackend(Backend):
         """Slurm jobs each run dir's attempts went out as that the controller still lists as pending or running
         under their ``orch-<token>`` name: a single job's from its ``attempts/<n>/slurm/submitted.json``; an array
         task's from the batches beside the run dir (``<runs root>/.orch-batches``), whose task tables name their
-        run dirs: a queued task's run dir holds nothing yet (``launchprep.BatchRecords``), and a task whose
-        launcher stopped right after sbatch left no ``submitted.json``. One squeue call for all array tasks.
+        run dirs (a queued task's run dir holds nothing yet, ``launchprep.BatchRecords``, and a task whose
+        launcher stopped right after sbatch left no ``submitted.json``), and from the batch and index a started
+        task's fence record names (its batch dir may be gone). One squeue call for all array tasks.
 
         The records are files a job could rewrite; a forged one can only make ``submit`` refuse.
         """
         out = {d: self._singles_live(d) for d in run_dirs}
+        asked: list[dict[str, dict[str, str]] | None] = []
+
+        def live_tasks() -> dict[str, dict[str, str]] | None:
+            if not asked:
+                asked.append(self._live_array_tasks())
+            return asked[0]
+
         by_parent: dict[Path, list[Path]] = {}
         for d in run_dirs:
             if d.is_dir():
                 by_parent.setdefault(d.parent, []).append(d)
+                found = self._pointed_live(d, live_tasks)
+                out[d] += [f for f in found if f not in out[d]]
         for parent, dirs in by_parent.items():
-            for d, found in self._in_live_batches(parent, dirs).items():
+            for d, found in self._in_live_batches(parent, dirs, live_tasks).items():
                 out[d] += [f for f in found if f not in out[d]]
         return out
+
+    @staticmethod
+    def _pointed_live(run_dir: Path, live_tasks: Callable[[], dict[str, dict[str, str]] | None]) -> list[str]:
+        """The array tasks a started attempt's fence record names (batch, index), as the controller lists them: a
+        hostile test removed the batch dir of a running task after a lost DB, and a second copy was submitted."""
+        root = run_dir / protocol.ATTEMPTS_DIR
+        try:
+            slots = [protocol.read_group_slot(d) for d in root.iterdir() if d.name.isdigit()] if root.is_dir() else []
+        except OSError:
+            return []
+        slots = [x for x in slots if x is not None]
+        if not slots:
+            return []
+        live = live_tasks()
+        if live is None:
+            return [f"Slurm array of batch {slots[0].token} (squeue could not be asked)"]
+        return [live[x.token][str(x.task)] for x in slots if str(x.task) in live.get(x.token, {})]
 
     def _singles_live(self, run_dir: Path) -> list[str]:
         ids: dict[str, str] = {}
@@ -403,10 +430,11 @@ class SlurmBackend(Backend):
                 if jid in ids and name == job_name_for(ids[jid])
                 and slurm_states.phase_of(st) in (Phase.PENDING, Phase.RUNNING)]
 
-    def _in_live_batches(self, parent: Path, run_dirs: list[Path]) -> dict[Path, list[str]]:
+    def _in_live_batches(self, parent: Path, run_dirs: list[Path],
+                         live_tasks: Callable[[], dict[str, dict[str, str]] | None]) -> dict[Path, list[str]]:
         """Array tasks of the batches beside ``run_dirs`` that the controller lists as pending or running, where
-        the batch's task table names one of them. The user's jobs are listed once (no list of every batch ever
-        made); a live batch whose task table cannot be read is "cannot tell", never "none"."""
+        the batch's task table names one of them. A live batch whose task table cannot be read is "cannot tell",
+        never "none"."""
         out: dict[Path, list[str]] = {d: [] for d in run_dirs}
         root = parent / protocol.BATCHES_DIR
         try:
@@ -417,33 +445,26 @@ class SlurmBackend(Backend):
             return out
         if not tokens:
             return out
-        live = self._squeue_mine()
+        live = live_tasks()
         if live is None:
             return {d: [f"Slurm arrays of the batches in {root} (squeue could not be asked)"] for d in run_dirs}
-        by_batch: dict[str, dict[str, str]] = {}  # token -> task index -> "Slurm job <array>_<task> (STATE)"
-        for jid, (name, st, _r) in live.items():
-            _array, _, task = jid.partition("_")
-            t = name[len(JOB_NAME_PREFIX):]
-            if task.isdigit() and name.startswith(JOB_NAME_PREFIX) and t in tokens \
-                    and slurm_states.phase_of(st) in (Phase.PENDING, Phase.RUNNING):
-                by_batch.setdefault(t, {})[task] = f"Slurm job {jid} ({st})"
         index = {str(d): d for d in run_dirs}
-        for t, tasks_live in by_batch.items():
+        for t in tokens & live.keys():
             try:
-                tasks = protocol.read_json_bounded(protocol.batch_file(parent, t, ARRAY_TASKS_FILE),
-                                                   limit=256 << 20)
+                tasks = protocol.read_json_bounded(protocol.batch_file(parent, t, ARRAY_TASKS_FILE), limit=256 << 20)
             except (OSError, ValueError) as e:  # UnsafePath is a ValueError
                 why = f"batch {t} has live tasks and no readable task table ({str(e)[:100]})"
                 return {d: [*out[d], f"Slurm array of {why}"] for d in run_dirs}
             for i, task in (tasks.items() if isinstance(tasks, dict) else ()):
                 d = index.get(task.get("run_dir")) if isinstance(task, dict) else None
-                if d is not None and i in tasks_live:
-                    out[d].append(tasks_live[i])
+                if d is not None and i in live[t]:
+                    out[d].append(live[t][i])
         return out
 
-    def _squeue_mine(self) -> dict[str, tuple[str, str, str]] | None:
-        """Every job of this user the controller knows, each array task on its own line (one call); None when
-        squeue cannot be asked."""
+    def _live_array_tasks(self) -> dict[str, dict[str, str]] | None:
+        """batch token -> task index -> "Slurm job <array>_<task> (STATE)" for every array task of orch's this
+        user's jobs the controller lists as pending or running (one squeue call, no list of every batch ever
+        made); None when squeue cannot be asked."""
         try:
             p = _run(["squeue", "-h", "-r", "-t", "all", "-u", str(os.getuid()), "-o", slurm_states.SQUEUE_FORMAT],
                      self.query_timeout_s)
@@ -453,7 +474,13 @@ class SlurmBackend(Backend):
         if p.returncode != 0:
             self.query_failures += 1
             return None
-        return slurm_states.parse_squeue(p.stdout)
+        out: dict[str, dict[str, str]] = {}
+        for jid, (name, st, _r) in slurm_states.parse_squeue(p.stdout).items():
+            _array, _, task = jid.partition("_")
+            if task.isdigit() and name.startswith(JOB_NAME_PREFIX) \
+                    and slurm_states.phase_of(st) in (Phase.PENDING, Phase.RUNNING):
+                out.setdefault(name[len(JOB_NAME_PREFIX):], {})[task] = f"Slurm job {jid} ({st})"
+        return out
 
     def find_by_token(self, refs: Sequence[AttemptRef]) -> dict[str, str]:
         """token -> Slurm job id by job name ``orch-<token>``: one sacct call, squeue for the rest.
