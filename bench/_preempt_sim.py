@@ -54,6 +54,13 @@ class Costs:
     restart: float  # process start -> training again (interpreter, imports, checkpoint load)
     grace: float = 30.0  # SIGTERM -> SIGKILL
 
+    def __post_init__(self) -> None:
+        # A NaN restart time (a trial that measured no resumed step) made _restart loop for ever: never simulate one.
+        for name in ("t_step", "save_cost", "term_save", "restart", "grace"):
+            v = getattr(self, name)
+            if not math.isfinite(v) or v < 0:
+                raise ValueError(f"Costs.{name} must be a finite number >= 0, not {v!r}")
+
 
 def simulate(mode: str, rate_per_h: float, seed: int, costs: Costs, interval: float,
              work: float = 24 * 3600.0) -> float:

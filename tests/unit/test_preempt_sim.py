@@ -64,3 +64,13 @@ def test_goodput_stays_a_fraction_when_preemptions_hit_saves_and_restarts() -> N
         for seed in range(5):
             g = S.simulate(mode, 8.0, seed, c, 300.0, work=6 * 3600.0)
             assert 0.0 < g < 0.5
+
+
+@pytest.mark.parametrize("field", ["t_step", "save_cost", "term_save", "restart", "grace"])
+@pytest.mark.parametrize("bad", [math.nan, math.inf, -1.0])
+def test_a_cost_that_is_not_a_finite_number_is_refused(field, bad):
+    # A trial that measured no resumed step gave a NaN restart time, and the simulation's restart loop never ended
+    # (bench_preemption --quick under CI's load ran past its test's 15 min).
+    costs = {"t_step": 0.1, "save_cost": 1.0, "term_save": 1.0, "restart": 5.0, "grace": 30.0}
+    with pytest.raises(ValueError, match=f"Costs.{field} must be a finite number"):
+        S.Costs(**{**costs, field: bad})
