@@ -56,7 +56,7 @@ BATCHES_DIR = ".orch-batches"  # <runs root>/.orch-batches/<token>/: a group sub
 # A group launch's attempt records for tasks whose run dir it made (issue 20): each task's wrapper puts its own
 # command.json and fence.json in place from these when it starts, and takes its ballast from the batch's pool.
 BATCH_RECORDS = "records.json"
-BATCH_RESERVE = "exit.reserve"  # the batch's ballast pool: slot i (BALLAST_BYTES) is task i's until it starts
+BATCH_RESERVE = "exit.reserve"  # the batch's ballast pool: slot i (ballast.SLOT_BYTES) is task i's until it starts
 MANIFEST = "manifest.json"
 
 

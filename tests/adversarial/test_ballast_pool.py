@@ -80,7 +80,7 @@ def test_a_started_wrapper_on_a_full_disk_still_records_its_end(tmp_path: Path):
         p = subprocess.run(argv, cwd=run, env=env, capture_output=True, text=True, timeout=120)
         rec = protocol.read_exit(protocol.attempt_dir(run, 1))
         assert rec is not None, (p.returncode, p.stderr[-2000:])
-        assert rec.returncode != 0 and rec.disk_full, rec
+        assert rec.returncode == 1 and rec.disk_full, rec  # head: "No space left on device"
         assert not protocol.verify_done_marker(run).verified
         assert not (bdir / protocol.BATCH_RESERVE).exists()  # its one slot given back: the pool went
 

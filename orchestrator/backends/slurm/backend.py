@@ -102,6 +102,45 @@ from orchestrator.backends.slurm.sbatch import (
 )
 
 
+def _attempt_records(run_dir: Path) -> tuple[dict[str, str], list[protocol.GroupSlot]]:
+    """What a run dir's attempt dirs say they went out as: single jobs (job id -> the token its name carries,
+    from ``attempts/<n>/slurm/submitted.json``) and array slots (the batch and index a started task's fence
+    record names)."""
+    ids: dict[str, str] = {}
+    slots: list[protocol.GroupSlot] = []
+    root = run_dir / protocol.ATTEMPTS_DIR
+    try:
+        attempt_dirs = [d for d in root.iterdir() if d.name.isdigit()] if root.is_dir() else []
+    except OSError:
+        return ids, slots
+    for d in attempt_dirs:
+        try:
+            rec = protocol.read_json_bounded(d / SLURM_DIR / protocol.SLURM_SUBMITTED, limit=1 << 16)
+        except (OSError, ValueError):
+            rec = None
+        if (isinstance(rec, dict) and slurm_states.is_job_id(str(rec.get("job_id", "")))
+                and isinstance(rec.get("token"), str)):
+            ids[str(rec["job_id"])] = rec.get("batch_token") if isinstance(rec.get("batch_token"), str) \
+                else rec["token"]
+            continue
+        slot = protocol.read_group_slot(d)
+        if slot is not None:
+            slots.append(slot)
+    return ids, slots
+
+
+def _pointed_live(slots: list[protocol.GroupSlot],
+                  live_tasks: Callable[[], dict[str, dict[str, str]] | None]) -> list[str]:
+    """The array tasks started attempts' fence records name (batch, index), as the controller lists them: a
+    hostile test removed the batch dir of a running task after a lost DB, and a second copy was submitted."""
+    if not slots:
+        return []
+    live = live_tasks()
+    if live is None:
+        return [f"Slurm array of batch {slots[0].token} (squeue could not be asked)"]
+    return [live[x.token][str(x.task)] for x in slots if str(x.task) in live.get(x.token, {})]
+
+
 class SlurmBackend(Backend):
     """Attempts as Slurm batch jobs named ``orch-<token>``; see the module docstring."""
 
@@ -369,7 +408,7 @@ class SlurmBackend(Backend):
 
         The records are files a job could rewrite; a forged one can only make ``submit`` refuse.
         """
-        out = {d: self._singles_live(d) for d in run_dirs}
+        out: dict[Path, list[str]] = {}
         asked: list[dict[str, dict[str, str]] | None] = []
 
         def live_tasks() -> dict[str, dict[str, str]] | None:
@@ -379,48 +418,19 @@ class SlurmBackend(Backend):
 
         by_parent: dict[Path, list[Path]] = {}
         for d in run_dirs:
+            singles, slots = _attempt_records(d)  # one listing of attempts/ for both kinds of record
+            out[d] = self._singles_live(singles)
             if d.is_dir():
                 by_parent.setdefault(d.parent, []).append(d)
-                found = self._pointed_live(d, live_tasks)
+                found = _pointed_live(slots, live_tasks)
                 out[d] += [f for f in found if f not in out[d]]
         for parent, dirs in by_parent.items():
             for d, found in self._in_live_batches(parent, dirs, live_tasks).items():
                 out[d] += [f for f in found if f not in out[d]]
         return out
 
-    @staticmethod
-    def _pointed_live(run_dir: Path, live_tasks: Callable[[], dict[str, dict[str, str]] | None]) -> list[str]:
-        """The array tasks a started attempt's fence record names (batch, index), as the controller lists them: a
-        hostile test removed the batch dir of a running task after a lost DB, and a second copy was submitted."""
-        root = run_dir / protocol.ATTEMPTS_DIR
-        try:
-            slots = [protocol.read_group_slot(d) for d in root.iterdir() if d.name.isdigit()] if root.is_dir() else []
-        except OSError:
-            return []
-        slots = [x for x in slots if x is not None]
-        if not slots:
-            return []
-        live = live_tasks()
-        if live is None:
-            return [f"Slurm array of batch {slots[0].token} (squeue could not be asked)"]
-        return [live[x.token][str(x.task)] for x in slots if str(x.task) in live.get(x.token, {})]
-
-    def _singles_live(self, run_dir: Path) -> list[str]:
-        ids: dict[str, str] = {}
-        root = run_dir / protocol.ATTEMPTS_DIR
-        try:
-            attempt_dirs = [d for d in root.iterdir() if d.name.isdigit()] if root.is_dir() else []
-        except OSError:
-            return []
-        for d in attempt_dirs:
-            try:
-                rec = protocol.read_json_bounded(d / SLURM_DIR / protocol.SLURM_SUBMITTED, limit=1 << 16)
-            except (OSError, ValueError):
-                continue
-            if (isinstance(rec, dict) and slurm_states.is_job_id(str(rec.get("job_id", "")))
-                    and isinstance(rec.get("token"), str)):
-                ids[str(rec["job_id"])] = rec.get("batch_token") if isinstance(rec.get("batch_token"), str) \
-                    else rec["token"]
+    def _singles_live(self, ids: dict[str, str]) -> list[str]:
+        """The single jobs ``ids`` (job id -> the token its name carries) the controller lists as live."""
         if not ids:
             return []
         live = self._squeue(list(ids))
