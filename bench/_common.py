@@ -54,6 +54,37 @@ def ancestors() -> set[int]:
     return out
 
 
+# Pending for these reasons a job cannot take the node while a bench runs: held, asking for more nodes than the
+# one-node dev cluster has, or not eligible before DORMANT_AFTER_S from now (a job Slurm requeued in place waits
+# ~2 min for its BeginTime and does compete). CI met a 7-day --begin array a killed test run had left: both Slurm
+# benches waited on it until their test's timeout.
+_DORMANT_REASONS = {"JobHeldUser", "JobHeldAdmin", "PartitionNodeLimit"}
+DORMANT_AFTER_S = 3600
+
+
+def competing_jobs(ours: Callable[[str], bool] = lambda _jid: False) -> list[str]:
+    """``squeue`` lines (id|state|reason|start|name) of jobs that hold the node or may start on it soon, except
+    those ``ours(job id)`` claims; a bench waits for this to be empty."""
+    out = subprocess.run(["squeue", "-h", "-o", "%i|%t|%r|%S|%j"], capture_output=True, text=True,
+                         timeout=60).stdout
+    return [ln for ln in out.splitlines() if ln.strip() and not ours(ln.split("|")[0]) and not _dormant(ln)]
+
+
+def _dormant(line: str) -> bool:
+    jid, state, reason, start = (line.split("|") + ["", "", "", ""])[:4]
+    if state != "PD":
+        return False
+    if reason in _DORMANT_REASONS:
+        return True
+    if reason != "BeginTime":
+        return False
+    try:
+        begins = time.mktime(time.strptime(start, "%Y-%m-%dT%H:%M:%S"))
+    except ValueError:  # "N/A" or a format this Slurm does not print: count it as competing
+        return False
+    return begins - time.time() > DORMANT_AFTER_S
+
+
 def machine() -> str:
     """One line: CPU model, cores, memory, OS, Python; from lscpu / nproc / /proc/meminfo."""
     model = platform.processor() or "?"

@@ -66,8 +66,8 @@ def cluster_busy() -> str | None:
               and re.search(OTHERS_RE, re.sub(r"--ignore[= ]\S*tests/slurm\S*", "", ln))]
     if others:
         return "another Slurm test or benchmark runs: " + others[0][:100]
-    n = len(sh("squeue", "-h").stdout.splitlines())
-    return f"{n} jobs in squeue" if n else None
+    jobs = C.competing_jobs()
+    return f"{len(jobs)} jobs in squeue (first: {jobs[0]})" if jobs else None
 
 
 class ClusterBusy(Exception):
@@ -291,7 +291,7 @@ def main() -> int:
     C.add_quick(ap)
     args = ap.parse_args()
     if args.quick:  # one in-place requeue (the run must outlast Slurm's preemption delay: steps as by default)
-        args.trials, args.cancel_trials, args.wait_limit, args.no_write = 1, 0, 600, True
+        args.trials, args.cancel_trials, args.wait_limit, args.no_write = 1, 0, 300, True
     if shutil.which("sbatch") is None or sh("sinfo", "-h").returncode != 0:
         print("no Slurm cluster here (sinfo failed); see deploy/slurm/README.md", file=sys.stderr)
         return 2

@@ -111,8 +111,7 @@ class Cluster:
         self.live.clear()
 
     def foreign_jobs(self) -> list[str]:
-        out = subprocess.run(["squeue", "-h", "-o", "%i|%j"], capture_output=True, text=True, timeout=60).stdout
-        return [ln for ln in out.splitlines() if ln.strip() and array_of(ln.split("|")[0]) not in self.ids]
+        return C.competing_jobs(lambda jid: array_of(jid) in self.ids)
 
     def wait_free(self, max_wait_s: float = 3600) -> float:
         """Wait while a Slurm test runs, another job is queued, or the controller still holds the records of many
@@ -126,7 +125,8 @@ class Cluster:
             if not tests and not foreign and held + self.planned <= MAX_JOB_COUNT:
                 return time.time() - t0
             if time.time() - t0 > max_wait_s:
-                raise SystemExit(f"the cluster stayed busy for {max_wait_s:.0f} s; giving up")
+                raise SystemExit(f"the cluster stayed busy for {max_wait_s:.0f} s; giving up. Still there: "
+                                 + ("; ".join(tests[:2]) or "; ".join(foreign[:3]) or f"{held} job records"))
             why = ("a Slurm test runs" if tests else f"{len(foreign)} other jobs queued" if foreign
                    else f"the controller still holds {held} job records")
             print(f"  cluster busy ({why}); waiting", flush=True)
@@ -183,7 +183,8 @@ def _timed(argv: list[str], env: dict[str, str]) -> tuple[float, str]:
     return wall, p.stdout
 
 
-def measure_cluster(tasks: int, blocks: int, work: Path, submits: int | None = None) -> dict:
+def measure_cluster(tasks: int, blocks: int, work: Path, submits: int | None = None,
+                    wait_limit: float = 3600) -> dict:
     cl = Cluster(work)
     orch = [C.ORCH] if Path(C.ORCH).exists() else [C.PY, "-m", "orchestrator.cli"]
     script = work / "raw.sh"
@@ -206,7 +207,7 @@ def measure_cluster(tasks: int, blocks: int, work: Path, submits: int | None = N
             # for the whole run at once never came with 5 blocks of 1,000 (15,000 > MaxJobCount), and each block
             # waits here for its own
             cl.planned = 3 * tasks + 2 * n
-            r["waited"] += cl.wait_free()
+            r["waited"] += cl.wait_free(wait_limit)
             r["loads"].append(os.getloadavg()[0])
             for i in range(n):
                 k = sum(per_block[:b]) + i
@@ -472,11 +473,12 @@ def main() -> int:
     ap.add_argument("--per-array", type=int, default=1000, help="tasks per array (dev cluster MaxArraySize 1001)")
     ap.add_argument("--skip-cluster", action="store_true", help="only the reconcile part (never writes)")
     ap.add_argument("--no-write", action="store_true", help="print only; leave BENCHMARKS.md alone")
+    ap.add_argument("--wait-limit", type=float, default=3600, help="seconds to wait for a busy cluster")
     C.add_quick(ap)
     args = ap.parse_args()
     if args.quick:
         args.tasks, args.blocks, args.runs, args.live, args.per_array, args.no_write = 10, 1, 1, 100, 10, True
-        args.submits = None
+        args.submits, args.wait_limit = None, 300  # a refusal inside its test's 900 s, with what blocked
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     work = Path(tempfile.mkdtemp(prefix="orch-bench-sweep-"))
     try:
@@ -491,7 +493,7 @@ def main() -> int:
         pnotes, ptbl = profile_section(*profile_sweep(args.tasks, work / "profile"), args.tasks)
         print(ptbl, flush=True)
         print(f"P6 cluster: sweep of {args.tasks} vs {args.tasks} orch submit vs {args.tasks} sbatch", flush=True)
-        cl = measure_cluster(args.tasks, args.blocks, work / "cluster", args.submits)
+        cl = measure_cluster(args.tasks, args.blocks, work / "cluster", args.submits, args.wait_limit)
         cnotes, ctbl, cgood = cluster_section(cl, args.tasks)
         print(ctbl, flush=True)
     finally:
