@@ -96,23 +96,35 @@ def parse_rank_end(r: object, launch: str, token: str, rank: int) -> RankEnd | N
 CONSEQUENCE_SIGNALS = frozenset({signal.SIGABRT})
 
 
-def first_own_end(ends: list[RankEnd]) -> RankEnd | None:
-    """The rank whose program failed on its own first: the attempt's end. A clean exit is never one (it cannot
-    turn a failure into success), and a rank a stop from above reached is a consequence of another's end.
+def first_own_end(ends: list[RankEnd], world_size: int | None = None) -> RankEnd | None:
+    """The rank whose program failed on its own first: the attempt's end, or None where the ends cannot tell. A
+    clean exit is never one (it cannot turn a failure into success), and a rank a stop from above reached is a
+    consequence of another's end.
 
     The times are when each rank's parent saw its end, which is not when the failure began, so the kind of end
-    comes first: a signal no peer's death can cause (SIGKILL, SIGSEGV, ...), then an exit code, then an abort
-    (SIGABRT), and the time only within a kind. A survivor's gloo abort for the lost peer was recorded 0.6 ms
-    before the SIGKILL that caused it, and before the exit of a rank that raised: that rank's teardown closes its
-    process group (the peer aborts) before its interpreter has finished exiting (both seen on a loaded machine).
-    Where a rank's own abort is the cause and a peer then raises, the peer is named; both are ``crash``."""
+    comes first: a signal no peer's death can cause (SIGKILL, SIGSEGV, ...), then an exit code, and the time only
+    within a kind. A survivor's gloo abort for the lost peer was recorded 0.6 ms before the SIGKILL that caused
+    it, and before the exit of a rank that raised: that rank's teardown closes its process group (the peer
+    aborts) before its interpreter has finished exiting (both seen on a loaded machine).
+
+    An abort (SIGABRT) is what a lost peer does to a rank, so it names its rank only when no other rank can be
+    its cause: every other rank's end is recorded and clean. Otherwise the ends do not say who began it (CI, twice:
+    rank 1 raised and, on its way out, aborted itself, or was stopped by torchrun after rank 0's abort was seen;
+    naming the abort by time named rank 0), and the attempt is classified from torchrun's own exit."""
     own = [e for e in ends if e.returncode != 0 and not e.stopped]
-    if own and all(_kind_of_end(e) == 2 for e in own):
-        # Only aborts, which a lost peer causes: a rank torchrun's stop reached while it was already exiting with
-        # an error code of its own (not the stop's 143) is their cause. Seen in CI: rank 1 raised, rank 0's gloo
-        # aborted, torchrun then stopped rank 1 before its exit 1 was seen, and the record named rank 0.
-        own += [e for e in ends if e.stopped and e.signal is None and e.returncode not in (0, protocol.EXIT_PREEMPTED)]
-    return min(own, key=lambda e: (_kind_of_end(e), e.at, e.rank)) if own else None
+    proven = [e for e in own if _kind_of_end(e) < 2]
+    if not proven:
+        # A rank torchrun's stop reached while it was already exiting with an error code of its own (not the
+        # stop's 143) failed on its own: seen in CI, rank 1 raised, rank 0's gloo aborted, torchrun then stopped
+        # rank 1 before its exit 1 was seen.
+        proven = [e for e in ends
+                  if e.stopped and e.signal is None and e.returncode not in (0, protocol.EXIT_PREEMPTED)]
+    if proven:
+        return min(proven, key=lambda e: (_kind_of_end(e), e.at, e.rank))
+    n = len(ends) if world_size is None else world_size
+    if len(own) == 1 and len(ends) == n and all(e.returncode == 0 for e in ends if e is not own[0]):
+        return own[0]  # the only rank that did not end cleanly: no peer was lost before it
+    return None
 
 
 def _kind_of_end(e: RankEnd) -> int:

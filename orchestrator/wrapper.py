@@ -309,7 +309,8 @@ def _failed_rank(a: argparse.Namespace, launch: str, rc: int, world_size: int | 
     torchrun itself exited non-zero (a rank's record never speaks for a run torchrun called a success)."""
     if not world_size or rc <= 0:
         return {}
-    end = rankend.first_own_end(rankend.read_rank_ends(_torchrun_dir(a), launch, a.token, world_size))
+    end = rankend.first_own_end(rankend.read_rank_ends(_torchrun_dir(a), launch, a.token, world_size),
+                                world_size)
     return {} if end is None else {"failed_rank": end.rank, "rank_returncode": end.returncode}
 
 

@@ -58,6 +58,8 @@ def test_a_plain_rank_that_raises_is_still_a_crash(orch):
     assert len(a) == 1 and a[0]["failure_class"] == "crash", a
     assert not (a[0]["action"] or {}).get("auto"), a[0]  # waits for `orch requeue`
     rec = protocol.read_exit(protocol.attempt_dir(run_dir, 1))
-    # Exit 1 from the raise; or SIGABRT (-6) when torch's gloo teardown aborts the rank on its way out after the
-    # exception (once in CI, stop 26: an open issue of the kit's teardown, not of how orch records the end).
-    assert rec is not None and rec.failed_rank == 1 and rec.rank_returncode in (1, -6), rec
+    assert rec is not None, rec
+    # Rank 1's exit 1 names it. Where rank 1 instead aborted on its way out, or torchrun stopped it during its exit
+    # after rank 0's gloo abort (CI, stops 26 and 27), the ends cannot tell who began it and no rank is named
+    # (rankend.first_own_end); rank 0, which only lost its peer, never is.
+    assert (rec.failed_rank, rec.rank_returncode) in ((1, 1), (None, None)), rec
