@@ -8,8 +8,13 @@
 # to Slurm's own delays: preemption grace, time limits) with tests/local, integrations + the trainer's
 # (real programs end to end, multi-rank ones among them), and the rest. One pytest alone keeps one core busy at best (load ~1.2 on 2 cores): run one after the
 # other they took 37 min of CI's 35-minute budget. With arguments, one pytest runs what they select.
+#
+# --quick: the quick tier (tests marked `quick`: unit, policy and the one local end-to-end run; minutes, see
+# CONTRIBUTING.md). It starts no service and needs none; further arguments go to pytest.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+quick=
+if [ "${1:-}" = --quick ]; then quick=1; shift; fi
 parts=()
 t0=$(date +%s); t=$t0
 part() { local now; now=$(date +%s); parts+=("$1: $((now - t)) s"); t=$now; }
@@ -17,7 +22,9 @@ tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
 # The services' packages (apt) install while pip installs the Python ones: neither needs the other.
 svc_pid=
-if [ "$(id -u)" = 0 ]; then
+if [ -n "$quick" ]; then
+  :  # the quick tier needs no service: its tests are the ones marked as needing none
+elif [ "$(id -u)" = 0 ]; then
   ( bash deploy/slurm/cluster.sh up && bash deploy/postgres/pg.sh up >/dev/null ) >"$tmp/services.log" 2>&1 &
   svc_pid=$!  # pg.sh prints its URL; the tests ask pg.sh for it
 elif [ "${CI:-}" = true ]; then
@@ -36,7 +43,11 @@ fi
 part "ruff"
 pytest=(.venv/bin/python -m pytest -q -p no:cacheprovider -o junit_family=xunit1)
 set +e
-if [ $# -gt 0 ]; then
+if [ -n "$quick" ]; then
+  "${pytest[@]}" --durations=10 -m quick "$@"
+  rc=$?
+  [ $rc -eq 5 ] && { echo "test: pytest collected no quick tests" >&2; exit 1; }
+elif [ $# -gt 0 ]; then
   "${pytest[@]}" --durations=25 --junitxml="$tmp/junit.xml" "$@"
   rc=$?
   [ $rc -eq 5 ] && { echo "test: pytest collected no tests" >&2; exit 1; }
@@ -65,8 +76,8 @@ else
   done
 fi
 set -e
-part "pytest (every suite, the bench scripts' --quick runs included)"
-if [ $rc -eq 0 ] && [ $# -eq 0 ]; then
+if [ -n "$quick" ]; then part "pytest (the quick tier)"; else part "pytest (every suite, the bench scripts' --quick runs included)"; fi
+if [ $rc -eq 0 ] && [ $# -eq 0 ] && [ -z "$quick" ]; then
   # BENCHMARKS.md's reliability table, counted from this run's report (not from a run of its own).
   .venv/bin/python bench/bench_reliability.py --from-junit "$tmp/junit.xml" --quick || rc=$?
   part "reliability table"

@@ -1,6 +1,10 @@
 """Fixtures shared by all test folders: a private ORCH_HOME per test, `orch` run as a user would, and
 the DB under it: SQLite in ORCH_HOME, or, for tests marked ``each_db``, also a fresh database of a real
-PostgreSQL server (the test runs once per DB; tests/pgkit.py)."""
+PostgreSQL server (the test runs once per DB; tests/pgkit.py).
+
+Also the tiers: every test is marked by what it needs (``slurm``, ``postgres``, ``e2e``), and the tests that
+need none of them are marked ``quick`` (``bash scripts/test.sh --quick``, or ``pytest -m quick``), with the
+one end-to-end run the quick tier keeps. Each test is bounded (pytest-timeout; CONTRIBUTING.md)."""
 
 from __future__ import annotations
 
@@ -10,6 +14,44 @@ from pathlib import Path
 import pgkit
 import pytest
 from orchkit import Orch, orch_for, tree_hash  # noqa: F401 - re-exported for tests that use them
+
+TESTS = Path(__file__).resolve().parent
+# Folders whose tests run real programs end to end (orch's CLI, job wrappers, the trainer, torchrun ranks):
+# seconds to minutes each. tests/policy runs real trainer jobs too, but the quick tier keeps its flows.
+E2E_FOLDERS = frozenset({"local", "integrations", "trainer", "adversarial", "reliability", "bench"})
+# Unit and policy tests run in one process or start a few short jobs: one still running after this is
+# hung (the slowest takes ~20 s here). Elsewhere pyproject's default holds; a test proving a bound marks its own.
+FOLDER_TIMEOUT_S = {"unit": 120, "policy": 240}
+
+
+def _folder(item: pytest.Item) -> str:
+    """The folder under tests/ that holds ``item`` ('' for a test directly in tests/)."""
+    rel = Path(str(item.fspath)).resolve().relative_to(TESTS)
+    return rel.parts[0] if len(rel.parts) > 1 else ""
+
+
+def _needs_postgres(item: pytest.Item) -> bool:
+    callspec = getattr(item, "callspec", None)
+    on_pg = callspec is not None and callspec.params.get("db_kind") == "postgres"
+    return on_pg or "pg_server" in getattr(item, "fixturenames", ())
+
+
+@pytest.hookimpl(tryfirst=True)  # before -m deselects: the marks set here select the tiers
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Marks each test by what it needs, and ``quick`` where it needs nothing slow; sets folder timeouts."""
+    for item in items:
+        folder = _folder(item)
+        if folder == "slurm":
+            item.add_marker(pytest.mark.slurm)
+        if _needs_postgres(item):
+            item.add_marker(pytest.mark.postgres)
+        if folder in E2E_FOLDERS:
+            item.add_marker(pytest.mark.e2e)
+        needs = {m.name for m in item.iter_markers()} & {"slurm", "postgres", "e2e", "long"}
+        if not needs and item.get_closest_marker("quick") is None:
+            item.add_marker(pytest.mark.quick)
+        if folder in FOLDER_TIMEOUT_S and not needs and item.get_closest_marker("timeout") is None:
+            item.add_marker(pytest.mark.timeout(FOLDER_TIMEOUT_S[folder]))
 
 
 def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:

@@ -10,6 +10,7 @@ import sys
 import time
 
 import psutil
+import pytest
 from localkit import DONE, GATED, PREEMPTIBLE, RETRYABLE, wrapper_record
 
 from orchestrator import protocol
@@ -31,6 +32,7 @@ def _wait_gone(pid: int, timeout: float = 15) -> None:
 WRITE_RESULT = "mkdir -p result; printf 'weights-%s' \"$ORCH_JOB_NAME\" > result/model.bin; echo 1 > result/m.json"
 
 
+@pytest.mark.quick  # the quick tier's one end-to-end run: submit -> verified, through the real CLI and backend
 def test_outputs_job_is_verified_by_reconcile_and_orch_verify(orch):
     p = orch("submit", "--name", "e1", "--outputs", "result/*", "--", "bash", "-c", WRITE_RESULT)
     assert p.returncode == 0, p.stderr

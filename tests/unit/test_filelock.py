@@ -31,6 +31,7 @@ def test_a_free_lock_is_taken_and_released(tmp_path):
         pass
 
 
+@pytest.mark.timeout(60)  # proves a bound: without it the lock waits for ever, and this fails here
 def test_a_held_lock_gives_up_at_its_bound_with_the_callers_error_naming_the_holder(tmp_path):
     path = tmp_path / "x.lock"
     p = subprocess.Popen([sys.executable, "-c", HOLD, str(path)])

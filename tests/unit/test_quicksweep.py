@@ -64,8 +64,15 @@ class Arrays(Backend):
 
 
 @pytest.fixture
-def arrays(monkeypatch) -> Arrays:  # noqa: ANN001
+def arrays(monkeypatch, tmp_path) -> Arrays:  # noqa: ANN001
+    """The fake scheduler, and an empty queue at ``squeue`` (a PATH shim): a run dir beside a batch dir is checked
+    against the controller's queue, and on a machine without Slurm that check cannot tell (a refusal)."""
     b = Arrays()
+    shim = tmp_path / "squeue-shim"
+    shim.mkdir()
+    (shim / "squeue").write_text("#!/bin/sh\nexit 0\n")
+    (shim / "squeue").chmod(0o755)
+    monkeypatch.setenv("PATH", f"{shim}{os.pathsep}{os.environ['PATH']}")
     for mod in ("orchestrator.sweep", "orchestrator.quicksweep", "orchestrator.launch"):
         monkeypatch.setattr(f"{mod}.get_backend", lambda _name: b)
     return b
