@@ -248,3 +248,16 @@ def at_site(monkeypatch, site: str, action) -> None:  # noqa: ANN001
         real(name)
 
     monkeypatch.setattr(testhooks, "site", hook)
+
+
+def assert_launch_times(job, since, until) -> None:  # noqa: ANN001 - a models.Job, datetimes as stored
+    """A launched job's stored times are plausible and in order: each within [``since``, ``until``], the window of
+    the calls that wrote them (a quick path storing the year 2001 compared equal where times were only checked for
+    being set), and job created <= attempt created <= claimed <= submitted <= job updated."""
+    for a in job.attempts:
+        chain = [("job created_at", job.created_at), ("attempt created_at", a.created_at),
+                 ("claimed_at", a.claimed_at), ("submitted_at", a.submitted_at), ("job updated_at", job.updated_at)]
+        for what, t in chain:
+            assert t is not None and since <= t <= until, f"{job.name}: {what} {t} outside [{since}, {until}]"
+        for (w1, t1), (w2, t2) in zip(chain, chain[1:], strict=False):
+            assert t1 <= t2, f"{job.name}: {w1} {t1} after {w2} {t2}"

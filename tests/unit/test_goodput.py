@@ -208,3 +208,15 @@ def test_the_held_time_takes_the_wrappers_times_only_inside_what_the_db_saw(tmp_
     unseen = _attempt_files(tmp_path / "unseen", "2026-06-01T12:00:30+00:00", "2026-06-01T12:59:10+00:00")
     unseen.started_at = None
     assert held_interval(unseen, str(tmp_path / "unseen")) == (db_start - 30, db_end - 50)
+
+
+def test_a_wrapper_time_within_the_clock_slack_past_what_the_db_saw_is_clamped_to_it(tmp_path):
+    """CLOCK_SLACK_S lets a node's clock run a little ahead of the controller's: a wrapper start up to 5 s after the
+    observed start, or an exit up to 5 s after the observed end, is accepted, but never stretches the hold past
+    what the DB saw (the start is the earlier of the two, the end the earlier of the two)."""
+    from orchestrator.goodputview import CLOCK_SLACK_S, held_interval
+
+    db_start, db_end = 1780315260.0, 1780318800.0  # 2026-06-01 12:01:00 and 13:00:00 UTC
+    assert CLOCK_SLACK_S > 3
+    late = _attempt_files(tmp_path / "late", "2026-06-01T12:01:03+00:00", "2026-06-01T13:00:03+00:00")
+    assert held_interval(late, str(tmp_path / "late")) == (db_start, db_end)

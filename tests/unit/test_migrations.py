@@ -4,6 +4,7 @@ bad DBs are named."""
 from __future__ import annotations
 
 import importlib.util
+import json
 import os
 import sqlite3
 import stat
@@ -11,6 +12,7 @@ import subprocess
 import sys
 import threading
 from pathlib import Path
+from typing import Any
 
 import pytest
 from alembic.script import ScriptDirectory
@@ -204,53 +206,141 @@ def _sqlite_db_at(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, revision: str
     return cfg
 
 
-def test_migration_0002_rewrites_every_row_in_the_old_encodings(tmp_path, monkeypatch):
-    """0002's data rewrites, each on a row in 0001's encoding (issue 16: removing any of them passed the suite).
+# Migration 0002's four data rewrites, each on a populated DB in 0001's encoding beside a row it must leave alone
+# (issue 16: removing any of them passed the suite; issue 40: two were still covered only by an unrelated test).
+# 0001 kept a launcher's claim in a pending attempt's submitted_at, a hang stop in backend_state
+# ("hang-stop@<unix time>") and decisions as nested dicts; 0002 turns each into its own column or the flat
+# RetryPlan, so the code reads one shape only.
+TS_0001 = "2026-11-30 12:00:00"
+JOB_0001 = ("INSERT INTO jobs (id, name, state, backend, run_dir, command_json, resources_json, outputs_json, "
+            "max_attempts, overrides_json, created_at, updated_at) VALUES (:id, :name, :state, 'local', '/r', "
+            "'[\"true\"]', '{}', '[]', 3, '{}', :ts, :ts)")
+ATTEMPT_0001 = ("INSERT INTO attempts (id, job_id, n, token, state, backend, backend_state, overrides_json, "
+                "action_json, plan_json, counted, restarts, submitted_at, created_at) VALUES (:id, :job, :n, :tok, "
+                ":state, 'local', :bs, '{}', :action, :plan, 1, 0, :sub, :ts)")
 
-    0001 kept a launcher's claim in a pending attempt's submitted_at, a hang stop in backend_state
-    ("hang-stop@<unix time>") and decisions as nested dicts; 0002 turns each into its own column or the flat
-    RetryPlan, so the code reads one shape only."""
-    import json
 
+def _upgraded_from_0001(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, jobs: list[tuple[int, str, str]],
+                        attempts: list[dict], sql: str) -> dict[int, Any]:
+    """A 0001 DB holding ``jobs`` (id, name, state) and ``attempts`` (ATTEMPT_0001's fields; ``n`` 1, no backend
+    state, action, plan or submission unless given), upgraded to head as any command does first; ``sql``'s rows
+    by their first column."""
     from sqlalchemy import create_engine
 
-    from orchestrator.plan import RetryPlan
-
     cfg = _sqlite_db_at(tmp_path, monkeypatch, "0001")
-    ts = "2026-11-30 12:00:00"
-    old_plan = {"one_shot": {"resume": "checkpoints/step-00000010"}, "quarantine": ["checkpoints/step-00000012"],
-                "prune": [], "empty_trash": False}
     raw = create_engine(cfg.db_url)
     with raw.begin() as conn:
-        job = ("INSERT INTO jobs (id, name, state, backend, run_dir, command_json, resources_json, outputs_json, "
-               "max_attempts, overrides_json, created_at, updated_at) VALUES (:id, :name, :state, 'local', '/r', "
-               "'[\"true\"]', '{}', '[]', 3, '{}', :ts, :ts)")
-        for jid, name, state in ((1, "claimed", "pending"), (2, "hung", "running"), (3, "planned", "pending")):
-            conn.execute(text(job), {"id": jid, "name": name, "state": state, "ts": ts})
-        att = ("INSERT INTO attempts (id, job_id, n, token, state, backend, backend_state, overrides_json, plan_json, "
-               "counted, restarts, submitted_at, created_at) VALUES (:id, :job, 1, :tok, :state, 'local', :bs, '{}', "
-               ":plan, 1, 0, :sub, :ts)")
-        conn.execute(text(att), {"id": 1, "job": 1, "tok": "t1", "state": "pending", "bs": None, "plan": None,
-                                 "sub": ts, "ts": ts})
-        conn.execute(text(att), {"id": 2, "job": 2, "tok": "t2", "state": "running", "bs": "hang-stop@1764504000",
-                                 "plan": None, "sub": ts, "ts": ts})
-        conn.execute(text(att), {"id": 3, "job": 3, "tok": "t3", "state": "pending", "bs": None,
-                                 "plan": json.dumps(old_plan), "sub": None, "ts": ts})
+        for jid, name, state in jobs:
+            conn.execute(text(JOB_0001), {"id": jid, "name": name, "state": state, "ts": TS_0001})
+        for a in attempts:
+            conn.execute(text(ATTEMPT_0001), {"n": 1, "bs": None, "action": None, "plan": None, "sub": None,
+                                              "ts": TS_0001, **a})
     raw.dispose()
-
-    db = Database(cfg)  # what any command does first: upgrade to head
+    db = Database(cfg)
     with db.engine.connect() as conn:
-        rows = {r.id: r for r in conn.execute(text(
-            "SELECT id, state, claimed_at, submitted_at, stop_reason, stop_requested_at, backend_state, plan_json "
-            "FROM attempts ORDER BY id"))}
+        rows = {r[0]: r for r in conn.execute(text(sql))}
     db.engine.dispose()
-    claimed, hung, planned = rows[1], rows[2], rows[3]
-    assert (claimed.state, str(claimed.claimed_at)[:19], claimed.submitted_at) == ("launching", ts, None)
+    return rows
+
+
+def test_migration_0002_turns_a_claim_kept_in_submitted_at_into_a_launching_attempt(tmp_path, monkeypatch):
+    rows = _upgraded_from_0001(tmp_path, monkeypatch, [(1, "claimed", "pending"), (2, "waiting", "pending")], [
+        {"id": 1, "job": 1, "tok": "t1", "state": "pending", "sub": TS_0001},
+        {"id": 2, "job": 2, "tok": "t2", "state": "pending"}],  # never claimed: stays pending
+        "SELECT id, state, claimed_at, submitted_at FROM attempts")
+    assert (rows[1].state, str(rows[1].claimed_at)[:19], rows[1].submitted_at) == ("launching", TS_0001, None)
+    assert (rows[2].state, rows[2].claimed_at, rows[2].submitted_at) == ("pending", None, None)
+
+
+def test_migration_0002_turns_a_hang_stop_in_backend_state_into_a_stopping_attempt(tmp_path, monkeypatch):
+    rows = _upgraded_from_0001(tmp_path, monkeypatch, [(1, "hung", "running"), (2, "busy", "running")], [
+        {"id": 1, "job": 1, "tok": "t1", "state": "running", "bs": "hang-stop@1764504000", "sub": TS_0001},
+        {"id": 2, "job": 2, "tok": "t2", "state": "running", "bs": "RUNNING", "sub": TS_0001}],
+        "SELECT id, state, stop_reason, stop_requested_at, backend_state FROM attempts")
+    hung, busy = rows[1], rows[2]
     assert (hung.state, hung.stop_reason, hung.backend_state) == ("stopping", "hang", None)
     assert str(hung.stop_requested_at)[:19] == "2025-11-30 12:00:00"  # 1764504000, UTC
-    plan = RetryPlan.from_dict(json.loads(planned.plan_json))
+    assert (busy.state, busy.stop_reason, busy.stop_requested_at, busy.backend_state) == (
+        "running", None, None, "RUNNING")
+
+
+def test_migration_0002_flattens_an_action_dict_into_a_retry_plan(tmp_path, monkeypatch):
+    from orchestrator.plan import RetryPlan
+
+    action = {"action": "resume", "why": "oom: micro-batch halved", "auto": True,
+              "retry_not_before": "2026-11-30T12:05:00",
+              "plan": {"one_shot": {"resume": "checkpoints/step-00000010"}, "quarantine": ["checkpoints/step-00000012"],
+                       "prune": ["checkpoints/step-00000002"], "empty_trash": True},
+              "micro_batch_size": 2, "mem_mb": 4096, "resume_step": 10}
+    rows = _upgraded_from_0001(tmp_path, monkeypatch, [(1, "decided", "failed"), (2, "undecided", "failed")], [
+        {"id": 1, "job": 1, "tok": "t1", "state": "failed", "action": json.dumps(action)},
+        {"id": 2, "job": 2, "tok": "t2", "state": "failed"}],
+        "SELECT id, action_json, plan_json FROM attempts")
+    stored = json.loads(rows[1].action_json)
+    assert "plan" not in stored and "retry_not_before" not in stored  # the flat shape: no 0001 keys left
+    plan = RetryPlan.from_dict(stored)
+    assert (plan.action, plan.why, plan.auto, str(plan.not_before)) == (
+        "resume", "oom: micro-batch halved", True, "2026-11-30 12:05:00")
+    assert (plan.resume, plan.quarantine, plan.prune, plan.empty_trash) == (
+        "checkpoints/step-00000010", ("checkpoints/step-00000012",), ("checkpoints/step-00000002",), True)
+    assert (dict(plan.overrides), dict(plan.resources), dict(plan.details)) == (
+        {"micro_batch_size": 2}, {"mem_mb": 4096}, {"mem_mb": 4096, "resume_step": 10})  # 0002 kept mem_mb in both
+    assert (rows[1].plan_json, rows[2].action_json, rows[2].plan_json) == (None, None, None)
+
+
+def test_migration_0002_flattens_a_new_attempts_plan_dict_into_a_retry_plan(tmp_path, monkeypatch):
+    from orchestrator.plan import RetryPlan
+
+    old_plan = {"one_shot": {"resume": "checkpoints/step-00000010"}, "quarantine": ["checkpoints/step-00000012"],
+                "prune": [], "empty_trash": False}
+    rows = _upgraded_from_0001(tmp_path, monkeypatch, [(1, "planned", "pending")], [
+        {"id": 1, "job": 1, "tok": "t1", "state": "pending", "plan": json.dumps(old_plan)}],
+        "SELECT id, action_json, plan_json FROM attempts")
+    stored = json.loads(rows[1].plan_json)
+    assert "one_shot" not in stored and rows[1].action_json is None
+    plan = RetryPlan.from_dict(stored)
     assert (plan.resume, plan.quarantine) == ("checkpoints/step-00000010", ("checkpoints/step-00000012",))
-    assert "one_shot" not in json.loads(planned.plan_json)
+
+
+def test_migration_0002_moves_a_retryable_failed_jobs_decision_onto_the_job_row(tmp_path, monkeypatch):
+    """The last attempt's auto and backoff become jobs.auto_requeue / retry_not_before; an earlier attempt's
+    decision, and a job in another state, are not read."""
+    last = {"action": "resume", "why": "crash", "auto": True, "retry_not_before": "2026-11-30T12:05:00"}
+    first = {"action": "resume", "why": "crash", "auto": False}
+    rows = _upgraded_from_0001(tmp_path, monkeypatch, [(1, "waits", "retryable_failed"), (2, "gave-up", "failed")], [
+        {"id": 1, "job": 1, "n": 1, "tok": "t1", "state": "failed", "action": json.dumps(first)},
+        {"id": 2, "job": 1, "n": 2, "tok": "t2", "state": "failed", "action": json.dumps(last)},
+        {"id": 3, "job": 2, "n": 1, "tok": "t3", "state": "failed", "action": json.dumps(last)}],
+        "SELECT id, auto_requeue, retry_not_before FROM jobs")
+    assert (bool(rows[1].auto_requeue), str(rows[1].retry_not_before)[:19]) == (True, "2026-11-30 12:05:00")
+    assert (bool(rows[2].auto_requeue), rows[2].retry_not_before) == (False, None)
+
+
+def test_migration_0003_rebuilds_the_jobs_table_and_keeps_every_job_attempt_and_event(tmp_path, monkeypatch):
+    """0003 adds the jobs' foreign keys by rebuilding the table (SQLite's batch mode): with foreign keys on, the
+    old table's DROP would cascade to every attempt and event (orch upgrades with them off)."""
+    from sqlalchemy import create_engine
+
+    cfg = _sqlite_db_at(tmp_path, monkeypatch, "0002")
+    raw = create_engine(cfg.db_url)
+    with raw.begin() as conn:
+        for jid in (1, 2):
+            conn.execute(text(JOB_0001), {"id": jid, "name": f"j{jid}", "state": "submitted", "ts": TS_0001})
+            conn.execute(text("INSERT INTO attempts (id, job_id, n, token, state, backend, overrides_json, "
+                              "counted, restarts, created_at) VALUES (:id, :id, 1, :tok, 'submitted', 'local', '{}', "
+                              "1, 0, :ts)"),
+                         {"id": jid, "tok": f"t{jid}", "ts": TS_0001})
+            conn.execute(text("INSERT INTO events (job_id, at, from_state, to_state, reason) VALUES "
+                              "(:id, :ts, 'pending', 'submitted', 'submitted')"), {"id": jid, "ts": TS_0001})
+    raw.dispose()
+    db = Database(cfg)
+    with db.engine.connect() as conn:
+        counts = [conn.execute(text(f"SELECT COUNT(*) FROM {t}")).scalar() for t in ("jobs", "attempts", "events")]
+        names = [r[0] for r in conn.execute(text("SELECT name FROM jobs ORDER BY id"))]
+        tasks = [tuple(r) for r in conn.execute(text("SELECT sweep_id, task_index, env_id FROM jobs"))]
+    db.engine.dispose()
+    assert counts == [2, 2, 2] and names == ["j1", "j2"]
+    assert tasks == [(None, None, None)] * 2  # the new columns, empty on old jobs
 
 
 def test_a_0005_db_with_history_upgrades_to_attempt_events_and_shows_it(tmp_path, monkeypatch):

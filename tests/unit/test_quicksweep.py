@@ -7,17 +7,18 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+from datetime import datetime
 from pathlib import Path
 
 import pytest
-from orchkit import at_site
+from orchkit import assert_launch_times, at_site
 from sqlalchemy import select, update
 
 from orchestrator import quicksweep
 from orchestrator.backends.base import Backend, BackendError, Capabilities, SubmissionRefused
 from orchestrator.errors import Refused
 from orchestrator.jobs import get_job
-from orchestrator.lifecycle import AttemptState, JobState
+from orchestrator.lifecycle import AttemptState, JobState, utcnow
 from orchestrator.models import Attempt, Event, Job, Sweep
 from orchestrator.sweep import SweepRequest, submit_sweep
 
@@ -91,7 +92,10 @@ def _start(spec, **kw) -> subprocess.CompletedProcess:  # noqa: ANN001
                           text=True, timeout=120, **kw)
 
 
-def _rows(db, sweep: str) -> list:  # noqa: ANN001
+def _rows(db, sweep: str, since: datetime) -> list:  # noqa: ANN001
+    """The sweep's rows less what differs by design; each task's times checked for order and for falling since
+    ``since``."""
+    until = utcnow()
     with db.read() as s:
         sw = s.scalar(select(Sweep).where(Sweep.name == sweep))
         out = [(sw.backend, sw.throttle, sw.params)]
@@ -102,15 +106,17 @@ def _rows(db, sweep: str) -> list:  # noqa: ANN001
             ext = job.attempts[-1].external_id or "-"
             out += [(e.attempt_id is None, e.from_state, e.to_state, e.reason.replace(ext, "ID"))
                     for e in s.scalars(select(Event).where(Event.job_id == job.id).order_by(Event.id))]
-            assert job.attempts[-1].batch_token and job.attempts[-1].claimed_at and job.attempts[-1].submitted_at
+            assert job.attempts[-1].batch_token
+            assert_launch_times(job, since, until)
     return out
 
 
 def test_a_quick_sweep_writes_the_rows_the_sqlalchemy_path_writes(db, cfg, arrays):
+    since = utcnow()
     out = quicksweep.sweep(cfg, _req("quick"))  # first: the slow path then finds its environment row
     submit_sweep(db, cfg, _req("slow"))
     assert out is not None and out.all_submitted and out.tasks == 3
-    assert _rows(db, "quick") == _rows(db, "slow")
+    assert _rows(db, "quick", since) == _rows(db, "slow", since)
     assert arrays.groups == [["quick.0000", "quick.0001", "quick.0002"], ["slow.0000", "slow.0001", "slow.0002"]]
     for i in range(3):  # each task's records in place, under its fence (the quick path: once the task starts)
         assert (cfg.runs_root / f"slow.{i:04d}" / "attempts" / "1" / "fence.json").is_file()
@@ -234,6 +240,25 @@ def test_a_task_cancelled_while_the_group_prepared_is_closed_unlaunched_and_the_
     with db.read() as s:
         assert get_job(s, "k.0002").attempts[-1].state is AttemptState.CANCELLED
         assert get_job(s, "k.0000").attempts[-1].state is AttemptState.SUBMITTED
+
+
+def test_a_claim_lost_before_the_group_submission_keeps_that_task_out_of_the_array_on_the_slow_path(
+        db, cfg, arrays, monkeypatch):
+    """launch_group re-checks every claim in the DB after the records are flushed and before the one backend call:
+    a task re-claimed meanwhile (this launcher stalled past the grace) is its re-claimer's to launch, so it is not
+    in this launcher's array (two live copies of it otherwise), and its row is left as the re-claimer holds it."""
+    def reclaimed() -> None:
+        with db.write() as s:
+            a = get_job(s, "q.0001").attempts[-1]
+            s.execute(update(Attempt).where(Attempt.id == a.id).values(fence=Attempt.fence + 1))
+
+    at_site(monkeypatch, "before_backend_submit", reclaimed)
+    sweep = submit_sweep(db, cfg, _req("q"))  # SQLAlchemy's path: launch.launch_group
+    assert sweep.name == "q" and arrays.groups == [["q.0000", "q.0002"]]
+    with db.read() as s:
+        a = get_job(s, "q.0001").attempts[-1]
+        assert (a.state, a.fence, a.launched_fence, a.external_id) == (AttemptState.LAUNCHING, 2, None, None)
+        assert get_job(s, "q.0000").attempts[-1].state is AttemptState.SUBMITTED
 
 
 def test_a_claim_lost_during_the_group_submission_is_not_recorded_over_the_reclaimer(db, cfg, arrays,
