@@ -85,16 +85,19 @@ def use_backend(monkeypatch, backend) -> None:  # noqa: ANN001
 
 
 def wait_for(cond: Callable[[], object], timeout: float = 60, what: str = "condition",
-             interval: float = 0.05) -> object:
+             interval: float = 0.05, detail: Callable[[], object] | None = None) -> object:
     """Poll an observable condition until it is truthy (its value is returned) or ``timeout`` seconds
-    pass (then fail naming ``what``): the one way tests synchronise, never a fixed sleep."""
+    pass on a monotonic clock (then fail naming ``what``, and ``detail()``'s state of things when given):
+    the one way tests synchronise, never a fixed sleep. ``cond`` may act first (a reconcile pass), as a
+    user's watch loop does."""
     deadline = time.monotonic() + timeout
     while True:
         v = cond()
         if v:
             return v
         if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+            raise AssertionError(f"timed out after {timeout}s waiting for {what}"
+                                 + (f"; {detail()}" if detail is not None else ""))
         time.sleep(interval)
 
 
@@ -162,16 +165,15 @@ class Orch:
 
     def wait(self, name: str, states: set[str], timeout: float = 120, reconcile: bool = True) -> str:
         """Reconcile until the job reaches one of `states`; fail with its history otherwise."""
-        t0 = time.time()
-        st = None
-        while time.time() - t0 < timeout:
+
+        def reached() -> str | None:
             if reconcile:
                 self("reconcile", check=True)
             st = self.state(name)
-            if st in states:
-                return st
-            time.sleep(0.5)
-        raise AssertionError(f"{name} still {st} after {timeout}s; wanted {states}: {self.show(name)}")
+            return st if st in states else None
+
+        return wait_for(reached, timeout, f"{name} to reach one of {sorted(states)}", interval=0.5,
+                        detail=lambda: self.show(name))
 
     def write_config(self, text: str) -> None:
         self.home.mkdir(mode=0o700, parents=True, exist_ok=True)

@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 import os
-import time
 
 import psutil
 from localkit import wrapper_record
+from orchkit import wait_for
 
 
 def _sid(p: psutil.Process) -> int | None:
@@ -30,11 +30,13 @@ def test_requeue_refuses_while_the_cancelled_attempt_is_still_stopping(orch):
     assert "still stopping" in p.stderr
     assert len(orch.show("slow-stop")["attempts"]) == 1
     # Every requeue before the trap has finished is the same refusal; the first one after it succeeds.
-    deadline = time.monotonic() + 60
-    while (p := orch("requeue", "slow-stop")).returncode == 3:
-        assert "still stopping" in p.stderr, p.stderr
-        assert time.monotonic() < deadline, "the cancelled attempt never finished stopping"
-        time.sleep(0.2)
+
+    def requeued() -> object:
+        p = orch("requeue", "slow-stop")
+        assert p.returncode != 3 or "still stopping" in p.stderr, p.stderr
+        return p if p.returncode != 3 else None
+
+    p = wait_for(requeued, 60, "the cancelled attempt to finish stopping (requeue accepted)", interval=0.2)
     assert p.returncode == 0 and "requeued as attempt 2" in p.stdout, p.stdout + p.stderr
     # Attempt 1's whole session (the wrapper's pid is its session id) was gone before attempt 2 began.
     sid = wrapper_record(orch.runs / "slow-stop", 1)["pid"]

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import subprocess
 import sys
-import time
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -89,11 +88,15 @@ def test_eight_concurrent_reconcilers_and_requeuers_make_exactly_one_new_attempt
     assert {(c, m) for _name, c, m in per_job} == {(2, 2)}
 
     # Let every attempt finish, then prove each ran once, in its own attempt dir.
-    deadline = time.time() + 90
-    while db_rows(orch.home, "SELECT count(*) FROM jobs WHERE state != 'done_marker_verified'") != [(0,)]:
-        assert time.time() < deadline, db_rows(orch.home, "SELECT state, count(*) FROM jobs GROUP BY state")
+
+    def all_verified() -> bool:
+        if db_rows(orch.home, "SELECT count(*) FROM jobs WHERE state != 'done_marker_verified'") == [(0,)]:
+            return True
         orch("reconcile", check=True)
-        time.sleep(0.3)
+        return False
+
+    orchkit.wait_for(all_verified, 90, "every job verified", interval=0.3,
+                     detail=lambda: db_rows(orch.home, "SELECT state, count(*) FROM jobs GROUP BY state"))
     for i in range(N_JOBS):
         run = orch.runs / f"job{i:03d}"
         assert (run / "ran.log").read_text() == "attempt=2\n", run

@@ -9,11 +9,10 @@ visible before the crash; the recovery logic after it is the same code on either
 
 from __future__ import annotations
 
-import time
-
 import psutil
 import pytest
 from localkit import DONE, db_rows
+from orchkit import wait_for
 
 from orchestrator import protocol
 
@@ -63,11 +62,14 @@ def test_submit_killed_at_a_fault_site_runs_the_job_exactly_once_after_reconcile
         orch("reconcile", env=fast, check=True)
         assert len(_wrappers_of(token)) <= 1
 
-    t0 = time.time()
-    while orch.state("once") != "done_marker_verified":
-        assert time.time() - t0 < 60, orch.show("once")
+
+    def verified() -> bool:
+        if orch.state("once") == "done_marker_verified":
+            return True
         orch("reconcile", env=fast, check=True)
-        time.sleep(0.2)
+        return False
+
+    wait_for(verified, 60, "once verified", interval=0.2, detail=lambda: orch.show("once"))
 
     lines = (run / "ran.log").read_text().splitlines()
     assert len(lines) == 1 and lines[0].startswith("attempt=1 pid="), lines
@@ -92,11 +94,14 @@ def test_stale_exit_record_of_an_earlier_run_is_not_taken_for_this_attempts_subm
     fast = {"ORCH_LAUNCH_GRACE_S": "0"}
     r = orch("reconcile", env=fast)
     assert "reused: -> submitted why=submission was lost" in r.stdout, r.stdout
-    t0 = time.time()
-    while orch.state("reused") not in ("done_marker_verified", "retryable_failed", "failed"):
-        assert time.time() - t0 < 60, orch.show("reused")
+
+    def ended() -> bool:
+        if orch.state("reused") in ("done_marker_verified", "retryable_failed", "failed"):
+            return True
         orch("reconcile", env=fast, check=True)
-        time.sleep(0.2)
+        return False
+
+    wait_for(ended, 60, "reused to end", interval=0.2, detail=lambda: orch.show("reused"))
     assert orch.state("reused") == "done_marker_verified", orch.show("reused")
     assert (run / "ran.log").read_text().count("attempt=1") == 1
 

@@ -13,11 +13,11 @@ import json
 import os
 import signal
 import sys
-import time
 from pathlib import Path
 
 import pytest
 from localkit import wrapper_record
+from orchkit import wait_for
 
 from orchestrator import protocol
 
@@ -69,22 +69,16 @@ def _log(run_dir: Path, n: int) -> list[dict]:
 
 
 def _wait_step(run_dir: Path, n: int, step: int, timeout: float = 60) -> None:
-    t0 = time.time()
-    while time.time() - t0 < timeout:
-        p = protocol.read_progress(run_dir, n) or {}
-        if p.get("step", -1) >= step:
-            return
-        time.sleep(0.02)
-    raise AssertionError(f"attempt {n} did not reach step {step}")
+    wait_for(lambda: (protocol.read_progress(run_dir, n) or {}).get("step", -1) >= step, timeout,
+             f"attempt {n} to reach step {step}", interval=0.02)
 
 
 def _wait_attempt(orch, name: str, n: int, timeout: float = 90) -> None:
-    t0 = time.time()
-    while time.time() - t0 < timeout:
+    def started() -> bool:
         orch("reconcile", check=True)
-        if len(orch.show(name)["attempts"]) >= n and wrapper_record(orch.runs / name, n):
-            return
-    raise AssertionError(f"no attempt {n}")
+        return len(orch.show(name)["attempts"]) >= n and bool(wrapper_record(orch.runs / name, n))
+
+    wait_for(started, timeout, f"{name}'s attempt {n} to start", interval=0)
 
 
 def test_preemption_kill_and_save_stall_split_as_the_job_logged_them(orch):

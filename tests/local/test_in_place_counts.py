@@ -12,9 +12,8 @@ from __future__ import annotations
 import signal
 import subprocess
 import sys
-import time
 
-from orchkit import wait_for_file
+from orchkit import wait_for, wait_for_file
 
 from orchestrator import protocol
 from orchestrator.config import load_config
@@ -46,10 +45,12 @@ def test_an_in_place_requeue_is_a_preemption_in_metrics_and_show_with_steps_redo
     run_dir = cfg.runs_root / "ip"
     run_dir.mkdir(parents=True)
     first = _wrapper(orch, run_dir, 0)
-    deadline = time.time() + 120
-    while (protocol.read_progress(run_dir, 1) or {}).get("step", 0) < 30:
-        assert time.time() < deadline and first.poll() is None, "the trainer made no progress"
-        time.sleep(0.1)
+
+    def reached_30() -> bool:
+        assert first.poll() is None, f"the wrapper exited {first.returncode} before step 30"
+        return (protocol.read_progress(run_dir, 1) or {}).get("step", 0) >= 30
+
+    wait_for(reached_30, 120, "the trainer's step 30", interval=0.1)
     first.send_signal(signal.SIGTERM)  # the preemption notice; the wrapper passes it on (no SLURM_JOB_ID)
     assert first.wait(60) == 143
     reached = protocol.read_failure(run_dir, 1)["step"]

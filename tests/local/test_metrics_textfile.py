@@ -8,13 +8,12 @@ import os
 import signal
 import stat
 import sys
-import time
 from datetime import UTC, datetime
 from pathlib import Path
 
 import pytest
 from localkit import db_rows, wrapper_record
-from orchkit import wait_for_file
+from orchkit import wait_for, wait_for_file
 from prometheus_client.parser import text_string_to_metric_families
 
 from orchestrator import protocol
@@ -229,10 +228,8 @@ def test_steps_redone_after_a_real_trainer_preemption(orch):
     orch("submit", "--name", "tr", "--", sys.executable, "-m", "orch_trainer", "--preset", "tiny", "--max-steps", "400",
          "--save-interval", "50", "--heartbeat-interval", "0.1", check=True)
     run = orch.runs / "tr"
-    deadline = time.time() + 120
-    while (protocol.read_progress(run, 1) or {}).get("step", 0) < 60:
-        assert time.time() < deadline, "the trainer made no progress"
-        time.sleep(0.2)
+    wait_for(lambda: (protocol.read_progress(run, 1) or {}).get("step", 0) >= 60, 120, "the trainer's step 60",
+             interval=0.2)
     os.kill(wrapper_record(run)["child_pid"], signal.SIGTERM)
     assert orch.wait("tr", {"done_marker_verified"}, timeout=300) == "done_marker_verified"
     a1 = orch.show("tr")["attempts"][0]

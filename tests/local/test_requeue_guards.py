@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import os
 import signal
-import time
 
 from localkit import DONE, RETRYABLE, trash_files
+from orchkit import wait_for
 
 from orchestrator import protocol
 from orchestrator.backends.local import live_by_run_dir
@@ -23,14 +23,14 @@ def _pids(run_dir) -> list[int]:  # noqa: ANN001
 
 
 def _wait_pids(run_dir, want_any: bool, timeout: float = 20) -> list[int]:  # noqa: ANN001
-    t0 = time.time()
-    while True:
-        pids = _pids(run_dir)
-        if bool(pids) == want_any:
-            return pids
-        if time.time() - t0 > timeout:
-            raise AssertionError(f"processes in {run_dir}: {pids}")
-        time.sleep(0.05)
+    seen: list[int] = []
+
+    def settled() -> bool:
+        seen[:] = _pids(run_dir)
+        return bool(seen) == want_any
+
+    wait_for(settled, timeout, f"{'a' if want_any else 'no'} process in {run_dir}", detail=lambda: seen)
+    return seen
 
 
 def _kill(pids: list[int]) -> None:

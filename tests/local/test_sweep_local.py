@@ -35,14 +35,13 @@ def _tasks_alive(sweep: str) -> set[str]:
 
 
 def _settle(orch, names, timeout=90):  # noqa: ANN001
-    t0 = time.time()
-    while time.time() - t0 < timeout:
+    def settled() -> dict | None:
         orch("reconcile", check=True)
         rows = {r["name"]: r for r in orch.json("status")}
-        if all(rows[n]["state"] in {"done_marker_verified", "retryable_failed", "failed", "cancelled"} for n in names):
-            return rows
-        time.sleep(0.3)
-    raise AssertionError(f"not settled: {orch.json('status')}")
+        ended = {"done_marker_verified", "retryable_failed", "failed", "cancelled"}
+        return rows if all(rows[n]["state"] in ended for n in names) else None
+
+    return wait_for(settled, timeout, f"{names} to settle", interval=0.3, detail=lambda: orch.json("status"))
 
 
 def test_a_throttled_sweep_never_runs_more_than_its_throttle_and_runs_each_task_once(orch, tmp_path):
@@ -101,18 +100,18 @@ def test_a_crashed_task_is_requeued_alone_through_the_sweeps_name(orch, tmp_path
 def test_cancel_by_sweep_name_stops_every_task(orch):
     p = orch("sweep", "--name", "cx", "--grid", "i=1,2,3", "--throttle", "2", "--", "sh", "-c", "sleep 60")
     assert p.returncode == 0, p.stderr
-    deadline = time.time() + 30
-    while len(_tasks_alive("cx")) < 2:
-        assert time.time() < deadline, "tasks did not start"
-        time.sleep(0.1)
+    wait_for(lambda: len(_tasks_alive("cx")) >= 2, 30, "two of the sweep's tasks to start", interval=0.1)
     c = orch("cancel", "cx")
     assert c.returncode == 0 and c.stdout.count(": cancelled") == 3, c.stdout + c.stderr
-    deadline = time.time() + 60
     open_attempts = "SELECT count(*) FROM attempts WHERE state NOT IN ('cancelled', 'failed', 'succeeded')"
-    while _tasks_alive("cx") or db_rows(orch.home, open_attempts) != [(0,)]:
-        assert time.time() < deadline, "tasks still alive (or attempts still stopping) after cancel"
+
+    def all_stopped() -> bool:
+        if not _tasks_alive("cx") and db_rows(orch.home, open_attempts) == [(0,)]:
+            return True
         orch("reconcile", check=True)
-        time.sleep(0.3)
+        return False
+
+    wait_for(all_stopped, 60, "every task to end and every attempt to close after the cancel", interval=0.3)
     rows = {r["name"]: r for r in orch.json("status")}
     assert {rows[f"cx.000{i}"]["state"] for i in range(3)} == {"cancelled"}
     assert db_rows(orch.home, "SELECT count(*) FROM attempts WHERE state NOT IN ('cancelled')") == [(0,)]
@@ -274,11 +273,14 @@ def test_the_status_table_shows_a_sweeps_attempts_and_each_finished_jobs_last_st
     orch("sweep", "--name", "st", "--grid", "i=0,1,2", "--outputs", "out.txt", "--", sys.executable, "-c", STEP_TASK,
          check=True)
     names = [f"st.000{i}" for i in range(3)]
-    t0 = time.time()
-    while not all(orch.state(n) == "done_marker_verified" for n in names):
-        assert time.time() - t0 < 90, orch.json("status")
+
+    def verified() -> bool:
+        if all(orch.state(n) == "done_marker_verified" for n in names):
+            return True
         orch("reconcile", check=True)
-        time.sleep(0.3)
+        return False
+
+    wait_for(verified, 90, "every task verified", interval=0.3, detail=lambda: orch.json("status"))
     table = orch("status", check=True).stdout.splitlines()
     assert table[1].startswith("st ") and "sweep of 3: 3 done_marker_verified" in table[1], table
     cells = [c.strip() for c in table[1].split("  ") if c.strip()]

@@ -10,10 +10,9 @@ import json
 import re
 import subprocess
 import sys
-import time
 from pathlib import Path
 
-from orchkit import wait_for_file
+from orchkit import wait_for, wait_for_file
 from ptykit import PtyProcess
 
 from orchestrator import protocol
@@ -50,10 +49,7 @@ def at_step(orch, name: str, step: int) -> None:
     """Wait (on the job's own heartbeat file) until it has posted ``step``."""
     p = protocol.attempt_dir(orch.runs / name, 1) / protocol.PROGRESS_FILE
     wait_for_file(p)
-    deadline = time.time() + 60
-    while json.loads(p.read_text() or "{}").get("step") != step:
-        assert time.time() < deadline, f"{name} never reached step {step}"
-        time.sleep(0.05)
+    wait_for(lambda: json.loads(p.read_text() or "{}").get("step") == step, 60, f"{name} to reach step {step}")
 
 
 def test_watch_on_a_terminal_draws_a_live_bar_and_exits_0_when_verified(orch):

@@ -12,6 +12,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+from orchkit import wait_for
+
 from orchestrator import protocol
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -156,13 +158,11 @@ def test_a_term_after_the_decision_is_held_and_exit_json_agrees_with_the_marker(
 
 
 def deadline_wait(cond, proc: subprocess.Popen, timeout: float = 30) -> None:
-    import time
-
-    t0 = time.monotonic()
-    while not cond():
+    def paused() -> bool:
         assert proc.poll() is None, f"wrapper exited {proc.returncode} before the pause"
-        assert time.monotonic() - t0 < timeout, "the wrapper never reached wrapper_marker_decided"
-        time.sleep(0.02)
+        return bool(cond())
+
+    wait_for(paused, timeout, "the wrapper to reach wrapper_marker_decided", interval=0.02)
 
 
 def test_a_stale_completion_record_of_an_in_place_rerun_is_not_this_runs(tmp_path):

@@ -6,9 +6,9 @@ from __future__ import annotations
 import json
 import os
 import signal
-import time
 
 import pytest
+from orchkit import wait_for
 
 from orchestrator import protocol
 from orchestrator.backends.base import Outcome, Phase
@@ -68,10 +68,8 @@ def test_the_signal_handler_only_wakes_a_writer_that_records_the_stop_promptly(t
     flag = PreemptionFlag(attempt_dir=tmp_path).install()
     try:
         os.kill(os.getpid(), signal.SIGTERM)
-        deadline = time.monotonic() + 10
-        while not (tmp_path / protocol.STOP_FILE).exists():  # written by the writer thread, no boundary reached
-            assert time.monotonic() < deadline, "stop.json never written"
-            time.sleep(0.01)
+        # Written by the writer thread, no step boundary reached.
+        wait_for((tmp_path / protocol.STOP_FILE).exists, 10, "stop.json", interval=0.01)
         assert protocol.read_stop(tmp_path).step is None
         flag.record_step(12)  # at the step boundary
         assert protocol.read_stop(tmp_path).step == 12
