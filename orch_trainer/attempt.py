@@ -24,6 +24,16 @@ if TYPE_CHECKING:
 DISK_FULL_ERRNOS = (errno.ENOSPC, errno.EDQUOT, errno.EFBIG)
 
 
+def write_error_class(e: BaseException | None) -> str:
+    """The class of a failed write: ``enospc`` (free space), ``storage`` (EIO, ESTALE, EAGAIN, ETIMEDOUT: a fault
+    of the storage that may pass, never the job's own), else ``crash``."""
+    if isinstance(e, OSError) and e.errno in DISK_FULL_ERRNOS:
+        return "enospc"
+    if isinstance(e, OSError) and e.errno in protocol.TRANSIENT_STORAGE_ERRNOS:
+        return "storage"
+    return "crash"
+
+
 class TrainerExit(Exception):
     """Unwind to ``Trainer.run`` with an exit code; the failure (if any) is already reported."""
 
@@ -47,12 +57,17 @@ class Attempt:
         return TrainerExit(code)
 
     def save_failed(self, e: CheckpointError) -> TrainerExit:
-        """Classify a failed checkpoint save: a full disk is ``enospc`` (retryable once space is freed)."""
+        """Classify a failed checkpoint save: a full disk is ``enospc`` (retryable once space is freed), an I/O
+        error of the storage ``storage`` (retried after a back-off; the previous checkpoint is the resume point)."""
         cause = e.cause
         free = shutil.disk_usage(self.run_dir).free
-        if isinstance(cause, OSError) and cause.errno in DISK_FULL_ERRNOS:
+        cls = write_error_class(cause)
+        if cls == "enospc":
             return self.fail("enospc", e.step, f"checkpoint step {e.step} did not fit: {cause}; "
                              f"previous checkpoints are intact", bytes_needed=e.bytes_needed, bytes_free=free)
+        if cls == "storage":
+            return self.fail("storage", e.step, f"checkpoint step {e.step} failed on the storage: {cause}; "
+                             "previous checkpoints are intact (the resume point)", bytes_free=free)
         return self.fail("crash", e.step, f"checkpoint step {e.step} failed: {cause!r}; "
                          "previous checkpoints intact", bytes_free=free)
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import argparse
 import os
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 from orch_trainer.faults import FaultSpec, parse_fault
 from orchestrator import protocol
@@ -93,7 +93,8 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--max-steps", type=pos1, default=60)
     ap.add_argument("--batch-size", type=pos1, default=8, help="effective batch (samples per optimizer step)")
     ap.add_argument("--micro-batch-size", type=pos1, default=None,
-                    help="samples per forward/backward (default: the batch size); must divide --batch-size")
+                    help="samples per forward/backward on each rank (default: the batch size over the ranks); "
+                         "times the ranks it must divide --batch-size")
     ap.add_argument("--lr", type=_positive_float, default=1e-3)
     ap.add_argument("--warmup-steps", type=pos0, default=5)
     ap.add_argument("--save-interval", type=_save_interval(pos1), default=10, metavar="N|auto",
@@ -130,6 +131,12 @@ def build_parser() -> argparse.ArgumentParser:
     return ap
 
 
+def _world(env: Mapping[str, str]) -> int:
+    """WORLD_SIZE as torchrun set it, 1 when unset or not a positive integer (ranks.refusal names that)."""
+    raw = env.get("WORLD_SIZE", "1").strip()
+    return int(raw) if raw.isdigit() and int(raw) >= 1 else 1
+
+
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     """Parse and run the argument-only checks; on failure argparse prints usage and exits 2."""
     ap = build_parser()
@@ -138,7 +145,11 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     if not args.run_dir:
         ap.error("--run-dir is required (or set ORCH_RUN_DIR)")
     if args.micro_batch_size is None:
-        args.micro_batch_size = args.batch_size
+        # The global batch split over the ranks torchrun started (issue 41: the README's multi-rank command was
+        # `invalid` at once, the default micro-batch being the whole global batch on every rank); a world that
+        # does not divide it is refused before the process group starts (ranks.refusal says how to set it).
+        world = _world(os.environ)
+        args.micro_batch_size = args.batch_size // world if args.batch_size % world == 0 else args.batch_size
     # Gradient accumulation needs whole micro-batches: 10 samples in micro-batches of 4 would
     # silently train on 8 (or 12) and change the effective batch the loss curve is compared on.
     if args.micro_batch_size > args.batch_size or args.batch_size % args.micro_batch_size:

@@ -2,7 +2,7 @@
 
 Each fault is raised at the code site where the real failure appears, with the real exception type:
 ``oom`` inside the forward of a micro-batch (the allocator's exception), ``nan`` on the loss the
-forward produced, ``enospc`` inside the checkpoint writer's write call. So a test of an injected
+forward produced, ``enospc`` and ``eio`` inside the checkpoint writer's write call. So a test of an injected
 fault exercises the recovery code a real one would (design lesson 3: a retry path nobody has seen
 work is not a retry path).
 
@@ -11,7 +11,7 @@ Each fault fires at most once per run dir: it is recorded in ``<run_dir>/.faults
 instead of dying at the same step forever.
 
 Where ``step`` refers to: the optimizer step being computed (step N takes the run from N-1 to N
-completed steps). ``enospc`` fires at the first checkpoint save of a step >= N. The signal faults
+completed steps). ``enospc`` and ``eio`` fire at the first checkpoint save of a step >= N. The signal faults
 (``sigterm``, ``sigkill``, ``hang``, ``crash``) fire at the micro-batch boundary after the first
 micro-batch of step N when it has several (i.e. mid-accumulation), else before its only one.
 """
@@ -30,7 +30,7 @@ from pathlib import Path
 
 from orchestrator import protocol
 
-KINDS = ("oom", "nan", "enospc", "sigterm", "sigkill", "hang", "crash")
+KINDS = ("oom", "nan", "enospc", "eio", "sigterm", "sigkill", "hang", "crash")
 _SPEC_RE = re.compile(r"^(?P<kind>[a-z]+)@step=(?P<step>\d+)$")
 
 
@@ -127,3 +127,8 @@ class FaultInjector:
     @staticmethod
     def enospc_error(path: str) -> OSError:
         return OSError(errno.ENOSPC, os.strerror(errno.ENOSPC) + " (injected)", path)
+
+    @staticmethod
+    def eio_error(path: str) -> OSError:
+        """What a failing disk or a lost NFS server returns from write(): EIO, once."""
+        return OSError(errno.EIO, os.strerror(errno.EIO) + " (injected)", path)

@@ -176,6 +176,8 @@ class Trainer:
         # Inside the writer's write(): an injected disk-full takes the same path as a real one.
         if self.faults.take("enospc", step, at_or_after=True):
             raise FaultInjector.enospc_error(path)
+        if self.faults.take("eio", step, at_or_after=True):
+            raise FaultInjector.eio_error(path)
 
 
 class TrainLoop:

@@ -132,7 +132,8 @@ def refusal(args: argparse.Namespace, environ: dict[str, str] | None = None) -> 
     try:
         grad_accumulation(args.batch_size, args.micro_batch_size, world)
     except ValueError as e:
-        return f"--batch-size is the global batch: {e}"
+        return (f"--batch-size is the global batch: {e}; give a --batch-size that {world} ranks divide, or a "
+                f"--micro-batch-size M with M x {world} dividing it")
     return None
 
 

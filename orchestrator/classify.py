@@ -13,7 +13,8 @@ Evidence, strongest first:
    a stop too, whatever the exit code and whoever sent it (issue 17);
 6. the exit status (a bare SIGKILL is ``killed``; the wrapper's memory cgroup count of OOM kills makes it
    ``oom``, see orchestrator/memlimit.py); for ranks orch launched through torchrun, the exit status of the
-   rank that failed on its own first (``exit.json``'s failed_rank, orchestrator/rankend.py).
+   rank that failed on its own first (``exit.json``'s failed_rank, orchestrator/rankend.py); no exit status
+   at all, every process gone, is ``killed`` too: the wrapper, which always writes one, was killed.
 Pure function: no I/O, no DB, unit-tested on every row.
 """
 
@@ -21,6 +22,7 @@ from __future__ import annotations
 
 import signal as _signal
 from dataclasses import dataclass
+from datetime import datetime
 
 from orchestrator.backends.base import Outcome, Phase
 from orchestrator.protocol import (
@@ -65,6 +67,13 @@ def classify(outcome: Outcome, report: FailureReport | None, verification: Verif
         # free uncounted resume would hide a job that hangs every time.
         why = hang.describe() if hang is not None else "no heartbeat"  # None: stopped before migration 0010
         return Classification(C.HANG, step, f"stopped by the reconciler: {why}")
+    killed = _killed_rank(exit_record, outcome)
+    if killed is not None:
+        # Issue 41: a kill -9 of rank 0 was `preempted`, from the stop record its peer wrote when torchrun stopped
+        # it afterwards. A rank that died of a kill on its own, with no stop delivered, is the attempt's end.
+        r, rc = killed
+        return Classification(C.KILLED, None, f"rank {r} killed by SIGKILL (kill -9, or the kernel OOM killer); what "
+                                              f"its peers recorded after it does not count (torchrun exit {rc})")
     if report is not None:
         cls = report.cls
         if cls is C.PREEMPTED and outcome.cause is C.CANCELLED:
@@ -87,7 +96,7 @@ def classify(outcome: Outcome, report: FailureReport | None, verification: Verif
         why = str(exit_record.stop_source) + (f" {exit_record.notice}" if exit_record.notice else "")
         rc = outcome.exit_code if outcome.exit_code is not None else "?"
         return Classification(cls, None, f"stopped by SIG{exit_record.stop_signal} ({why}); exit {rc}")
-    if stop_record is not None:
+    if stop_record is not None and not _after_the_program(stop_record, exit_record):
         cls = C.TIMEOUT if exit_record is not None and exit_record.time_limit_reached else C.PREEMPTED
         rc = outcome.exit_code if outcome.exit_code is not None else (f"signal {outcome.signal}" if outcome.signal
                                                                       else "?")
@@ -99,7 +108,12 @@ def classify(outcome: Outcome, report: FailureReport | None, verification: Verif
         rc = outcome.exit_code if outcome.exit_code is not None else "?"
         return Classification(C.ENOSPC, None, f"the run dir's filesystem was full when the program ended (exit {rc})")
     if outcome.phase is Phase.VANISHED:
-        return Classification(C.UNKNOWN, None, outcome.reason or "process vanished without an exit record")
+        # Every process gone (liveness decided) and no exit record: the wrapper died with its program, which only a
+        # kill does (kill -9 of the session, a cgroup-wide OOM kill, a container kill). Issue 41: as `unknown` it
+        # waited for a person, and was missing from the MTBF that --save-interval auto learns from.
+        why = outcome.reason or "process vanished without an exit record"
+        return Classification(C.KILLED, None, f"{why} (killed with its wrapper: kill -9 of the session, an OOM "
+                                              "or container kill)")
     rc, sig = outcome.exit_code, outcome.signal
     if rc == 0 and not sig:
         if verification.status is MarkerStatus.CORRUPT:
@@ -113,6 +127,28 @@ def classify(outcome: Outcome, report: FailureReport | None, verification: Verif
         c = _by_exit(-rrc if rrc < 0 else None, rrc if rrc > 0 else None)
         return Classification(c.cls, None, f"rank {r} {c.detail} (torchrun exit {rc})")
     return _by_exit(sig, rc)
+
+
+def _killed_rank(rec: ExitRecord | None, outcome: Outcome) -> tuple[int, int | None] | None:
+    """(rank, torchrun's exit) when the rank that failed on its own first was SIGKILLed and no stop was delivered
+    through the wrapper (a stop's escalation to SIGKILL is that stop's end, not a kill of its own), nor did the
+    attempt's memory cgroup count an OOM kill (that is ``oom``)."""
+    end = _rank_end(rec, outcome.exit_code, outcome.signal)
+    if end is None or rec is None or rec.stop_signal or rec.oom_kill or \
+            end[1] not in (-_signal.SIGKILL, 128 + _signal.SIGKILL):
+        return None
+    return end[0], outcome.exit_code
+
+
+def _after_the_program(stop: StopRecord, rec: ExitRecord | None) -> bool:
+    """Whether ``stop`` was recorded after the program's own process had ended: a leftover process (a peer rank the
+    wrapper stopped once the program was gone) wrote it, so it tells nothing of how the program ended."""
+    if rec is None or not rec.program_ended_at or not stop.at:
+        return False
+    try:
+        return datetime.fromisoformat(stop.at) > datetime.fromisoformat(rec.program_ended_at)
+    except (TypeError, ValueError):
+        return False
 
 
 def _rank_end(rec: ExitRecord | None, rc: int | None, sig: int | None) -> tuple[int, int] | None:

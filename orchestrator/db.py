@@ -32,7 +32,7 @@ from orchestrator.quickdb import is_full, is_locked, locked_error
 
 SQLITE_APPLICATION_ID = 0x6F726368  # "orch" in the header of a DB file orch created
 SCHEMA_HEAD = "0010"  # a test checks this equals Alembic's head revision
-MIGRATE_LOCK_TIMEOUT_S = 300.0  # how long a first command waits for another one's schema upgrade
+MIGRATE_LOCK_TIMEOUT_S = 300.0  # a first command waits this for another one's schema upgrade (or ORCH_LOCK_TIMEOUT_S)
 MIGRATIONS = Path(__file__).resolve().parent / "migrations"
 # PostgreSQL advisory lock keys ("orch", "orcn"): schema upgrades of one DB; creators of job/sweep names.
 PG_MIGRATE_LOCK = 0x6F726368
@@ -242,7 +242,7 @@ def _migrate_lock(cfg: Config, engine: Engine) -> Iterator[None]:
         # Bounded like every lock (a stopped upgrader hung every first command), but long: an upgrade
         # of a big history may take minutes.
         with filelock.exclusive(path.with_suffix(".migrate.lock"), DatabaseProblem, "the migrate lock ",
-                                timeout_s=MIGRATE_LOCK_TIMEOUT_S):
+                                timeout_s=filelock.lock_timeout_s(MIGRATE_LOCK_TIMEOUT_S)):
             yield
     elif engine.dialect.name == "postgresql":
         with engine.connect() as conn:

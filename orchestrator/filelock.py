@@ -4,10 +4,13 @@ One helper for every such lock: the file is created 0600 and opened without foll
 symlink or directory planted there is refused rather than followed out of ORCH_HOME (hostile test).
 
 Every wait is bounded (an ``orch sweep`` stopped with Ctrl-Z while it held the sweep launch lock made
-every ``orch reconcile`` and ``orch requeue --failed`` block for good). The holder writes who it is
-(pid, host, command, since) into the lock file once it has the lock; a waiter that gives up names it
-from that record, or from /proc/locks when the record is missing or another process's. A lock this
-process already waited out once is then tried only once more (a pass must not wait per sweep).
+every ``orch reconcile`` and ``orch requeue --failed`` block for good), and a holder that is stopped is not
+waited for at all: it cannot let go by itself (issue 41: a Ctrl-Z'd command holding the migrate lock cost
+every command in its home 300 s, and one holding the launch lock cost every reconcile pass 30 s, though
+the message already said "stopped"). The holder writes who it is (pid, host, command, since) into the
+lock file once it has the lock; a waiter that gives up names it from that record, or from /proc/locks
+when the record is missing or another process's. A lock this process already waited out once is then
+tried only once more (a pass must not wait per sweep).
 """
 
 from __future__ import annotations
@@ -26,6 +29,7 @@ from orchestrator.errors import OrchError
 
 DEFAULT_TIMEOUT_S = 30.0
 _POLL_S = 0.05
+_LOOK_S = 1.0  # how often a waiter looks whether the holder is stopped
 _RECORD_LIMIT = 4096
 _timed_out: set[str] = set()  # lock files this process already gave up on once
 
@@ -54,9 +58,12 @@ def exclusive(path: Path, error: type[OrchError], what: str = "", timeout_s: flo
         raise error(f"cannot open {what}{path}: {e.strerror or e}") from None
     try:
         bound = lock_timeout_s() if timeout_s is None else timeout_s
-        if not _acquire(fd, 0.0 if str(path) in _timed_out else bound):
+        got = _acquire(fd, path, 0.0 if str(path) in _timed_out else bound)
+        if got is not True:
             _timed_out.add(str(path))
-            raise _timeout_error(error)(f"{what}{path} is held by {holder(path, fd)}; gave up after {bound:g} s")
+            why = (f"not waited for: a stopped holder cannot let go (resume it with kill -CONT {got}, or end it)"
+                   if got is not False else f"gave up after {bound:g} s")
+            raise _timeout_error(error)(f"{what}{path} is held by {holder(path, fd)}; {why}")
         _timed_out.discard(str(path))
         _write_record(fd)
         try:
@@ -77,15 +84,24 @@ def _timeout_error(error: type[OrchError]) -> type[OrchError]:
     return error if issubclass(error, LockTimeout) else type(error.__name__, (error, LockTimeout), {})
 
 
-def _acquire(fd: int, timeout_s: float) -> bool:
-    """Poll a non-blocking flock until ``timeout_s`` has passed (flock itself has no timeout)."""
+def _acquire(fd: int, path: Path, timeout_s: float) -> bool | int:
+    """Poll a non-blocking flock until ``timeout_s`` has passed (flock itself has no timeout): True once
+    taken, False at the bound, or the holder's pid at once when /proc/locks names a holder that is
+    stopped (looked at on the first miss, then about once a second: one read of /proc/locks each)."""
     deadline = time.monotonic() + timeout_s
+    look_at = 0.0
     while True:
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
             return True
         except BlockingIOError:
-            if time.monotonic() >= deadline:
+            now = time.monotonic()
+            if now >= look_at:
+                pid = _proc_locks_holder(path)
+                if pid is not None and pid != os.getpid() and _proc_state(pid) in ("T", "t"):
+                    return pid
+                look_at = now + _LOOK_S
+            if now >= deadline:
                 return False
             time.sleep(_POLL_S)
 

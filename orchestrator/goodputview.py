@@ -69,6 +69,7 @@ def held_interval(a: Any, run_dir: str) -> tuple[float | None, float | None]:
     ended_at are when the program started and exited. wrapper.json is rewritten by each in-place restart,
     so with restarts the DB's start is used.
 
+    An attempt killed with its wrapper left no exit record: its newest heartbeat is then its last sign of life.
     Those files are the job's to write, so a time in them counts only inside what the DB saw: a start
     after the submission and no later than the observed start, an end after that start and no later than
     the observed end (a hostile pass forged wrapper.json's started_at a year back and `orch report` put a
@@ -93,7 +94,18 @@ def held_interval(a: Any, run_dir: str) -> tuple[float | None, float | None]:
         if rec is not None and (t := _iso_epoch(rec.ended_at)) is not None and start is not None and \
                 start <= t <= end + CLOCK_SLACK_S:
             end = min(t, end)
+        elif rec is None and start is not None and (t := _last_beat(run_dir, a.n)) is not None and \
+                start <= t <= end + CLOCK_SLACK_S:
+            # Killed with its wrapper (no exit record): the hold ends at its last sign of life, not at the pass that
+            # noticed it (issue 41: up to a cron interval of held `teardown` per kill).
+            end = min(t, end)
     return start, end
+
+
+def _last_beat(run_dir: str, n: int) -> float | None:
+    """The time of the attempt's newest heartbeat, where it posted one."""
+    t = (protocol.read_progress(run_dir, n) or {}).get("time")
+    return float(t) if isinstance(t, float | int) and not isinstance(t, bool) else None
 
 
 def attempt_facts(a: Any, run_dir: str, gpus: int | None) -> AttemptFacts:

@@ -282,8 +282,16 @@ def prepare_failed(db: Database, cfg: Config, name: str, attempt_id: int, e: Exc
 
 
 def _fail_os(db: Database, cfg: Config, attempt_id: int, e: OSError) -> None:
-    cls = FailureClass.ENOSPC if e.errno in _DISK_FULL else FailureClass.UNKNOWN
-    _fail(db, cfg, attempt_id, cls, f"launch failed: {e}")
+    _fail(db, cfg, attempt_id, _launch_error_class(e), f"launch failed: {e}")
+
+
+def _launch_error_class(e: BaseException) -> FailureClass:
+    """A launch's OSError before the program ran: a full disk (enospc), a storage fault that may pass (storage:
+    retried after a back-off, never counted, issue 41), else unknown (waits for a person: EACCES, ELOOP, ...)."""
+    code = getattr(e, "errno", None)
+    if code in _DISK_FULL:
+        return FailureClass.ENOSPC
+    return FailureClass.STORAGE if code in protocol.TRANSIENT_STORAGE_ERRNOS else FailureClass.UNKNOWN
 
 
 def launch(db: Database, cfg: Config, name: str, backend: Backend | None = None, *,
@@ -549,7 +557,7 @@ def _submission_failed(db: Database, cfg: Config, members: list[_Ready] | list[H
         raise OrchError(f"{names}: {e}") from None
     # An OSError before the scheduler was asked (the batch script could not be written): nothing
     # was submitted.
-    cls = FailureClass.ENOSPC if getattr(e, "errno", None) in _DISK_FULL else FailureClass.UNKNOWN
+    cls = _launch_error_class(e)
     for r in members:
         _fail(db, cfg, r.attempt_id, cls, f"launch failed: {e}")
     raise OrchError(f"{names}: launch failed: {getattr(e, 'strerror', None) or e}") from None

@@ -134,8 +134,8 @@ def _next_plan(cfg: Config, job: Job, cls: FailureClass, step: int | None, repor
         if not auto:
             return plan.with_(why="waits for `orch requeue`")
         return _backoff(cfg, plan, sum(1 for a in prior if a.failure_class == cls) + 1)
-    if cls is C.INPUT_MISSING:
-        return _backoff(cfg, plan, _trailing(history, {C.INPUT_MISSING}))
+    if cls in (C.INPUT_MISSING, C.STORAGE):  # a fault of storage that may pass: longer each time in a row
+        return _backoff(cfg, plan, _trailing(history, {cls}))
     if cls.fault is Fault.PLATFORM and (k := _transient_without_progress(history)):
         # preempted again and again at one step (a busy partition): wait longer each time, never give up for it
         return _backoff(cfg, plan, k)

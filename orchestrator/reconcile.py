@@ -30,7 +30,7 @@ from orchestrator.backends.base import AttemptRef, Backend, BackendError
 from orchestrator.config import Config
 from orchestrator.db import Database
 from orchestrator.errors import DatabaseProblem, IllegalTransition, OrchError
-from orchestrator.filelock import LockTimeout
+from orchestrator.filelock import LockTimeout, lock_timeout_s
 from orchestrator.launch import LaunchOutcome, launch, launch_grace_s, launch_group, record_submitted
 from orchestrator.lifecycle import AttemptState, JobState, move_attempt, set_attempt_fields, utcnow
 from orchestrator.metrics import export_after_pass, record_pass
@@ -44,6 +44,9 @@ __all__ = ["PassReport", "reconcile_pass", "acquire_lease", "release_lease"]
 
 A, J = AttemptState, JobState
 LEASE = "reconcile"
+# A pass waits at most this long for a sweep's launch lock (issue 41: a pass never spends more than a few seconds on
+# locks, whatever their holders do); the holder launches those tasks, or the next pass does.
+PASS_LOCK_WAIT_S = 2.0
 
 
 def holder_id() -> str:
@@ -189,7 +192,8 @@ def _launch_queued_tasks(db: Database, cfg: Config, backend: Callable[[str], Bac
         if lock_held and orch_queue:
             continue  # the launch lock's holder was named once; its sweeps wait for the next pass
         try:
-            _note_launches(launch_queued(db, cfg, b, sweep_id), rep)
+            wait = min(PASS_LOCK_WAIT_S, lock_timeout_s())
+            _note_launches(launch_queued(db, cfg, b, sweep_id, lock_wait_s=wait), rep)
         except DatabaseProblem:
             raise
         except LockTimeout as e:  # a stopped `orch sweep` holds it: skip what it blocks, go on with the rest

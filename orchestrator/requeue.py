@@ -272,7 +272,11 @@ def _requeue_one(db: Database, cfg: Config, name: str, target: RequeueTarget, dr
         plan = last.action if last else None
     if state is J.DONE and dry_run:
         state = J.RETRYABLE_FAILED  # what the real requeue would move it to first
-    if state not in REQUEUEABLE or (not target.explicit and state is not J.RETRYABLE_FAILED):
+    if not target.explicit and state is not J.RETRYABLE_FAILED:
+        # Listed as retryable_failed a moment ago: another requeuer or reconciler moved it first (not a refusal:
+        # `requeue --failed` exits 3 on one, and two at once refused each other's jobs).
+        return RequeueResult(name, R.SKIPPED, "another process requeued or changed it first")
+    if state not in REQUEUEABLE:
         return RequeueResult(name, R.REFUSED, f"job is {state.value}; only failed, retryable_failed or "
                                               "cancelled jobs can be requeued (cancel a live one first)")
     action = plan.action if plan and plan.action.retries else Action.RESUME

@@ -94,10 +94,10 @@ def submit_sweep(db: Database, cfg: Config, req: SweepRequest) -> Sweep:
 
 
 def launch_queued(db: Database, cfg: Config, backend: Backend, sweep_id: int,
-                  names: list[str] | None = None) -> dict[str, Launched | OrchError]:
+                  names: list[str] | None = None, lock_wait_s: float | None = None) -> dict[str, Launched | OrchError]:
     """Launch the sweep's tasks whose attempt is pending (or just ``names``): as one group submission with
     the throttle where the scheduler keeps the queue (a Slurm array); else as many as the throttle leaves
-    room for."""
+    room for. ``lock_wait_s``: how long to wait for the local launch lock (default: every lock's bound)."""
     pending, running, throttle = _queue(db, sweep_id, names)
     if not pending:
         return {}
@@ -106,7 +106,7 @@ def launch_queued(db: Database, cfg: Config, backend: Backend, sweep_id: int,
     out: dict[str, Launched | OrchError] = {}
     # Count and launch under one lock: a reconcile pass and an `orch requeue` at once each found
     # the same free slot and together ran more tasks than the throttle.
-    with _local_launch_lock(cfg):
+    with _local_launch_lock(cfg, lock_wait_s):
         pending, running, throttle = _queue(db, sweep_id, names)  # as the previous holder left it
         if throttle is not None:
             running += _escaped(db, sweep_id, backend)
@@ -150,9 +150,9 @@ def _escaped(db: Database, sweep_id: int, backend: Backend) -> int:
     return sum(1 for live in found.values() if live)
 
 
-def _local_launch_lock(cfg: Config) -> contextlib.AbstractContextManager[None]:
+def _local_launch_lock(cfg: Config, wait_s: float | None = None) -> contextlib.AbstractContextManager[None]:
     """One local sweep launcher at a time on this ORCH_HOME (the local backend's tasks run here)."""
-    return filelock.exclusive(cfg.home / "sweep-launch.lock", OrchError, "the sweep launch lock ")
+    return filelock.exclusive(cfg.home / "sweep-launch.lock", OrchError, "the sweep launch lock ", timeout_s=wait_s)
 
 
 def sweep_of(db: Database, name: str) -> Sweep | None:

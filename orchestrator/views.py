@@ -60,6 +60,9 @@ def show_job(db: Database, name: str, events: bool = False) -> dict[str, Any]:
         # What this attempt's launch moved to the trash and set aside as torn, and why (issue 17: a
         # requeue trashed HF's checkpoints and show said nothing).
         a.update(launch_record(d["run_dir"], a["n"]))
+        # The step its last heartbeat posted: where a succeeded attempt ended (issue 41: `orch show` printed
+        # step=- for each, failure_step being a failed attempt's only).
+        a["last_step"] = (protocol.read_progress(d["run_dir"], a["n"]) or {}).get("step")
         if a["state"] in _LIVE and a["world_size"] is None and a["nodes"] is None:
             a.update(_where_it_runs(d["run_dir"], a["n"], a["token"]))
     if last is not None:

@@ -505,6 +505,7 @@ def _attempt(a: argparse.Namespace, run_dir: Path, adir: Path, restart: int, bal
         except OSError as e:
             ballast.disk_full |= e.errno == errno.ENOSPC
         rc, timed_out = sup.wait(a.time_limit, a.kill_grace)
+        program_ended_at = protocol.now_iso()  # before its leftovers are stopped (their stop records come after)
         if step_job is not None:
             _await_preemption(sup, step_job)
         # From the program's exit until exit.json is written, a stop stays pending instead of running
@@ -521,7 +522,8 @@ def _attempt(a: argparse.Namespace, run_dir: Path, adir: Path, restart: int, bal
         testhooks.site("wrapper_end_decided")  # a stop from here on came after the decision: held, not recorded
         record(rc, signal=sig, time_limit_reached=timed_out, stop_signal=sup.stop_signal,
                stop_source=sup.stop_source, notice=sup.notice, marker_error=marker_error, marker_set_aside=aside,
-               oom_kill=oom_kill, world_size=world_size, nodes=where, **_failed_rank(a, launch, rc, world_size))
+               oom_kill=oom_kill, world_size=world_size, nodes=where, program_ended_at=program_ended_at,
+               **_failed_rank(a, launch, rc, world_size))
     finally:
         signal.pthread_sigmask(signal.SIG_UNBLOCK, STOPS)
     return 128 + sig if sig else rc

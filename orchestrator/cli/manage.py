@@ -70,7 +70,7 @@ def requeue(names: tuple[str, ...], failed: bool, dry_run: bool, as_json: bool) 
 
     A job whose done marker verifies is never cleared or resubmitted (`orch requeue NAME` on it
     exits 3). Unverified leftovers go to $ORCH_HOME/trash/<job>/<time>/; verified checkpoints stay
-    so the next attempt resumes.
+    so the next attempt resumes. Exit 3 when any job was refused (the others are still requeued).
     """
     if bool(names) == failed:
         raise click.UsageError("give job NAMEs or --failed (not both)")
@@ -96,7 +96,9 @@ def requeue(names: tuple[str, ...], failed: bool, dry_run: bool, as_json: bool) 
     if errors:  # issue 9: a launch error printed "error" and exited 0
         raise OrchError("; ".join(f"{r.name}: {r.reason}" for r in errors))
     refused = [r for r in results if r.outcome is RequeueOutcome.REFUSED]
-    if names and refused:
+    if not names:  # --failed: a job found verified is now done, which needs no one ("verified: ..." reasons)
+        refused = [r for r in refused if not r.reason.startswith("verified:")]
+    if refused:  # issue 41: --failed printed a refusal that needs a person and exited 0
         raise Refused("refused: " + "; ".join(f"{r.name}: {r.reason}" for r in refused))
 
 

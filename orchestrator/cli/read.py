@@ -111,7 +111,8 @@ def show(name: str, as_json: bool, events: bool) -> None:
         _say(f"  {line}")
     for a in d["attempts"]:
         fields = [f"id={_cell(a['external_id'])}", f"class={_cell(a['failure_class'])}",
-                  f"step={_cell(a['failure_step'])}", f"exit={_cell(a['exit_code'])}",
+                  f"step={_cell(a['failure_step'] if a['failure_step'] is not None else a.get('last_step'))}",
+                  f"exit={_cell(a['exit_code'])}",
                   f"restarts={a['restarts']}" + _restarts_note(a.get("restart_history") or [])]
         if a.get("world_size") or a.get("nodes"):
             fields.append(f"ranks={_cell(a.get('world_size'))}  nodes={_cell(a.get('nodes'))}")

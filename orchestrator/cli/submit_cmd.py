@@ -76,12 +76,16 @@ def submit(name: str | None, wait: bool, as_json: bool, command: tuple[str, ...]
 def _said_submitted(job: Any, launched: Any, as_json: bool) -> None:
     from orchestrator.launch import LaunchOutcome
 
-    if launched is not None and launched.outcome is LaunchOutcome.LOST_CLAIM:
+    lost = launched is not None and launched.outcome is LaunchOutcome.LOST_CLAIM
+    if lost:
         # Stopped (Ctrl-Z) or stalled past the launch grace: a reconciler re-claimed the launch (fencing).
         click.echo(f"orch: {job.name}: {launched.detail or LOST_BEFORE_SUBMIT}", err=True)
     if not as_json:
         a = job.attempts[-1]
-        if a.external_id:
+        if a.external_id and lost:  # issue 41: "submitted nothing" on stderr, "submitted" on stdout
+            click.echo(f"{job.name}: launched by the process that re-claimed it ({job.backend} {a.external_id}); "
+                       f"run dir {job.run_dir}")
+        elif a.external_id:
             click.echo(f"submitted {job.name} ({job.backend} {a.external_id}); run dir {job.run_dir}")
         else:  # e.g. cancelled while it launched
             click.echo(f"{job.name}: {job.state.value}, not started ({a.detail or a.state.value}); "

@@ -6,6 +6,7 @@ Every run-dir file name is spelled here and nowhere else in the code base (stdli
 from __future__ import annotations
 
 import enum
+import errno
 import hashlib
 import json
 import re
@@ -130,6 +131,9 @@ class FailureClass(enum.StrEnum):
     INPUT_MISSING = "input_missing"
     NO_PROGRESS = "no_progress"
     KILLED = "killed"
+    # Issue 41: a transient storage fault (EIO, ESTALE, EAGAIN, ETIMEDOUT) on a checkpoint or run-dir write; one
+    # EIO with the previous checkpoint intact was a counted crash (`failed` under --max-attempts 1).
+    STORAGE = "storage"
 
     # What the policy does with a class, on two axes (as Ray's exit types): whose failure it was (``fault``),
     # and the retry defaults orch.toml's [policy] may change (``auto_requeue``, ``counted``, ``cap``).
@@ -174,6 +178,7 @@ _C, _F = FailureClass, Fault
 _TRAITS: dict[FailureClass, tuple[Fault, Retry]] = {
     _C.PREEMPTED: (_F.PLATFORM, Retry(auto=True, counted=False, cap=100)),
     _C.NODE_FAIL: (_F.PLATFORM, Retry(auto=True, counted=False, cap=20)),
+    _C.STORAGE: (_F.PLATFORM, Retry(auto=True, counted=False, cap=10)),  # backed off; the storage is not the job
     _C.TIMEOUT: (_F.RUN, Retry(auto=True, counted=False, cap=50)),
     _C.OOM: (_F.RUN, Retry(auto=True, counted=True, cap=3)),
     _C.HANG: (_F.RUN, Retry(auto=True, counted=True, cap=3)),
@@ -192,6 +197,9 @@ _TRAITS: dict[FailureClass, tuple[Fault, Retry]] = {
 }
 
 FAILURE_CLASSES = tuple(c.value for c in FailureClass)
+# The errors of storage that may pass: the class ``storage`` (never the job's own failure). A full disk or a quota
+# is ``enospc``; any other error of a write stays the program's (``crash``).
+TRANSIENT_STORAGE_ERRNOS = frozenset({errno.EIO, errno.ESTALE, errno.EAGAIN, errno.ETIMEDOUT})
 
 
 class StopSource(enum.StrEnum):

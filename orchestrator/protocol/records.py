@@ -386,6 +386,9 @@ class ExitRecord:
     # launched the ranks (orchestrator/rankend.py): torchrun exits 1 for a rank's kill -9 too, which read as crash.
     failed_rank: int | None = None
     rank_returncode: int | None = None
+    # When the program's own process ended, before the wrapper stopped what it left running (issue 41): a stop
+    # record written after this came from a leftover, not from the program's end.
+    program_ended_at: str = ""
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -531,6 +534,7 @@ def _read_exit_at(path: Path, token: str | None) -> ExitRecord | None:
         world_size=r["world_size"] if is_int(r.get("world_size"), 1, 10**7) else None,
         nodes=text("nodes"),
         **_rank_end(r),
+        program_ended_at=text("program_ended_at") or "",
     )
 
 

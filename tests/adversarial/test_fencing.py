@@ -114,11 +114,13 @@ def test_a_stopped_launcher_that_outlives_the_grace_never_runs_a_second_copy(orc
         wait_for((run / "started").exists, 60, "the re-claimer's copy to start")
         gate.touch()
         os.kill(sub.pid, signal.SIGCONT)
-        _out, err = sub.communicate(timeout=60)
+        out, err = sub.communicate(timeout=60)
         _finish_and_check(orch, run, sampler)
         assert "Traceback" not in err, err
         if site == "before_backend_submit":  # its re-check in the DB: no backend call at all
             assert "lost its claim before its backend call" in err and "submitted nothing" in err, err
+            # ... and stdout does not say it submitted (issue 41: it printed both)
+            assert out.startswith("x: launched by the process that re-claimed it (local "), out
         else:  # it passed its re-check, then stopped: it submitted, and its wrapper's fence is stale
             assert "lost its launch claim (generation 1, now 2) during the backend call" in err, err
     finally:

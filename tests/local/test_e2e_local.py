@@ -7,26 +7,25 @@ import os
 import signal
 import subprocess
 import sys
-import time
+from datetime import datetime
 
 import psutil
 import pytest
 from localkit import DONE, GATED, PREEMPTIBLE, RETRYABLE, wrapper_record
+from orchkit import wait_for, wait_for_file
 
 from orchestrator import protocol
 
 
 def _wait_gone(pid: int, timeout: float = 15) -> None:
     """Until ``pid`` has exited (a zombie nobody reaps counts as exited)."""
-    t0 = time.time()
-    while True:
+    def gone() -> bool:
         try:
-            if psutil.Process(pid).status() == psutil.STATUS_ZOMBIE:
-                return
+            return psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
         except psutil.NoSuchProcess:
-            return
-        assert time.time() - t0 < timeout, f"pid {pid} still running after {timeout}s"
-        time.sleep(0.05)
+            return True
+
+    wait_for(gone, timeout, f"pid {pid} to exit")
 
 
 WRITE_RESULT = "mkdir -p result; printf 'weights-%s' \"$ORCH_JOB_NAME\" > result/model.bin; echo 1 > result/m.json"
@@ -179,15 +178,23 @@ def test_sigterm_without_a_report_is_preempted_and_requeued_by_reconcile_itself(
     assert (run / "ran.log").read_text().splitlines() == ["attempt=1", "attempt=2"]
 
 
-def test_wrapper_killed_without_an_exit_record_is_classified_unknown(orch):
-    orch("submit", "--name", "gone", "--", "bash", "-c", GATED, check=True)
+def test_a_kill_of_the_whole_session_is_killed_and_requeued_without_a_person(orch):
+    """Issue 41: kill -9 of the attempt's session (wrapper and program at once, as a cgroup-wide OOM kill or a
+    container kill does) ended `unknown`, which waited for `orch requeue`: one job still waited 21 min later."""
+    orch.write_config("[policy]\ncrash_backoff_s = 0.2\n")
+    orch("submit", "--name", "gone", "--outputs", "result/*", "--", "bash", "-c", GATED, check=True)
     rec = wrapper_record(orch.runs / "gone")
     os.killpg(rec["pid"], signal.SIGKILL)  # wrapper and job die together: no exit.json is written
     _wait_gone(rec["pid"])
-    assert orch.wait("gone", RETRYABLE | DONE, timeout=60) == "retryable_failed"
+    wait_for(lambda: orch("reconcile", check=True) and len(orch.show("gone")["attempts"]) == 2, 60,
+             "attempt 2, launched by the reconciler alone", interval=0.3, detail=lambda: orch.show("gone"))
     a = orch.show("gone")["attempts"][0]
-    assert a["failure_class"] == "unknown"
+    assert (a["failure_class"], a["counted"], a["action"]["auto"]) == ("killed", True, True), a
+    assert "without an exit record" in a["detail"], a
     assert not (protocol.attempt_dir(orch.runs / "gone", 1) / "exit.json").exists()
+    wait_for_file(protocol.attempt_dir(orch.runs / "gone", 2) / "wrapper.json")
+    (orch.runs / "gone" / "go").touch()
+    assert orch.wait("gone", DONE, timeout=60) == "done_marker_verified"
 
 
 def test_cancel_terminates_a_running_job_and_marks_it_cancelled(orch):
@@ -218,3 +225,37 @@ def test_bundled_trainer_tiny_preset_ends_verified(orch):
                            capture_output=True, text=True, timeout=120, env=orch.env)
     assert again.returncode == 0 and "already complete" in (again.stdout + again.stderr)
     assert {str(q.relative_to(run)): q.stat().st_mtime_ns for q in run.rglob("*")} == before
+
+
+LEFTOVER_WITH_A_KIT = r'''
+import pathlib, time
+from orchestrator import protocol
+from orchestrator.kit.preemption import PreemptionFlag
+flag = PreemptionFlag().install()
+pathlib.Path("child.ready").touch()
+while not flag.requested:
+    time.sleep(0.02)
+while not (pathlib.Path("attempts/1") / protocol.STOP_FILE).exists():
+    time.sleep(0.02)
+'''
+MAIN_WITH_A_LEFTOVER = (f"import pathlib, subprocess, sys, time\n"
+                        f"subprocess.Popen([sys.executable, '-c', {LEFTOVER_WITH_A_KIT!r}])\n"
+                        "while not pathlib.Path('child.ready').exists():\n    time.sleep(0.02)\n"
+                        "pathlib.Path('main.ready').touch()\ntime.sleep(600)\n")
+
+
+def test_a_kill_9_of_the_program_is_killed_though_a_leftover_recorded_a_stop_after_it(orch):
+    """Issue 41: the program kill -9'd; the wrapper then stopped the process it left (SIGTERM), whose kit wrote
+    stop.json: the attempt was `preempted` (free, uncounted) from a record made after the program's end."""
+    orch("submit", "--name", "left", "--outputs", "result/*", "--", sys.executable, "-c", MAIN_WITH_A_LEFTOVER,
+         check=True)
+    run = orch.runs / "left"
+    wait_for_file(run / "main.ready")
+    os.kill(wrapper_record(run)["child_pid"], signal.SIGKILL)
+    assert orch.wait("left", RETRYABLE | DONE, timeout=60) == "retryable_failed"
+    a = orch.show("left")["attempts"][0]
+    assert (a["failure_class"], a["exit_code"]) == ("killed", -signal.SIGKILL), a
+    adir = protocol.attempt_dir(run, 1)
+    stop, rec = protocol.read_stop(adir), protocol.read_exit(adir)
+    assert stop is not None and rec is not None and rec.program_ended_at, (stop, rec)
+    assert datetime.fromisoformat(stop.at) > datetime.fromisoformat(rec.program_ended_at), (stop, rec)

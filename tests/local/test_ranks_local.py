@@ -6,6 +6,7 @@ stopped, and ``orch requeue`` resumes it from the checkpoint the stop wrote, 0 s
 
 from __future__ import annotations
 
+import json
 import os
 import sys
 
@@ -173,3 +174,15 @@ def test_the_bundled_trainer_refuses_a_fault_drill_on_two_ranks_as_invalid_befor
     run_dir = orch.runs / "t2"
     assert not (run_dir / "checkpoints").exists() or not any((run_dir / "checkpoints").iterdir())
     assert not (run_dir / protocol.RUN_CONFIG).exists()  # refused before the model: nothing of the run written
+
+
+def test_the_readmes_two_rank_trainer_command_runs_as_written_and_verifies(orch):
+    """Issue 41: `orch submit --nproc-per-node 2 -- python -m orch_trainer --preset tiny` was `invalid` at once:
+    the default micro-batch was the whole global batch on each rank. It now splits the batch over the ranks."""
+    p = orch("submit", "--name", "ddp", "--nproc-per-node", "2", "--wait", "--", sys.executable, "-m", "orch_trainer",
+             "--preset", "tiny", env=GLOO_ENV, timeout=600)
+    assert p.returncode == 0, p.stdout + p.stderr
+    (a,) = orch.show("ddp")["attempts"]
+    assert (a["state"], a["world_size"]) == ("succeeded", 2), a
+    metrics = json.loads((orch.runs / "ddp" / "result" / "metrics.json").read_text())
+    assert (metrics["batch_size"], metrics["micro_batch_size"]) == (8, 4), metrics

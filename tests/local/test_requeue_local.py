@@ -157,8 +157,9 @@ def test_requeue_refuses_a_run_dir_replaced_by_a_symlink_and_still_serves_the_ot
     p = orch("requeue", "evil")
     assert p.returncode == 3 and "symlink" in p.stderr
     p = orch("requeue", "--failed")
-    assert p.returncode == 0, p.stderr
+    assert p.returncode == 3, p.stderr  # a refusal is exit 3 with --failed too (issue 41: it was 0)
     assert "evil: refused" in p.stdout and "symlink" in p.stdout
+    assert p.stderr.startswith("orch: refused: evil: ") and p.stderr.count("\n") == 1, p.stderr
     assert "fine: requeued as attempt 2" in p.stdout
     assert orch("reconcile").returncode == 0
     assert orch.wait("fine", DONE, timeout=60) == "done_marker_verified"

@@ -16,7 +16,15 @@ import pytest
 from orchestrator.backends.base import Outcome, Phase
 from orchestrator.backends.slurm.states import STATE_CAUSE
 from orchestrator.classify import classify
-from orchestrator.protocol import FAILURE_CLASSES, ExitRecord, FailureClass, FailureReport, MarkerStatus, Verification
+from orchestrator.protocol import (
+    FAILURE_CLASSES,
+    ExitRecord,
+    FailureClass,
+    FailureReport,
+    MarkerStatus,
+    StopRecord,
+    Verification,
+)
 from orchestrator.staleness import Stale
 
 ABSENT = Verification(MarkerStatus.ABSENT, "no done.json")
@@ -73,8 +81,8 @@ ROWS = [
      None, ABSENT, None, "oom", "exceeded memory limit"),
     # vanished
     ("vanished", Outcome(Phase.VANISHED, reason="process gone without an exit record"), None, ABSENT, None,
-     "unknown", "gone"),
-    ("vanished without a reason", Outcome(Phase.VANISHED), None, ABSENT, None, "unknown", "vanished"),
+     "killed", "gone without an exit record (killed with its wrapper"),
+    ("vanished without a reason", Outcome(Phase.VANISHED), None, ABSENT, None, "killed", "vanished"),
     # exit codes
     ("exit 0 + ABSENT", exited(0), None, ABSENT, None, "marker_missing", "without a done marker"),
     ("exit 0 + ABSENT, wrapper's reason", exited(0, reason="--outputs ['r/*'] matched no file"), None, ABSENT,
@@ -153,7 +161,7 @@ def test_every_row_class_is_produced_somewhere_by_the_table():
     # The table above covers every class classify can derive without a report ("invalid" comes only from
     # a program's own report or a refused launch: an exit code alone never proves it).
     derived = {r[5] for r in ROWS if r[2] is None} | {r[3] for r in RECORD_ROWS}
-    assert derived == {"hang", "preempted", "timeout", "oom", "node_fail", "cancelled", "unknown",
+    assert derived == {"hang", "preempted", "timeout", "oom", "node_fail", "cancelled",
                        "marker_missing", "marker_corrupt", "crash", "killed"}
 
 
@@ -169,3 +177,36 @@ def test_a_hang_stop_names_the_rank_that_stopped_progressing():
     assert c.detail == "stopped by the reconciler: rank 1: no progress for 700 s, before any step heartbeat"
     assert classify(exited(143), FailureReport.parse({"class": "preempted"}), ABSENT, stop_reason="hang").detail == \
         "stopped by the reconciler: no heartbeat"
+
+
+def test_a_rank_killed_on_its_own_is_killed_whatever_its_peers_recorded_after_it():
+    """Issue 41: a kill -9 of rank 0 was `preempted`: torchrun then stopped rank 1, whose kit wrote stop.json and a
+    preempted report. The rank whose own end came first was SIGKILLed, and no stop was delivered: killed."""
+    rec = ExitRecord(token="t", returncode=1, failed_rank=0, rank_returncode=-9,
+                     program_ended_at="2026-06-01T12:00:00.000+00:00")
+    peer_stop = StopRecord("TERM", "2026-06-01T12:00:00.200+00:00", 41)
+    peer_report = FailureReport.parse({"class": "preempted", "step": 41})
+    c = classify(exited(1), peer_report, ABSENT, exit_record=rec, stop_record=peer_stop)
+    assert c.cls is FailureClass.KILLED and c.detail.startswith("rank 0 killed by SIGKILL"), c
+    # A stop delivered through the wrapper first (a preemption whose grace ran out): that stop's end, not a kill.
+    stopped_first = ExitRecord(token="t", returncode=1, failed_rank=0, rank_returncode=-9, stop_signal="TERM")
+    assert classify(exited(1), peer_report, ABSENT, exit_record=stopped_first).cls is FailureClass.PREEMPTED
+    # The memory cgroup counted an OOM kill: oom.
+    oom = ExitRecord(token="t", returncode=1, failed_rank=1, rank_returncode=-9, oom_kill=1)
+    assert classify(exited(1), None, ABSENT, exit_record=oom).cls is FailureClass.OOM
+
+
+def test_a_stop_record_written_after_the_program_ended_is_a_leftovers_and_tells_nothing():
+    """The program (one process, kill -9'd) ended first; the wrapper then stopped what it left running, and that
+    leftover's kit wrote stop.json: the program's end is its own SIGKILL, not a stop."""
+    ended = "2026-06-01T12:00:00.000+00:00"
+    rec = ExitRecord(token="t", returncode=None, signal=signal.SIGKILL, program_ended_at=ended)
+    after = StopRecord("TERM", "2026-06-01T12:00:00.150+00:00", None)
+    c = classify(exited(None, sig=signal.SIGKILL), None, ABSENT, exit_record=rec, stop_record=after)
+    assert c.cls is FailureClass.KILLED, c
+    before = StopRecord("TERM", "2026-06-01T11:59:59.900+00:00", 12)  # the program's own, before it ended
+    c = classify(exited(None, sig=signal.SIGKILL), None, ABSENT, exit_record=rec, stop_record=before)
+    assert (c.cls, c.step) == (FailureClass.PREEMPTED, 12), c
+    unknown_end = ExitRecord(token="t", returncode=None, signal=signal.SIGKILL)  # an older wrapper's record
+    assert classify(exited(None, sig=signal.SIGKILL), None, ABSENT, exit_record=unknown_end,
+                    stop_record=after).cls is FailureClass.PREEMPTED

@@ -220,3 +220,19 @@ def test_a_wrapper_time_within_the_clock_slack_past_what_the_db_saw_is_clamped_t
     assert CLOCK_SLACK_S > 3
     late = _attempt_files(tmp_path / "late", "2026-06-01T12:01:03+00:00", "2026-06-01T13:00:03+00:00")
     assert held_interval(late, str(tmp_path / "late")) == (db_start, db_end)
+
+
+def test_an_attempt_killed_with_its_wrapper_is_held_until_its_last_heartbeat(tmp_path):
+    """Issue 41: kill -9 of the whole session leaves no exit record; the hold ended at the reconcile pass that
+    noticed (up to a cron interval of held `teardown` per kill). It ends at the newest heartbeat, inside what the DB
+    saw: a heartbeat time after the observed end, or before the start, is ignored."""
+    from orchestrator import protocol
+    from orchestrator.goodputview import held_interval
+
+    db_start, db_end = 1780315260.0, 1780318800.0  # 2026-06-01 12:01:00 and 13:00:00 UTC
+    for name, beat, want in (("killed", db_end - 42.5, db_end - 42.5), ("forged-late", db_end + 3600, db_end),
+                             ("forged-early", db_start - 3600, db_end)):
+        a = _attempt_files(tmp_path / name, "2026-06-01T12:01:00+00:00", "2026-06-01T13:00:00+00:00")
+        (protocol.attempt_dir(str(tmp_path / name), 1) / "exit.json").unlink()
+        protocol.write_progress(str(tmp_path / name), 1, step=7, time=beat)
+        assert held_interval(a, str(tmp_path / name)) == (db_start, want), name

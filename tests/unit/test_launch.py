@@ -4,6 +4,8 @@ tests/adversarial/test_launch_races.py and tests/unit/test_exactly_once_guards.p
 
 from __future__ import annotations
 
+import os
+
 from orchkit import pending_job
 
 from orchestrator import protocol
@@ -39,3 +41,29 @@ def test_a_run_dir_that_verified_before_the_backend_call_closes_the_attempt_unla
     assert launch(db, cfg, "v", sched).outcome is LaunchOutcome.VERIFIED
     # The job is done by its marker; the attempt never ran, so it did not succeed: closed as cancelled.
     assert _states(db, "v") == (JobState.DONE, AttemptState.CANCELLED, None)
+
+
+def test_an_io_error_while_the_run_dir_is_prepared_is_a_storage_fault_requeued_by_itself(db, cfg, sched, monkeypatch):
+    """Issue 41: an EIO writing the attempt's records (NFS, a failing disk) ended the attempt `unknown`, which waits
+    for a person; EACCES still does (it will not pass by itself)."""
+    import errno
+
+    import pytest
+
+    from orchestrator import launch as launch_mod
+    from orchestrator.errors import OrchError
+
+    for name, code, cls, auto in (("eio", errno.EIO, "storage", True), ("eacces", errno.EACCES, "unknown", False)):
+        pending_job(db, cfg, name)
+
+        def failing(*_a, code=code, **_kw):  # noqa: ANN002, ANN003, ANN202
+            raise OSError(code, os.strerror(code), "attempts/1/command.json")
+
+        monkeypatch.setattr(launch_mod, "check_and_prepare", failing)
+        with pytest.raises(OrchError, match="launch failed"):
+            launch(db, cfg, name, sched)
+        with db.read() as s:
+            job = get_job(s, name)
+            a = job.attempts[-1]
+            assert (a.failure_class, job.state, a.action.auto) == (cls, JobState.RETRYABLE_FAILED, auto), name
+            assert a.counted is (cls != "storage"), name

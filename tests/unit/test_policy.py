@@ -132,6 +132,24 @@ def test_attempts_recorded_before_the_checkpoint_step_was_kept_never_prove_no_pr
     assert decide(cfg, job, a, "timeout", 0, None).state is JobState.RETRYABLE_FAILED
 
 
+def test_a_storage_fault_is_retried_uncounted_after_a_growing_back_off_and_capped(cfg, tmp_path):
+    # Issue 41: one EIO while a checkpoint was written, the previous one intact, was a counted crash that waited
+    # for a person (`failed` under --max-attempts 1). The storage is not the job: never counted, even in orch.toml.
+    cfg.crash_backoff_s, cfg.backoff_cap_s = 10.0, 35.0
+    _ckpts(tmp_path, [5])
+    for n, want in ((1, 10.0), (2, 20.0), (3, 35.0)):
+        job, a = job_stepped(tmp_path, [("storage", 5)] * (n - 1) + [("storage", None)], max_attempts=1)
+        d = decide(cfg, job, a, "storage", 7, None)
+        assert (d.state, d.counted, d.plan.auto, d.cls) == (JobState.RETRYABLE_FAILED, False, True, None), n
+        assert d.plan.details_dict["backoff_s"] == want and d.plan.not_before is not None, n
+    cfg.uncounted = frozenset(cfg.uncounted) - {FailureClass.STORAGE}
+    job, a = job_stepped(tmp_path, [("storage", None)], max_attempts=1)
+    assert decide(cfg, job, a, "storage", 7, None).counted is False  # a platform fault whatever orch.toml says
+    job, a = job_stepped(tmp_path, [("storage", 5)] * 10 + [("storage", None)], max_attempts=1)
+    d = decide(cfg, job, a, "storage", 7, None)
+    assert d.state is JobState.FAILED and "storage 11 times (cap 10)" in d.plan.why, d.plan.why
+
+
 def test_input_missing_backs_off_uncounted_and_is_invalid_only_after_n_in_a_row(cfg, tmp_path):
     # Issue 16: a data file missing for a moment (NFS) at the start of a resume made the job failed for good.
     cfg.crash_backoff_s, cfg.input_missing_attempts = 10.0, 3

@@ -125,6 +125,13 @@ def test_exit_json_rank_fields_are_read(tmp_path):
     assert rec is not None and (rec.failed_rank, rec.rank_returncode) == (3, -9)
 
 
+def test_exit_json_keeps_when_the_program_ended_and_reads_a_bad_value_as_unknown(tmp_path):
+    assert exit_json(tmp_path, program_ended_at="2026-06-01T12:00:00.000+00:00").program_ended_at == \
+        "2026-06-01T12:00:00.000+00:00"
+    assert exit_json(tmp_path, program_ended_at=1780315200).program_ended_at == ""
+    assert exit_json(tmp_path).program_ended_at == ""
+
+
 def ranked(rc: int | None, sig: int | None, rank_rc: int | None, rank: int | None = 1):  # noqa: ANN201
     rec = ExitRecord(token="t", returncode=rc if rc is not None else -(sig or 0), failed_rank=rank,
                      rank_returncode=rank_rc)

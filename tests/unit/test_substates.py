@@ -12,12 +12,13 @@ C = FailureClass
 
 def test_the_policy_defaults_read_from_the_class_traits_are_the_documented_sets():
     # The sets config.py spelled out before the traits existed (README's policy table).
+    # Issue 41 added storage: auto, never counted (a platform fault), cap 10.
     assert config.AUTO_REQUEUE == {"preempted", "timeout", "node_fail", "oom", "hang", "nan", "enospc",
-                                   "input_missing", "killed"}
-    assert config.UNCOUNTED == {"preempted", "timeout", "node_fail", "input_missing"}
+                                   "input_missing", "killed", "storage"}
+    assert config.UNCOUNTED == {"preempted", "timeout", "node_fail", "input_missing", "storage"}
     assert config.CLASS_CAPS == {"oom": 3, "nan": 3, "enospc": 2, "hang": 3, "crash": 3, "killed": 3,
-                                 "preempted": 100, "timeout": 50, "node_fail": 20}
-    assert config.NEVER_COUNTED == {"preempted", "node_fail"}
+                                 "preempted": 100, "timeout": 50, "node_fail": 20, "storage": 10}
+    assert config.NEVER_COUNTED == {"preempted", "node_fail", "storage"}
     assert {c for c in C if c.fault is Fault.RUN} == {C.TIMEOUT, C.CRASH, C.HANG, C.OOM, C.KILLED}
     assert all(isinstance(c, FailureClass) for c in (*config.AUTO_REQUEUE, *config.UNCOUNTED, *config.CLASS_CAPS))
 

@@ -41,6 +41,25 @@ def test_unsupported_combinations_are_refused_in_one_line(extra, env, why):
     assert got is not None and got.startswith(why) and "\n" not in got, got
 
 
+@pytest.mark.parametrize(("world", "micro"), [("1", 8), ("2", 4), ("4", 2), ("8", 1), ("two", 8)])
+def test_the_default_micro_batch_is_the_global_batch_over_the_ranks(monkeypatch, world, micro):
+    # Issue 41: the README's `orch submit --nproc-per-node 2 -- python -m orch_trainer --preset tiny` was invalid at
+    # once: the default micro-batch was the whole global batch (8) on each of the 2 ranks.
+    monkeypatch.setenv("WORLD_SIZE", world)
+    a = parse_args(["--run-dir", "/nonexistent/run", "--batch-size", "8"])
+    assert a.micro_batch_size == micro
+    if world.isdigit():
+        assert refusal(a, {**TORCHRUN, "WORLD_SIZE": world, "RANK": "0"}) is None
+
+
+def test_a_world_that_does_not_divide_the_global_batch_is_refused_saying_what_to_set(monkeypatch):
+    monkeypatch.setenv("WORLD_SIZE", "3")
+    a = parse_args(["--run-dir", "/nonexistent/run", "--batch-size", "8"])
+    got = refusal(a, {**TORCHRUN, "WORLD_SIZE": "3", "RANK": "0"})
+    assert got == ("--batch-size is the global batch: global batch 8 is not a multiple of micro batch 8 x 3 rank(s); "
+                   "give a --batch-size that 3 ranks divide, or a --micro-batch-size M with M x 3 dividing it"), got
+
+
 @pytest.mark.parametrize("world", [1, 2, 3, 4])
 def test_the_ranks_cut_each_step_into_the_same_micro_batches_on_any_world_size(world):
     """Every micro-batch of the global batch is taken by exactly one rank, and one rank alone takes them in order:
