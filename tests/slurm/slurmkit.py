@@ -16,7 +16,7 @@ from orchestrator.backends.slurm import SlurmBackend
 ROOT = Path(__file__).resolve().parents[2]
 CLUSTER_SH = ROOT / "deploy" / "slurm" / "cluster.sh"
 STATE = Path(os.environ.get("ORCH_SLURM_STATE", "/var/lib/orch-slurm"))
-from orchkit import IN_CI  # noqa: E402,F401 - the one reading of CI=true
+from orchkit import IN_CI, wait_for  # noqa: E402,F401 - the one reading of CI=true
 
 
 def cluster_status() -> subprocess.CompletedProcess:
@@ -66,19 +66,18 @@ class SlurmKit:
     def poll_until(self, refs: Sequence[AttemptRef], done: Callable[[dict[str, Outcome]], bool],
                    timeout: float, history: list | None = None, every: float = 0.5) -> dict[str, Outcome]:
         """Poll all refs (one backend call each time) until ``done``; keep every answer in ``history``."""
-        t0 = time.time()
+        t0 = time.monotonic()
         hist = [] if history is None else history
-        while True:
+
+        def polled() -> dict[str, Outcome] | None:
             out = self.backend.poll(refs)
-            hist.append((round(time.time() - t0, 1),
+            hist.append((round(time.monotonic() - t0, 1),
                          {r.token: (o.phase.value, o.backend_state, o.restart_count) for r, o in
                           ((r, out.get(r.token, Outcome(Phase.UNKNOWN))) for r in refs)}))
-            if done(out):
-                return out
-            if time.time() - t0 > timeout:
-                raise AssertionError(f"not done after {timeout} s; history:\n" +
-                                     "\n".join(map(str, hist[-40:])))
-            time.sleep(every)
+            return out if done(out) else None
+
+        return wait_for(polled, timeout, "the polled outcomes", interval=every,
+                        detail=lambda: "history:\n" + "\n".join(map(str, hist[-40:])))
 
     def cleanup(self) -> None:
         if self.job_ids:
@@ -96,13 +95,11 @@ _DORMANT = {"BeginTime", "JobHeldUser", "JobHeldAdmin", "PartitionNodeLimit"}
 
 def node_idle(timeout: float = 60) -> None:
     """Wait until no job holds the node or may start on it (a previous test's cancelled jobs are gone)."""
-    t0 = time.time()
-    while time.time() - t0 < timeout:
+    def idle() -> bool:
         rows = [line.split("|") for line in run("squeue", "-h", "-o", "%i|%t|%r").stdout.split()]
-        if not [r for r in rows if not (len(r) == 3 and r[1] == "PD" and r[2] in _DORMANT)]:
-            return
-        time.sleep(0.5)
-    raise AssertionError("jobs still on the node: " + run("squeue").stdout)
+        return not [r for r in rows if not (len(r) == 3 and r[1] == "PD" and r[2] in _DORMANT)]
+
+    wait_for(idle, timeout, "the node to be free", interval=0.5, detail=lambda: run("squeue").stdout)
 
 
 def cancel_all_of(orch, extra: Sequence[str] = ()) -> None:  # noqa: ANN001
@@ -162,10 +159,7 @@ def events(run_dir: Path) -> list[dict]:
 
 
 def wait_started(run_dir: Path, timeout: float = 60) -> dict:
-    t0 = time.time()
-    while time.time() - t0 < timeout:
-        ev = [e for e in events(run_dir) if e["event"] == "start"]
-        if ev:
-            return ev[0]
-        time.sleep(0.3)
-    raise AssertionError(f"{run_dir.name} did not start: {run('squeue').stdout}")
+    def started() -> dict | None:
+        return next((e for e in events(run_dir) if e["event"] == "start"), None)
+
+    return wait_for(started, timeout, f"{run_dir.name} to start", interval=0.3, detail=lambda: run("squeue").stdout)

@@ -7,8 +7,8 @@ from __future__ import annotations
 import json
 import sys
 import textwrap
-import time
 
+from orchkit import wait_for
 from slurmkit import node_idle, run
 
 TASK = textwrap.dedent('''
@@ -37,12 +37,13 @@ def test_array_throttle_reaches_sbatch_and_slurm_runs_at_most_k_tasks_at_once(or
     try:
         shown = run("scontrol", "show", "job", array).stdout
         assert "ArrayTaskThrottle=1" in shown, shown  # the %1 reached sbatch
-        t0 = time.time()
-        while not all(r["state"] == "done_marker_verified" for r in rows):
-            assert time.time() - t0 < 300, rows
+
+        def verified() -> bool:
             orch("reconcile", check=True)
             rows = [r for r in orch.json("status", "--tasks") if r["name"].startswith("thr.")]
-            time.sleep(1)
+            return all(r["state"] == "done_marker_verified" for r in rows)
+
+        wait_for(verified, 300, "every task verified", interval=1, detail=lambda: orch.json("status", "--tasks"))
     finally:
         run("scancel", array)
     spans: dict[str, dict[str, float]] = {}

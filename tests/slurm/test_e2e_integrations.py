@@ -17,6 +17,7 @@ import time
 from pathlib import Path
 
 import pytest
+from orchkit import wait_for
 from slurmkit import cancel_all_of, node_idle, run, start_requeued
 
 from orchestrator import protocol
@@ -44,18 +45,18 @@ def submit(orch, name: str, partition: str, script: str, log: Path, steps: int =
 
 
 def drive(orch, names: list[str], until, timeout: float, log: list) -> dict[str, dict]:
-    t0 = time.time()
-    while True:
+    t0 = time.monotonic()
+
+    def passed() -> dict[str, dict] | None:
         orch("reconcile", check=True)
         rows = {r["name"]: r for r in orch.json("status")}
-        log.append((round(time.time() - t0, 1), {n: (rows[n]["state"], rows[n]["attempts"], rows[n]["restarts"])
-                                                 for n in names}))
-        if until(rows):
-            return rows
-        if time.time() - t0 > timeout:
-            raise AssertionError(f"timed out after {timeout} s:\n" + "\n".join(map(str, log[-30:])) + "\n" +
-                                 "\n".join(json.dumps(orch.show(n)) for n in names))
-        time.sleep(1)
+        log.append((round(time.monotonic() - t0, 1), {n: (rows[n]["state"], rows[n]["attempts"], rows[n]["restarts"])
+                                                      for n in names}))
+        return rows if until(rows) else None
+
+    return wait_for(passed, timeout, f"{names} to reach the states asked for", interval=1,
+                    detail=lambda: "\n" + "\n".join(map(str, log[-30:])) + "\n" +
+                    "\n".join(json.dumps(orch.show(n)) for n in names))
 
 
 def steps_of(log: Path) -> list[tuple[int, int]]:
@@ -133,10 +134,24 @@ def _preempted_n_times_redoes_no_step(orch, jobs, tmp_path, script: str, partiti
     name, log = script.split("_")[0], tmp_path / "steps.log"
     submit(orch, name, partition, script, log, steps=steps)
     t0, seen_at = time.time(), 0  # log lines seen when the last preemption was sent
-    while _preemptions(orch, name) < preemptions:
-        assert time.time() - t0 < 600, (orch.show(name), run("squeue").stdout)
+    deadline = time.monotonic() + 600  # for all the preemptions together
+
+    def reconcile_pass() -> None:
         orch("reconcile", check=True)
         start_requeued(lambda _jid, name: name.startswith("orch-"))
+
+    def recorded(before: int) -> bool:  # this preemption is on record
+        if _preemptions(orch, name) != before:
+            return True
+        assert orch.state(name) != DONE, f"finished before preemption {before + 1}: {orch.show(name)}"
+        reconcile_pass()
+        return False
+
+    def all_preempted() -> bool:
+        nonlocal seen_at
+        if _preemptions(orch, name) >= preemptions:
+            return True
+        reconcile_pass()
         lines = len(steps_of(log)) if log.exists() else 0
         if lines >= seen_at + 20 and _running_in_slurm(orch, name):
             before = _preemptions(orch, name)
@@ -144,14 +159,13 @@ def _preempted_n_times_redoes_no_step(orch, jobs, tmp_path, script: str, partiti
                     "sleep 2")
             assert p.returncode == 0, p.stderr
             jobs.append(p.stdout.strip())
-            while _preemptions(orch, name) == before:  # wait for this preemption to be on record
-                assert time.time() - t0 < 600, (orch.show(name), run("squeue").stdout)
-                assert orch.state(name) != DONE, f"finished before preemption {before + 1}: {orch.show(name)}"
-                orch("reconcile", check=True)
-                start_requeued(lambda _jid, name: name.startswith("orch-"))
-                time.sleep(1)
+            wait_for(lambda: recorded(before), max(0.0, deadline - time.monotonic()), f"preemption {before + 1}",
+                     interval=1, detail=lambda: (orch.show(name), run("squeue").stdout))
             seen_at = len(steps_of(log))
-        time.sleep(1)
+        return False
+
+    wait_for(all_preempted, 600, f"{preemptions} preemption(s) of {name}", interval=1,
+             detail=lambda: (orch.show(name), run("squeue").stdout))
     history: list = []
     rows = drive(orch, [name], lambda r: r[name]["state"] in {DONE} | BAD, timeout=600, log=history)
     assert rows[name]["state"] == DONE, orch.show(name)

@@ -23,6 +23,7 @@ import time
 from pathlib import Path
 
 import pytest
+from orchkit import wait_for
 from slurmkit import SIGNALLED, STATE, SlurmKit, cluster_up, events, node_idle, phases, run
 
 from orchestrator import protocol
@@ -73,19 +74,19 @@ def statuses(orch) -> dict[str, dict]:
 
 def drive(orch, names: list[str], until, timeout: float, log: list, every: float = 1.0) -> dict[str, dict]:
     """Reconcile (as cron would) until ``until(status rows)``; keep every pass's states in ``log``."""
-    t0 = time.time()
-    while True:
+    t0 = time.monotonic()
+
+    def passed() -> dict[str, dict] | None:
         orch("reconcile", check=True)
         rows = statuses(orch)
-        log.append((round(time.time() - t0, 1), {n: (rows[n]["state"], rows[n]["attempts"],
-                                                     rows[n]["external_id"], rows[n]["restarts"])
-                                                 for n in names}))
-        if until(rows):
-            return rows
-        if time.time() - t0 > timeout:
-            raise AssertionError(f"timed out after {timeout} s:\n" + "\n".join(map(str, log[-30:])) +
-                                 "\n" + "\n".join(json.dumps(orch.show(n)) for n in names))
-        time.sleep(every)
+        log.append((round(time.monotonic() - t0, 1), {n: (rows[n]["state"], rows[n]["attempts"],
+                                                          rows[n]["external_id"], rows[n]["restarts"])
+                                                      for n in names}))
+        return rows if until(rows) else None
+
+    return wait_for(passed, timeout, f"{names} to reach the states asked for", interval=every,
+                    detail=lambda: "\n" + "\n".join(map(str, log[-30:])) + "\n" +
+                    "\n".join(json.dumps(orch.show(n)) for n in names))
 
 
 def step_of(run_dir: Path, attempt: int) -> int:

@@ -21,6 +21,7 @@ import time
 from pathlib import Path
 
 import pytest
+from orchkit import wait_for
 from slurmkit import cancel_all_of, node_idle, run
 
 from orchestrator import protocol
@@ -67,11 +68,15 @@ def test_e2e_orch_executor_on_spot_and_the_plain_loop_on_spot_cancel_survive_a_r
         return int((protocol.read_progress(d, 1) or {}).get("step") or 0)
 
     t0, history = time.time(), []
-    while step(run_dir) < 20 or step(plain_dir) < 20:
+
+    def both_at_step_20() -> bool:
+        if step(run_dir) >= 20 and step(plain_dir) >= 20:
+            return True
         orch("reconcile", check=True)
         history.append((round(time.time() - t0, 1), job.state, step(run_dir), step(plain_dir)))
-        assert time.time() - t0 < 240, history
-        time.sleep(1)
+        return False
+
+    wait_for(both_at_step_20, 240, "both jobs at step 20", interval=1, detail=lambda: history)
     p = run("sbatch", "--parsable", "-p", "prio", "-c", "2", "--mem=200M", "-o", "/dev/null", "--wrap", "sleep 2")
     assert p.returncode == 0, p.stderr
     extra.append(p.stdout.strip())
@@ -97,10 +102,14 @@ def test_e2e_orch_executor_on_spot_and_the_plain_loop_on_spot_cancel_survive_a_r
     assert (v.returncode, v.stdout) == (0, "VERIFIED\n")
 
     # The plain loop on spot-cancel: preempted once, requeued by orch, every step computed exactly once.
-    while orch.state("plain") not in (DONE, "failed", "cancelled"):
-        assert time.time() - t0 < 600, orch.show("plain")
+
+    def plain_ended() -> bool:
+        if orch.state("plain") in (DONE, "failed", "cancelled"):
+            return True
         orch("reconcile", check=True)
-        time.sleep(1)
+        return False
+
+    wait_for(plain_ended, 600, "plain to end", interval=1, detail=lambda: orch.show("plain"))
     plain = orch.show("plain")
     assert plain["state"] == DONE and [a["failure_class"] for a in plain["attempts"]] == ["preempted", None], plain
     plain_steps = collections.Counter(int(s) for _, s in (ln.split() for ln in plain_log.read_text().splitlines()

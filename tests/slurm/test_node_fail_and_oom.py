@@ -16,6 +16,7 @@ import sys
 import time
 
 import pytest
+from orchkit import wait_for
 from slurmkit import SlurmKit, cancel_all_of, node_idle, phases, run
 
 from orchestrator import protocol
@@ -36,11 +37,8 @@ def node_state() -> str:
 def resume_node() -> None:
     """Bring the node back (idempotent); wait until it takes jobs again, so the next test finds it usable."""
     run("scontrol", "update", f"nodename={HOST}", "state=resume")
-    t0 = time.time()
-    while not node_state().rstrip("*").startswith(("idle", "mixed", "allocated")):
-        if time.time() - t0 > 60:
-            raise AssertionError(f"node {HOST} still {node_state()!r} 60 s after state=resume")
-        time.sleep(0.5)
+    wait_for(lambda: node_state().rstrip("*").startswith(("idle", "mixed", "allocated")), 60,
+             f"node {HOST} to take jobs after state=resume", interval=0.5, detail=node_state)
 
 
 def sacct_runs(job_id: str) -> list[str]:
@@ -83,18 +81,18 @@ def test_a_node_set_down_under_a_job_is_node_fail_never_counted_and_the_job_ends
     log: list = []
 
     def drive(until, timeout: float) -> dict:
-        t0 = time.time()
-        while True:
+        t0 = time.monotonic()
+
+        def passed() -> dict | None:
             orch("reconcile", check=True)
             show = orch.show(name)
             ids.extend(a["external_id"] for a in show["attempts"] if a["external_id"] not in ids)
-            log.append((round(time.time() - t0, 1), show["state"], [(a["n"], a["state"], a["restarts"],
+            log.append((round(time.monotonic() - t0, 1), show["state"], [(a["n"], a["state"], a["restarts"],
                         a["backend_state"], a["failure_class"]) for a in show["attempts"]], node_state()))
-            if until(show):
-                return show
-            if time.time() - t0 > timeout:
-                raise AssertionError(f"timed out after {timeout} s:\n" + "\n".join(map(str, log[-30:])))
-            time.sleep(1)
+            return show if until(show) else None
+
+        return wait_for(passed, timeout, f"{name} to reach the state asked for", interval=1,
+                        detail=lambda: "\n" + "\n".join(map(str, log[-30:])))
 
     try:
         def stepped(_show: dict) -> bool:
@@ -106,10 +104,8 @@ def test_a_node_set_down_under_a_job_is_node_fail_never_counted_and_the_job_ends
         assert down.returncode == 0, down.stderr
         # Slurm ends the run NODE_FAIL (and, the job being --requeue, may requeue it in place); orch must
         # not take that for the job's own failure while the node is down.
-        t0 = time.time()
-        while "NODE_FAIL" not in sacct_runs(first):
-            assert time.time() - t0 < 90, (sacct_runs(first), node_state())
-            time.sleep(1)
+        wait_for(lambda: "NODE_FAIL" in sacct_runs(first), 90, f"sacct to show {first} NODE_FAIL", interval=1,
+                 detail=lambda: (sacct_runs(first), node_state()))
         drive(lambda s: True, timeout=10)
     finally:
         resume_node()

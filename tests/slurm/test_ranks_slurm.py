@@ -10,8 +10,8 @@ from __future__ import annotations
 import json
 import os
 import sys
-import time
 
+from orchkit import wait_for
 from rankkit import GLOO_ENV, TORCHRUN_ENV, rank_envs, rank_program, steps_done
 from slurmkit import cancel_all_of, node_idle, run
 
@@ -70,9 +70,10 @@ def test_two_ranks_through_srun_torchrun_preempted_requeued_in_place_zero_steps_
 
 def _drive(orch, cond, timeout: float, what: str) -> None:  # noqa: ANN001
     """Reconcile (as cron would) until ``cond()``."""
-    t0 = time.monotonic()
-    while not cond():
+    def reached() -> bool:
+        if cond():
+            return True
         orch("reconcile", check=True)
-        if time.monotonic() - t0 > timeout:
-            raise AssertionError(f"timed out after {timeout} s waiting for {what}: {orch.show('mrs')}")
-        time.sleep(1)
+        return False
+
+    wait_for(reached, timeout, what, interval=1, detail=lambda: orch.show("mrs"))

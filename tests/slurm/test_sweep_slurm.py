@@ -16,6 +16,7 @@ import time
 from pathlib import Path
 
 import pytest
+from orchkit import wait_for
 from slurmkit import node_idle, run, start_requeued
 
 from orchestrator import protocol
@@ -98,12 +99,15 @@ def test_a_twenty_task_array_recovers_each_task_on_its_own(orch, cleanup, tmp_pa
     assert {r["external_id"] for r in rows.values()} == {f"{array}_{i}" for i in range(N)}
 
     # Preempt the three gated tasks, each while it runs, with real prio jobs (2 CPUs: all of the node).
-    t0, preempted = time.time(), set()
-    while preempted != set(PREEMPTED):
-        assert time.time() - t0 < 400, f"preempted so far: {preempted}; {events(log)[-5:]}"
+    preempted: set = set()
+
+    def all_preempted() -> bool:
+        nonlocal preempted
         orch("reconcile", check=True)
         ev = events(log)
         preempted = {e["task"] for e in ev if e["event"] == "preempted"}
+        if preempted == set(PREEMPTED):
+            return True
         running = {e["task"] for e in ev if e["event"] == "start" and e["restart"] == 0} & set(PREEMPTED)
         if running - preempted and not run("squeue", "-h", "-p", "prio", "-o", "%i").stdout.strip():
             q = run("sbatch", "--parsable", "-p", "prio", "-c", "2", "--mem=200M", "-o", "/dev/null",
@@ -111,17 +115,25 @@ def test_a_twenty_task_array_recovers_each_task_on_its_own(orch, cleanup, tmp_pa
             assert q.returncode == 0, q.stderr
             cleanup.append(q.stdout.strip())
         _start_requeued({array})
-        time.sleep(1)
+        return False
+
+    wait_for(all_preempted, 400, "every gated task preempted once", interval=1,
+             detail=lambda: f"preempted so far: {preempted}; {events(log)[-5:]}")
 
     def settled(rows: dict) -> bool:
         return all(r["state"] in {"done_marker_verified", "retryable_failed", "failed"} for r in rows.values())
 
-    t0 = time.time()
-    while not settled(rows := task_status(orch)):
-        assert time.time() - t0 < 400, {n: r["state"] for n, r in rows.items()}
+
+    def settled_now() -> dict | None:
+        rows = task_status(orch)
+        if settled(rows):
+            return rows
         orch("reconcile", check=True)
         _start_requeued({array})
-        time.sleep(1)
+        return None
+
+    rows = wait_for(settled_now, 400, "every task to settle", interval=1,
+                    detail=lambda: {n: r["state"] for n, r in task_status(orch).items()})
     name = {i: f"sw.{i:04d}" for i in range(N)}
     for i in PREEMPTED:  # requeued in place by Slurm, as that task only: one attempt, restarted
         a = orch.show(name[i])["attempts"]
@@ -153,11 +165,15 @@ def test_a_twenty_task_array_recovers_each_task_on_its_own(orch, cleanup, tmp_pa
     assert len(retry_arrays) == 1 and retry_arrays != {array}, retry_ids
     (retry,) = retry_arrays
     assert retry_ids == {f"{retry}_{i}" for i in CRASH_ONCE}
-    t0 = time.time()
-    while not all(task_status(orch)[name[i]]["state"] == "done_marker_verified" for i in CRASH_ONCE):
-        assert time.time() - t0 < 200, task_status(orch)
+
+    def retried() -> bool:
+        if all(task_status(orch)[name[i]]["state"] == "done_marker_verified" for i in CRASH_ONCE):
+            return True
         orch("reconcile", check=True)
-        time.sleep(1)
+        return False
+
+    wait_for(retried, 200, "the crashed tasks verified on their retry", interval=1,
+             detail=lambda: task_status(orch))
     # Every verified task holds its own result; the invalid one was never retried.
     for i in range(N):
         if i != INVALID:
@@ -196,12 +212,15 @@ def test_a_sweep_whose_submitter_dies_right_after_sbatch_is_found_by_its_token(o
         assert not list(orch.runs.glob("kx.*/attempts/1/fence.json"))
     names = [f"kx.{i:04d}" for i in range(3)]
     assert all(not a["external_id"] for n in names for a in orch.show(n)["attempts"])  # the DB never heard back
-    t0 = time.time()
-    while not all(r["state"] == "done_marker_verified" for r in task_status_of(orch, "kx").values()):
-        assert time.time() - t0 < 200, task_status_of(orch, "kx")
+
+    def verified() -> bool:
+        if all(r["state"] == "done_marker_verified" for r in task_status_of(orch, "kx").values()):
+            return True
         # The dead submitter's claim expires after the launch grace (120 s: longer than sbatch's timeout).
         orch("reconcile", check=True, env={"ORCH_LAUNCH_GRACE_S": "5"})
-        time.sleep(1)
+        return False
+
+    wait_for(verified, 200, "every kx task verified", interval=1, detail=lambda: task_status_of(orch, "kx"))
     ids = {n: orch.show(n)["attempts"] for n in names}
     assert all(len(a) == 1 for a in ids.values()), ids  # one attempt each: found, not resubmitted
     exts = {a[0]["external_id"] for a in ids.values()}
@@ -266,10 +285,9 @@ def test_a_pending_array_task_keeps_its_run_dir_after_the_db_is_lost(orch, clean
                                f"{array}_0 (PENDING)"), p.stderr
     assert orch.json("status") == []  # nothing recorded
     run("scancel", array)
-    t0 = time.time()
-    while run("squeue", "-h", "-j", array).stdout.strip():  # the controller drops the cancelled tasks
-        assert time.time() - t0 < 60, run("squeue", "-h", "-j", array).stdout
-        time.sleep(0.5)
+    wait_for(lambda: not run("squeue", "-h", "-j", array).stdout.strip(), 60,  # the controller drops them
+             "the cancelled tasks to leave squeue", interval=0.5,
+             detail=lambda: run("squeue", "-h", "-j", array).stdout)
     p = orch("submit", "--name", "held.0001", "--backend", "slurm", "--partition", "spot",
              "--sbatch-arg=--begin=now+7days", "--", "true")
     assert p.returncode == 0, p.stdout + p.stderr  # nothing live there any more: the run dir is usable
@@ -295,15 +313,17 @@ def test_a_task_cancelled_while_queued_settles_and_gives_its_room_back(orch, cle
     (pool,) = orch.runs.glob(".orch-batches/*/exit.reserve")
     assert pool.stat().st_blocks * 512 // SLOT_BYTES == 3
     assert orch("cancel", "cq.0001").returncode == 0
-    t0 = time.time()
-    while _attempt_state(orch, "cq.0001") != "cancelled":
-        assert time.time() - t0 < 120, orch.show("cq.0001")
+
+    def cancelled(names: list[str]) -> bool:
+        if {_attempt_state(orch, n) for n in names} == {"cancelled"}:
+            return True
         orch("reconcile", check=True)
+        return False
+
+    wait_for(lambda: cancelled(["cq.0001"]), 120, "cq.0001 cancelled", interval=0, detail=lambda: orch.show("cq.0001"))
     assert pool.stat().st_blocks * 512 // SLOT_BYTES == 2
     assert _attempt_state(orch, "cq.0000") == "submitted"
     assert orch("cancel", "cq.0000", "cq.0002").returncode == 0
-    t0 = time.time()
-    while {_attempt_state(orch, f"cq.{i:04d}") for i in (0, 2)} != {"cancelled"}:
-        assert time.time() - t0 < 120, orch.json("status")
-        orch("reconcile", check=True)
+    wait_for(lambda: cancelled(["cq.0000", "cq.0002"]), 120, "cq.0000 and cq.0002 cancelled", interval=0,
+             detail=lambda: orch.json("status"))
     assert not pool.exists()
