@@ -151,6 +151,9 @@ def init_group(ranks: Ranks, cuda: bool) -> None:
     bounded (a peer killed -9 must not leave the others waiting for gloo's 30 minutes)."""
     import torch
 
+    from orchestrator.kit.heartbeat import arm_from_env
+
+    arm_from_env()  # before the group forms: a rank that never gets past it is judged hung (issue 41)
     if cuda:
         torch.cuda.set_device(ranks.local_rank)
     _dist().init_process_group("nccl" if cuda else "gloo", rank=ranks.rank, world_size=ranks.world,

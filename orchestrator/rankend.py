@@ -20,6 +20,7 @@ Stdlib + protocol only (it starts once per rank).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import signal
 import subprocess
@@ -147,22 +148,39 @@ def _parse(argv: list[str]) -> argparse.Namespace:
 def main(argv: list[str] | None = None) -> int:
     a = _parse(sys.argv[1:] if argv is None else argv)
     stopped: list[int] = []
+    running: list[subprocess.Popen] = []
 
     def on_stop(signum: int, _frame: object) -> None:
         # torchrun signals the process group: the program got its own copy; a second one from us would hit a
-        # program that exits in its handler. Noted only: this rank's end is now a consequence.
+        # program that exits in its handler. Noted only: this rank's end is now a consequence. A program that is
+        # stopped (SIGSTOP, Ctrl-Z) can never use the grace its stop gives it: it is killed at once (issue 41: a
+        # hang stop waited out its whole grace for a stopped rank).
         stopped.append(signum)
+        if running and _is_stopped(running[0].pid):
+            with contextlib.suppress(OSError):
+                running[0].kill()
 
     for s in STOPS:
         signal.signal(s, on_stop)
     try:
         child = subprocess.Popen(a.command)
+        running.append(child)
     except OSError as e:
         print(f"orch rankend: cannot start {a.command[0]!r}: {e}", file=sys.stderr, flush=True)
         return 127
     rc = child.wait()  # a stop's handler runs meanwhile; the wait resumes (PEP 475)
     _record(a, rc, bool(stopped))
     return _end_as(rc)
+
+
+def _is_stopped(pid: int) -> bool:
+    """Whether the process is stopped (state T: SIGSTOP, Ctrl-Z) and so cannot run a signal handler."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            data = f.read()
+        return data[data.rindex(b")") + 2:].split()[0] in (b"T", b"t")
+    except (OSError, ValueError, IndexError):
+        return False
 
 
 def _record(a: argparse.Namespace, rc: int, stopped: bool) -> None:

@@ -41,14 +41,16 @@ def judge(run_dir: Path, attempt: int, timeout_s: float, now: float, *, redate: 
           progress: dict | None = None) -> Stale | None:
     """The stale rank when some rank of the attempt made no heartbeat progress for ``timeout_s``, else None.
 
-    Jobs that never write a heartbeat (rank 0's progress.json) are not judged. ``progress``: rank 0's heartbeat
-    if the caller already read it. ``redate``: re-date a heartbeat dated in the future to ``now`` (the
-    reconciler does; a read command such as ``orch status`` writes nothing and counts it fresh).
+    Jobs that never write a heartbeat (rank 0's progress.json) are not judged, unless a rank of a multi-rank job
+    armed as its program started (the kit's ``armed.rank-<r>.json``): then a start with no heartbeat within
+    ``timeout_s`` of the attempt's start is hung too. ``progress``: rank 0's heartbeat if the caller already read
+    it. ``redate``: re-date a heartbeat dated in the future to ``now`` (the reconciler does; a read command such as
+    ``orch status`` writes nothing and counts it fresh).
     """
     if progress is None:
         progress = protocol.read_progress(run_dir, attempt)
     if not progress:
-        return None
+        return _unbeaten_start(run_dir, attempt, timeout_s, now, redate)
     attempt_dir = protocol.attempt_dir(run_dir, attempt)
     world = progress.get("world_size", 1)
     beats: dict[int, tuple[float, Path]] = {}
@@ -94,6 +96,31 @@ def stale_rank(beats: dict[int, tuple[float, Path]], now: float, timeout_s: floa
     steps = {r: protocol.read_step(beats[r][1]) for r in stale}
     rank = min(stale, key=lambda r: (steps[r] is None, steps[r] or 0, stale[r], r))
     return Stale(rank if world > 1 else None, now - stale[rank], steps[rank])
+
+
+def _unbeaten_start(run_dir: Path, attempt: int, timeout_s: float, now: float, redate: bool) -> Stale | None:
+    """Rank 0 never beat. Judged only where a rank armed (its program beats): hung once ``timeout_s`` passed since
+    the attempt's start (issue 41: rank 1 stopped before the process group formed, rank 0 waited in
+    init_process_group, and nothing was ever judged). The rank named is the one furthest behind: the lowest that
+    did not even arm, else the lowest that never beat."""
+    armed = protocol.armed_ranks(run_dir, attempt)
+    if not armed:
+        return None
+    started = seen_at(protocol.attempt_dir(run_dir, attempt) / protocol.WRAPPER_FILE, now, redate)
+    if started is None or now - started <= timeout_s:
+        return None
+    world = max(armed.values())
+    beat = set(protocol.progress_files(run_dir, attempt, world)) - {0}  # the other ranks' files; rank 0 has none
+    rank = _lowest_absent(set(armed) | beat, world)
+    return Stale(_lowest_absent(beat, world) if rank is None else rank, now - started, None)
+
+
+def _lowest_absent(present: set[int], world: int) -> int | None:
+    """The lowest rank < ``world`` not in ``present`` (O(len(present)), whatever a job-written world says)."""
+    rank = 0
+    while rank < world and rank in present:
+        rank += 1
+    return rank if rank < world else None
 
 
 def _first_missing(beats: dict[int, tuple[float, Path]], world: int) -> int | None:

@@ -13,3 +13,9 @@ imports anything from here (``orch status`` must stay free of torch). What every
 
 Modules: :mod:`.loop` (plain loops), :mod:`.lightning`, :mod:`.hf`; :mod:`.runtime` is what they share.
 """
+
+from orchestrator.kit.heartbeat import arm_from_env
+
+# As a training script imports an integration, before it starts its process group: a rank that never beats is
+# then judged from the attempt's start (issue 41: a rank stopped before init_process_group hung the job unseen).
+arm_from_env()

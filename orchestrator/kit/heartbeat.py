@@ -13,15 +13,35 @@ the same kind of thread, so the hang detector sees each rank's progress and name
 from __future__ import annotations
 
 import collections
+import contextlib
+import os
 import statistics
 import sys
 import threading
 import time
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 from orchestrator import protocol
 from orchestrator.kit import stall
+
+
+def arm_from_env(environ: Mapping[str, str] | None = None) -> None:
+    """Say, as a rank's program starts (before its process group forms), that this program beats: under orch
+    (ORCH_RUN_DIR, ORCH_ATTEMPT) and torchrun's WORLD_SIZE > 1 only. The hang detector then judges the attempt's
+    start too: a rank that never beats, within hang_timeout_s of the attempt's start, is hung (issue 41). Best
+    effort: a failed write only leaves the start unjudged, as before."""
+    env = os.environ if environ is None else environ
+    try:
+        world, rank = int(env.get("WORLD_SIZE", "1")), int(env.get("RANK", "0"))
+        run_dir, attempt = env[protocol.ENV_RUN_DIR], int(env[protocol.ENV_ATTEMPT])
+    except (KeyError, ValueError):
+        return
+    if world < 2 or not 0 <= rank < world or not run_dir or attempt < 1:
+        return
+    with contextlib.suppress(OSError):
+        protocol.write_rank_armed(run_dir, attempt, rank, world)
 
 
 def for_rank(run_dir: Path, attempt: int, interval_s: float, *, writer: bool, rank: int,

@@ -33,6 +33,11 @@ PROGRESS_HISTORY = "progress.jsonl"  # every heartbeat, appended: the loss curve
 # was invisible while rank 0 alone wrote, and the hang detector could only judge rank 0).
 RANK_PROGRESS = "progress.rank-{:05d}.json"
 RANK_PROGRESS_RE = re.compile(r"^progress\.rank-(\d{5})\.json$")
+# A rank of a multi-rank job whose program uses orch's kit says so as it starts, before its process group forms
+# (issue 41: rank 1 stopped before it, rank 0 waited in init_process_group, no rank ever beat, and the hang
+# detector, which judges only jobs that beat, never armed). Its world size: {"rank": r, "world_size": w}.
+RANK_ARMED = "armed.rank-{:05d}.json"
+RANK_ARMED_RE = re.compile(r"^armed\.rank-(\d{5})\.json$")
 EXIT_FILE = "exit.json"  # written by orch's job wrapper when the command exits
 COMPLETE_FILE = "complete.json"  # the kit's completion record under orch's wrapper: training completed, what it made
 STOP_FILE = "stop.json"  # the kit's record of a stop signal the program received (whoever sent it)

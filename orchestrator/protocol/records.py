@@ -41,6 +41,8 @@ from orchestrator.protocol.layout import (
     OWN_CHECKPOINT_RE,
     PROGRESS_FILE,
     PROGRESS_HISTORY,
+    RANK_ARMED,
+    RANK_ARMED_RE,
     RANK_PROGRESS,
     RANK_PROGRESS_RE,
     RESTART_CAUSES_FILE,
@@ -214,6 +216,42 @@ def write_rank_progress(run_dir: Path | str, attempt: int, rank: int, step: int 
     tmp = path.with_name(tmp_name(path.name))
     tmp.write_text(json.dumps({"rank": int(rank), "step": step, "time": time.time()}) + "\n")
     os.replace(tmp, path)
+
+
+MAX_WORLD = 10**7  # ranks in one job: a bound on a job-written world size, not a limit anyone meets
+
+
+def write_rank_armed(run_dir: Path | str, attempt: int, rank: int, world: int) -> None:
+    """A rank of a multi-rank job says, as its program starts, that it will beat (``attempts/<n>/armed.rank-<r>.json``;
+    a rename, not fsynced: its loss only leaves the rank's start unjudged, as before)."""
+    d = attempt_dir(run_dir, attempt)
+    d.mkdir(parents=True, exist_ok=True)
+    path = d / RANK_ARMED.format(int(rank))
+    tmp = path.with_name(tmp_name(path.name))
+    tmp.write_text(json.dumps({"rank": int(rank), "world_size": int(world), "time": time.time()}) + "\n")
+    os.replace(tmp, path)
+
+
+def armed_ranks(run_dir: Path | str, attempt: int) -> dict[int, int]:
+    """rank -> the world size it was started in, for each rank that armed (one directory listing; each record read
+    bounded, as every job-written file is; a bad one is skipped)."""
+    d = attempt_dir(run_dir, attempt)
+    try:
+        names = os.listdir(d)
+    except OSError:
+        return {}
+    out: dict[int, int] = {}
+    for name in names:
+        if not RANK_ARMED_RE.fullmatch(name):
+            continue
+        try:
+            r = read_json_bounded(d / name, limit=4096)
+        except (OSError, ValueError):
+            continue
+        world = r.get("world_size") if isinstance(r, dict) else None
+        if is_int(world, 2, MAX_WORLD) and is_int(r.get("rank"), 0, world - 1):
+            out[r["rank"]] = world
+    return out
 
 
 def progress_files(run_dir: Path | str, attempt: int, world: int) -> dict[int, Path]:

@@ -120,3 +120,18 @@ def test_a_rank_hung_before_its_first_heartbeat_is_judged_from_the_start_and_nam
     assert protocol.read_progress(run_dir, 1)["world_size"] == 2  # rank 0 beat, naming its world
     assert orch.wait("early", {DONE, "failed", "cancelled"}, timeout=180) == DONE, orch.show("early")
     assert orch("verify", "early").stdout == "VERIFIED\n"
+
+
+def test_a_rank_hung_before_the_process_group_forms_is_judged_from_the_start_and_named(orch):
+    """Issue 41: rank 1 stopped before its process group formed; rank 0 waited in init_process_group, so no rank
+    ever beat and the hang detector, which judged only jobs that beat, never armed: the attempt held its machine
+    for the collective timeout and ended a counted crash. Rank 0's kit armed as the script imported it; rank 1
+    never got that far: judged from the attempt's start, named, stopped with the whole attempt, resumed."""
+    run_dir, a1 = _hang_of(orch, "start", "--max-steps", "6", "--save-every", "3", "--stop-before-group", "1")
+    assert (a1["stale_rank"], a1["stale_step"]) == (1, None), a1
+    assert re.fullmatch(r"stopped by the reconciler: rank 1: no progress for \d+ s, before any step heartbeat",
+                        a1["detail"] or ""), a1["detail"]
+    assert protocol.read_progress(run_dir, 1) is None  # no rank beat in attempt 1
+    assert protocol.armed_ranks(run_dir, 1) == {0: 2}
+    assert orch.wait("start", {DONE, "failed", "cancelled"}, timeout=180) == DONE, orch.show("start")
+    assert orch("verify", "start").stdout == "VERIFIED\n"

@@ -10,8 +10,10 @@ import os
 import signal
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
+from orchkit import wait_for
 
 from orchestrator import protocol, rankend
 from orchestrator.backends.base import Outcome, Phase
@@ -182,6 +184,30 @@ def test_the_per_rank_parent_records_the_end_and_ends_as_the_program_did(tmp_pat
     end = read_rank_ends(tmp_path, LAUNCH, TOKEN, 1)[0]
     assert (end.returncode, end.stopped) == (-signal.SIGTERM, True)
     assert first_own_end([end]) is None
+
+
+@pytest.mark.timeout(60)  # proves the rule: the program sleeps 600 s, and a stop that waited for it fails here
+def test_a_stopped_program_is_killed_at_once_when_a_stop_reaches_its_rank(tmp_path):
+    """Issue 41: a stopped rank (SIGSTOP, Ctrl-Z) can never use the grace its stop gives it; the stop's final SIGKILL
+    came only after the whole grace, and took this parent too (no record). The parent kills it at once, and records
+    the end as the stop's consequence."""
+    env = {"RANK": "1", protocol.ENV_TOKEN: TOKEN, "PATH": "/usr/bin:/bin"}
+    argv = [sys.executable, "-m", "orchestrator.rankend", "--dir", str(tmp_path), "--launch", LAUNCH, "--"]
+    q = subprocess.Popen([*argv, "sh", "-c", "echo up; kill -STOP $$; exec sleep 600"], env=env,
+                         stdout=subprocess.PIPE, start_new_session=True)
+    assert q.stdout.readline() == b"up\n"
+    wait_for(lambda: _stopped_child(q.pid), 30, "the program to be stopped")
+    os.kill(q.pid, signal.SIGTERM)  # the stop reaches the parent (torchrun signals the group; the child's is pending)
+    assert q.wait(timeout=30) == -signal.SIGKILL
+    end = read_rank_ends(tmp_path, LAUNCH, TOKEN, 2)[0]
+    assert (end.rank, end.returncode, end.stopped) == (1, -9, True)
+
+
+def _stopped_child(pid: int) -> bool:
+    for child in Path(f"/proc/{pid}/task/{pid}/children").read_text().split():
+        if rankend._is_stopped(int(child)):
+            return True
+    return False
 
 
 def test_the_wrapper_reads_rank_ends_only_when_torchrun_failed(tmp_path):

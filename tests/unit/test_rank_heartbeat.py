@@ -55,3 +55,57 @@ def test_no_per_rank_file_when_the_world_is_one_rank(tmp_path):
     # RANK=1 without a process group of several ranks (a torchrun script that never called init): as today
     assert heartbeat.for_rank(tmp_path, 1, 3600, writer=False, rank=1, world=1) is None
     assert heartbeat.for_rank(tmp_path, 1, 3600, writer=False, rank=0, world=1) is None
+
+
+ORCH_ENV = {"ORCH_ATTEMPT": "1", "WORLD_SIZE": "2"}
+
+
+def test_a_rank_arms_as_its_program_starts_only_under_orch_and_torchrun(tmp_path):
+    """Issue 41: the kit says, before the process group forms, that this program beats (armed.rank-<r>.json)."""
+    heartbeat.arm_from_env({**ORCH_ENV, "ORCH_RUN_DIR": str(tmp_path), "RANK": "1"})
+    assert protocol.armed_ranks(tmp_path, 1) == {1: 2}
+    for env in ({**ORCH_ENV, "RANK": "0"},  # not under orch
+                {**ORCH_ENV, "ORCH_RUN_DIR": str(tmp_path / "one"), "WORLD_SIZE": "1"},  # one process
+                {**ORCH_ENV, "ORCH_RUN_DIR": str(tmp_path / "bad"), "RANK": "2"},  # no rank of this world
+                {**ORCH_ENV, "ORCH_RUN_DIR": str(tmp_path / "nan"), "WORLD_SIZE": "two"}):
+        heartbeat.arm_from_env(env)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["attempts"]
+
+
+def test_armed_records_are_read_bounded_and_checked(tmp_path):
+    d = protocol.attempt_dir(tmp_path, 1)
+    d.mkdir(parents=True)
+    (d / protocol.RANK_ARMED.format(0)).write_text('{"rank": 0, "world_size": 4}')
+    (d / protocol.RANK_ARMED.format(1)).write_text('{"rank": 7, "world_size": 4}')  # no rank of its world
+    (d / protocol.RANK_ARMED.format(2)).write_text('{"rank": 2, "world_size": 100000000}')  # past any world
+    (d / protocol.RANK_ARMED.format(3)).write_text("garbage")
+    os.mkfifo(d / protocol.RANK_ARMED.format(4))  # never blocks a pass
+    assert protocol.armed_ranks(tmp_path, 1) == {0: 4}
+
+
+def _started(run_dir, at: float) -> None:  # noqa: ANN001
+    """The attempt's wrapper record, written at ``at`` (the attempt's start, for the hang detector)."""
+    d = protocol.attempt_dir(run_dir, 1)
+    d.mkdir(parents=True, exist_ok=True)
+    (d / protocol.WRAPPER_FILE).write_text("{}")
+    os.utime(d / protocol.WRAPPER_FILE, (at, at))
+
+
+def test_an_armed_start_that_never_beats_is_hung_after_the_timeout_naming_the_rank_furthest_behind(tmp_path):
+    """Issue 41: rank 1 stopped before the process group formed; rank 0 waited in init_process_group and never beat:
+    no heartbeat at all, so nothing was judged. Armed, the attempt's start is judged: rank 1 never even armed."""
+    from orchestrator.staleness import judge
+
+    now = 10_000.0
+    _started(tmp_path, now - 30)
+    heartbeat.arm_from_env({**ORCH_ENV, "ORCH_RUN_DIR": str(tmp_path), "RANK": "0"})
+    assert judge(tmp_path, 1, 60, now) is None  # within the timeout of the start
+    stale = judge(tmp_path, 1, 20, now)
+    assert (stale.rank, stale.step, round(stale.age_s)) == (1, None, 30), stale
+    assert stale.describe() == "rank 1: no progress for 30 s, before any step heartbeat"
+    # Both armed, neither beat: nothing tells them apart; the lowest is named.
+    heartbeat.arm_from_env({**ORCH_ENV, "ORCH_RUN_DIR": str(tmp_path), "RANK": "1"})
+    assert judge(tmp_path, 1, 20, now).rank == 0
+    # A job whose ranks never armed (a plain script, no kit) is not judged before it beats, as ever.
+    _started(tmp_path / "plain", now - 3600)
+    assert judge(tmp_path / "plain", 1, 20, now) is None

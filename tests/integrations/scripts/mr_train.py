@@ -8,7 +8,9 @@ global batch's mean). Faults: ``--fail-save RANK:STEP`` (an OSError in that rank
 of that rank in the middle of a step), ``--signal-step RANK:STEP`` (SIGTERM from that rank to itself after the step),
 ``--stop-step RANK:STEP`` (SIGSTOP of that rank by itself once the step is logged, before the kit counts it: a hang),
 ``--stop-before-beat RANK`` (SIGSTOP of that rank by itself where orch_run starts its heartbeat, after the resume's
-collectives: a rank hung before its first beat, as one stuck loading its share of the restore).
+collectives: a rank hung before its first beat, as one stuck loading its share of the restore),
+``--stop-before-group RANK`` (SIGSTOP of that rank by itself before it imports anything: before orch's kit arms and
+its process group forms, as a rank stuck at start would be; the other ranks wait in init_process_group).
 """
 
 from __future__ import annotations
@@ -18,7 +20,12 @@ import contextlib
 import datetime
 import os
 import signal
+import sys
 import time
+
+if "--stop-before-group" in sys.argv and os.environ.get("ORCH_ATTEMPT", "1") == "1" and \
+        os.environ.get("RANK") == sys.argv[sys.argv.index("--stop-before-group") + 1]:
+    os.kill(os.getpid(), signal.SIGSTOP)  # hung before its start: it never goes on by itself
 
 import torch
 import torch.distributed as dist
@@ -48,6 +55,7 @@ def main() -> None:
     ap.add_argument("--signal-step", default="", help="RANK:STEP: that rank sends itself SIGTERM after the step")
     ap.add_argument("--stop-step", default="", help="RANK:STEP: that rank sends itself SIGSTOP after the step")
     ap.add_argument("--stop-before-beat", type=int, default=None, help="RANK: SIGSTOP before its heartbeat starts")
+    ap.add_argument("--stop-before-group", type=int, default=None, help="RANK: SIGSTOP before anything (read above)")
     a = ap.parse_args()
 
     world = int(os.environ.get("WORLD_SIZE", "1"))
