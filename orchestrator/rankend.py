@@ -174,7 +174,8 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _is_stopped(pid: int) -> bool:
-    """Whether the process is stopped (state T: SIGSTOP, Ctrl-Z) and so cannot run a signal handler."""
+    """Whether the process is stopped (state T: SIGSTOP, Ctrl-Z) and so cannot run a signal handler. Read here, not
+    through backends.proctable: this parent starts once per rank on stdlib + protocol alone."""
     try:
         with open(f"/proc/{pid}/stat", "rb") as f:
             data = f.read()

@@ -67,7 +67,7 @@ def judge(run_dir: Path, attempt: int, timeout_s: float, now: float, *, redate: 
             # heartbeat of the previous run: count from the later of the two (read only when a beat is old).
             started = seen_at(attempt_dir / protocol.WRAPPER_FILE, now, redate) or 0.0
         beats[rank] = (max(beat, started or 0.0), path)
-    missing = _first_missing(beats, world)
+    missing = _lowest_absent(set(beats) | {0}, world)  # rank 0's file is judged apart, below
     if missing is None or 0 not in beats:
         return stale_rank(beats, now, timeout_s, world)
     # Issue 19: rank 1 hung before its first beat while rank 0 beat: only the files that existed were judged, so
@@ -116,18 +116,10 @@ def _unbeaten_start(run_dir: Path, attempt: int, timeout_s: float, now: float, r
 
 
 def _lowest_absent(present: set[int], world: int) -> int | None:
-    """The lowest rank < ``world`` not in ``present`` (O(len(present)), whatever a job-written world says)."""
+    """The lowest rank < ``world`` not in ``present``, or None (O(ranks present): a world_size of 10**7 in a hostile
+    progress.json costs no 10**7 loop per pass)."""
     rank = 0
     while rank < world and rank in present:
-        rank += 1
-    return rank if rank < world else None
-
-
-def _first_missing(beats: dict[int, tuple[float, Path]], world: int) -> int | None:
-    """The lowest rank < ``world`` without a heartbeat file, or None (O(ranks found): a world_size of 10**7 in
-    a hostile progress.json costs no 10**7 loop per pass)."""
-    rank = 1
-    while rank < world and rank in beats:
         rank += 1
     return rank if rank < world else None
 

@@ -66,8 +66,7 @@ def show_job(db: Database, name: str, events: bool = False) -> dict[str, Any]:
         if a["state"] in _LIVE and a["world_size"] is None and a["nodes"] is None:
             a.update(_where_it_runs(d["run_dir"], a["n"], a["token"]))
     if last is not None:
-        prog = protocol.read_progress(d["run_dir"], last) or {}
-        d["last_step"] = prog.get("step")
+        d["last_step"] = d["attempts"][-1]["last_step"]  # read once, above
     d["preemptions"] = _preemptions(d["attempts"])
     return d
 

@@ -210,11 +210,16 @@ def write_rank_progress(run_dir: Path | str, attempt: int, rank: int, step: int 
     and the step in it; a crash that lost the last one only makes the rank look older, and a crashed
     attempt is judged by its exit, not by its heartbeats. No history line: rank 0's progress.jsonl is the curve.
     """
+    _write_rank_file(run_dir, attempt, RANK_PROGRESS.format(int(rank)), {"rank": int(rank), "step": step})
+
+
+def _write_rank_file(run_dir: Path | str, attempt: int, name: str, record: dict[str, Any]) -> None:
+    """One rank's small record (with the time) in the attempt dir, replaced by a rename, not fsynced."""
     d = attempt_dir(run_dir, attempt)
     d.mkdir(parents=True, exist_ok=True)  # a script run without orch (run_dir=) has no attempt dir yet
-    path = d / RANK_PROGRESS.format(int(rank))
+    path = d / name
     tmp = path.with_name(tmp_name(path.name))
-    tmp.write_text(json.dumps({"rank": int(rank), "step": step, "time": time.time()}) + "\n")
+    tmp.write_text(json.dumps({**record, "time": time.time()}) + "\n")
     os.replace(tmp, path)
 
 
@@ -224,12 +229,7 @@ MAX_WORLD = 10**7  # ranks in one job: a bound on a job-written world size, not 
 def write_rank_armed(run_dir: Path | str, attempt: int, rank: int, world: int) -> None:
     """A rank of a multi-rank job says, as its program starts, that it will beat (``attempts/<n>/armed.rank-<r>.json``;
     a rename, not fsynced: its loss only leaves the rank's start unjudged, as before)."""
-    d = attempt_dir(run_dir, attempt)
-    d.mkdir(parents=True, exist_ok=True)
-    path = d / RANK_ARMED.format(int(rank))
-    tmp = path.with_name(tmp_name(path.name))
-    tmp.write_text(json.dumps({"rank": int(rank), "world_size": int(world), "time": time.time()}) + "\n")
-    os.replace(tmp, path)
+    _write_rank_file(run_dir, attempt, RANK_ARMED.format(int(rank)), {"rank": int(rank), "world_size": int(world)})
 
 
 def armed_ranks(run_dir: Path | str, attempt: int) -> dict[int, int]:
