@@ -156,21 +156,28 @@ def main(argv: list[str] | None = None) -> int:
         # stopped (SIGSTOP, Ctrl-Z) can never use the grace its stop gives it: it is killed at once (issue 41: a
         # hang stop waited out its whole grace for a stopped rank).
         stopped.append(signum)
-        if running and _is_stopped(running[0].pid):
-            with contextlib.suppress(OSError):
-                running[0].kill()
+        _kill_if_stopped(running)
 
     for s in STOPS:
         signal.signal(s, on_stop)
     try:
         child = subprocess.Popen(a.command)
-        running.append(child)
     except OSError as e:
         print(f"orch rankend: cannot start {a.command[0]!r}: {e}", file=sys.stderr, flush=True)
         return 127
+    running.append(child)
+    if stopped:  # the stop came while Popen ran: the program can print and stop before Popen returns (CI, loaded)
+        _kill_if_stopped(running)
     rc = child.wait()  # a stop's handler runs meanwhile; the wait resumes (PEP 475)
     _record(a, rc, bool(stopped))
     return _end_as(rc)
+
+
+def _kill_if_stopped(running: list[subprocess.Popen]) -> None:
+    """Kill the program if it is stopped: a stopped program can never run the handler the stop is meant for."""
+    if running and _is_stopped(running[0].pid):
+        with contextlib.suppress(OSError):
+            running[0].kill()
 
 
 def _is_stopped(pid: int) -> bool:

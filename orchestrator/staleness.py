@@ -42,8 +42,8 @@ def judge(run_dir: Path, attempt: int, timeout_s: float, now: float, *, redate: 
     """The stale rank when some rank of the attempt made no heartbeat progress for ``timeout_s``, else None.
 
     Jobs that never write a heartbeat (rank 0's progress.json) are not judged, unless a rank of a multi-rank job
-    armed as its program started (the kit's ``armed.rank-<r>.json``): then a start with no heartbeat within
-    ``timeout_s`` of the attempt's start is hung too. ``progress``: rank 0's heartbeat if the caller already read
+    armed as its program started (the kit's ``armed.rank-<r>.json``): then a rank that never armed, ``timeout_s``
+    after the first rank did, is hung too. ``progress``: rank 0's heartbeat if the caller already read
     it. ``redate``: re-date a heartbeat dated in the future to ``now`` (the reconciler does; a read command such as
     ``orch status`` writes nothing and counts it fresh).
     """
@@ -99,20 +99,25 @@ def stale_rank(beats: dict[int, tuple[float, Path]], now: float, timeout_s: floa
 
 
 def _unbeaten_start(run_dir: Path, attempt: int, timeout_s: float, now: float, redate: bool) -> Stale | None:
-    """Rank 0 never beat. Judged only where a rank armed (its program beats): hung once ``timeout_s`` passed since
-    the attempt's start (issue 41: rank 1 stopped before the process group formed, rank 0 waited in
-    init_process_group, and nothing was ever judged). The rank named is the one furthest behind: the lowest that
-    did not even arm, else the lowest that never beat."""
+    """Rank 0 never beat. Judged only where a rank armed (its program beats) and another never did: the lowest rank
+    that did not arm is hung once ``timeout_s`` passed since the first rank armed (issue 41: rank 1 stopped before
+    the process group formed, rank 0 waited in init_process_group, and nothing was ever judged).
+
+    Counted from the first arming, not the attempt's start, and never once every rank armed: CI killed a healthy
+    resume as hung because two ranks' torch imports and the restore took longer than the timeout from wrapper.json.
+    What follows the arming (the group forming, a restore) is judged from rank 0's first beat, as before."""
     armed = protocol.armed_ranks(run_dir, attempt)
     if not armed:
         return None
-    started = seen_at(protocol.attempt_dir(run_dir, attempt) / protocol.WRAPPER_FILE, now, redate)
-    if started is None or now - started <= timeout_s:
+    rank = _lowest_absent(set(armed), max(armed.values()))
+    if rank is None:
         return None
-    world = max(armed.values())
-    beat = set(protocol.progress_files(run_dir, attempt, world)) - {0}  # the other ranks' files; rank 0 has none
-    rank = _lowest_absent(set(armed) | beat, world)
-    return Stale(_lowest_absent(beat, world) if rank is None else rank, now - started, None)
+    d = protocol.attempt_dir(run_dir, attempt)
+    times = [t for r in armed if (t := seen_at(d / protocol.RANK_ARMED.format(r), now, redate)) is not None]
+    if not times:
+        return None
+    since = max(min(times), seen_at(d / protocol.WRAPPER_FILE, now, redate) or -math.inf)
+    return Stale(rank, now - since, None) if now - since > timeout_s else None
 
 
 def _lowest_absent(present: set[int], world: int) -> int | None:

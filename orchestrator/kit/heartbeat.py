@@ -30,7 +30,7 @@ from orchestrator.kit import stall
 def arm_from_env(environ: Mapping[str, str] | None = None) -> None:
     """Say, as a rank's program starts (before its process group forms), that this program beats: under orch
     (ORCH_RUN_DIR, ORCH_ATTEMPT) and torchrun's WORLD_SIZE > 1 only. The hang detector then judges the attempt's
-    start too: a rank that never beats, within hang_timeout_s of the attempt's start, is hung (issue 41). Best
+    start too: a rank that never arms, hang_timeout_s after another rank armed, is hung (issue 41). Best
     effort: a failed write only leaves the start unjudged, as before."""
     env = os.environ if environ is None else environ
     try:

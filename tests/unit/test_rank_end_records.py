@@ -23,6 +23,7 @@ from orchestrator.rankend import RankEnd, first_own_end, parse_rank_end, read_ra
 
 ABSENT = Verification(MarkerStatus.ABSENT, "no done.json")
 TOKEN, LAUNCH = "tok", "abc123"
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def good(**kw: object) -> dict:
@@ -199,6 +200,34 @@ def test_a_stopped_program_is_killed_at_once_when_a_stop_reaches_its_rank(tmp_pa
     wait_for(lambda: _stopped_child(q.pid), 30, "the program to be stopped")
     os.kill(q.pid, signal.SIGTERM)  # the stop reaches the parent (torchrun signals the group; the child's is pending)
     assert q.wait(timeout=30) == -signal.SIGKILL
+    end = read_rank_ends(tmp_path, LAUNCH, TOKEN, 2)[0]
+    assert (end.rank, end.returncode, end.stopped) == (1, -9, True)
+
+
+# Run in a child: rankend installs its stop handlers in the process that calls main().
+_STOP_DURING_POPEN = """
+import os, signal, subprocess, sys, time
+from orchestrator import rankend
+real = subprocess.Popen
+def popen(*a, **kw):  # the program printed and stopped itself before Popen returned; the stop arrives then
+    child = real(*a, **kw)
+    while not rankend._is_stopped(child.pid):
+        time.sleep(0.01)
+    os.kill(os.getpid(), signal.SIGTERM)  # its handler runs here, before main() holds the child
+    return child
+rankend.subprocess.Popen = popen
+sys.exit(rankend.main(sys.argv[1:]))
+"""
+
+
+@pytest.mark.timeout(60)  # the program sleeps 600 s: a stop that waited for it fails here
+def test_a_stop_that_comes_while_the_program_starts_still_kills_it_once_stopped(tmp_path):
+    """CI (loaded): the program printed and stopped itself before rankend's Popen returned, and the stop arrived
+    then: the handler had no child to check, and the stopped program was waited for until the test's bound."""
+    env = {"RANK": "1", protocol.ENV_TOKEN: TOKEN, "PATH": "/usr/bin:/bin", "PYTHONPATH": str(ROOT)}
+    p = subprocess.run([sys.executable, "-c", _STOP_DURING_POPEN, "--dir", str(tmp_path), "--launch", LAUNCH, "--",
+                        "sh", "-c", "kill -STOP $$; exec sleep 600"], env=env, timeout=50)
+    assert p.returncode == -signal.SIGKILL
     end = read_rank_ends(tmp_path, LAUNCH, TOKEN, 2)[0]
     assert (end.rank, end.returncode, end.stopped) == (1, -9, True)
 
