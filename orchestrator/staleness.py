@@ -42,8 +42,8 @@ def judge(run_dir: Path, attempt: int, timeout_s: float, now: float, *, redate: 
     """The stale rank when some rank of the attempt made no heartbeat progress for ``timeout_s``, else None.
 
     Jobs that never write a heartbeat (rank 0's progress.json) are not judged, unless a rank of a multi-rank job
-    armed as its program started (the kit's ``armed.rank-<r>.json``): then a rank that never armed, ``timeout_s``
-    after the first rank did, is hung too. ``progress``: rank 0's heartbeat if the caller already read
+    armed as its program started (the kit's ``armed.rank-<r>.json``): then its start is judged too
+    (``_unbeaten_start``). ``progress``: rank 0's heartbeat if the caller already read
     it. ``redate``: re-date a heartbeat dated in the future to ``now`` (the reconciler does; a read command such as
     ``orch status`` writes nothing and counts it fresh).
     """
@@ -99,25 +99,38 @@ def stale_rank(beats: dict[int, tuple[float, Path]], now: float, timeout_s: floa
 
 
 def _unbeaten_start(run_dir: Path, attempt: int, timeout_s: float, now: float, redate: bool) -> Stale | None:
-    """Rank 0 never beat. Judged only where a rank armed (its program beats) and another never did: the lowest rank
-    that did not arm is hung once ``timeout_s`` passed since the first rank armed (issue 41: rank 1 stopped before
-    the process group formed, rank 0 waited in init_process_group, and nothing was ever judged).
+    """Rank 0 never beat. Judged only where a rank armed (its program beats; issue 41: rank 1 stopped before the
+    process group formed, rank 0 waited in init_process_group, and nothing was ever judged):
 
-    Counted from the first arming, not the attempt's start, and never once every rank armed: CI killed a healthy
-    resume as hung because two ranks' torch imports and the restore took longer than the timeout from wrapper.json.
-    What follows the arming (the group forming, a restore) is judged from rank 0's first beat, as before."""
-    armed = protocol.armed_ranks(run_dir, attempt)
-    if not armed:
-        return None
-    rank = _lowest_absent(set(armed), max(armed.values()))
-    if rank is None:
-        return None
+    * the lowest rank that never armed is hung once ``timeout_s`` passed since the first rank armed;
+    * an armed rank is hung once its record went ``timeout_s`` without being refreshed (nor its own heartbeat
+      written): its program is stopped or dead; the oldest is named.
+
+    Never from the attempt's start alone: CI stopped a healthy resume as hung because two ranks' torch imports and
+    the restore took longer than the timeout from wrapper.json. A rank alive in a restore of any length refreshes its
+    record. Records older than the attempt's (re)start are a previous run's (a Slurm in-place requeue): ignored."""
     d = protocol.attempt_dir(run_dir, attempt)
-    times = [t for r in armed if (t := seen_at(d / protocol.RANK_ARMED.format(r), now, redate)) is not None]
-    if not times:
+    start = seen_at(d / protocol.WRAPPER_FILE, now, redate) or -math.inf
+    alive: dict[int, float] = {}
+    firsts: list[float] = []
+    armed = protocol.read_armed(run_dir, attempt)
+    for rank, a in armed.items():
+        seen = seen_at(d / protocol.RANK_ARMED.format(rank), now, redate)
+        if seen is None or seen < start:
+            continue
+        own = seen_at(d / protocol.RANK_PROGRESS.format(rank), now, redate) if rank else None
+        alive[rank] = max(seen, own or seen)
+        firsts.append(max(start, min(seen, a.since if a.since is not None else seen)))
+    if not alive:
         return None
-    since = max(min(times), seen_at(d / protocol.WRAPPER_FILE, now, redate) or -math.inf)
-    return Stale(rank, now - since, None) if now - since > timeout_s else None
+    missing = _lowest_absent(set(alive), max(armed[r].world for r in alive))
+    if missing is not None and now - min(firsts) > timeout_s:
+        return Stale(missing, now - min(firsts), None)
+    stale = {r: t for r, t in alive.items() if now - t > timeout_s}
+    if not stale:
+        return None
+    rank = min(stale, key=lambda r: (stale[r], r))
+    return Stale(rank, now - stale[rank], None)
 
 
 def _lowest_absent(present: set[int], world: int) -> int | None:

@@ -19,29 +19,68 @@ import statistics
 import sys
 import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
 from orchestrator import protocol
 from orchestrator.kit import stall
 
+# Set by this process's first heartbeat write: its rank's start is over, and the armed record stops being refreshed.
+_beat = threading.Event()
+_armed: dict[tuple[str, int, int], Armed] = {}  # one refresher per (run dir, attempt, rank)
+ENV_HEARTBEAT_S = "ORCH_HEARTBEAT_S"  # how often progress.json is rewritten (seconds, default 2)
+DEFAULT_HEARTBEAT_S = 2.0
 
-def arm_from_env(environ: Mapping[str, str] | None = None) -> None:
+
+class Armed:
+    """A rank's armed record and the thread that refreshes it until this process first beats (or ``stop``)."""
+
+    def __init__(self, write: Callable[[], None], interval_s: float) -> None:
+        self._write, self._interval_s, self._stop = write, interval_s, threading.Event()
+        self._thread = threading.Thread(target=self._run, name="orch-armed", daemon=True)
+
+    def start(self) -> Armed:
+        self._write()
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(timeout=10)
+
+    def _run(self) -> None:
+        while not self._stop.wait(self._interval_s) and not _beat.is_set():
+            self._write()
+
+
+def arm_from_env(environ: Mapping[str, str] | None = None) -> Armed | None:
     """Say, as a rank's program starts (before its process group forms), that this program beats: under orch
     (ORCH_RUN_DIR, ORCH_ATTEMPT) and torchrun's WORLD_SIZE > 1 only. The hang detector then judges the attempt's
-    start too: a rank that never arms, hang_timeout_s after another rank armed, is hung (issue 41). Best
-    effort: a failed write only leaves the start unjudged, as before."""
+    start too (issue 41): a rank that never arms, hang_timeout_s after another did, is hung, and so is an armed
+    rank whose record stops being refreshed before it beats (a thread rewrites it every ORCH_HEARTBEAT_S until this
+    process's first heartbeat: a rank stopped or dead in its start stops it, a slow restore does not). Best effort:
+    a failed write only leaves the start unjudged, as before. The record's refresher, or None."""
     env = os.environ if environ is None else environ
     try:
         world, rank = int(env.get("WORLD_SIZE", "1")), int(env.get("RANK", "0"))
         run_dir, attempt = env[protocol.ENV_RUN_DIR], int(env[protocol.ENV_ATTEMPT])
+        interval = min(60.0, max(0.05, float(env.get(ENV_HEARTBEAT_S, DEFAULT_HEARTBEAT_S))))  # inf: wait() raises
     except (KeyError, ValueError):
-        return
+        return None
     if world < 2 or not 0 <= rank < world or not run_dir or attempt < 1:
-        return
-    with contextlib.suppress(OSError):
-        protocol.write_rank_armed(run_dir, attempt, rank, world)
+        return None
+    key = (run_dir, attempt, rank)
+    if key in _armed:  # the integrations' import and the trainer's init_group both arm
+        return _armed[key]
+    since = time.time()
+
+    def write() -> None:
+        with contextlib.suppress(OSError):
+            protocol.write_rank_armed(run_dir, attempt, rank, world, since)
+
+    _armed[key] = armed = Armed(write, interval).start()
+    return armed
 
 
 def for_rank(run_dir: Path, attempt: int, interval_s: float, *, writer: bool, rank: int,
@@ -134,6 +173,7 @@ class Heartbeat:
         try:
             protocol.write_progress(self.run_dir, self.attempt, **fields)
             self._written, self._stall_written = posted, stalled
+            _beat.set()
         except Exception as e:  # a full disk must not stop training; the checkpoint path reports it
             self._warn(e)
 
@@ -146,6 +186,7 @@ class Heartbeat:
         try:
             protocol.write_rank_progress(self.run_dir, self.attempt, self.rank, step if isinstance(step, int) else None)
             self._written = posted
+            _beat.set()
         except Exception as e:  # noqa: BLE001 - a full disk must not stop training
             self._warn(e)
 

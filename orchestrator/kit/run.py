@@ -21,10 +21,8 @@ from typing import Any
 
 from orchestrator import protocol
 from orchestrator.kit.dist import global_rank, lost_peer
+from orchestrator.kit.heartbeat import DEFAULT_HEARTBEAT_S, ENV_HEARTBEAT_S
 from orchestrator.kit.log import log
-
-ENV_HEARTBEAT_S = "ORCH_HEARTBEAT_S"  # how often progress.json is rewritten (seconds, default 2)
-DEFAULT_HEARTBEAT_S = 2.0
 
 
 class RunDirError(ValueError):

@@ -226,21 +226,32 @@ def _write_rank_file(run_dir: Path | str, attempt: int, name: str, record: dict[
 MAX_WORLD = 10**7  # ranks in one job: a bound on a job-written world size, not a limit anyone meets
 
 
-def write_rank_armed(run_dir: Path | str, attempt: int, rank: int, world: int) -> None:
+def write_rank_armed(run_dir: Path | str, attempt: int, rank: int, world: int, since: float) -> None:
     """A rank of a multi-rank job says, as its program starts, that it will beat (``attempts/<n>/armed.rank-<r>.json``;
-    a rename, not fsynced: its loss only leaves the rank's start unjudged, as before)."""
-    _write_rank_file(run_dir, attempt, RANK_ARMED.format(int(rank)), {"rank": int(rank), "world_size": int(world)})
+    a rename, not fsynced: its loss only leaves the rank's start unjudged, as before). Rewritten every heartbeat
+    interval until the rank first beats: its mtime says the program is still alive in its start; ``since`` (the
+    first arming, the job's clock) says when its imports were done."""
+    _write_rank_file(run_dir, attempt, RANK_ARMED.format(int(rank)),
+                     {"rank": int(rank), "world_size": int(world), "since": since})
 
 
-def armed_ranks(run_dir: Path | str, attempt: int) -> dict[int, int]:
-    """rank -> the world size it was started in, for each rank that armed (one directory listing; each record read
-    bounded, as every job-written file is; a bad one is skipped)."""
+@dataclass(frozen=True)
+class ArmedRank:
+    """One rank's armed record, checked."""
+
+    world: int  # the world size it was started in
+    since: float | None  # when it first armed (the job's clock); None in a record without it
+
+
+def read_armed(run_dir: Path | str, attempt: int) -> dict[int, ArmedRank]:
+    """rank -> its armed record, for each rank that armed (one directory listing; each record read bounded, as every
+    job-written file is; a bad one is skipped)."""
     d = attempt_dir(run_dir, attempt)
     try:
         names = os.listdir(d)
     except OSError:
         return {}
-    out: dict[int, int] = {}
+    out: dict[int, ArmedRank] = {}
     for name in names:
         if not RANK_ARMED_RE.fullmatch(name):
             continue
@@ -249,9 +260,15 @@ def armed_ranks(run_dir: Path | str, attempt: int) -> dict[int, int]:
         except (OSError, ValueError):
             continue
         world = r.get("world_size") if isinstance(r, dict) else None
-        if is_int(world, 2, MAX_WORLD) and is_int(r.get("rank"), 0, world - 1):
-            out[r["rank"]] = world
+        if is_int(world, 2, MAX_WORLD) and is_int(r.get("rank"), 0, world - 1) and \
+                name == RANK_ARMED.format(r["rank"]):
+            out[r["rank"]] = ArmedRank(world, finite_number(r.get("since")))
     return out
+
+
+def armed_ranks(run_dir: Path | str, attempt: int) -> dict[int, int]:
+    """rank -> the world size it was started in, for each rank that armed (``read_armed``)."""
+    return {rank: a.world for rank, a in read_armed(run_dir, attempt).items()}
 
 
 def progress_files(run_dir: Path | str, attempt: int, world: int) -> dict[int, Path]:

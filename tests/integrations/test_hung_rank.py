@@ -135,3 +135,17 @@ def test_a_rank_hung_before_the_process_group_forms_is_judged_from_the_start_and
     assert protocol.armed_ranks(run_dir, 1) == {0: 2}
     assert orch.wait("start", {DONE, "failed", "cancelled"}, timeout=180) == DONE, orch.show("start")
     assert orch("verify", "start").stdout == "VERIFIED\n"
+
+
+def test_a_rank_hung_after_it_armed_before_its_group_formed_is_judged_by_its_unrefreshed_record(orch):
+    """Rank 1 armed (orch's kit imported), then stopped before init_process_group; rank 0 waits there, alive, and
+    keeps its armed record fresh. Rank 1's record is no longer refreshed: it is judged, named and stopped with the
+    whole attempt, which resumes verified."""
+    run_dir, a1 = _hang_of(orch, "armed", "--max-steps", "6", "--save-every", "3", "--stop-after-arm", "1")
+    assert (a1["stale_rank"], a1["stale_step"]) == (1, None), a1
+    assert re.fullmatch(r"stopped by the reconciler: rank 1: no progress for \d+ s, before any step heartbeat",
+                        a1["detail"] or ""), a1["detail"]
+    assert protocol.read_progress(run_dir, 1) is None  # no rank beat in attempt 1
+    assert protocol.armed_ranks(run_dir, 1) == {0: 2, 1: 2}
+    assert orch.wait("armed", {DONE, "failed", "cancelled"}, timeout=180) == DONE, orch.show("armed")
+    assert orch("verify", "armed").stdout == "VERIFIED\n"

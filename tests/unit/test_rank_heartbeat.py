@@ -57,19 +57,50 @@ def test_no_per_rank_file_when_the_world_is_one_rank(tmp_path):
     assert heartbeat.for_rank(tmp_path, 1, 3600, writer=False, rank=0, world=1) is None
 
 
-ORCH_ENV = {"ORCH_ATTEMPT": "1", "WORLD_SIZE": "2"}
+ORCH_ENV = {"ORCH_ATTEMPT": "1", "WORLD_SIZE": "2", "ORCH_HEARTBEAT_S": "3600"}  # no refresh during a test
+
+
+def _arm(env: dict) -> heartbeat.Armed | None:
+    """Arm as the kit does, then stop the refresher (the test sets the times itself)."""
+    armed = heartbeat.arm_from_env(env)
+    if armed is not None:
+        armed.stop()
+    return armed
 
 
 def test_a_rank_arms_as_its_program_starts_only_under_orch_and_torchrun(tmp_path):
     """Issue 41: the kit says, before the process group forms, that this program beats (armed.rank-<r>.json)."""
-    heartbeat.arm_from_env({**ORCH_ENV, "ORCH_RUN_DIR": str(tmp_path), "RANK": "1"})
+    assert _arm({**ORCH_ENV, "ORCH_RUN_DIR": str(tmp_path), "RANK": "1"}) is not None
     assert protocol.armed_ranks(tmp_path, 1) == {1: 2}
     for env in ({**ORCH_ENV, "RANK": "0"},  # not under orch
                 {**ORCH_ENV, "ORCH_RUN_DIR": str(tmp_path / "one"), "WORLD_SIZE": "1"},  # one process
                 {**ORCH_ENV, "ORCH_RUN_DIR": str(tmp_path / "bad"), "RANK": "2"},  # no rank of this world
                 {**ORCH_ENV, "ORCH_RUN_DIR": str(tmp_path / "nan"), "WORLD_SIZE": "two"}):
-        heartbeat.arm_from_env(env)
+        assert _arm(env) is None
     assert sorted(p.name for p in tmp_path.iterdir()) == ["attempts"]
+
+
+def test_an_armed_record_is_refreshed_until_the_process_first_beats(tmp_path):
+    """The record's mtime says the rank is alive in its start (a slow restore); its first heartbeat ends that."""
+    from orchkit import wait_for
+
+    path = protocol.attempt_dir(tmp_path, 1) / protocol.RANK_ARMED.format(1)
+    heartbeat._beat.clear()  # an earlier test's heartbeat in this process beat
+    armed = heartbeat.arm_from_env({**ORCH_ENV, "ORCH_RUN_DIR": str(tmp_path), "RANK": "1", "ORCH_HEARTBEAT_S": "0.05"})
+    try:
+        os.utime(path, (1000, 1000))
+        wait_for(lambda: path.stat().st_mtime > 1000, 30, "the armed record to be refreshed", interval=0.02)
+        assert json.loads(path.read_text())["since"] < path.stat().st_mtime  # the first arming is kept
+        hb = heartbeat.for_rank(tmp_path, 1, 3600, writer=False, rank=1, world=2)
+        hb.post(step=1)
+        hb.write_now()  # the first beat
+        assert heartbeat._beat.is_set()
+        armed._thread.join(timeout=30)
+        assert not armed._thread.is_alive()
+        hb.stop()
+    finally:
+        heartbeat._beat.clear()
+        armed.stop()
 
 
 def test_armed_records_are_read_bounded_and_checked(tmp_path):
@@ -92,8 +123,8 @@ def _started(run_dir, at: float) -> None:  # noqa: ANN001
 
 
 def _armed(run_dir, rank: int, at: float) -> None:  # noqa: ANN001
-    """Rank ``rank`` of 2 armed at ``at`` (as the kit does when the program imports it)."""
-    heartbeat.arm_from_env({**ORCH_ENV, "ORCH_RUN_DIR": str(run_dir), "RANK": str(rank)})
+    """Rank ``rank`` of 2 armed, its record last refreshed at ``at``."""
+    _arm({**ORCH_ENV, "ORCH_RUN_DIR": str(run_dir), "RANK": str(rank)})
     path = protocol.attempt_dir(run_dir, 1) / protocol.RANK_ARMED.format(rank)
     os.utime(path, (at, at))
 
@@ -105,7 +136,10 @@ def test_a_rank_that_never_arms_is_hung_after_the_timeout_from_the_first_arming_
 
     now = 10_000.0
     _started(tmp_path, now - 3600)
-    _armed(tmp_path, 0, now - 30)
+    _armed(tmp_path, 0, now - 1)
+    json_path = protocol.attempt_dir(tmp_path, 1) / protocol.RANK_ARMED.format(0)
+    json_path.write_text(json.dumps({"rank": 0, "world_size": 2, "since": now - 30}))  # first armed 30 s ago
+    os.utime(json_path, (now - 1, now - 1))  # and alive: refreshed a second ago
     assert judge(tmp_path, 1, 60, now) is None  # within the timeout of rank 0's arming
     stale = judge(tmp_path, 1, 20, now)
     assert (stale.rank, stale.step, round(stale.age_s)) == (1, None, 30), stale
@@ -115,10 +149,28 @@ def test_a_rank_that_never_arms_is_hung_after_the_timeout_from_the_first_arming_
     assert judge(tmp_path / "plain", 1, 20, now) is None
 
 
+def test_an_armed_rank_whose_record_is_no_longer_refreshed_is_hung_and_named(tmp_path):
+    """A rank stopped (SIGSTOP) after it armed, before its group formed: its refresher stopped with it, while rank 0,
+    waiting in init_process_group, still refreshes. The rank whose record is oldest is named."""
+    from orchestrator.staleness import judge
+
+    now = 10_000.0
+    _started(tmp_path, now - 3600)
+    _armed(tmp_path, 0, now - 1)
+    _armed(tmp_path, 1, now - 30)
+    assert judge(tmp_path, 1, 60, now) is None
+    stale = judge(tmp_path, 1, 20, now)
+    assert (stale.rank, stale.step, round(stale.age_s)) == (1, None, 30), stale
+    # Its own heartbeat (rank 1 beat; rank 0 is still in its restore) says it is alive: not judged.
+    protocol.write_rank_progress(tmp_path, 1, 1, 3)
+    os.utime(protocol.attempt_dir(tmp_path, 1) / protocol.RANK_PROGRESS.format(1), (now - 2, now - 2))
+    assert judge(tmp_path, 1, 20, now) is None
+
+
 def test_a_slow_start_of_ranks_that_all_armed_is_never_judged_before_a_beat(tmp_path):
     """CI: a healthy resume was stopped as hung. Its ranks' torch imports and restore took longer than the timeout
-    counted from the attempt's start (wrapper.json). Counted from the first arming, and not at all once every rank
-    armed (the group forming and a restore are judged from rank 0's first beat, as before the arming existed)."""
+    counted from the attempt's start (wrapper.json). Counted from the first arming, and an armed rank alive in its
+    restore (its record refreshed) is never hung, however long the restore."""
     from orchestrator.staleness import judge
 
     now = 10_000.0
@@ -126,5 +178,17 @@ def test_a_slow_start_of_ranks_that_all_armed_is_never_judged_before_a_beat(tmp_
     assert judge(tmp_path, 1, 20, now) is None
     _armed(tmp_path, 0, now - 10)
     assert judge(tmp_path, 1, 20, now) is None
-    _armed(tmp_path, 1, now - 3000)
-    assert judge(tmp_path, 1, 20, now) is None  # both armed: a restore of any length is not judged before a beat
+    _armed(tmp_path, 1, now - 1)
+    _armed(tmp_path, 0, now - 1)
+    assert judge(tmp_path, 1, 20, now) is None  # both alive: a restore of any length is not judged before a beat
+
+
+def test_armed_records_of_a_previous_run_of_the_attempt_are_ignored(tmp_path):
+    """A Slurm in-place requeue restarts the attempt (wrapper.json rewritten): the last run's records, long
+    unrefreshed, would make the new run hung at once."""
+    from orchestrator.staleness import judge
+
+    now = 10_000.0
+    _armed(tmp_path, 0, now - 500)
+    _started(tmp_path, now - 5)
+    assert judge(tmp_path, 1, 20, now) is None

@@ -10,7 +10,8 @@ of that rank in the middle of a step), ``--signal-step RANK:STEP`` (SIGTERM from
 ``--stop-before-beat RANK`` (SIGSTOP of that rank by itself where orch_run starts its heartbeat, after the resume's
 collectives: a rank hung before its first beat, as one stuck loading its share of the restore),
 ``--stop-before-group RANK`` (SIGSTOP of that rank by itself before it imports anything: before orch's kit arms and
-its process group forms, as a rank stuck at start would be; the other ranks wait in init_process_group).
+its process group forms, as a rank stuck at start would be; the other ranks wait in init_process_group),
+``--stop-after-arm RANK`` (SIGSTOP of that rank by itself once orch's kit armed, before its process group forms).
 """
 
 from __future__ import annotations
@@ -56,7 +57,11 @@ def main() -> None:
     ap.add_argument("--stop-step", default="", help="RANK:STEP: that rank sends itself SIGSTOP after the step")
     ap.add_argument("--stop-before-beat", type=int, default=None, help="RANK: SIGSTOP before its heartbeat starts")
     ap.add_argument("--stop-before-group", type=int, default=None, help="RANK: SIGSTOP before anything (read above)")
+    ap.add_argument("--stop-after-arm", type=int, default=None, help="RANK: SIGSTOP once armed, before its group")
     a = ap.parse_args()
+    if a.stop_after_arm is not None and str(a.stop_after_arm) == os.environ.get("RANK") and \
+            os.environ.get("ORCH_ATTEMPT", "1") == "1":
+        os.kill(os.getpid(), signal.SIGSTOP)  # armed (the kit's import above), hung before its group forms
 
     world = int(os.environ.get("WORLD_SIZE", "1"))
     if world > 1:
