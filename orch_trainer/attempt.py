@@ -8,7 +8,6 @@ small frozen value.
 
 from __future__ import annotations
 
-import errno
 import shutil
 from dataclasses import dataclass
 from pathlib import Path
@@ -21,19 +20,6 @@ if TYPE_CHECKING:
     from orchestrator.kit.checkpoint import CheckpointError
 
 # A full disk, a quota, a file-size limit: all three mean "free space and retry" (class enospc).
-DISK_FULL_ERRNOS = (errno.ENOSPC, errno.EDQUOT, errno.EFBIG)
-
-
-def write_error_class(e: BaseException | None) -> str:
-    """The class of a failed write: ``enospc`` (free space), ``storage`` (EIO, ESTALE, EAGAIN, ETIMEDOUT: a fault
-    of the storage that may pass, never the job's own), else ``crash``."""
-    if isinstance(e, OSError) and e.errno in DISK_FULL_ERRNOS:
-        return "enospc"
-    if isinstance(e, OSError) and e.errno in protocol.TRANSIENT_STORAGE_ERRNOS:
-        return "storage"
-    return "crash"
-
-
 class TrainerExit(Exception):
     """Unwind to ``Trainer.run`` with an exit code; the failure (if any) is already reported."""
 
@@ -61,7 +47,7 @@ class Attempt:
         error of the storage ``storage`` (retried after a back-off; the previous checkpoint is the resume point)."""
         cause = e.cause
         free = shutil.disk_usage(self.run_dir).free
-        cls = write_error_class(cause)
+        cls = protocol.write_error_class(cause)
         if cls == "enospc":
             return self.fail("enospc", e.step, f"checkpoint step {e.step} did not fit: {cause}; "
                              f"previous checkpoints are intact", bytes_needed=e.bytes_needed, bytes_free=free)

@@ -19,7 +19,7 @@ from typing import Any
 
 import torch
 
-from orch_trainer.attempt import Attempt, write_error_class
+from orch_trainer.attempt import Attempt
 from orch_trainer.load import Loaded
 from orch_trainer.model import PRESETS, TinyGPT
 from orch_trainer.preflight import Preflight
@@ -75,7 +75,7 @@ def finish(args: argparse.Namespace, attempt: Attempt, ckpts: CheckpointManager,
     except CheckpointError as e:
         raise attempt.save_failed(e) from e
     except OSError as e:
-        cls = write_error_class(e)
+        cls = protocol.write_error_class(e)
         raise attempt.fail(cls, trained.step, f"writing result/ failed: {e!r}; done.json not written",
                            bytes_free=shutil.disk_usage(attempt.run_dir).free) from None
     heartbeat.post(**progress_fields(args, step=trained.step, last_loss=trained.last_loss, tok_s=trained.tok_s,

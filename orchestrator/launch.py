@@ -30,7 +30,6 @@ from __future__ import annotations
 
 import dataclasses
 import enum
-import errno
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, NoReturn
@@ -68,7 +67,6 @@ from orchestrator.suspects import exclusion_for, with_exclusion
 __all__ = ["launch_grace_s", "new_batch_token", "sweep_env"]  # re-exported (their home: claimkeeper, launchprep)
 
 A, J = AttemptState, JobState
-_DISK_FULL = (errno.ENOSPC, errno.EDQUOT)
 
 
 class LaunchOutcome(enum.StrEnum):
@@ -288,10 +286,8 @@ def _fail_os(db: Database, cfg: Config, attempt_id: int, e: OSError) -> None:
 def _launch_error_class(e: BaseException) -> FailureClass:
     """A launch's OSError before the program ran: a full disk (enospc), a storage fault that may pass (storage:
     retried after a back-off, never counted, issue 41), else unknown (waits for a person: EACCES, ELOOP, ...)."""
-    code = getattr(e, "errno", None)
-    if code in _DISK_FULL:
-        return FailureClass.ENOSPC
-    return FailureClass.STORAGE if code in protocol.TRANSIENT_STORAGE_ERRNOS else FailureClass.UNKNOWN
+    cls = protocol.write_error_class(e)
+    return FailureClass.UNKNOWN if cls == "crash" else FailureClass(cls)
 
 
 def launch(db: Database, cfg: Config, name: str, backend: Backend | None = None, *,

@@ -48,10 +48,14 @@ this callback moves) and ``save_only_model=True`` (no optimizer state to resume)
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
+import sys
 import time
+import traceback
 from pathlib import Path
+from types import TracebackType
 from typing import Any
 
 import torch
@@ -102,6 +106,24 @@ class OrchCallback(TrainerCallback):
         # it every attempt logs to a new output_dir/runs/<date>_<host> dir: one curve per attempt.
         os.environ.setdefault("TENSORBOARD_LOGGING_DIR", str(self.run.tensorboard_dir))
 
+    def _report_storage_faults(self, state: TrainerState, rank: int, world: int) -> None:
+        """An OSError of the storage that leaves the script (HF's own checkpoint write: EIO, ESTALE, a full disk)
+        is recorded with its class, storage or enospc, before Python prints it (issue 41: one EIO was a counted
+        crash). No HF hook sees a failed save: this is the script's excepthook, chained to the one it had."""
+        if getattr(sys.excepthook, "orch_storage_report", False):
+            return
+        previous = sys.excepthook
+
+        def hook(tp: type[BaseException], exc: BaseException, tb: TracebackType | None) -> None:
+            if protocol.write_error_class(exc) != "crash":
+                with contextlib.suppress(Exception):  # the report is best effort; the traceback is printed anyway
+                    detail = "".join(traceback.format_exception(tp, exc, tb))[-1800:]
+                    self.run.crashed(state.global_step, exc, detail, rank=rank, world=world)
+            previous(tp, exc, tb)
+
+        hook.orch_storage_report = True  # type: ignore[attr-defined]
+        sys.excepthook = hook
+
     # --- start -------------------------------------------------------------------------------------
     def on_init_end(self, args: TrainingArguments, state: TrainerState, control: TrainerControl,
                     **kwargs: Any) -> None:
@@ -121,6 +143,7 @@ class OrchCallback(TrainerCallback):
         self.on_init_end(args, state, control)
         self._in_train = True
         self.run.begin()
+        self._report_storage_faults(state, args.process_index, args.world_size)
         if self.run.is_writer:
             clean_stale(self.run.run_dir)
             self._set_aside_unfinished(Path(args.output_dir))

@@ -200,17 +200,19 @@ class Run:
         adir = protocol.attempt_dir(self.run_dir, self.attempt)
         if world > 1 and lost_peer(exc):
             peer = _peer_crash(adir, rank)
-            cls, why = ("crash", peer) if peer else (
+            cls, why = peer if peer else (
                 "killed", f"rank {rank} lost a peer rank in a collective (a rank was killed or stopped answering): "
                           f"{detail[-600:]}")
             if self.is_writer or not (adir / protocol.FAILURE_FILE).exists():
                 protocol.write_failure(self.run_dir, self.attempt, cls, step, why)
             return
+        # Issue 41: one EIO in a checkpoint write, the previous checkpoint intact, was a counted crash.
+        cls = protocol.write_error_class(exc)
         if self.is_writer:
-            protocol.write_failure(self.run_dir, self.attempt, "crash", step, detail)
+            protocol.write_failure(self.run_dir, self.attempt, cls, step, detail)
         else:
             adir.mkdir(parents=True, exist_ok=True)
-            protocol.atomic_write_json(adir / RANK_FAILURE.format(rank), {"class": "crash", "step": step,
+            protocol.atomic_write_json(adir / RANK_FAILURE.format(rank), {"class": cls, "step": step,
                                                                           "rank": rank, "detail": detail[-1800:]})
 
     def finish(self, metrics: dict[str, Any], step: int | None = None) -> dict | None:
@@ -229,16 +231,22 @@ class Run:
 RANK_FAILURE = "failure.rank-{:05d}.json"  # a non-writer rank's own failure, beside failure.json
 
 
-def _peer_crash(adir: Path, rank: int) -> str | None:
-    """The lowest other rank's own failure record in ``adir``, as one line of detail, or None."""
+_PEER_CLASSES = frozenset({"crash", "storage", "enospc"})  # what a rank's own record may pass on to the attempt
+
+
+def _peer_crash(adir: Path, rank: int) -> tuple[str, str] | None:
+    """The lowest other rank's own failure record in ``adir``: its class (crash, storage, enospc; anything else is
+    crash) and one line of detail, or None."""
     for p in sorted(adir.glob("failure.rank-*.json")):
         if p.name == RANK_FAILURE.format(rank):
             continue
         try:
             rec = protocol.read_json_bounded(p)
-            return f"{p.name}: {str(rec.get('detail', ''))[-1500:]}"
+            cls = rec.get("class")
+            cls = cls if isinstance(cls, str) and cls in _PEER_CLASSES else "crash"
+            return cls, f"{p.name}: {str(rec.get('detail', ''))[-1500:]}"
         except (OSError, ValueError, AttributeError):
-            return f"{p.name} (unreadable)"
+            return "crash", f"{p.name} (unreadable)"
     return None
 
 

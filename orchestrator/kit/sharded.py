@@ -262,21 +262,25 @@ class ShardedCheckpointer:
             try:
                 self._write_sharded(step, tmp, sharded, report)
             except Exception as e:  # DCP raises on every rank when any rank's write failed
-                report = {"rank": self.rank, "error": repr(e)[:800]}
+                report = {"rank": self.rank, "error": repr(e)[:800], "errno": protocol.storage_errno(e)}
         if "error" not in report:
             self._point(CommitPoint.RANK_FILES, step)
         reports = self._gather(report)
-        verdict = None
+        verdict: tuple[str, int | None] | None = None
         if self.rank == 0:
             assert reports is not None
             try:
                 verdict = self._commit(step, tmp, final, reports, expect_dcp=sharded is not None)
             except Exception as e:  # noqa: BLE001 - every rank must hear the verdict, or they wait in the broadcast
                 shutil.rmtree(tmp, ignore_errors=True)
-                verdict = f"commit of step {step} failed on rank 0: {e!r}"
+                verdict = f"commit of step {step} failed on rank 0: {e!r}", protocol.storage_errno(e)
         verdict = self._bcast(verdict)
         if verdict is not None:
-            raise CheckpointError(step, RuntimeError(verdict), 0)
+            # Every rank raises the storage error a rank hit (issue 41: an EIO in one rank's write was a crash; the
+            # attempt's class comes from it: storage, or enospc), else the verdict as it was.
+            why, code = verdict
+            cause = OSError(code, why) if code is not None else RuntimeError(why)
+            raise CheckpointError(step, cause, 0) from cause
         if self.rank == 0:
             self._point(CommitPoint.COMMITTED, step)
             try:
@@ -326,7 +330,7 @@ class ShardedCheckpointer:
                     files[name] = write_file_hashed(tmp / name, obj, self._hook(step, tmp / name))
             return {"rank": self.rank, "files": files}, False
         except Exception as e:  # reported to rank 0, which then commits nothing
-            return {"rank": self.rank, "error": repr(e)[:800]}, True
+            return {"rank": self.rank, "error": repr(e)[:800], "errno": protocol.storage_errno(e)}, True
 
     def _write_sharded(self, step: int, tmp: Path, state: dict[str, Any], report: dict[str, Any]) -> None:
         import torch.distributed.checkpoint as dcp
@@ -340,13 +344,16 @@ class ShardedCheckpointer:
             report["files"][Path(p).relative_to(tmp).as_posix()] = meta
         protocol.fsync_dir(root)
 
-    def _commit(self, step: int, tmp: Path, final: Path, reports: list[Any], *, expect_dcp: bool) -> str | None:
-        """Rank 0: the manifest, last, only when every rank reported every file; None, or why not."""
+    def _commit(self, step: int, tmp: Path, final: Path, reports: list[Any], *,
+                expect_dcp: bool) -> tuple[str, int | None] | None:
+        """Rank 0: the manifest, last, only when every rank reported every file; None, or why not (and the storage
+        errno a rank reported, if any: ``protocol.storage_errno``)."""
         problem = _check_reports(tmp, reports, self.world, expect_dcp)
         if problem is not None:
             shutil.rmtree(tmp, ignore_errors=True)
             log(f"step {step} not committed: {problem}")
-            return problem
+            codes = [r.get("errno") for r in reports if isinstance(r, dict) and isinstance(r.get("errno"), int)]
+            return problem, (codes[0] if codes else None)
         self._point(CommitPoint.GATHERED, step)
         files: dict[str, Any] = {}
         ranks: dict[str, list[str]] = {}
@@ -363,7 +370,7 @@ class ShardedCheckpointer:
             protocol.fsync_dir(self.root)
         except OSError as e:
             shutil.rmtree(tmp, ignore_errors=True)
-            return f"commit of step {step} failed: {e!r}"
+            return f"commit of step {step} failed: {e!r}", protocol.storage_errno(e)
         return None
 
     def prune(self) -> list[str]:

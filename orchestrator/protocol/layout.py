@@ -205,6 +205,30 @@ FAILURE_CLASSES = tuple(c.value for c in FailureClass)
 # The errors of storage that may pass: the class ``storage`` (never the job's own failure). A full disk or a quota
 # is ``enospc``; any other error of a write stays the program's (``crash``).
 TRANSIENT_STORAGE_ERRNOS = frozenset({errno.EIO, errno.ESTALE, errno.EAGAIN, errno.ETIMEDOUT})
+DISK_FULL_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EFBIG})  # EFBIG: a file-size limit of the storage
+
+
+def storage_errno(e: BaseException | None) -> int | None:
+    """The errno of a full disk or of a storage fault that may pass in ``e`` or its ``__cause__`` chain (a framework
+    re-raises its own error ``from`` the OSError; a few links deep), else None. Never ``__context__``: an error raised
+    while one was being handled is that code's own."""
+    for _ in range(8):
+        if e is None:
+            break
+        if isinstance(e, OSError) and e.errno in DISK_FULL_ERRNOS | TRANSIENT_STORAGE_ERRNOS:
+            return e.errno
+        e = e.__cause__
+    return None
+
+
+def write_error_class(e: BaseException | None) -> str:
+    """The class of a failed write (a checkpoint, the result, a launch's records): ``enospc`` (free space, a quota),
+    ``storage`` (EIO, ESTALE, EAGAIN, ETIMEDOUT: a fault of the storage that may pass, never the job's own), else
+    ``crash`` (``storage_errno``)."""
+    code = storage_errno(e)
+    if code is None:
+        return "crash"
+    return "enospc" if code in DISK_FULL_ERRNOS else "storage"
 
 
 class StopSource(enum.StrEnum):

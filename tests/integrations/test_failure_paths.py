@@ -17,6 +17,20 @@ from orchestrator import protocol
 SCRIPTS = ROOT / "tests" / "integrations" / "scripts"
 
 
+def test_one_eio_in_hfs_own_checkpoint_write_is_storage_retried_uncounted_and_verified(orch):
+    """Issue 41: an EIO in HF's own save left train() as a plain exception, a counted crash (with --max-attempts
+    1, a failed job). The callback's excepthook records it as storage: retried, never counted, resumed from the
+    checkpoint before it."""
+    orch.write_config("[policy]\ncrash_backoff_s = 0.2\n")
+    orch("submit", "--name", "hfeio", "--max-attempts", "1", "--", sys.executable, str(SCRIPTS / "hf_eio.py"),
+         "--max-steps", "30", "--save-steps", "10", check=True)
+    assert orch.wait("hfeio", {DONE, "failed", "cancelled"}, timeout=240) == DONE, orch.show("hfeio")
+    shown = orch.show("hfeio")["attempts"]
+    assert [(a["state"], a["failure_class"]) for a in shown] == [("failed", "storage"), ("succeeded", None)], shown
+    assert "injected: EIO writing" in protocol.read_failure(orch.runs / "hfeio", 1)["detail"]
+    assert protocol.read_progress(orch.runs / "hfeio", 2)["resumed_from"] == 10
+
+
 def test_hf_killed_mid_save_is_requeued_and_resumes_from_the_last_complete_checkpoint(orch, tmp_path):
     log = tmp_path / "steps.log"
     orch("submit", "--name", "hfkill", "--", sys.executable, str(SCRIPTS / "hf_kill_mid_save.py"),

@@ -5,6 +5,8 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
+import sys
+from pathlib import Path
 
 import torch
 from intkit import (
@@ -50,6 +52,20 @@ def test_lightning_preempted_twice_redoes_no_step_ends_bit_exact_and_one_tensorb
     assert dirs == ["."], dirs
     assert steps == sorted(steps) and len(steps) == len(set(steps)) and len(steps) >= MAX - 3, steps
     assert len(list((run_dir / "tensorboard").glob("events.out.tfevents.*"))) == 3
+
+
+def test_one_eio_in_a_lightning_checkpoint_write_is_storage_retried_uncounted_and_verified(orch):
+    """Issue 41: only the bundled trainer knew the class storage; an EIO in Lightning's own checkpoint write was a
+    counted crash (with --max-attempts 1, a failed job). The callback's on_exception now says storage."""
+    orch.write_config("[policy]\ncrash_backoff_s = 0.2\n")
+    script = str(Path(__file__).parent / "scripts" / "lightning_eio.py")
+    orch("submit", "--name", "leio", "--max-attempts", "1", "--", sys.executable, script, "--max-steps", "30",
+         "--save-every", "10", env={"EIO_STEP": "20"}, check=True)
+    assert orch.wait("leio", {DONE, "failed", "cancelled"}, timeout=240) == DONE, orch.show("leio")
+    shown = orch.show("leio")["attempts"]
+    assert [(a["state"], a["failure_class"]) for a in shown] == [("failed", "storage"), ("succeeded", None)], shown
+    assert failure(orch.runs / "leio", 1)["step"] == 20
+    assert protocol.read_progress(orch.runs / "leio", 2)["resumed_from"] == 10  # step 10's checkpoint: intact
 
 
 def test_a_stop_at_a_step_that_validation_follows_resumes_bit_exact(tmp_path):

@@ -8,7 +8,8 @@ What is proved here, with real processes and signals:
   the ranks, hashing their shares in parallel at resume, set it aside and resume from the previous step;
 * kill -9 of one rank ends the others (no hang in a collective), the attempt is classified and requeued
   from the last committed step by orch alone;
-* a rank whose save fails leaves no commit for that step and the previous one intact;
+* a rank whose save fails leaves no commit for that step and the previous one intact; one EIO there is
+  ``storage``: retried, never counted;
 * kill -9 of one rank at each commit point never leaves a verified partial step;
 * 2 ranks -> 1 rank resumes the sharded state with the same effective batch and the loss curve continues.
 """
@@ -167,7 +168,24 @@ def test_a_rank_failing_its_save_commits_nothing_and_keeps_the_previous_step(tmp
     assert sorted(committed(run_dir)) == [5]
     assert_complete_step(committed(run_dir)[5], 2)
     assert [x.name for x in (run_dir / "checkpoints").iterdir()] == ["step-00000005"]  # no tmp dir left
-    assert json.loads((protocol.attempt_dir(run_dir, 1) / protocol.FAILURE_FILE).read_text())["class"] == "crash"
+    # ENOSPC on rank 1: the attempt's class is the disk's (enospc), passed to every rank with the verdict.
+    assert json.loads((protocol.attempt_dir(run_dir, 1) / protocol.FAILURE_FILE).read_text())["class"] == "enospc"
+
+
+def test_one_eio_in_one_ranks_save_is_storage_retried_uncounted_and_the_job_ends_verified(orch, tmp_path):
+    """Issue 41: a single EIO while rank 1 wrote its share of step 10 (step 5 intact) was a counted crash, and with
+    --max-attempts 1 the job failed. It is a storage fault: retried after a back-off, never counted, resumed from
+    step 5, verified."""
+    log = tmp_path / "steps.log"
+    orch.write_config("[policy]\ncrash_backoff_s = 0.2\n")
+    orch("submit", "--name", "eio", "--max-attempts", "1", "--", *torchrun(
+        2, "--max-steps", "12", "--save-every", "5", "--fail-save", "1:10", "--fail-errno", "5", "--step-log",
+        str(log)), env={"OMP_NUM_THREADS": "1"}, check=True)
+    assert orch.wait("eio", {DONE, "failed", "cancelled"}, timeout=180) == DONE, orch.show("eio")
+    shown = orch.show("eio")["attempts"]
+    assert [(a["state"], a["failure_class"]) for a in shown] == [("failed", "storage"), ("succeeded", None)], shown
+    assert "injected: rank 1 cannot write step 10" in shown[0]["detail"], shown[0]
+    assert min(s for a, _r, s, _l in log_lines(log) if a == 2) == 6  # from step-5, the last commit
 
 
 @pytest.mark.parametrize(("point", "rank"), [("writing", 1), ("rank_files", 1), ("gathered", 0),

@@ -124,6 +124,58 @@ def test_a_rank_that_lost_a_peer_reports_killed_or_the_peers_own_crash(tmp_path)
     assert protocol.read_failure(tmp_path, 1)["class"] == "crash"
 
 
+def test_a_write_error_class_follows_the_cause_chain_never_the_context():
+    """Issue 41: one EIO in a checkpoint write was a counted crash. The kit's CheckpointError and the sharded
+    commit's verdict raise ``from`` the OSError; an error raised while handling one is the code's own."""
+    import errno
+
+    from orchestrator.kit.checkpoint import CheckpointError
+
+    eio, full, quota = OSError(errno.EIO, "eio"), OSError(errno.ENOSPC, "full"), OSError(errno.EDQUOT, "quota")
+    assert [protocol.write_error_class(e) for e in (eio, full, quota, OSError(errno.EACCES, "no"), None,
+                                                    ValueError("bug"))] == ["storage", "enospc", "enospc",
+                                                                            "crash", "crash", "crash"]
+    try:
+        raise CheckpointError(4, eio, 0) from eio
+    except CheckpointError as e:
+        assert protocol.write_error_class(e) == "storage" and protocol.storage_errno(e) == errno.EIO
+    try:
+        try:
+            raise eio
+        except OSError:
+            raise KeyError("a bug in the handler") from None
+    except KeyError as e:
+        assert protocol.write_error_class(e) == "crash"
+    try:
+        try:
+            raise eio
+        except OSError:
+            raise KeyError("a bug in the handler")  # noqa: B904 - the implicit context is the point
+    except KeyError as e:
+        assert protocol.write_error_class(e) == "crash"
+
+
+def test_a_rank_that_failed_on_storage_makes_the_attempt_storage_not_crash(tmp_path):
+    """The writer's own EIO is storage; a peer's (its rank record) is passed on by the rank that lost it; a record
+    with any other class, or a hostile one, is a crash."""
+    import errno
+
+    lost = RuntimeError("[gloo/transport/tcp/pair.cc:537] Read error: Connection reset by peer")
+    run0 = Run(run_dir=tmp_path, job="j", attempt=1, is_writer=True)
+    run1 = Run(run_dir=tmp_path, job="j", attempt=1, is_writer=False)
+    run0.crashed(3, OSError(errno.EIO, "eio"), "tb", rank=0, world=1)
+    assert protocol.read_failure(tmp_path, 1)["class"] == "storage"
+    run1.crashed(7, OSError(errno.ESTALE, "stale"), "Traceback: OSError: stale", rank=1, world=2)
+    rank1 = protocol.attempt_dir(tmp_path, 1) / "failure.rank-00001.json"
+    assert json.loads(rank1.read_text())["class"] == "storage"
+    run0.crashed(7, lost, "tb", rank=0, world=2)
+    assert protocol.read_failure(tmp_path, 1)["class"] == "storage"
+    for hostile in (["storage"], "killed", None):
+        rank1.write_text(json.dumps({"class": hostile, "detail": "x"}))
+        run0.crashed(7, lost, "tb", rank=0, world=2)
+        assert protocol.read_failure(tmp_path, 1)["class"] == "crash", hostile
+
+
 def test_settle_waits_until_no_other_thread_holds_an_agreement_tensor(monkeypatch):
     """A collective backend's thread that still holds the agreement's tensor when the program exits frees it
     during finalization and aborts the rank (SIGABRT after a completed run). settle() returns only once

@@ -3,7 +3,8 @@
 Effective batch ``--global-batch`` on any world size (gradient accumulation); the data position is a
 global sample index in ``state`` (so a resume on another world size continues with the same samples).
 Each rank appends ``<attempt> <rank> <step> <loss>`` to ``--step-log`` once a step is complete (loss: the
-global batch's mean). Faults: ``--fail-save RANK:STEP`` (an OSError in that rank's first checkpoint write),
+global batch's mean). Faults: ``--fail-save RANK:STEP`` (an OSError, ``--fail-errno`` (ENOSPC), in that rank's
+first checkpoint write),
 ``--kill-at POINT:RANK:STEP`` (SIGKILL of that rank at a commit point), ``--kill-step RANK:STEP`` (SIGKILL
 of that rank in the middle of a step), ``--signal-step RANK:STEP`` (SIGTERM from that rank to itself after the step),
 ``--stop-step RANK:STEP`` (SIGSTOP of that rank by itself once the step is logged, before the kit counts it: a hang),
@@ -51,6 +52,7 @@ def main() -> None:
     ap.add_argument("--step-log")
     ap.add_argument("--sharded", action="store_true", help="the sharded format on one rank too")
     ap.add_argument("--fail-save", default="")
+    ap.add_argument("--fail-errno", type=int, default=28, help="the errno of --fail-save's OSError (ENOSPC)")
     ap.add_argument("--kill-at", default="")
     ap.add_argument("--kill-step", default="")
     ap.add_argument("--signal-step", default="", help="RANK:STEP: that rank sends itself SIGTERM after the step")
@@ -98,7 +100,7 @@ def main() -> None:
                   sharded=True if a.sharded else None) as run:
         def write_hook(step: int, _path: str) -> None:
             if fault(a.fail_save, "", step):
-                raise OSError(28, f"injected: rank {rank} cannot write step {step}")
+                raise OSError(a.fail_errno, f"injected: rank {rank} cannot write step {step}")
 
         def point_hook(point: sharded.CommitPoint, step: int) -> None:
             if fault(a.kill_at, point.value, step):
