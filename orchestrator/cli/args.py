@@ -133,13 +133,28 @@ def _plain_cb(_ctx: click.Context, param: click.Parameter, value: str | None) ->
     return value
 
 
+_SCRIPT_SUFFIXES = (".py", ".sh", ".bash")
+
+
 def _absolute_program(cmd: tuple[str, ...]) -> tuple[str, ...]:
-    """A relative program path (``.venv/bin/python``) means the submitter's cwd, not the run dir the
-    job runs in; bare names (``python``) are looked up on PATH by the job, as usual."""
+    """Relative paths of the program and its script mean the submitter's cwd, not the run dir the job runs in
+    (a new user's ``orch submit -- python train.py``, the README's own, failed at once: "can't open file
+    .../runs/<job>/train.py"). The program (``.venv/bin/python``) when it holds a slash, and the first argument
+    that names a script (``.py``, ``.sh``) existing here as a relative path (``train.py`` of ``python``,
+    ``torchrun --nproc-per-node 2``, ``bash``), are made absolute. Bare names (``python``) are looked up on PATH by
+    the job, as usual; any other argument is the program's to read (a path the job creates in its run dir)."""
     prog = cmd[0]
     if "/" in prog and not os.path.isabs(prog):
         prog = os.path.abspath(prog)
-    return (prog, *cmd[1:])
+    args = list(cmd[1:])
+    for i, arg in enumerate(args):
+        if arg == "--" or (arg in ("-m", "-c") and i == 0 and "python" in Path(prog).name):
+            break  # python -m MODULE / -c CODE: no script path follows
+        if arg.endswith(_SCRIPT_SUFFIXES) and not arg.startswith("-") and not os.path.isabs(arg) \
+                and os.path.isfile(arg):
+            args[i] = os.path.abspath(arg)
+            break
+    return (prog, *args)
 
 
 def _default_name(cmd: tuple[str, ...]) -> str:

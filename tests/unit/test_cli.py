@@ -169,3 +169,23 @@ def test_help_of_every_command_works(cmd, tmp_path, monkeypatch):
     assert r.exit_code == 0, r.output
     assert r.output.startswith("Usage: ")
     assert not (tmp_path / "home").exists()  # --help touches nothing
+
+
+def test_a_relative_program_and_script_mean_the_submitters_directory(tmp_path, monkeypatch):
+    """Issue 41: `orch submit -- python train.py`, the README's own, failed at once: the job runs in its run dir,
+    where there is no train.py. The program and the first script argument that exists here become absolute;
+    nothing else does (a module, code, a path the job creates, an argument after --)."""
+    from orchestrator.cli.args import _absolute_program
+
+    monkeypatch.chdir(tmp_path)
+    for name in ("train.py", "prep.sh", "cfg.py"):
+        (tmp_path / name).write_text("")
+    here = str(tmp_path)
+    assert _absolute_program(("python", "train.py", "--lr", "1")) == ("python", f"{here}/train.py", "--lr", "1")
+    assert _absolute_program(("torchrun", "--nproc-per-node", "2", "train.py", "--config", "cfg.py")) == \
+        ("torchrun", "--nproc-per-node", "2", f"{here}/train.py", "--config", "cfg.py")  # the first script only
+    assert _absolute_program(("./prep.sh",)) == (f"{here}/prep.sh",)
+    assert _absolute_program(("bash", "prep.sh")) == ("bash", f"{here}/prep.sh")
+    for untouched in (("python", "-m", "train.py"), ("python", "-c", "train.py"), ("python", "absent.py"),
+                      ("python", "/abs/train.py"), ("python", "--", "train.py"), ("python", "out/model.py")):
+        assert _absolute_program(untouched) == untouched
