@@ -98,10 +98,11 @@ class RequeueResult:
     attempt: int | None = None
     clears: list[str] = field(default_factory=list)
     sets_aside: list[str] = field(default_factory=list)  # torn checkpoints the launch renames (dry run)
+    verified: bool = False  # refused because its done marker verifies: done, nothing for a person to do
 
     def as_dict(self) -> dict[str, Any]:
         return {"name": self.name, "outcome": self.outcome, "reason": self.reason, "attempt": self.attempt,
-                "clears": self.clears, "sets_aside": self.sets_aside}
+                "clears": self.clears, "sets_aside": self.sets_aside, "verified": self.verified}
 
 
 def _targets(db: Database, target: RequeueTarget) -> list[str]:
@@ -246,7 +247,7 @@ def _requeue_one(db: Database, cfg: Config, name: str, target: RequeueTarget, dr
         state, run_dir, outputs = job.state, Path(job.run_dir), list(job.outputs)
         keep = keep_globs(job.resources)
     if state is J.DONE and not target.explicit:
-        return RequeueResult(name, R.REFUSED, "verified: done_marker_verified jobs are never rerun")
+        return RequeueResult(name, R.REFUSED, "verified: done_marker_verified jobs are never rerun", verified=True)
     if state in REQUEUEABLE:
         a = _settle_open_attempt(db, cfg, name)
         if a is not None and a.state in ATTEMPT_LIVE:
@@ -259,10 +260,12 @@ def _requeue_one(db: Database, cfg: Config, name: str, target: RequeueTarget, dr
         if state is J.DONE and name not in (target.names or ()):
             return None  # a done task of a named sweep, still verified: nothing to do, nothing to say
         if state is J.DONE:
-            return RequeueResult(name, R.REFUSED, "verified: done_marker_verified jobs are never rerun")
+            return RequeueResult(name, R.REFUSED, "verified: done_marker_verified jobs are never rerun",
+                                 verified=True)
         if not dry_run:
             _mark_verified(db, name)
-        return RequeueResult(name, R.REFUSED, "verified: its done marker verifies; never cleared or rerun")
+        return RequeueResult(name, R.REFUSED, "verified: its done marker verifies; never cleared or rerun",
+                             verified=True)
     if state is J.DONE and not dry_run:
         _unverify(db, name, verification)  # named, and its marker no longer verifies
     with db.read() as s:

@@ -122,3 +122,17 @@ def test_a_launch_refusal_is_reported_once_without_a_doubled_prefix(orch, tmp_pa
     assert (p.returncode, p.stderr) == (3, "orch: refused: d: 'attempts/2' goes through a symlink (2)\n")
     assert p.stdout == "d: refused as attempt 2 ('attempts/2' goes through a symlink (2))\n"
     assert list((tmp_path / "elsewhere").iterdir()) == []
+
+
+def test_requeue_failed_takes_a_job_found_verified_as_done_and_exits_0_a_named_one_exits_3(orch):
+    """Issue 41: `requeue --failed` exits 3 when a job needs a person; a job whose marker verifies needs no one (it is
+    now done), so it does not make --failed fail. Named, the same job is a refusal (exit 3), as the README says."""
+    orch("submit", "--name", "v", "--", "/bin/sh", "-c", "exit 1", check=True)
+    assert orch.wait("v", RETRYABLE, timeout=60) == "retryable_failed"
+    (orch.runs / "v" / "out.txt").write_text("result\n")
+    protocol.write_done_marker(orch.runs / "v", "v", 1, ["out.txt"])
+    p = orch("requeue", "--failed")
+    assert (p.returncode, p.stdout) == (0, "v: refused (verified: its done marker verifies; never cleared or rerun)\n")
+    assert orch.state("v") in DONE
+    p = orch("requeue", "v")
+    assert (p.returncode, p.stderr) == (3, "orch: refused: v: verified: done_marker_verified jobs are never rerun\n")
