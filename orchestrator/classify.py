@@ -62,9 +62,10 @@ def classify(outcome: Outcome, report: FailureReport | None, verification: Verif
     step = report.step if report is not None else None
     if stop_reason == StopReason.CANCEL:
         return Classification(C.CANCELLED, step, "stopped by orch cancel")
-    if stop_reason == StopReason.HANG and (report is None or report.cls is C.PREEMPTED):
+    if stop_reason == StopReason.HANG and (report is None or report.cls in (C.PREEMPTED, C.KILLED)):
         # orch itself stopped it: the SIGTERM the job then reports as "preempted" was ours, and a
-        # free uncounted resume would hide a job that hangs every time.
+        # free uncounted resume would hide a job that hangs every time. A "killed" report is the stop's consequence
+        # too (hostile pass, issue 41: the stopped rank 1 was killed at once, rank 0's collective lost its peer).
         why = hang.describe() if hang is not None else "no heartbeat"  # None: stopped before migration 0010
         return Classification(C.HANG, step, f"stopped by the reconciler: {why}")
     killed = _killed_rank(exit_record, outcome)

@@ -77,16 +77,17 @@ def _plain(v: Any) -> Any:
 
 def _progress_flags(cfg: Config, run_dir: Path, n: int, row: dict[str, Any]) -> None:
     raw = protocol.read_progress(run_dir, n)
+    # The hang stop's own rule (any rank's beat, by file mtimes; the rank files only when progress.json names a
+    # world size > 1): the flag read rank 0's job-written "time" alone, so a hung rank 1 showed a healthy row.
+    # Judged before any heartbeat too (the armed ranks of a start-up hang: the hostile pass saw no flag there).
+    # redate=False: a read command writes nothing to a job's files.
+    if judge(run_dir, n, cfg.hang_timeout_s, time.time(), redate=False, progress=raw) is not None:
+        row["flags"].append("hang")
     p = plausible(raw)  # no 1e308 tok/s shown as measured
     if not p:
         return
     row["step"] = p.get("step")
     row["tokens_per_s"] = p.get("tokens_per_s")
-    # The hang stop's own rule (any rank's beat, by file mtimes; the rank files only when progress.json names a
-    # world size > 1): the flag read rank 0's job-written "time" alone, so a hung rank 1 showed a healthy row.
-    # redate=False: a read command writes nothing to a job's files.
-    if judge(run_dir, n, cfg.hang_timeout_s, time.time(), redate=False, progress=raw) is not None:
-        row["flags"].append("hang")
     tps, med = p.get("tokens_per_s_recent"), p.get("tokens_per_s_median")
     if (tps is not None and med is not None and med > 0
             and p.get("samples", SLOW_MIN_SAMPLES) >= SLOW_MIN_SAMPLES and tps < cfg.slow_factor * med):

@@ -177,6 +177,12 @@ def test_a_hang_stop_names_the_rank_that_stopped_progressing():
     assert c.detail == "stopped by the reconciler: rank 1: no progress for 700 s, before any step heartbeat"
     assert classify(exited(143), FailureReport.parse({"class": "preempted"}), ABSENT, stop_reason="hang").detail == \
         "stopped by the reconciler: no heartbeat"
+    # Hostile pass (issue 41): rank 1 SIGSTOPped mid-run; the hang stop killed it at once and rank 0's collective
+    # lost its peer ("killed" in failure.json): the stop's consequence, still the hang.
+    lost = FailureReport.parse({"class": "killed", "detail": "rank 0 lost a peer rank in a collective"})
+    c = classify(exited(1), lost, ABSENT, stop_reason="hang", hang=Stale(1, 12.0, 120))
+    assert (c.cls, c.detail) == ("hang", "stopped by the reconciler: rank 1: no progress for 12 s at step 120")
+    assert classify(exited(1), lost, ABSENT).cls == "killed"  # without orch's stop it stays the kit's account
 
 
 def test_a_rank_killed_on_its_own_is_killed_whatever_its_peers_recorded_after_it():

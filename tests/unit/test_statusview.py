@@ -120,3 +120,19 @@ def test_a_sweeps_tasks_are_one_row_counting_their_states_and_att_is_the_furthes
     assert solo is rows[0]
     assert (sw["name"], sw["tasks"], sw["attempts"], sw["attempts_total"]) == ("sw", 3, 3, 6)
     assert sw["state"] == "sweep of 3: 1 retryable_failed, 2 running" and sw["flags"] == ["hang", "slow"]
+
+
+def test_a_start_up_hang_is_flagged_before_any_heartbeat(db, cfg):
+    """Hostile pass (issue 41): rank 1 stopped in its start; the reconciler judged it hung, `orch status` showed no
+    flag (it judged only jobs with a progress.json). Rank 0 armed long ago, rank 1 never did: flagged."""
+    _running_job(db, cfg, "start")
+    _running_job(db, cfg, "fresh")
+    for name, age in (("start", cfg.hang_timeout_s + 50), ("fresh", 1.0)):
+        d = protocol.attempt_dir(cfg.runs_root / name, 1)
+        d.mkdir(parents=True)
+        (d / protocol.WRAPPER_FILE).write_text("{}")
+        _aged(d / protocol.WRAPPER_FILE, cfg.hang_timeout_s + 100)
+        protocol.write_rank_armed(cfg.runs_root / name, 1, 0, 2, time.time() - age)
+        _aged(d / protocol.RANK_ARMED.format(0), 1.0)  # rank 0 alive, refreshing
+    rows = {r["name"]: r for r in status_rows(db, cfg)}
+    assert {n: r["flags"] for n, r in rows.items()} == {"start": ["hang"], "fresh": []}
