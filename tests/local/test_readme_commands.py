@@ -127,8 +127,11 @@ def test_every_local_readme_command_runs_as_written(tmp_path):
     assert run_cmd("orch submit --name w -- python train.py --max-steps 2", work, env).returncode == 0
     exit_json = Path(env["ORCH_HOME"]) / "runs" / "w" / "attempts" / "1" / "exit.json"
     wait_for(exit_json.exists, 120, "job w's program to exit")
+    # A user's terminal delivers Ctrl-C; CI runs this suite in the background, where SIGINT is inherited ignored
+    # (CI: the loop never saw the signal): the default disposition is restored for the user's command.
     watch = subprocess.Popen(["bash", "-c", "exec orch reconcile --watch 30"], cwd=work, env=env,
-                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                             preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     try:
         wait_for(lambda: status(work, env).get("w") == DONE, 120, "the watch loop's first pass to end job w")
     finally:
