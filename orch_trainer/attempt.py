@@ -19,7 +19,6 @@ from orchestrator import protocol
 if TYPE_CHECKING:
     from orchestrator.kit.checkpoint import CheckpointError
 
-# A full disk, a quota, a file-size limit: all three mean "free space and retry" (class enospc).
 class TrainerExit(Exception):
     """Unwind to ``Trainer.run`` with an exit code; the failure (if any) is already reported."""
 

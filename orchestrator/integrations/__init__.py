@@ -16,6 +16,6 @@ Modules: :mod:`.loop` (plain loops), :mod:`.lightning`, :mod:`.hf`; :mod:`.runti
 
 from orchestrator.kit.heartbeat import arm_from_env
 
-# As a training script imports an integration, before it starts its process group: a rank that never beats is
-# then judged from the attempt's start (issue 41: a rank stopped before init_process_group hung the job unseen).
+# As a training script imports an integration, before it starts its process group: the hang detector then judges
+# this rank's start (issue 41: a rank stopped before init_process_group hung the job unseen).
 arm_from_env()

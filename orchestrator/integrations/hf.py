@@ -53,7 +53,6 @@ import os
 import re
 import sys
 import time
-import traceback
 from pathlib import Path
 from types import TracebackType
 from typing import Any
@@ -117,8 +116,7 @@ class OrchCallback(TrainerCallback):
         def hook(tp: type[BaseException], exc: BaseException, tb: TracebackType | None) -> None:
             if protocol.write_error_class(exc) != "crash":
                 with contextlib.suppress(Exception):  # the report is best effort; the traceback is printed anyway
-                    detail = "".join(traceback.format_exception(tp, exc, tb))[-1800:]
-                    self.run.crashed(state.global_step, exc, detail, rank=rank, world=world)
+                    self.run.crashed(state.global_step, exc, rank=rank, world=world)
             previous(tp, exc, tb)
 
         hook.orch_storage_report = True  # type: ignore[attr-defined]

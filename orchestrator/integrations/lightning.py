@@ -41,7 +41,6 @@ from __future__ import annotations
 import os
 import signal
 import time
-import traceback
 from pathlib import Path
 from typing import Any
 
@@ -281,9 +280,7 @@ class OrchCallback(Callback):
                 self.run.preempted(trainer.global_step, signal_name(self.flag.signum), found and found[1])
         elif protocol.write_error_class(exception) != "crash":
             # Issue 41: an EIO in a checkpoint write was a counted crash: storage (or enospc) says it may pass.
-            detail = "".join(traceback.format_exception(exception))[-1800:]
-            self.run.crashed(trainer.global_step, exception, detail, rank=trainer.global_rank,
-                             world=trainer.world_size)
+            self.run.crashed(trainer.global_step, exception, rank=trainer.global_rank, world=trainer.world_size)
         self._close()
 
     def teardown(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:

@@ -34,7 +34,6 @@ from __future__ import annotations
 
 import os
 import time
-import traceback
 from collections.abc import Iterator
 from pathlib import Path
 from types import TracebackType
@@ -242,8 +241,7 @@ class OrchRun:
                     self.ckpts.wait()  # an in-flight save still commits: the next attempt loses less
                 except Exception as e:  # noqa: BLE001 - the original error is the one to report
                     log(f"background save failed too: {e!r}")
-                detail = "".join(traceback.format_exception(exc_type, exc, tb))[-1800:]
-                self.run.crashed(self.step, exc, detail, rank=self.sckpts.rank, world=self.sckpts.world)
+                self.run.crashed(self.step, exc, rank=self.sckpts.rank, world=self.sckpts.world)
         finally:
             if self.heartbeat is not None:
                 self.heartbeat.stop()

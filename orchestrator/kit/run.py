@@ -15,6 +15,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import traceback
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -187,9 +188,10 @@ class Run:
             log(f"preempted ({reason}) at step {step}; checkpoint {rel}; exit {protocol.EXIT_PREEMPTED}")
         return SystemExit(protocol.EXIT_PREEMPTED)
 
-    def crashed(self, step: int | None, exc: BaseException | None, detail: str, *, rank: int = 0,
+    def crashed(self, step: int | None, exc: BaseException | None, detail: str | None = None, *, rank: int = 0,
                 world: int = 1) -> None:
-        """Record why this rank's attempt failed, so that the attempt gets the right class.
+        """Record why this rank's attempt failed, so that the attempt gets the right class. ``detail``: the
+        traceback's tail, by default ``exc``'s own (the integrations' one format).
 
         One process: ``failure.json`` ``crash`` (rank 0). Several ranks: a rank that failed by itself writes
         ``attempts/<n>/failure.rank-<r>.json`` (only rank 0 writes failure.json, and the others' tracebacks
@@ -197,6 +199,8 @@ class Run:
         the peer recorded one, else ``killed`` (a kill -9, a lost node: requeued like a killed attempt, not a
         bug of this program), and a survivor other than rank 0 writes it only when rank 0 has not.
         """
+        if detail is None:
+            detail = "".join(traceback.format_exception(exc))[-1800:] if exc is not None else ""
         adir = protocol.attempt_dir(self.run_dir, self.attempt)
         if world > 1 and lost_peer(exc):
             peer = _peer_crash(adir, rank)

@@ -35,7 +35,8 @@ RANK_PROGRESS = "progress.rank-{:05d}.json"
 RANK_PROGRESS_RE = re.compile(r"^progress\.rank-(\d{5})\.json$")
 # A rank of a multi-rank job whose program uses orch's kit says so as it starts, before its process group forms
 # (issue 41: rank 1 stopped before it, rank 0 waited in init_process_group, no rank ever beat, and the hang
-# detector, which judges only jobs that beat, never armed). Its world size: {"rank": r, "world_size": w}.
+# detector, which judges only jobs that beat, never armed): {"rank", "world_size", "since" (its first arming),
+# "time"}, rewritten until the rank first beats (protocol.write_rank_armed).
 RANK_ARMED = "armed.rank-{:05d}.json"
 RANK_ARMED_RE = re.compile(r"^armed\.rank-(\d{5})\.json$")
 EXIT_FILE = "exit.json"  # written by orch's job wrapper when the command exits
