@@ -24,11 +24,11 @@ from sqlalchemy.engine import Engine
 from sqlalchemy.exc import ArgumentError, DatabaseError, NoSuchModuleError, OperationalError, ProgrammingError
 from sqlalchemy.orm import Session, sessionmaker
 
-from orchestrator import filelock
+from orchestrator import filelock, holdstop
 from orchestrator.config import Config
 from orchestrator.config import sqlite_path as _sqlite_path
 from orchestrator.errors import DatabaseInterrupted, DatabaseProblem, Refused, UsageError
-from orchestrator.quickdb import is_full, is_locked, locked_error
+from orchestrator.quickdb import begin_immediate, is_full, is_locked, locked_error
 
 SQLITE_APPLICATION_ID = 0x6F726368  # "orch" in the header of a DB file orch created
 SCHEMA_HEAD = "0010"  # a test checks this equals Alembic's head revision
@@ -155,8 +155,10 @@ def make_engine(cfg: Config) -> Engine:
 
         @event.listens_for(engine, "begin")
         def _begin(conn):  # noqa: ANN001
-            write = conn.get_execution_options().get("orch_write")
-            conn.exec_driver_sql("BEGIN IMMEDIATE" if write else "BEGIN")
+            if conn.get_execution_options().get("orch_write"):
+                begin_immediate(conn.connection.dbapi_connection, cfg, _sqlite_path(cfg.db_url))
+            else:
+                conn.exec_driver_sql("BEGIN")
     return engine
 
 
@@ -311,7 +313,7 @@ class Database:
     @contextlib.contextmanager
     def write(self) -> Iterator[Session]:
         """A write transaction (BEGIN IMMEDIATE on SQLite), committed on success."""
-        with self._guard(), self._write_sessions() as s:
+        with self._guard(), holdstop.held(), self._write_sessions() as s:  # Ctrl-Z waits for the commit
             try:
                 yield s
                 s.commit()

@@ -182,9 +182,18 @@ def _proc_state(pid: int) -> str:
 
 
 def sqlite_writer(db_path: Path) -> str:
-    """Best effort: the process holding SQLite's write lock on ``db_path`` (POSIX locks in /proc/locks:
-    the WAL write lock is byte 120 of the -shm file; a rollback journal's are on the DB file itself),
-    as "pid N (command)", or '' when none can be named. For "database is locked" messages."""
+    """Best effort: the process holding SQLite's write lock on ``db_path``, as "pid N (command)" (", stopped"
+    added for a stopped one), or '' when none can be named. For "database is locked" messages."""
+    pid = sqlite_writer_pid(db_path)
+    if pid is None:
+        return ""  # e.g. a holder in another PID namespace, or a filesystem that does not show its locks
+    state = ", stopped" if is_stopped(pid) else ""
+    return f"pid {pid} ({_printable(_cmdline(pid) or '?')[:120]}{state})"
+
+
+def sqlite_writer_pid(db_path: Path) -> int | None:
+    """The pid holding SQLite's write lock on ``db_path`` as /proc/locks shows its POSIX locks (the WAL write
+    lock is byte 120 of the -shm file; a rollback journal's are on the DB file itself), or None."""
     inodes: dict[str, str] = {}
     for suffix in ("", "-shm", "-wal"):
         try:
@@ -196,7 +205,7 @@ def sqlite_writer(db_path: Path) -> str:
         with open("/proc/locks", encoding="ascii", errors="replace") as f:
             lines = f.read(1 << 20).splitlines()
     except OSError:
-        return ""
+        return None
     best: tuple[int, int] | None = None  # (rank, pid): the -shm write lock first
     for line in lines:
         fields = line.split()
@@ -208,8 +217,9 @@ def sqlite_writer(db_path: Path) -> str:
         rank = 0 if (suffix == "-shm" and fields[6] == "120") else 1 if suffix == "" else 2
         if best is None or rank < best[0]:
             best = (rank, int(fields[4]))
-    if best is None:
-        return ""  # e.g. a holder in another PID namespace, or a filesystem that does not show its locks
-    pid = best[1]
-    state = ", stopped" if _proc_state(pid) == "T" else ""
-    return f"pid {pid} ({_printable(_cmdline(pid) or '?')[:120]}{state})"
+    return None if best is None else best[1]
+
+
+def is_stopped(pid: int) -> bool:
+    """Stopped by a signal (SIGSTOP, Ctrl-Z): it cannot let go of a lock until someone resumes it."""
+    return _proc_state(pid) == "T"

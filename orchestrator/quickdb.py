@@ -14,14 +14,17 @@ import contextlib
 import os
 import sqlite3
 import stat
+import time
 from collections.abc import Iterator
 from datetime import datetime
 from pathlib import Path
 
+from orchestrator import holdstop
 from orchestrator.config import Config, sqlite_path
 from orchestrator.errors import DatabaseInterrupted, DatabaseProblem
 
 QUICK_REVISION = "0010"  # == db.SCHEMA_HEAD (tests/unit/test_quicksubmit.py)
+_LOOK_MS = 250  # a writer waiting for the lock looks at its holder this often (one read of /proc/locks)
 
 
 def home_is_private(home: Path) -> bool:
@@ -94,16 +97,16 @@ class QuickDB:
     @contextlib.contextmanager
     def write(self) -> Iterator[sqlite3.Connection]:
         """A write transaction, committed on success; sqlite3 errors raised as ``db.Database`` raises them."""
-        with self._mapped():
-            self.conn.execute("BEGIN IMMEDIATE")
-        try:
-            with self._mapped():
-                yield self.conn
-                self.conn.execute("COMMIT")
-        except BaseException:
-            with contextlib.suppress(sqlite3.Error):
-                self.conn.execute("ROLLBACK")
-            raise
+        with holdstop.held():  # a Ctrl-Z inside would hold every other writer
+            begin_immediate(self.conn, self.cfg, self.path)
+            try:
+                with self._mapped():
+                    yield self.conn
+                    self.conn.execute("COMMIT")
+            except BaseException:
+                with contextlib.suppress(sqlite3.Error):
+                    self.conn.execute("ROLLBACK")
+                raise
 
     @contextlib.contextmanager
     def read(self) -> Iterator[sqlite3.Connection]:
@@ -125,6 +128,39 @@ class QuickDB:
             raise db_error(self.cfg, self.path, e) from None
         except sqlite3.DatabaseError as e:
             raise DatabaseProblem(f"database {self.path} is unusable: {_first_line(e)}") from None
+
+
+def begin_immediate(conn: sqlite3.Connection, cfg: Config, path: Path | None) -> None:
+    """BEGIN IMMEDIATE, waiting up to the busy timeout for another writer, but never for a stopped one: it
+    cannot let go. Raises ``db.Database``'s errors.
+
+    Hostile pass of issue 41: an ``orch sweep`` stopped (kill -STOP, Ctrl-Z) inside one of its many short write
+    transactions made every submit and reconcile wait the whole 30 s busy timeout, then fail."""
+    deadline = time.monotonic() + cfg.busy_timeout_ms / 1000
+    try:
+        while True:
+            left_ms = int((deadline - time.monotonic()) * 1000)
+            look_ms = _LOOK_MS if path is not None else left_ms  # no file, no holder to look at
+            conn.execute(f"PRAGMA busy_timeout={max(0, min(look_ms, left_ms))}")
+            try:
+                conn.execute("BEGIN IMMEDIATE")
+                return
+            except sqlite3.OperationalError as e:
+                if not is_locked(e) or left_ms <= look_ms or path is None:
+                    raise db_error(cfg, path, e) from None
+                _refuse_a_stopped_writer(cfg, path)
+    finally:
+        with contextlib.suppress(sqlite3.Error):  # the statements inside wait as long as ever
+            conn.execute(f"PRAGMA busy_timeout={int(cfg.busy_timeout_ms)}")
+
+
+def _refuse_a_stopped_writer(cfg: Config, path: Path) -> None:
+    from orchestrator import filelock
+
+    pid = filelock.sqlite_writer_pid(path)
+    if pid is not None and filelock.is_stopped(pid):
+        raise DatabaseInterrupted(f"database {path} is locked by {filelock.sqlite_writer(path)}; not waited for: "
+                                  f"a stopped writer cannot let go (resume it with kill -CONT {pid}, or end it)")
 
 
 def db_error(cfg: Config, path: Path | None, e: Exception) -> DatabaseProblem:

@@ -219,3 +219,69 @@ def test_database_is_locked_names_the_writer(orch):
         w.kill()
         w.wait(timeout=30)
         Path(str(orch.home / "orch.db") + ".held").unlink(missing_ok=True)
+
+
+def _sweep_inside_its_write_transaction(orch) -> tuple[subprocess.Popen, Path]:  # noqa: ANN001
+    """An ``orch sweep`` paused inside its first write transaction until the returned path exists (a busy
+    timeout of 300 s for every command)."""
+    assert orch("status").returncode == 0
+    (orch.home / "orch.toml").write_text("[reconcile]\nbusy_timeout_ms = 300000\n")
+    until = orch.home.parent / "sweep.go"
+    sw = orch_popen(orch, "sweep", "--name", "sw", "--grid", "i=1,2", "--", *job_argv(),
+                    env={"ORCH_PAUSE_AT": "names_checked", "ORCH_PAUSE_S": "100", "ORCH_PAUSE_UNTIL": str(until)},
+                    preexec_fn=lambda: signal.signal(signal.SIGTSTP, signal.SIG_DFL))  # as a terminal's job has it
+    wait_for(Path(str(until) + ".reached").exists, 60, "the sweep to hold its write transaction")
+    return sw, until
+
+
+def _resume_to_its_end(sw: subprocess.Popen) -> None:
+    os.kill(sw.pid, signal.SIGCONT)
+    _, err = sw.communicate(timeout=60)
+    assert sw.returncode == 0, err
+
+
+@pytest.mark.timeout(120)  # the busy timeout is 300 s: a wait for the stopped sweep fails the test here
+def test_a_sweep_stopped_inside_its_write_transaction_stalls_no_other_command(orch):
+    """Hostile pass of issue 41: an ``orch sweep`` stopped (kill -STOP) while it held SQLite's write lock made
+    every submit and reconcile pass wait the whole busy timeout, then fail. A stopped writer cannot let go:
+    each writer is refused at once, naming it and how to resume it; readers go on; once it is resumed, the
+    sweep completes and every command works again."""
+    sw, until = _sweep_inside_its_write_transaction(orch)
+    try:
+        os.kill(sw.pid, signal.SIGSTOP)
+        for args in (("submit", "--name", "a", "--", "true"), ("reconcile",)):
+            p = orch(*args, timeout=60)
+            assert p.returncode == 1, (args, p.returncode, p.stderr)
+            one_line_error(p.stderr)
+            assert re.search(rf"is locked by pid {sw.pid} \(.*orch.*sweep.*, stopped\); not waited for: a stopped "
+                             rf"writer cannot let go \(resume it with kill -CONT {sw.pid}, or end it\)", p.stderr), \
+                p.stderr
+        assert orch("status", timeout=30).returncode == 0  # a reader: WAL
+        until.touch()
+        _resume_to_its_end(sw)
+    finally:
+        sw.kill()
+        sw.wait(timeout=30)
+    assert orch("submit", "--name", "a", "--", "true", timeout=60).returncode == 0
+    assert set(status_map(orch)) >= {"a", "sw.0000", "sw.0001"}
+
+
+@pytest.mark.timeout(120)
+def test_ctrl_z_inside_a_write_transaction_stops_the_command_after_its_commit(orch):
+    """A user's Ctrl-Z (SIGTSTP) reaches ``orch sweep`` inside its write transaction: the sweep stops once it has
+    committed, holding no DB lock, so other commands write at once; resumed, it completes."""
+    from orchestrator import filelock
+
+    sw, until = _sweep_inside_its_write_transaction(orch)
+    try:
+        os.kill(sw.pid, signal.SIGTSTP)
+        until.touch()  # its transaction may commit now; the Ctrl-Z stops it right after
+        wait_for(lambda: filelock.is_stopped(sw.pid), 60, "the sweep to stop after its commit")
+        assert filelock.sqlite_writer(orch.home / "orch.db") == ""
+        p = orch("submit", "--name", "a", "--", "true", timeout=60)
+        assert p.returncode == 0, p.stderr
+        _resume_to_its_end(sw)
+    finally:
+        sw.kill()
+        sw.wait(timeout=30)
+    assert set(status_map(orch)) >= {"a", "sw.0000", "sw.0001"}
