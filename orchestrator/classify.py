@@ -113,8 +113,9 @@ def classify(outcome: Outcome, report: FailureReport | None, verification: Verif
         # kill does (kill -9 of the session, a cgroup-wide OOM kill, a container kill). Issue 41: as `unknown` it
         # waited for a person, and was missing from the MTBF that --save-interval auto learns from.
         why = outcome.reason or "process vanished without an exit record"
-        return Classification(C.KILLED, None, f"{why} (killed with its wrapper: kill -9 of the session, an OOM "
-                                              "or container kill)")
+        # Hostile pass: "killed with its wrapper" misled where only the wrapper was killed and the program then ended.
+        return Classification(C.KILLED, None, f"{why} (its wrapper was killed: kill -9 of the session or of the "
+                                              "wrapper alone, an OOM or container kill)")
     rc, sig = outcome.exit_code, outcome.signal
     if rc == 0 and not sig:
         if verification.status is MarkerStatus.CORRUPT:

@@ -410,7 +410,9 @@ def live_by_run_dir(run_dirs: Iterable[Path | str] = (), real: Mapping[Path, str
             continue
         run_dir = proctable.environ_value(p.pid, protocol.ENV_RUN_DIR) or proctable.wrapper_run_dir(p.pid)
         if run_dir is not None:
-            attempt = proctable.environ_value(p.pid, protocol.ENV_ATTEMPT) or "?"
+            # A wrapper's own environment has no ORCH_ATTEMPT (its program's has): its argv says (it printed "?")
+            attempt = (proctable.environ_value(p.pid, protocol.ENV_ATTEMPT)
+                       or proctable.wrapper_option(p.pid, "--attempt") or "?")
             out.setdefault(os.path.realpath(run_dir), []).append(f"pid {p.pid} (attempt {attempt})")
         elif roots and p.pid not in mine:
             hit = _root_of(roots, proctable.paths_in_use(p.pid))

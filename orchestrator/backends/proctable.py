@@ -116,6 +116,11 @@ def wrapper_run_dir(pid: int) -> str | None:
 
     A program that cleared its environment (``env -i``) carries no ORCH_RUN_DIR, but its wrapper
     lives as long as it does and names the run dir in its argv."""
+    return wrapper_option(pid, "--run-dir")
+
+
+def wrapper_option(pid: int, flag: str) -> str | None:
+    """The value of ``flag`` (``--run-dir``, ``--attempt``) in an orch job wrapper's argv, else None."""
     try:
         with open(f"{PROC}/{pid}/cmdline", "rb") as f:
             argv = f.read(1 << 16).split(b"\0")
@@ -124,7 +129,7 @@ def wrapper_run_dir(pid: int) -> str | None:
     if b"orchestrator.wrapper" not in argv:
         return None
     try:
-        return argv[argv.index(b"--run-dir") + 1].decode(errors="replace")
+        return argv[argv.index(flag.encode()) + 1].decode(errors="replace")
     except (ValueError, IndexError):
         return None
 

@@ -96,21 +96,28 @@ def test_a_stop_at_a_step_that_validation_follows_resumes_bit_exact(tmp_path):
                              _weights(tmp_path / "ref" / "result" / "model.ckpt"))
 
 
+def _ddp_rank_past_step_10(orch, rank: int, max_steps: int) -> tuple[Path, Path, int]:  # noqa: ANN001
+    """Submit the Lightning example as the DDP job "ddp" on two ranks; (run dir, step log, the pid of ``rank``)
+    once that rank is past step 10."""
+    log = orch.home.parent / "ddp-steps.log"
+    orch("submit", "--name", "ddp", "--nproc-per-node", "2", "--", *example(
+        "lightning_train.py", "--max-steps", str(max_steps), "--sleep-per-step", "0.1", "--step-log", str(log)),
+        env={"OMP_NUM_THREADS": "1"}, check=True)
+    run_dir = orch.runs / "ddp"
+
+    def past_step_10() -> int | None:
+        return rank_pid(run_dir, rank, "lightning_train.py") \
+            if any(r == rank and s > 10 for _a, r, s in rank_step_log(log)) else None
+
+    return run_dir, log, wait_for(past_step_10, 180, f"rank {rank} past step 10", interval=0.02)
+
+
 def test_lightning_ddp_on_two_ranks_a_signal_to_one_rank_stops_both_after_one_step_and_resumes(orch):
     """`orch submit --nproc-per-node 2` runs the unchanged Lightning script as DDP over two ranks; SIGTERM to rank
     1 alone (the kit's stop agreement, issue 19): both ranks end attempt 1 after the same step, the one
     checkpointed, and attempt 2 (requeued by reconcile alone) starts right after it on both."""
-    log = orch.home.parent / "ddp-steps.log"
-    orch("submit", "--name", "ddp", "--nproc-per-node", "2", "--", *example(
-        "lightning_train.py", "--max-steps", "60", "--sleep-per-step", "0.1", "--step-log", str(log)),
-        env={"OMP_NUM_THREADS": "1"}, check=True)
-    run_dir = orch.runs / "ddp"
-
-    def rank1_past_step_10() -> int | None:
-        return rank_pid(run_dir, 1, "lightning_train.py") if any(r == 1 and s > 10 for _a, r, s in rank_step_log(log)) \
-            else None
-
-    os.kill(wait_for(rank1_past_step_10, 180, "rank 1 past step 10", interval=0.02), signal.SIGTERM)
+    run_dir, log, pid = _ddp_rank_past_step_10(orch, 1, max_steps=60)
+    os.kill(pid, signal.SIGTERM)
     assert orch.wait("ddp", {DONE, "failed", "cancelled"}, timeout=240) == DONE, orch.show("ddp")
     shown = orch.show("ddp")["attempts"]
     assert [(a["failure_class"], (a["action"] or {}).get("auto")) for a in shown] == [("preempted", True),
@@ -125,4 +132,19 @@ def test_lightning_ddp_on_two_ranks_a_signal_to_one_rank_stops_both_after_one_st
     rank1 = protocol.read_step(protocol.attempt_dir(run_dir, 1) / protocol.RANK_PROGRESS.format(1))
     assert rank1 is not None and 10 < rank1 <= stop, (rank1, stop)
     assert protocol.read_progress(run_dir, 1)["world_size"] == 2
+    assert orch("verify", "ddp").stdout == "VERIFIED\n"
+
+
+def test_lightning_ddp_rank_0_killed_is_classed_killed_requeued_and_resumes(orch):
+    """Issue 41: kill -9 of rank 0 of a Lightning DDP job was classed ``preempted`` from the stop record its surviving
+    peer wrote after it, so the death never counted towards the mean time between unwarned failures. A rank that
+    died of a kill is ``killed``, whatever its peers recorded after it: auto-requeued, and attempt 2 resumes."""
+    _run_dir, log, pid = _ddp_rank_past_step_10(orch, 0, max_steps=40)
+    os.kill(pid, signal.SIGKILL)
+    assert orch.wait("ddp", {DONE, "failed", "cancelled"}, timeout=300) == DONE, orch.show("ddp")
+    shown = orch.show("ddp")["attempts"]
+    assert [(a["failure_class"], (a["action"] or {}).get("auto")) for a in shown] == [("killed", True),
+                                                                                     (None, None)], shown
+    done = rank_step_log(log)
+    assert sorted({s for a, r, s in done if r == 0}) == list(range(1, 41)), done  # resumed, nothing skipped
     assert orch("verify", "ddp").stdout == "VERIFIED\n"

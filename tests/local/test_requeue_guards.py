@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import os
 import signal
+import subprocess
+import sys
 
 from localkit import DONE, RETRYABLE, trash_files
 from orchkit import wait_for
@@ -136,3 +138,19 @@ def test_requeue_failed_takes_a_job_found_verified_as_done_and_exits_0_a_named_o
     assert orch.state("v") in DONE
     p = orch("requeue", "v")
     assert (p.returncode, p.stderr) == (3, "orch: refused: v: verified: done_marker_verified jobs are never rerun\n")
+
+
+def test_a_job_wrapper_in_the_run_dir_is_named_with_its_attempt_from_its_argv(tmp_path):
+    """Issue 41's hostile pass: with the DB deleted, a requeue refusal named a live job wrapper "pid N (attempt ?)":
+    a wrapper's own environment has no ORCH_ATTEMPT, its argv has --attempt."""
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    env = {k: v for k, v in os.environ.items() if not k.startswith("ORCH_")}
+    w = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)", "-m", "orchestrator.wrapper",
+                          "--run-dir", str(run_dir), "--job", "j", "--attempt", "3", "--", "true"], env=env)
+    try:
+        seen = wait_for(lambda: live_by_run_dir([run_dir]).get(os.path.realpath(run_dir)), 30, "the wrapper seen")
+        assert seen == [f"pid {w.pid} (attempt 3)"], seen
+    finally:
+        w.kill()
+        w.wait()

@@ -81,7 +81,7 @@ ROWS = [
      None, ABSENT, None, "oom", "exceeded memory limit"),
     # vanished
     ("vanished", Outcome(Phase.VANISHED, reason="process gone without an exit record"), None, ABSENT, None,
-     "killed", "gone without an exit record (killed with its wrapper"),
+     "killed", "gone without an exit record (its wrapper was killed: kill -9"),
     ("vanished without a reason", Outcome(Phase.VANISHED), None, ABSENT, None, "killed", "vanished"),
     # exit codes
     ("exit 0 + ABSENT", exited(0), None, ABSENT, None, "marker_missing", "without a done marker"),
