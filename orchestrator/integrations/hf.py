@@ -59,6 +59,7 @@ from typing import Any
 
 import torch
 from transformers import TrainerCallback, TrainerControl, TrainerState, TrainingArguments
+from transformers.trainer_callback import CallbackHandler
 from transformers.trainer_utils import SaveStrategy
 
 from orchestrator import protocol
@@ -70,6 +71,7 @@ from orchestrator.kit.interval import AutoSaveInterval
 from orchestrator.kit.log import log
 from orchestrator.kit.preemption import PreemptionFlag
 from orchestrator.kit.run import Run, signal_name
+from orchestrator.kit.trackers import StopTolerance
 
 _HF_CHECKPOINT_RE = re.compile(r"^checkpoint-(\d+)$")
 
@@ -101,6 +103,8 @@ class OrchCallback(TrainerCallback):
         self._in_train = False  # trainer.evaluate() outside train(), maybe on one rank only: no agreement there
         self._committed: Path | None = None
         self._resumed_from = 0  # global_step after HF's restore: `orch metrics` counts steps redone
+        # The other callbacks (report_to's W&B, MLflow, ...): a failure during a stop must not cost its save.
+        self.tolerance = StopTolerance(lambda: self.flag.requested or self._stopping)
         # HF's TensorBoardCallback reads this when the Trainer is built (after this constructor); without
         # it every attempt logs to a new output_dir/runs/<date>_<host> dir: one curve per attempt.
         os.environ.setdefault("TENSORBOARD_LOGGING_DIR", str(self.run.tensorboard_dir))
@@ -139,6 +143,7 @@ class OrchCallback(TrainerCallback):
         if args.save_only_model:
             log("save_only_model=True: checkpoints hold no optimizer state, a resume is not exact")
         self.on_init_end(args, state, control)
+        self._tolerate_the_other_callbacks(sys._getframe(1).f_locals.get("self"))
         self._in_train = True
         self.run.begin()
         self._report_storage_faults(state, args.process_index, args.world_size)
@@ -156,6 +161,18 @@ class OrchCallback(TrainerCallback):
             self._heartbeat.write_now()
         if self.auto_save is not None:  # δ from the previous attempt; the interval from the loop's start
             self.auto_save.resume_from(self.run.run_dir, self.run.attempt)
+
+    def _tolerate_the_other_callbacks(self, handler: object) -> None:
+        """Every other callback's events become stop-tolerant (``trackers``). ``handler``: the caller of this
+        event, HF's ``CallbackHandler`` (no event is given the trainer or its callbacks)."""
+        if not isinstance(handler, CallbackHandler):
+            log("the callbacks' caller is not HF's CallbackHandler: a tracker that fails during a stop may cost "
+                "its checkpoint")
+            return
+        events = tuple(n for n in vars(TrainerCallback) if n.startswith("on_"))
+        for callback in handler.callbacks:
+            if callback is not self:
+                self.tolerance.wrap_methods(callback, events)
 
     def _set_aside_unfinished(self, output_dir: Path) -> None:
         """Rename ``checkpoint-N`` dirs left in ``output_dir``: a save that never reached ``on_save``.
@@ -255,7 +272,7 @@ class OrchCallback(TrainerCallback):
             # A stop is never completion (issue 17), also when it came with the last step.
             self.flag.record_step(state.global_step)
             raise self.run.preempted(state.global_step, signal_name(self.flag.signum or self.agreement.signum),
-                                     self._committed)
+                                     self._committed, self.tolerance.report())
         if self.run.is_writer:
             self._save_result(model)
             last = next((e for e in reversed(state.log_history) if "train_loss" in e or "loss" in e), {})

@@ -56,6 +56,7 @@ from orchestrator.kit.interval import AutoSaveInterval
 from orchestrator.kit.preemption import DEFAULT_SIGNALS, PreemptionFlag
 from orchestrator.kit.rng import capture_rng, restore_rng
 from orchestrator.kit.run import Run, signal_name
+from orchestrator.kit.trackers import StopTolerance
 
 CKPT_FILE = "model.ckpt"
 
@@ -93,6 +94,10 @@ def _validation_follows(trainer: pl.Trainer) -> bool:
         return False
 
 
+# What Lightning calls on a logger during fit (the logger connector, ModelCheckpoint, teardown).
+_LOGGER_CALLS = ("log_metrics", "log_hyperparams", "log_graph", "save", "finalize", "after_save_checkpoint")
+
+
 class OrchCallback(Callback):
     """Checkpoint on SIGTERM/SIGUSR2 at a step boundary, exit 143; done marker after a normal ``fit``.
 
@@ -114,8 +119,12 @@ class OrchCallback(Callback):
         self._resumed_from = 0  # global_step after Lightning's restore: `orch metrics` counts steps redone
         self._saved: tuple[int, Path] | None = None
         self._stop: SystemExit | None = None
+        self._stop_noted = 0  # tracker failures named in the stop's report
         self._stop_pending: int | None = None  # a stop decided at this step, taken when its validation starts
         self._pending_rng: dict[str, Any] | None = None
+        # The loggers (W&B, MLflow, ...): one that fails between a signal and the stop's save must not cost it.
+        self.tolerance = StopTolerance(
+            lambda: self.flag.requested or self._stop is not None or self._stop_pending is not None)
         # every_n_steps="auto": Daly's interval for the measured save cost and orch's ORCH_MTBF_S (kit/interval.py)
         self.auto_save = AutoSaveInterval() if every_n_steps == "auto" else None
 
@@ -134,6 +143,8 @@ class OrchCallback(Callback):
         # Now rather than at on_train_start: a signal during the checkpoint restore or the sanity check
         # must count too (Lightning composes this handler into its own until training starts).
         self.flag.install()
+        for logger in trainer.loggers:
+            self.tolerance.wrap_methods(logger, _LOGGER_CALLS)
         self.run.begin()
         if self.run.is_writer:
             clean_stale(self.run.run_dir)
@@ -207,7 +218,9 @@ class OrchCallback(Callback):
         """Checkpoint ``step``, record the stop's step; the next hook raises exit 143."""
         path = self._save(trainer, step)
         self.flag.record_step(step)
-        self._stop = self.run.preempted(step, signal_name(self.flag.signum or self.agreement.signum), path)
+        self._stop = self.run.preempted(step, signal_name(self.flag.signum or self.agreement.signum), path,
+                                        self.tolerance.report())
+        self._stop_noted = self.tolerance.count
 
     def _save(self, trainer: pl.Trainer, step: int) -> Path:
         if self._saved is not None and self._saved[0] == step:
@@ -231,6 +244,10 @@ class OrchCallback(Callback):
     def _raise_if_stopping(self) -> None:
         """Leave fit with exit 143 once the step's checkpoint is committed and its metrics were logged."""
         if self._stop is not None:
+            if self._stop_noted != self.tolerance.count and self._saved is not None:
+                # a logger failed after the save (its metrics come after on_train_batch_end): the report says so
+                self._stop = self.run.preempted(self._saved[0], signal_name(self.flag.signum or self.agreement.signum),
+                                                self._saved[1], self.tolerance.report())
             raise self._stop
 
     def on_validation_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:

@@ -13,6 +13,8 @@ bundled trainer (``orch_trainer``), which is the kit's first user, never its pro
   (``record_completion``: ``complete.json`` under orch's wrapper, which marks done after exit 0; else done.json);
 - :mod:`.sharded`: ``ShardedCheckpointer``, one verified commit per step when every rank writes (DCP shards,
   per-rank files), resume verified by the ranks in parallel, on any world size;
+- :mod:`.trackers`: ``StopTolerance``, a tracker's failure during a stop (W&B's service killed by the same
+  signal) is noted in the stop's report and skipped, so the stop reaches its save;
 - :mod:`.rng`, :mod:`.dist`: RNG capture/restore, ranks, their agreement on a stop (``StopAgreement``: one
   all-reduce, every N steps at <= 1 % of the step time) and the gradient accumulation that keeps the batch.
 

@@ -174,8 +174,9 @@ class Run:
                 self._set_aside(path, "abandoned")
 
     # --- the end of an attempt ---------------------------------------------------------------------
-    def preempted(self, step: int | None, reason: str, checkpoint: Path | None) -> SystemExit:
-        """Report a stop on a signal; return the ``SystemExit(143)`` for the caller to raise.
+    def preempted(self, step: int | None, reason: str, checkpoint: Path | None, note: str = "") -> SystemExit:
+        """Report a stop on a signal; return the ``SystemExit(143)`` for the caller to raise. ``note`` ends the
+        report's detail (the tracker failures ignored during the stop: ``trackers.StopTolerance.report``).
 
         Never writes done.json: an attempt that got a termination signal is not a finished run, whatever
         the framework would have exited with (Lightning's own SIGTERM path exits 0).
@@ -183,7 +184,7 @@ class Run:
         if self.is_writer:
             rel = str(checkpoint.relative_to(self.run_dir)) if checkpoint is not None else None
             protocol.write_failure(self.run_dir, self.attempt, "preempted", step,
-                                   f"{reason}: checkpoint of step {step} saved, exiting",
+                                   f"{reason}: checkpoint of step {step} saved, exiting{note}",
                                    checkpoint=rel)
             log(f"preempted ({reason}) at step {step}; checkpoint {rel}; exit {protocol.EXIT_PREEMPTED}")
         return SystemExit(protocol.EXIT_PREEMPTED)

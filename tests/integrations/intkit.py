@@ -10,6 +10,7 @@ Measurements, as the tests and bench/bench_integrations.py use them:
 from __future__ import annotations
 
 import collections
+import contextlib
 import json
 import os
 import signal
@@ -101,8 +102,11 @@ def progress_step(run_dir: Path, attempt: int) -> int:
     return int((protocol.read_progress(run_dir, attempt) or {}).get("step") or 0)
 
 
-def preempt(orch, name: str, script: str, attempt: int, past_step: int, timeout: float = 180) -> int:
+def preempt(orch, name: str, script: str, attempt: int, past_step: int, timeout: float = 180,
+            as_slurm: bool = False) -> int:
     """SIGTERM the program of ``attempt`` once it posted progress past ``past_step``; reconcile until it runs.
+    ``as_slurm``: and every other process of the attempt but orch's wrapper at once, as Slurm's preemption and
+    ``scancel`` do (W&B's service process among them).
 
     Returns the pid it signalled. Reconciling while waiting is what requeues the previous attempt; once the
     attempt's program runs, only its heartbeat is polled: a reconcile per poll took seconds on a loaded
@@ -118,8 +122,18 @@ def preempt(orch, name: str, script: str, attempt: int, past_step: int, timeout:
         return pids if progress_step(run_dir, attempt) > past_step else None
 
     (pid,) = wait_for(ready, timeout, f"{name} attempt {attempt} past step {past_step}", interval=0.05)
-    os.kill(pid, signal.SIGTERM)
+    others = [p for p in program_pids(run_dir, "", attempt) if p != pid and not _is_wrapper(p)] if as_slurm else []
+    for p in [pid, *others]:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(p, signal.SIGTERM)
     return pid
+
+
+def _is_wrapper(pid: int) -> bool:
+    try:
+        return b"orchestrator.wrapper" in Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:
+        return False
 
 
 def step_log(path: Path) -> list[tuple[int, int]]:
@@ -203,3 +217,22 @@ def assert_resumed_where_it_stopped(run_dir: Path, log: list[tuple[int, int]], m
             f"checkpoints/{protocol.checkpoint_name(report['step'])}", report
         assert max(s for a, s in log if a == n) == report["step"], (n, report)
         assert min(s for a, s in log if a == n + 1) == report["step"] + 1, (n, report)
+
+
+def preempted_as_slurm_with_wandb(orch, name: str, script: str, args: list[str], past_step: int = 10,
+                                  timeout: float = 240) -> tuple[dict, list[tuple[int, int]]]:
+    """Issue 42: ``script --wandb`` (offline) through orch, its attempt 1 SIGTERMed as Slurm's preemption does
+    (the program and W&B's service process at once), driven to the end. Checks on the way: attempt 1 reported
+    ``preempted`` and was requeued by ``orch reconcile`` alone; the job ends verified in 2 attempts.
+    Returns (attempt 1's failure report, the step log)."""
+    log = orch.home.parent / f"{name}-steps.log"
+    orch("submit", "--name", name, "--", *example(script, *args, "--wandb", "--step-log", str(log)),
+         env={"WANDB_MODE": "offline", "WANDB_SILENT": "true"}, check=True)
+    preempt(orch, name, script, 1, past_step, timeout, as_slurm=True)
+    assert orch.wait(name, {DONE, "failed", "cancelled"}, timeout=timeout) == DONE, orch.show(name)
+    shown = attempts(orch, name)
+    assert [(a["failure_class"], (a["action"] or {}).get("auto")) for a in shown] == [("preempted", True),
+                                                                                     (None, None)], shown
+    v = orch("verify", name)
+    assert (v.returncode, v.stdout) == (0, "VERIFIED\n"), v.stdout + v.stderr
+    return failure(orch.runs / name, 1), step_log(log)
