@@ -97,6 +97,12 @@ def classify(outcome: Outcome, report: FailureReport | None, verification: Verif
         why = str(exit_record.stop_source) + (f" {exit_record.notice}" if exit_record.notice else "")
         rc = outcome.exit_code if outcome.exit_code is not None else "?"
         return Classification(cls, None, f"stopped by SIG{exit_record.stop_signal} ({why}); exit {rc}")
+    if stop_record is not None and stop_record.signal == "unknown" and not stop_record.at:
+        # Issue 41's hostile pass: garbage (or a FIFO) at stop.json was `preempted`, requeued uncounted up to 100
+        # times. The kit writes it atomically: this came from elsewhere. Never verified, and the program's own.
+        rc = outcome.exit_code if outcome.exit_code is not None else "?"
+        return Classification(C.CRASH, None, f"stop.json is not a stop record (unreadable or malformed): the "
+                                             f"program's own failure, never verified; exit {rc}")
     if stop_record is not None and not _after_the_program(stop_record, exit_record):
         cls = C.TIMEOUT if exit_record is not None and exit_record.time_limit_reached else C.PREEMPTED
         rc = outcome.exit_code if outcome.exit_code is not None else (f"signal {outcome.signal}" if outcome.signal

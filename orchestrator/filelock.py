@@ -223,3 +223,8 @@ def sqlite_writer_pid(db_path: Path) -> int | None:
 def is_stopped(pid: int) -> bool:
     """Stopped by a signal (SIGSTOP, Ctrl-Z): it cannot let go of a lock until someone resumes it."""
     return _proc_state(pid) == "T"
+
+
+def process_name(pid: int) -> str:
+    """A process's command line on one printable line (at most 120 characters), or '?'."""
+    return _printable(_cmdline(pid) or "?")[:120]

@@ -38,6 +38,8 @@ class PassReport:
     unknown: int = 0
     undecided: list[str] = field(default_factory=list)  # "<job>: <why>" for each unknown with a reason
     errors: list[str] = field(default_factory=list)
+    warnings: list[str] = field(default_factory=list)  # e.g. the lease taken from a stopped reconciler
+    lease_holder: str = ""  # a pass that did not run: who held the lease
     query_failures: int = 0  # scheduler queries (poll, find by token) that could not be answered
     duration_s: float = 0.0
 

@@ -75,7 +75,9 @@ def _decide(cfg: Config, job: Job, attempt: Attempt, cls: FailureClass, step: in
     history = [(C(a.failure_class) if a.failure_class else None, _recorded_step(a)) for a in prior] + [(cls, ckpt)]
     # A launch onto a full disk: the program never ran, so none of its attempts was used. Counted, three
     # passes burned every attempt within seconds and a retryable failure became permanent (hostile test).
-    full_at_launch = cls is C.ENOSPC and never_launched
+    # The same when the program ran but made no progress before the disk stopped it (issue 41's hostile pass:
+    # the trainer's own free-space check at start-up, attempts 2 and 3 requeued at once and counted).
+    full_at_launch = cls is C.ENOSPC and (never_launched or _advanced(history, len(history) - 1) is False)
     if full_at_launch:
         counted = False
     proven = _proven_permanent(cfg, job, cls, prior, history, counted, full_at_launch)
@@ -96,7 +98,8 @@ def _proven_permanent(cfg: Config, job: Job, cls: FailureClass, prior: list[Atte
         return None, f"{used} of {job.max_attempts} attempts used"
     ckpt = history[-1][1]
     stalled = _own_failures_without_progress(history)
-    if cls.fault is Fault.RUN and cfg.no_progress_attempts and stalled >= cfg.no_progress_attempts:
+    if cls.fault is Fault.RUN and cfg.no_progress_attempts and stalled >= cfg.no_progress_attempts \
+            and not full_at_launch:  # a full disk is not the program's failure to progress
         # A 1 s time limit never gets past start-up: free resumes looped for ever (then counted, which made
         # preemptions count too). Now the job's own failures end it once the checkpoint stops advancing.
         at = f"at step {ckpt}" if ckpt is not None else "none"

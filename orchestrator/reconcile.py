@@ -24,7 +24,7 @@ from pathlib import Path
 from sqlalchemy import select, update
 from sqlalchemy.exc import IntegrityError
 
-from orchestrator import testhooks
+from orchestrator import filelock, testhooks
 from orchestrator.backends import get_backend
 from orchestrator.backends.base import AttemptRef, Backend, BackendError
 from orchestrator.config import Config
@@ -72,6 +72,42 @@ def acquire_lease(db: Database, cfg: Config, holder: str) -> bool:
     return True
 
 
+def take_over_from_a_stopped_holder(db: Database, cfg: Config, holder: str) -> str:
+    """Take the lease at once from a reconciler on this host that is stopped (Ctrl-Z, kill -STOP), and say so;
+    else '' (the lease stays as it is).
+
+    Hostile pass of issue 41: a stopped ``orch reconcile`` held the lease for its whole ``lease_ttl_s``, and every
+    pass meanwhile did nothing, quietly: a finished job's ``submit --wait`` took 120 s. Taking it is as safe as
+    its expiry (a holder that resumes after either works on beside the next pass, as one that outlives its lease
+    does): every change a pass makes is a compare-and-set. Only positive evidence counts: a holder on another
+    host, or a process of another PID namespace, is waited for until its lease expires."""
+    with db.write() as s:
+        row = s.get(Lease, LEASE)
+        if row is None or row.holder == holder:
+            return ""
+        host, _, pid = row.holder.rpartition(":")
+        if host != socket.gethostname() or not pid.isdigit() or not filelock.is_stopped(int(pid)):
+            return ""
+        who = filelock.process_name(int(pid))
+        if "orch" not in who:
+            return ""  # the pid now names another process
+        if s.execute(update(Lease).where(Lease.name == LEASE, Lease.holder == row.holder)
+                     .values(holder=holder, expires_at=utcnow() + timedelta(seconds=cfg.lease_ttl_s))).rowcount != 1:
+            return ""
+    return (f"took over the reconcile lease from pid {pid} ({who}, stopped): resume it with kill -CONT {pid}, or "
+            "end it")
+
+
+def lease_holder(db: Database) -> str:
+    """Who holds the lease, and until when, for the message of a pass that did nothing."""
+    with db.read() as s:
+        row = s.get(Lease, LEASE)
+    if row is None:
+        return ""
+    host, _, pid = row.holder.rpartition(":")
+    return f"pid {pid} on {host} until {row.expires_at.isoformat(timespec='seconds')}Z"
+
+
 def release_lease(db: Database, holder: str, rep: PassReport | None = None) -> None:
     """Free the lease; with ``rep``, store the pass's stats for ``orch metrics`` in the same transaction."""
     with db.write() as s:
@@ -84,10 +120,13 @@ def reconcile_pass(db: Database, cfg: Config,
                    backend_for: Callable[[str], Backend] = get_backend) -> PassReport:
     db.check_identity()
     holder = holder_id()
+    took_over = ""
     if not acquire_lease(db, cfg, holder):
-        return PassReport(ran=False)
+        took_over = take_over_from_a_stopped_holder(db, cfg, holder)
+        if not took_over:
+            return PassReport(ran=False, lease_holder=lease_holder(db))
     t0 = time.monotonic()
-    rep = PassReport()
+    rep = PassReport(warnings=[took_over] if took_over else [])
     backends: dict[str, Backend] = {}
 
     def backend(name: str) -> Backend:

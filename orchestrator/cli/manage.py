@@ -41,7 +41,10 @@ def reconcile(watch: float | None, as_json: bool) -> None:
             _emit(rep.as_dict())
         else:
             if not rep.ran:
-                click.echo("another reconciler holds the lease; nothing done", err=True)
+                held = f" ({rep.lease_holder})" if rep.lease_holder else ""
+                click.echo(f"another reconciler holds the lease{held}; nothing done", err=True)
+            for w in rep.warnings:
+                click.echo(f"warning: {w}", err=True)
             for c in (ch.as_dict() for ch in rep.changed):
                 click.echo(f"{c['name']}: -> {c['to']}" + "".join(f" {k}={c[k]}" for k in ("class", "action", "why")
                                                                  if c.get(k)))

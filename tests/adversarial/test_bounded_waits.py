@@ -5,6 +5,7 @@ nothing."""
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import signal
@@ -285,3 +286,35 @@ def test_ctrl_z_inside_a_write_transaction_stops_the_command_after_its_commit(or
         sw.kill()
         sw.wait(timeout=30)
     assert set(status_map(orch)) >= {"a", "sw.0000", "sw.0001"}
+
+
+HOLD_LEASE = ("import os, socket, sys, time; from orchestrator.config import load_config; "
+              "from orchestrator.db import Database; from orchestrator.reconcile import acquire_lease\n"
+              "assert acquire_lease(Database(load_config()), load_config(), f'{socket.gethostname()}:{os.getpid()}')\n"
+              "open(sys.argv[1], 'w').close(); time.sleep(300)\n")
+
+
+@pytest.mark.timeout(120)
+def test_a_stopped_reconciler_holding_the_lease_stalls_no_other_pass(orch):
+    """Hostile pass of issue 41: a Ctrl-Z'd ``orch reconcile`` held the pass lease for its whole lease_ttl_s (120 s)
+    and every other pass did nothing, quietly (a finished job's ``submit --wait`` took 120 s). A live holder is
+    named; a stopped one on this host has its lease taken at once, with a warning that says how to resume it."""
+    assert orch("status").returncode == 0
+    held = orch.home.parent / "lease.held"
+    h = subprocess.Popen([sys.executable, "-c", HOLD_LEASE, str(held)], env=orch.env, cwd=str(ROOT))
+    try:
+        wait_for(held.exists, 60, "the other reconciler to hold the lease")
+        p = orch("reconcile", timeout=60)
+        assert p.returncode == 0, p.stderr
+        assert re.search(rf"^another reconciler holds the lease \(pid {h.pid} on \S+ until \S+\); nothing done$",
+                         p.stderr, re.M), p.stderr
+        os.kill(h.pid, signal.SIGSTOP)
+        p = orch("reconcile", "--json", timeout=60)
+        assert p.returncode == 0, p.stderr
+        rep = json.loads(p.stdout)
+        assert rep["ran"] is True, rep
+        assert re.fullmatch(rf"took over the reconcile lease from pid {h.pid} \(.*orchestrator.*, stopped\): resume it "
+                            rf"with kill -CONT {h.pid}, or end it", rep["warnings"][0]), rep
+    finally:
+        h.kill()
+        h.wait(timeout=30)

@@ -216,3 +216,16 @@ def test_a_stop_record_written_after_the_program_ended_is_a_leftovers_and_tells_
     unknown_end = ExitRecord(token="t", returncode=None, signal=signal.SIGKILL)  # an older wrapper's record
     assert classify(exited(None, sig=signal.SIGKILL), None, ABSENT, exit_record=unknown_end,
                     stop_record=after).cls is FailureClass.PREEMPTED
+
+
+def test_garbage_at_stop_json_is_the_programs_own_failure_never_a_free_preemption():
+    """Issue 41's hostile pass: a program that wrote garbage (or a FIFO) at stop.json and exited 0 was `preempted`,
+    requeued uncounted up to 100 times. read_stop takes garbage as a stop (never verified); classify counts it."""
+    garbage = StopRecord(signal="unknown", at="", step=None)  # what read_stop returns for it
+    c = classify(exited(0), None, ABSENT, stop_record=garbage)
+    assert c.cls is FailureClass.CRASH and c.detail.startswith("stop.json is not a stop record"), c
+    # A stop the wrapper delivered still wins; a well-formed record of an unknown signal is still a stop.
+    rec = ExitRecord(token="t", returncode=143, stop_signal="TERM")
+    assert classify(exited(143), None, ABSENT, exit_record=rec, stop_record=garbage).cls is FailureClass.PREEMPTED
+    odd = StopRecord(signal="unknown", at="2026-06-01T12:00:00.000+00:00", step=3)
+    assert classify(exited(143), None, ABSENT, stop_record=odd).cls is FailureClass.PREEMPTED

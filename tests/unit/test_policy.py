@@ -380,3 +380,20 @@ def test_killed_is_auto_requeued_backed_off_counted_and_capped(cfg, tmp_path):
     assert d.plan.details_dict["backoff_s"] == 60.0 and d.plan.not_before is not None
     job, a = job_with(tmp_path, [("killed", True)] * 3 + [current("killed")], max_attempts=10)
     assert decide(cfg, job, a, "killed", None, None).state is JobState.FAILED  # cap 3
+
+
+def test_a_full_disk_before_any_progress_backs_off_uncounted_however_often_it_comes(cfg, tmp_path):
+    """Issue 41's hostile pass: a disk filled by another process; the trainer's own free-space check at start-up
+    ended attempts 2 and 3 within 2 s each, requeued at once and counted: `failed` 8 s after the disk filled.
+    An enospc attempt that made no progress is a launch onto a full disk in substance."""
+    cfg.crash_backoff_s = 30.0
+    _ckpts(tmp_path, [40])
+    job, a = job_stepped(tmp_path, [("enospc", 40), ("enospc", 40), ("enospc", 40), ("enospc", None)],
+                         max_attempts=3)
+    d = decide(cfg, job, a, "enospc", None, None)
+    assert (d.state, d.counted, d.plan.auto) == (JobState.RETRYABLE_FAILED, False, True), d
+    assert d.plan.details_dict["backoff_s"] == 240.0 and d.plan.not_before is not None  # 30 s x 2**3
+    # An attempt that advanced the checkpoint before the disk filled still counts, without a back-off.
+    job, a = job_stepped(tmp_path, [("enospc", 20), ("enospc", None)], max_attempts=3)
+    d = decide(cfg, job, a, "enospc", None, None)
+    assert (d.state, d.counted, d.plan.not_before) == (JobState.RETRYABLE_FAILED, True, None), d
