@@ -53,6 +53,7 @@ def main() -> None:
     ap.add_argument("--sleep-per-step", type=float, default=0.0)
     ap.add_argument("--export", action="store_true", help="write result/export.txt after training")
     ap.add_argument("--fail-after-train", action="store_true", help="raise after training (a failed export): a crash")
+    ap.add_argument("--wandb", action="store_true", help="also log to W&B (set WANDB_MODE=offline to stay local)")
     a = ap.parse_args()
     torch.set_num_threads(1)
     torch.manual_seed(0)
@@ -63,6 +64,7 @@ def main() -> None:
     step_log = open(a.step_log, "a") if a.step_log else None
 
     with orch_run(model, opt, sched, save_every=a.save_every, run_dir=a.run_dir) as run:  # orch
+        track = run.tolerant(wandb_log(a.wandb))  # orch (optional: a failing tracker costs no stop its checkpoint)
         for step in run.steps(a.max_steps):  # orch (was: for step in range(1, a.max_steps + 1))
             x, y = get_batch(data, a.batch_size)
             loss = nn.functional.cross_entropy(model(x), y)
@@ -72,10 +74,20 @@ def main() -> None:
             sched.step()
             run.log(loss=loss.item())  # orch (optional: shows the loss in orch status)
             time.sleep(a.sleep_per_step)
+            track({"loss": loss.item()}, step=step)
             if step_log:
                 step_log.write(f"{os.environ.get('ORCH_ATTEMPT', '1')} {step}\n")
                 step_log.flush()
     after_training(a, str(run.result_dir))
+
+
+def wandb_log(on: bool):  # noqa: ANN201
+    """``wandb.log`` of a run that continues across attempts (orch sets WANDB_RUN_ID), or a no-op."""
+    if not on:
+        return lambda *_a, **_k: None
+    import wandb
+
+    return wandb.init(project="orch-examples").log
 
 
 def after_training(a: argparse.Namespace, result_dir: str) -> None:

@@ -34,7 +34,7 @@ from __future__ import annotations
 
 import os
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from types import TracebackType
 from typing import Any
@@ -52,6 +52,7 @@ from orchestrator.kit.preemption import PreemptionFlag
 from orchestrator.kit.rng import capture_rng, restore_rng
 from orchestrator.kit.run import Run, signal_name
 from orchestrator.kit.sharded import ShardedCheckpointer, dcp_state, is_sharded, set_dcp_state
+from orchestrator.kit.trackers import StopTolerance
 
 
 class OrchRun:
@@ -93,6 +94,7 @@ class OrchRun:
         # First, before the (possibly long) restore: a SIGTERM from here on ends as a clean preemption.
         self.flag = PreemptionFlag().install()
         self.agreement = StopAgreement(self.flag)
+        self.tolerance = StopTolerance(lambda: self.flag.requested or self._stopped)
         self.run.begin()
         if self.run.is_writer:
             clean_stale(self.run.run_dir)
@@ -169,6 +171,13 @@ class OrchRun:
             return self.run.is_writer and self.auto_save.due()  # only rank 0 writes: no need to agree
         return bool(self.save_every) and step % self.save_every == 0
 
+    def tolerant(self, fn: Callable[..., Any], name: str | None = None) -> Callable[..., Any]:
+        """``fn`` (a tracker's call: ``wandb.log``, ``mlflow.log_metrics``, a writer's ``add_scalar``) as it is,
+        except that once a stop's signal came its failure is noted in the stop's report and it returns None:
+        the signal that stops the job may have ended the tracker's own helper process (W&B's service on Slurm),
+        and the stop must still reach its checkpoint (issue 42)."""
+        return self.tolerance.wrap(fn, name or getattr(fn, "__qualname__", None) or repr(fn))
+
     def log(self, **fields: Any) -> None:
         """Numbers to show in ``attempts/<n>/progress.json`` with the next step (e.g. ``loss=``)."""
         self._fields = {k: (v.item() if isinstance(v, torch.Tensor) else v) for k, v in fields.items()}
@@ -184,7 +193,8 @@ class OrchRun:
         path = self._save(background=False)
         self._stopped = True
         self.flag.record_step(self.step)
-        raise self.run.preempted(self.step, signal_name(self.flag.signum or self.agreement.signum), path)
+        raise self.run.preempted(self.step, signal_name(self.flag.signum or self.agreement.signum), path,
+                                 self.tolerance.report())
 
     def _save(self, background: bool) -> Path | None:
         if self.step == 0 or self.step == self._saved_step:

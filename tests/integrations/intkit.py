@@ -122,11 +122,34 @@ def preempt(orch, name: str, script: str, attempt: int, past_step: int, timeout:
         return pids if progress_step(run_dir, attempt) > past_step else None
 
     (pid,) = wait_for(ready, timeout, f"{name} attempt {attempt} past step {past_step}", interval=0.05)
-    others = [p for p in program_pids(run_dir, "", attempt) if p != pid and not _is_wrapper(p)] if as_slurm else []
-    for p in [pid, *others]:
+    if as_slurm:
+        _signal_the_program_last(pid, [p for p in program_pids(run_dir, "", attempt)
+                                       if p != pid and not _is_wrapper(p)])
+    else:
+        os.kill(pid, signal.SIGTERM)
+    return pid
+
+
+def _signal_the_program_last(pid: int, others: list[int]) -> None:
+    """Slurm's SIGTERM reaches every process of the job at once; here in the order that loses the tracker with
+    certainty: the program is held (SIGSTOP), the others are signalled and gone, then the program gets its
+    SIGTERM with the SIGCONT Slurm sends too. Its handler runs before its next tracker call can fail."""
+    os.kill(pid, signal.SIGSTOP)
+    for p in others:
         with contextlib.suppress(ProcessLookupError):
             os.kill(p, signal.SIGTERM)
-    return pid
+    wait_for(lambda: not any(_alive(p) for p in others), 30, "the program's other processes to end")
+    os.kill(pid, signal.SIGTERM)
+    os.kill(pid, signal.SIGCONT)
+
+
+def _alive(pid: int) -> bool:
+    """Running or stopped; a zombie (ended, not yet reaped) is not."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    return stat[stat.rindex(")") + 2:].split()[0] != "Z"
 
 
 def _is_wrapper(pid: int) -> bool:
