@@ -75,9 +75,11 @@ def _decide(cfg: Config, job: Job, attempt: Attempt, cls: FailureClass, step: in
     history = [(C(a.failure_class) if a.failure_class else None, _recorded_step(a)) for a in prior] + [(cls, ckpt)]
     # A launch onto a full disk: the program never ran, so none of its attempts was used. Counted, three
     # passes burned every attempt within seconds and a retryable failure became permanent (hostile test).
-    # The same when the program ran but made no progress before the disk stopped it (issue 41's hostile pass:
-    # the trainer's own free-space check at start-up, attempts 2 and 3 requeued at once and counted).
-    full_at_launch = cls is C.ENOSPC and (never_launched or _advanced(history, len(history) - 1) is False)
+    # The same when a retry made no progress before the disk stopped it (issue 41's hostile pass: the trainer's own
+    # free-space check at start-up, attempts 2 and 3 requeued at once and counted: failed 8 s after another process
+    # filled the disk). A first attempt that filled the disk itself is the program's: counted, resumed at once.
+    full_at_launch = cls is C.ENOSPC and (never_launched or (
+        len(history) > 1 and _advanced(history, len(history) - 1) is False))
     if full_at_launch:
         counted = False
     proven = _proven_permanent(cfg, job, cls, prior, history, counted, full_at_launch)

@@ -47,6 +47,9 @@ def judge(run_dir: Path, attempt: int, timeout_s: float, now: float, *, redate: 
     it. ``redate``: re-date a heartbeat dated in the future to ``now`` (the reconciler does; a read command such as
     ``orch status`` writes nothing and counts it fresh).
     """
+    stopped = _stopped_program(run_dir, attempt, timeout_s, now, redate)
+    if stopped is not None:
+        return stopped
     if progress is None:
         progress = protocol.read_progress(run_dir, attempt)
     if not progress:
@@ -131,6 +134,20 @@ def _unbeaten_start(run_dir: Path, attempt: int, timeout_s: float, now: float, r
         return None
     rank = min(stale, key=lambda r: (stale[r], r))
     return Stale(rank, now - stale[rank], None)
+
+
+def _stopped_program(run_dir: Path, attempt: int, timeout_s: float, now: float, redate: bool) -> Stale | None:
+    """Hung when the wrapper has seen its program stopped (SIGSTOP, Ctrl-Z) for ``timeout_s`` (``stoppedwatch``),
+    whatever the program wrote or did not: issue 41's hostile pass stopped the trainer before its first heartbeat,
+    and torchrun before any rank started, and neither was ever judged. A record older than the attempt's (re)start
+    is a previous run's."""
+    d = protocol.attempt_dir(run_dir, attempt)
+    seen = seen_at(d / protocol.PROGRAM_STOPPED, now, redate)
+    if seen is None or now - seen <= timeout_s:
+        return None
+    if seen < (seen_at(d / protocol.WRAPPER_FILE, now, redate) or -math.inf):
+        return None
+    return Stale(None, now - seen, None)
 
 
 def _lowest_absent(present: set[int], world: int) -> int | None:

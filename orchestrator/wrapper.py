@@ -62,6 +62,7 @@ from pathlib import Path
 from orchestrator import memlimit, protocol, rankend, ranks, spotnotice, testhooks
 from orchestrator.ballast import Ballast, give_back
 from orchestrator.cmdline import parse_with_command
+from orchestrator.stoppedwatch import StoppedWatch, is_stopped
 
 FORWARDED = (signal.SIGTERM, signal.SIGUSR2, signal.SIGINT, signal.SIGUSR1)
 STOPS = frozenset({signal.SIGTERM, signal.SIGINT, signal.SIGUSR2})  # what makes an attempt "stopped"
@@ -161,6 +162,10 @@ class Supervisor:
             return
         try:
             self.child.send_signal(sig)
+            if sig in STOPS and is_stopped(self.child.pid):
+                # A stopped program cannot act on its stop (a hang stop of one is why it is stopped): continued, as
+                # Slurm's SIGCONT+SIGTERM does, it saves and exits within the grace, instead of waiting all of it.
+                self.child.send_signal(signal.SIGCONT)
         except ProcessLookupError:
             pass
 
@@ -496,6 +501,7 @@ def _attempt(a: argparse.Namespace, run_dir: Path, adir: Path, restart: int, bal
         for s in FORWARDED:
             signal.signal(s, sup.on_signal)
         watcher = _start_watcher(a, sup)
+        stopped_watch = StoppedWatch(child.pid, adir)  # a program stopped hang_timeout_s is hung (staleness)
         try:  # informative only: a full disk here must not kill the wrapper before exit.json
             protocol.atomic_write_json(adir / protocol.WRAPPER_FILE, {
                 "token": a.token, "pid": os.getpid(), "child_pid": child.pid, "host": os.uname().nodename,
@@ -511,6 +517,7 @@ def _attempt(a: argparse.Namespace, run_dir: Path, adir: Path, restart: int, bal
         # From the program's exit until exit.json is written, a stop stays pending instead of running
         # the handler: the marker decision below sees every stop that arrived before it commits.
         signal.pthread_sigmask(signal.SIG_BLOCK, STOPS)
+        stopped_watch.stop()
         if watcher is not None:
             watcher.stop()
     try:

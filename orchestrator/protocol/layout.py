@@ -39,6 +39,9 @@ RANK_PROGRESS_RE = re.compile(r"^progress\.rank-(\d{5})\.json$")
 # "time"}, rewritten until the rank first beats (protocol.write_rank_armed).
 RANK_ARMED = "armed.rank-{:05d}.json"
 RANK_ARMED_RE = re.compile(r"^armed\.rank-(\d{5})\.json$")
+# The wrapper's own sight of its program: exists while the program is stopped (SIGSTOP, Ctrl-Z), written when it
+# first saw it so (stoppedwatch.py; staleness judges its mtime: a program stopped hang_timeout_s is hung).
+PROGRAM_STOPPED = "program-stopped.json"
 EXIT_FILE = "exit.json"  # written by orch's job wrapper when the command exits
 COMPLETE_FILE = "complete.json"  # the kit's completion record under orch's wrapper: training completed, what it made
 STOP_FILE = "stop.json"  # the kit's record of a stop signal the program received (whoever sent it)

@@ -192,3 +192,21 @@ def test_armed_records_of_a_previous_run_of_the_attempt_are_ignored(tmp_path):
     _armed(tmp_path, 0, now - 500)
     _started(tmp_path, now - 5)
     assert judge(tmp_path, 1, 20, now) is None
+
+
+def test_a_program_its_wrapper_saw_stopped_for_the_timeout_is_hung_whatever_it_wrote(tmp_path):
+    """Issue 41's hostile pass: a program stopped before its first heartbeat (or torchrun before any rank started)
+    was never judged. The wrapper's record (program-stopped.json, dated when it first saw the program stopped)
+    decides; a record older than the attempt's (re)start is a previous run's."""
+    from orchestrator.staleness import judge
+
+    now = 10_000.0
+    _started(tmp_path, now - 3600)
+    stopped = protocol.attempt_dir(tmp_path, 1) / protocol.PROGRAM_STOPPED
+    stopped.write_text("{}")
+    os.utime(stopped, (now - 30, now - 30))
+    assert judge(tmp_path, 1, 60, now) is None  # stopped 30 s: within the timeout
+    stale = judge(tmp_path, 1, 20, now)
+    assert (stale.rank, stale.step, round(stale.age_s)) == (None, None, 30), stale
+    _started(tmp_path, now - 5)  # an in-place requeue since: the record is the last run's
+    assert judge(tmp_path, 1, 20, now) is None

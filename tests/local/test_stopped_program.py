@@ -1,0 +1,72 @@
+"""A program stopped (SIGSTOP, Ctrl-Z) is hung once it stays stopped hang_timeout_s, whatever it wrote: judged from
+the wrapper's own sight of it (``attempts/<n>/program-stopped.json``), stopped with a SIGCONT so that it can act on
+its stop, and requeued without a person.
+
+Issue 41's hostile pass: the bundled trainer stopped half a second in (before its first heartbeat) stayed
+``running`` with no hang flag, and so did torchrun stopped before any rank started; a cancel then waited the whole
+kill grace for the stopped process."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import sys
+
+from orchkit import wait_for
+
+from orchestrator import protocol
+
+SLEEPER = [sys.executable, "-c", "import time; time.sleep(300)"]  # no kit, no heartbeat: only its state tells
+
+
+def test_a_program_stopped_before_any_heartbeat_is_judged_hung_continued_stopped_and_requeued(orch):
+    orch.write_config("[policy]\nhang_timeout_s = 3\n")
+    orch.env["ORCH_HEARTBEAT_S"] = "0.2"  # how often the wrapper looks
+    orch("submit", "--name", "stp", "--", *SLEEPER, check=True)
+    adir = protocol.attempt_dir(orch.runs / "stp", 1)
+    wrapper = adir / protocol.WRAPPER_FILE
+    wait_for(wrapper.exists, 60, "the wrapper to start the program")
+    pid = json.loads(wrapper.read_text())["child_pid"]
+    os.kill(pid, signal.SIGSTOP)
+    wait_for((adir / protocol.PROGRAM_STOPPED).exists, 30, "the wrapper to see its program stopped")
+
+    def judged() -> dict | None:
+        att = orch.show("stp")["attempts"]
+        if att[0]["failure_class"] is not None:
+            return att[0]
+        orch("reconcile", check=True)
+        return None
+
+    first = wait_for(judged, 60, "attempt 1 judged", interval=0.3)
+    assert first["failure_class"] == "hang" and first["action"]["auto"] is True, first
+    # Continued with its stop: it died of the SIGTERM, not of the SIGKILL at the end of the kill grace.
+    end = wait_for(lambda: protocol.read_exit(adir), 20, "attempt 1's exit record (the kill grace is 30 s)")
+    assert end.returncode == -signal.SIGTERM, end
+    assert not (adir / protocol.PROGRAM_STOPPED).exists()  # the record went with the program
+
+    def requeued() -> bool:
+        if len(orch.show("stp")["attempts"]) == 2:
+            return True
+        orch("reconcile", check=True)
+        return False
+
+    wait_for(requeued, 60, "attempt 2, requeued by reconcile alone", interval=0.3)
+    orch("cancel", "stp", check=True)
+
+
+def test_a_program_stopped_briefly_is_not_hung(orch):
+    """Stopped and continued within the timeout: the record goes, nothing is judged."""
+    orch.write_config("[policy]\nhang_timeout_s = 30\n")
+    orch.env["ORCH_HEARTBEAT_S"] = "0.2"
+    orch("submit", "--name", "brief", "--", *SLEEPER, check=True)
+    adir = protocol.attempt_dir(orch.runs / "brief", 1)
+    wait_for((adir / protocol.WRAPPER_FILE).exists, 60, "the wrapper to start the program")
+    pid = json.loads((adir / protocol.WRAPPER_FILE).read_text())["child_pid"]
+    os.kill(pid, signal.SIGSTOP)
+    wait_for((adir / protocol.PROGRAM_STOPPED).exists, 30, "the wrapper to see its program stopped")
+    os.kill(pid, signal.SIGCONT)
+    wait_for(lambda: not (adir / protocol.PROGRAM_STOPPED).exists(), 30, "the wrapper to see it run again")
+    orch("reconcile", check=True)
+    assert orch.show("brief")["attempts"][0]["state"] == "running"
+    orch("cancel", "brief", check=True)
