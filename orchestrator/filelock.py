@@ -126,7 +126,7 @@ def holder(path: Path, fd: int | None = None) -> str:
     same = rec.get("pid") == pid
     cmd = _cmdline(pid) or (rec.get("command") if same and isinstance(rec.get("command"), str) else None) or "?"
     parts = [_printable(cmd)[:120]]
-    if _proc_state(pid) == "T":
+    if is_stopped(pid):
         parts.append("stopped")
     where = f" on {rec['host']}" if same and isinstance(rec.get("host"), str) else ""
     since = f" since {rec['since']}" if same and isinstance(rec.get("since"), str) else ""
@@ -187,8 +187,7 @@ def sqlite_writer(db_path: Path) -> str:
     pid = sqlite_writer_pid(db_path)
     if pid is None:
         return ""  # e.g. a holder in another PID namespace, or a filesystem that does not show its locks
-    state = ", stopped" if is_stopped(pid) else ""
-    return f"pid {pid} ({_printable(_cmdline(pid) or '?')[:120]}{state})"
+    return f"pid {pid} ({process_name(pid)}{', stopped' if is_stopped(pid) else ''})"
 
 
 def sqlite_writer_pid(db_path: Path) -> int | None:

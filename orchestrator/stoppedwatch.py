@@ -15,8 +15,8 @@ import os
 import threading
 
 from orchestrator import protocol
-
-ENV_HEARTBEAT_S = "ORCH_HEARTBEAT_S"  # how often the wrapper looks (as the kit's heartbeat: seconds, default 2)
+from orchestrator.filelock import is_stopped
+from orchestrator.kit.heartbeat import DEFAULT_HEARTBEAT_S, heartbeat_interval
 
 
 class StoppedWatch:
@@ -54,18 +54,9 @@ class StoppedWatch:
                 self._written = False
 
 
-def is_stopped(pid: int) -> bool:
-    """Stopped by a signal ("T"; a debugger's tracing stop "t" is not counted)."""
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as f:
-            data = f.read()
-        return data[data.rindex(b")") + 2:].split()[0] == b"T"
-    except (OSError, ValueError, IndexError):
-        return False
-
-
 def interval_from_env(env: dict[str, str] | None = None) -> float:
+    """How often the wrapper looks: as often as the kit beats (``ORCH_HEARTBEAT_S``; garbage: the default)."""
     try:
-        return min(60.0, max(0.05, float((env if env is not None else os.environ).get(ENV_HEARTBEAT_S, 2.0))))
+        return heartbeat_interval(env if env is not None else os.environ)
     except ValueError:
-        return 2.0
+        return DEFAULT_HEARTBEAT_S

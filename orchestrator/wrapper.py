@@ -62,7 +62,8 @@ from pathlib import Path
 from orchestrator import memlimit, protocol, rankend, ranks, spotnotice, testhooks
 from orchestrator.ballast import Ballast, give_back
 from orchestrator.cmdline import parse_with_command
-from orchestrator.stoppedwatch import StoppedWatch, is_stopped
+from orchestrator.filelock import is_stopped
+from orchestrator.stoppedwatch import StoppedWatch
 
 FORWARDED = (signal.SIGTERM, signal.SIGUSR2, signal.SIGINT, signal.SIGUSR1)
 STOPS = frozenset({signal.SIGTERM, signal.SIGINT, signal.SIGUSR2})  # what makes an attempt "stopped"

@@ -218,6 +218,10 @@ class OrchCallback(Callback):
         """Checkpoint ``step``, record the stop's step; the next hook raises exit 143."""
         path = self._save(trainer, step)
         self.flag.record_step(step)
+        self._report_stop(step, path)
+
+    def _report_stop(self, step: int, path: Path) -> None:
+        """The stop's report (exit 143 once raised), naming the tracker failures skipped so far."""
         self._stop = self.run.preempted(step, signal_name(self.flag.signum or self.agreement.signum), path,
                                         self.tolerance.report())
         self._stop_noted = self.tolerance.count
@@ -246,8 +250,7 @@ class OrchCallback(Callback):
         if self._stop is not None:
             if self._stop_noted != self.tolerance.count and self._saved is not None:
                 # a logger failed after the save (its metrics come after on_train_batch_end): the report says so
-                self._stop = self.run.preempted(self._saved[0], signal_name(self.flag.signum or self.agreement.signum),
-                                                self._saved[1], self.tolerance.report())
+                self._report_stop(*self._saved)
             raise self._stop
 
     def on_validation_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:

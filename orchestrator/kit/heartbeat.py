@@ -33,6 +33,12 @@ ENV_HEARTBEAT_S = "ORCH_HEARTBEAT_S"  # how often progress.json is rewritten (se
 DEFAULT_HEARTBEAT_S = 2.0
 
 
+def heartbeat_interval(env: Mapping[str, str]) -> float:
+    """``ORCH_HEARTBEAT_S`` from ``env``, held within 0.05..60 s (inf: a thread's wait() raises); ValueError when
+    it is not a number. The kit's armed refresher and the wrapper's stopped-program watch look this often."""
+    return min(60.0, max(0.05, float(env.get(ENV_HEARTBEAT_S, DEFAULT_HEARTBEAT_S))))
+
+
 class Armed:
     """A rank's armed record and the thread that refreshes it until this process first beats (or ``stop``)."""
 
@@ -65,7 +71,7 @@ def arm_from_env(environ: Mapping[str, str] | None = None) -> Armed | None:
     try:
         world, rank = int(env.get("WORLD_SIZE", "1")), int(env.get("RANK", "0"))
         run_dir, attempt = env[protocol.ENV_RUN_DIR], int(env[protocol.ENV_ATTEMPT])
-        interval = min(60.0, max(0.05, float(env.get(ENV_HEARTBEAT_S, DEFAULT_HEARTBEAT_S))))  # inf: wait() raises
+        interval = heartbeat_interval(env)
     except (KeyError, ValueError):
         return None
     if world < 2 or not 0 <= rank < world or not run_dir or attempt < 1:
