@@ -210,6 +210,7 @@ class TrainLoop:
         self.net: torch.nn.Module = self.model if collective is None or collective.fsdp else _ddp(self.model,
                                                                                                   pre.device)
         self._saved_path: Path | None = None
+        self._saved_step = loaded.start_step  # the newest step saved (the resume point, until this attempt saves)
         self.trainable = loaded.trainable
         self.optimizer = loaded.optimizer
         self.scheduler = loaded.scheduler
@@ -269,6 +270,10 @@ class TrainLoop:
             self._poll_save()
             if self._save_due(s):
                 self._save(s, background=a.background_save)
+        if self.step != self._saved_step:
+            # The final step committed before completion is recorded (issue 42): a failure after training (writing
+            # result/, the user's export), fixed and requeued, resumes at the end, 0 steps retrained.
+            self._save(self.step, background=False)
         return Trained(step=self.step, last_loss=self._last_loss, tok_s=self._tok_s, micro=self.micro,
                        accum=self.accum, oom_events=tuple(self.oom_events),
                        micro_batches_computed=self.micro_batches_computed)
@@ -408,6 +413,7 @@ class TrainLoop:
                 self.ckpts.save(step, files, background=background)
         except CheckpointError as e:
             raise self.attempt.save_failed(e) from e
+        self._saved_step = step
         if self.auto_save is not None:  # the loop's blocked time is the cost the interval weighs
             blocked = time.monotonic() - t0
             # total: the newest commit's (a collective save blocks for all of it)

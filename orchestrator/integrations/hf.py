@@ -76,6 +76,20 @@ from orchestrator.kit.trackers import StopTolerance
 _HF_CHECKPOINT_RE = re.compile(r"^checkpoint-(\d+)$")
 
 
+def _trainer_calling(frame: Any) -> object:
+    """The ``Trainer`` whose training loop called the callback handler that called this hook: the nearest frame up
+    whose ``self`` has a ``_run_epoch`` (no hook is given the trainer)."""
+    f = frame
+    for _ in range(6):
+        f = f.f_back
+        if f is None:
+            return None
+        obj = f.f_locals.get("self")
+        if obj is not None and hasattr(obj, "_run_epoch") and hasattr(obj, "callback_handler"):
+            return obj
+    return None
+
+
 def resume_path(run_dir: str | os.PathLike[str] | None = None) -> str | None:
     """The ``resume_from_checkpoint`` value: the newest verified ``checkpoints/step-N`` dir, or None."""
     found = Run.from_env(run_dir).resume_checkpoint()
@@ -102,6 +116,7 @@ class OrchCallback(TrainerCallback):
         self._stopping = False
         self._in_train = False  # trainer.evaluate() outside train(), maybe on one rank only: no agreement there
         self._committed: Path | None = None
+        self._skipping: Any = None  # a Trainer resumed at max_steps whose epochs this train() skips
         self._resumed_from = 0  # global_step after HF's restore: `orch metrics` counts steps redone
         # The other callbacks (report_to's W&B, MLflow, ...): a failure during a stop must not cost its save.
         self.tolerance = StopTolerance(lambda: self.flag.requested or self._stopping)
@@ -144,6 +159,8 @@ class OrchCallback(TrainerCallback):
             log("save_only_model=True: checkpoints hold no optimizer state, a resume is not exact")
         self.on_init_end(args, state, control)
         self._tolerate_the_other_callbacks(sys._getframe(1).f_locals.get("self"))
+        if state.max_steps and state.global_step >= state.max_steps:
+            self._train_nothing_more(_trainer_calling(sys._getframe(1)))
         self._in_train = True
         self.run.begin()
         self._report_storage_faults(state, args.process_index, args.world_size)
@@ -174,6 +191,19 @@ class OrchCallback(TrainerCallback):
             if callback is not self:
                 self.tolerance.wrap_methods(callback, events)
 
+    def _train_nothing_more(self, trainer: object) -> None:
+        """A train() resumed at its last step (a stop in that step, or a requeue after a failed export): HF's
+        epoch loop checks max_steps only after a step, and trained one more (issue 42). Its epochs are skipped for
+        this call, so that the training ends as it should: on_train_end records completion, the script's code
+        after train() runs."""
+        run_epoch = getattr(trainer, "_run_epoch", None)
+        if not callable(run_epoch):
+            log("resumed at max_steps, but this Trainer has no _run_epoch to skip: HF may train one step more")
+            return
+        log("resumed at max_steps: nothing left to train")
+        trainer._run_epoch = lambda *_a, **_k: None  # type: ignore[attr-defined]  # this instance, this call
+        self._skipping = trainer
+
     def _set_aside_unfinished(self, output_dir: Path) -> None:
         """Rename ``checkpoint-N`` dirs left in ``output_dir``: a save that never reached ``on_save``.
 
@@ -199,6 +229,10 @@ class OrchCallback(TrainerCallback):
             # HF evaluates before it saves: a full evaluation must not stand between the signal and the save.
             control.should_evaluate = False
         if self.auto_save is not None and any_rank(self.auto_save.due()):  # every rank the same decision
+            control.should_save = True
+        if state.max_steps and state.global_step >= state.max_steps:
+            # The final step committed before completion is recorded (issue 42): an exception after train() (a
+            # failed export), fixed and requeued, resumes at the end, 0 steps retrained (it retrained all of them).
             control.should_save = True
         # HF saves after this hook when should_save is set; on_save adds its duration to save_stall_s.
         self._save_began = time.monotonic() if control.should_save else None
@@ -291,6 +325,10 @@ class OrchCallback(TrainerCallback):
 
     def _close(self) -> None:
         self._in_train = False
+        if self._skipping is not None:  # the class's own _run_epoch again, for a later train()
+            with contextlib.suppress(AttributeError):
+                del self._skipping._run_epoch
+            self._skipping = None
         if self._heartbeat is not None:
             self._heartbeat.stop()
             self._heartbeat = None

@@ -120,6 +120,7 @@ class OrchCallback(Callback):
         self._saved: tuple[int, Path] | None = None
         self._stop: SystemExit | None = None
         self._stop_noted = 0  # tracker failures named in the stop's report
+        self._completed = False  # the completion recorded (on_train_end, or on_fit_end for a fit restored at its end)
         self._stop_pending: int | None = None  # a stop decided at this step, taken when its validation starts
         self._pending_rng: dict[str, Any] | None = None
         # The loggers (W&B, MLflow, ...): one that fails between a signal and the stop's save must not cost it.
@@ -282,12 +283,27 @@ class OrchCallback(Callback):
             # The last step is checkpointed; the next attempt (0 steps left) writes the result.
             self._stop_at(trainer, trainer.global_step)
             self._raise_if_stopping()
+        # The final step committed before completion is recorded (issue 42): an exception after fit (a failed
+        # export), fixed and requeued, resumes at the end, 0 steps retrained (it retrained all of them).
+        self._save(trainer, trainer.global_step)
+        self._complete(trainer)
+
+    def on_fit_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        """A fit restored at its end (max_steps reached: a stop in the last step, or a requeue after a failed
+        export) trains nothing and calls no on_train_end: the completion is recorded here (issue 42: it exited 0
+        with none, and never verified)."""
+        if hasattr(self, "run") and not self._completed and self._stop is None:
+            self._complete(trainer)
+
+    def _complete(self, trainer: pl.Trainer) -> None:
+        """``result/model.ckpt`` (weights), then the completion record: the integration's last write."""
         if self.run.is_writer:
             self.run.result_dir.mkdir(parents=True, exist_ok=True)
         trainer.save_checkpoint(self.run.result_dir / CKPT_FILE, weights_only=True)
         metrics = {k: float(v) for k, v in trainer.callback_metrics.items() if getattr(v, "numel", lambda: 0)() == 1}
         self.run.finish({"global_step": trainer.global_step, "epoch": trainer.current_epoch, **metrics},
                         step=trainer.global_step)
+        self._completed = True
 
     def on_exception(self, trainer: pl.Trainer, pl_module: pl.LightningModule, exception: BaseException) -> None:
         if isinstance(exception, SystemExit) and self.flag.requested and exception is not self._stop:

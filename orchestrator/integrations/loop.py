@@ -236,7 +236,10 @@ class OrchRun:
                     # attempt, with 0 steps left, only writes the result.
                     log(f"{signal_name(self.flag.signum)} during the last step: stopping, not finishing")
                     self._stop()
-                self.ckpts.wait()
+                # The final step committed before completion is recorded (issue 42): an exception after training (a
+                # failed export), fixed and requeued, resumes at the end, 0 steps retrained (it redid up to
+                # save_every). Collective where saves are: every rank gets here.
+                self._save(background=False)
                 if self.run.is_writer:
                     self.run.result_dir.mkdir(parents=True, exist_ok=True)
                     torch.save(self.model.state_dict(), self.run.result_dir / "model.pt")

@@ -149,3 +149,46 @@ def test_a_stop_during_the_last_step_is_a_stop_and_the_next_attempt_only_finishe
     assert failure(orch.runs / "last", 1)["checkpoint"] == "checkpoints/step-00000003"
     assert step_log(orch.runs / "last" / "steps.log") == [(1, 1), (1, 2), (1, 3)]  # attempt 2: 0 steps
     assert second["state"] == "succeeded"
+
+
+AFTER = [
+    ("loop", "plain_loop.py", ["--max-steps", "12", "--save-every", "5"]),
+    ("lit", "lightning_train.py", ["--max-steps", "12"]),
+    ("hf", "hf_train.py", ["--max-steps", "12"]),
+]
+
+
+@pytest.mark.parametrize(("name", "script", "args"), AFTER, ids=[f[0] for f in AFTER])
+def test_a_failed_export_fixed_and_requeued_retrains_no_step(orch, tmp_path, name, script, args):
+    """Issue 42: after an exception after training (a failed export: a crash, never verified), the fix and
+    `orch requeue`, Lightning and HF retrained from scratch (150 of 150 steps), the loop from its last periodic
+    save. Each integration commits the final step before it records completion: attempt 2 trains 0 steps."""
+    log, broken = tmp_path / "steps.log", tmp_path / "export.broken"
+    broken.touch()
+    cmd = " ".join(example(script, *args, "--step-log", str(log)))
+    orch("submit", "--name", name, "--", "sh", "-c", f'exec {cmd} $([ -e {broken} ] && echo --fail-after-train)',
+         check=True)
+    assert orch.wait(name, {"retryable_failed", "failed", DONE}, timeout=240) != DONE
+    assert attempts(orch, name)[0]["failure_class"] == "crash"
+    broken.unlink()  # the fix
+    assert orch("requeue", name).returncode == 0
+    assert orch.wait(name, {DONE, "failed", "cancelled"}, timeout=240) == DONE, orch.show(name)
+    steps = step_log(log)
+    assert sorted(s for a, s in steps if a == 1) == list(range(1, 13)) and [s for a, s in steps if a == 2] == [], steps
+    assert orch("verify", name).stdout == "VERIFIED\n"
+
+
+def test_the_bundled_trainer_then_a_failed_export_fixed_and_requeued_retrains_no_step(orch, tmp_path):
+    """Issue 42, the bundled trainer: its last step is committed before it records completion (6 steps, and a
+    save every 10 by default: it retrained all 6)."""
+    broken = tmp_path / "export.broken"
+    broken.touch()
+    orch("submit", "--name", "trfix", "--", "sh", "-c", TRAINER_THEN.format(then=f"! [ -e {broken} ]"),
+         sys.executable, check=True)
+    assert orch.wait("trfix", {"retryable_failed", "failed", DONE}, timeout=200) != DONE
+    broken.unlink()  # the fix
+    assert orch("requeue", "trfix").returncode == 0
+    assert orch.wait("trfix", {DONE, "failed", "cancelled"}, timeout=200) == DONE, orch.show("trfix")
+    second = attempts(orch, "trfix")[1]
+    metrics = json.loads((orch.runs / "trfix" / "result" / "metrics.json").read_text())
+    assert (metrics["attempt"], metrics["resumed_from_step"], metrics["steps"]) == (2, 6, 6), (metrics, second)

@@ -123,7 +123,8 @@ def test_sigterm_to_one_rank_stops_all_at_one_step_with_one_commit_and_resumes_b
 
 def test_a_bit_flipped_shard_passes_the_size_check_but_the_ranks_resume_from_the_previous_step(tmp_path):
     run_dir, log = tmp_path / "run", tmp_path / "steps.log"
-    run_direct(run_dir, 2, "--max-steps", "11", "--save-every", "5", "--step-log", str(log))
+    # 10 steps: the final step is a periodic one, so the previous commit (5) is still kept (keep_last 2).
+    run_direct(run_dir, 2, "--max-steps", "10", "--save-every", "5", "--step-log", str(log))
     assert sorted(committed(run_dir)) == [5, 10]
     (run_dir / protocol.DONE_MARKER).unlink()
     shard = committed(run_dir)[10] / "dcp" / "__1_0.distcp"
@@ -133,12 +134,12 @@ def test_a_bit_flipped_shard_passes_the_size_check_but_the_ranks_resume_from_the
     # The controller's decision (requeue, rollback) reads manifests and sizes only: it still counts step 10.
     good, bad = policy.verified_checkpoints(run_dir)
     assert ([s for s, _p in good], bad) == ([10, 5], [])
-    p = run_direct(run_dir, 2, "--max-steps", "11", "--save-every", "5", "--step-log", str(log))
+    p = run_direct(run_dir, 2, "--max-steps", "10", "--save-every", "5", "--step-log", str(log))
     assert "resumed from step-00000005" in p.stderr, p.stderr[-3000:]
     assert [x.name.split(".")[1].split("-")[0] for x in (run_dir / "checkpoints").glob("step-00000010.*")] == \
         ["corrupt"]
-    second = [s for a, r, s, _l in log_lines(log)[22:] if r == 0]
-    assert second == list(range(6, 12)), second  # the whole step 10 unusable: 6.. redone, never a partial load
+    second = [s for a, r, s, _l in log_lines(log)[20:] if r == 0]
+    assert second == list(range(6, 11)), second  # the whole step 10 unusable: 6.. redone, never a partial load
     assert protocol.verify_done_marker(run_dir).verified
 
 
@@ -247,7 +248,7 @@ def test_save_every_auto_on_two_ranks_takes_one_save_decision_for_both(tmp_path)
                        env=env, capture_output=True, text=True, timeout=180)
     assert p.returncode == 0, p.stderr[-3000:]
     steps = sorted(committed(run_dir))
-    assert steps and steps[-1] < 40, steps  # periodic saves happened before the end
+    assert steps and steps[0] < 40, steps  # periodic saves happened before the final one
     for s in steps:
         assert_complete_step(committed(run_dir)[s], 2)
     assert protocol.verify_done_marker(run_dir).verified
