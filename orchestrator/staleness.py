@@ -13,6 +13,7 @@ from __future__ import annotations
 import contextlib
 import math
 import os
+import stat
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -142,12 +143,24 @@ def _stopped_program(run_dir: Path, attempt: int, timeout_s: float, now: float, 
     and torchrun before any rank started, and neither was ever judged. A record older than the attempt's (re)start
     is a previous run's."""
     d = protocol.attempt_dir(run_dir, attempt)
+    # Only the wrapper's own record, a regular file, says "stopped": a FIFO put there (hostile pass 3) got a job
+    # that still beat stopped as hung on every attempt (the wrapper's atomic write never replaces it).
+    if not _regular(d / protocol.PROGRAM_STOPPED):
+        return None
     seen = seen_at(d / protocol.PROGRAM_STOPPED, now, redate)
     if seen is None or now - seen <= timeout_s:
         return None
     if seen < (seen_at(d / protocol.WRAPPER_FILE, now, redate) or -math.inf):
         return None
     return Stale(None, now - seen, None)
+
+
+def _regular(path: Path) -> bool:
+    """Whether ``path`` is a regular file (not followed: a symlink is not the wrapper's record)."""
+    try:
+        return stat.S_ISREG(os.lstat(path).st_mode)
+    except OSError:
+        return False
 
 
 def _lowest_absent(present: set[int], world: int) -> int | None:

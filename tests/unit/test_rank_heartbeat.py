@@ -7,6 +7,8 @@ from __future__ import annotations
 import json
 import os
 
+import pytest
+
 from orchestrator import protocol
 from orchestrator.kit import heartbeat
 
@@ -209,4 +211,21 @@ def test_a_program_its_wrapper_saw_stopped_for_the_timeout_is_hung_whatever_it_w
     stale = judge(tmp_path, 1, 20, now)
     assert (stale.rank, stale.step, round(stale.age_s)) == (None, None, 30), stale
     _started(tmp_path, now - 5)  # an in-place requeue since: the record is the last run's
+    assert judge(tmp_path, 1, 20, now) is None
+
+
+@pytest.mark.parametrize("kind", ["fifo", "symlink", "dir"])
+def test_a_non_regular_file_at_the_stopped_record_never_makes_a_job_hung(tmp_path, kind):
+    """Hostile pass 3: a FIFO at program-stopped.json (mtime older than the timeout) got a job that beat every
+    second stopped as hung, "no heartbeat for 23 s", on every attempt. Only the wrapper's regular file counts."""
+    from orchestrator.staleness import judge
+
+    now = 10_000.0
+    _started(tmp_path, now - 3600)
+    stopped = protocol.attempt_dir(tmp_path, 1) / protocol.PROGRAM_STOPPED
+    {"fifo": lambda: os.mkfifo(stopped), "symlink": lambda: stopped.symlink_to(tmp_path / "elsewhere.json"),
+     "dir": stopped.mkdir}[kind]()
+    (tmp_path / "elsewhere.json").write_text("{}")
+    for path in (stopped, tmp_path / "elsewhere.json"):
+        os.utime(path, (now - 30, now - 30), follow_symlinks=False)
     assert judge(tmp_path, 1, 20, now) is None
