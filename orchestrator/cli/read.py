@@ -259,16 +259,15 @@ def logs(name: str, attempt: int | None, follow: bool) -> None:
 def _read_from(path: Path, pos: int) -> tuple[str | None, int]:
     """Text of a log from ``pos`` on; None when it is absent or not a regular file (a job can put a
     FIFO there, and a blocking open would hang `orch logs`)."""
-    import os
-    import stat
+    from orchestrator.protocol.durable import open_regular
 
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOFOLLOW | os.O_CLOEXEC)
+        f = open_regular(path)
     except OSError:
         return None, pos
-    with os.fdopen(fd, "rb") as f:
-        if not stat.S_ISREG(os.fstat(fd).st_mode):
-            return None, pos
+    if f is None:
+        return None, pos
+    with f:
         f.seek(pos)
         data = f.read()
         return data.decode(errors="replace"), pos + len(data)

@@ -135,14 +135,39 @@ def atomic_create(path: Path | str, data: bytes | str) -> bool:
     return True
 
 
+def open_regular(path: Path | str, flags: int = os.O_RDONLY, *, follow: bool = False,
+                 mode: int = 0o600) -> BinaryIO | None:
+    """``path`` opened (binary, unbuffered for writes) if it is a regular file; None for anything else.
+
+    Never blocks and never follows a symlink unless told: O_NONBLOCK, so a FIFO put in a file's place opens at
+    once (or fails, for a write with no reader) and is refused after ``fstat``. The check comes before
+    ``fdopen``: a directory there made ``fdopen`` raise IsADirectoryError, and `orch report` failed for every
+    job over one run dir (hostile pass 4); a FIFO progress.jsonl blocked the kit's heartbeat thread for good.
+    Raises OSError from ``open`` (absent, no permission) as ``os.open`` does.
+    """
+    fd = os.open(path, flags | os.O_NONBLOCK | os.O_CLOEXEC | (0 if follow else os.O_NOFOLLOW), mode)
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            os.close(fd)
+            return None
+        if flags & (os.O_WRONLY | os.O_RDWR):
+            os.set_blocking(fd, True)
+            return os.fdopen(fd, "ab" if flags & os.O_APPEND else "wb", buffering=0)
+        return os.fdopen(fd, "rb")
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.close(fd)
+        raise
+
+
 def sha256_file(path: Path, bufsize: int = 1 << 20) -> tuple[int, str]:
-    """(size, sha256) of a regular file; a FIFO or device is refused (BadRecord), never read."""
+    """(size, sha256) of a regular file; a FIFO, directory or device is refused (BadRecord), never read."""
     h = hashlib.sha256()
     size = 0
-    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
-    with os.fdopen(fd, "rb") as f:
-        if not stat.S_ISREG(os.fstat(fd).st_mode):
-            raise BadRecord(f"{Path(path).name} is not a regular file")
+    f = open_regular(path, follow=True)
+    if f is None:
+        raise BadRecord(f"{Path(path).name} is not a regular file")
+    with f:
         while chunk := f.read(bufsize):
             h.update(chunk)
             size += len(chunk)

@@ -7,10 +7,10 @@ returns None (or drops the field) rather than trusting it.
 from __future__ import annotations
 
 import contextlib
+import errno
 import json
 import os
 import re
-import stat
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field
@@ -25,6 +25,7 @@ from orchestrator.protocol.durable import (
     finite_number,
     fsync_dir,
     is_int,
+    open_regular,
     read_json_bounded,
     tmp_name,
 )
@@ -308,12 +309,14 @@ def append_history(path: Path, record: Mapping[str, Any]) -> None:
     appenders (a Slurm rerun's heartbeat beside a late writer) do not interleave within a line.
     """
     line = (json.dumps(record, sort_keys=True, default=str, allow_nan=False) + "\n").encode()
-    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
-    try:
-        os.write(fd, line)
-        os.fsync(fd)
-    finally:
-        os.close(fd)
+    # Only a regular file: a FIFO put there (hostile pass 4) blocked the kit's heartbeat thread in open() for good,
+    # so progress.json froze while training went on, and the job was stopped as hung.
+    f = open_regular(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT)
+    if f is None:
+        raise OSError(errno.EINVAL, f"{Path(path).name} is not a regular file; not appended to")
+    with f:
+        f.write(line)
+        os.fsync(f.fileno())
 
 
 _PROGRESS_NUMBERS = ("loss", "tokens_per_s", "tokens_per_s_recent", "tokens_per_s_median", "time", "lr",
@@ -365,12 +368,12 @@ def read_history_head(run_dir: Path | str, attempt: int, limit: int = 64 * 1024)
     """
     path = attempt_dir(run_dir, attempt) / PROGRESS_HISTORY
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOFOLLOW | os.O_CLOEXEC)
+        f = open_regular(path)
     except OSError:
         return None
-    with os.fdopen(fd, "rb") as f:
-        if not stat.S_ISREG(os.fstat(fd).st_mode):
-            return None
+    if f is None:
+        return None
+    with f:
         first = f.read(limit).split(b"\n", 1)[0]
     try:
         return clean_progress(json.loads(first, parse_constant=float))
@@ -385,13 +388,13 @@ def read_progress_history(run_dir: Path | str, attempt: int) -> list[dict]:
     """
     path = attempt_dir(run_dir, attempt) / PROGRESS_HISTORY
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOFOLLOW | os.O_CLOEXEC)
+        f = open_regular(path)
     except OSError:
         return []
-    with os.fdopen(fd, "rb") as f:
-        st = os.fstat(fd)
-        if not stat.S_ISREG(st.st_mode):
-            return []
+    if f is None:
+        return []
+    with f:
+        st = os.fstat(f.fileno())
         f.seek(max(0, st.st_size - HISTORY_TAIL_BYTES))
         raw = f.read(HISTORY_TAIL_BYTES)
     lines = raw.split(b"\n")
