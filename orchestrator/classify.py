@@ -50,7 +50,8 @@ class Classification:
 
 def classify(outcome: Outcome, report: FailureReport | None, verification: Verification, *,
              stop_reason: StopReason | None = None, exit_record: ExitRecord | None = None,
-             stop_record: StopRecord | None = None, hang: Stale | None = None) -> Classification:
+             stop_record: StopRecord | None = None, hang: Stale | None = None,
+             rank_end: tuple[int, int] | None = None) -> Classification:
     """Class of an attempt that ended (EXITED or VANISHED) and whose marker does not verify.
 
     ``report``: the program's failure.json (``FailureReport.parse``d). ``stop_reason``: why orch itself
@@ -62,6 +63,13 @@ def classify(outcome: Outcome, report: FailureReport | None, verification: Verif
     step = report.step if report is not None else None
     if stop_reason == StopReason.CANCEL:
         return Classification(C.CANCELLED, step, "stopped by orch cancel")
+    dead_hung = _hung_rank_killed(exit_record, rank_end, hang) if stop_reason == StopReason.HANG else None
+    if dead_hung is not None:
+        # Hostile pass 4 (issue 41): rank 1 kill -9'd before its first heartbeat; rank 0, waiting for it, ignored
+        # torchrun's SIGTERM, and the reconciler stopped the attempt for the rank it saw make no progress: the dead
+        # one. Its own SIGKILL (recorded by its parent, no stop had reached it) is the end, not the hang it caused.
+        return Classification(C.KILLED, None, f"rank {dead_hung} killed by SIGKILL (kill -9, or the kernel OOM killer) "
+                                              "before the reconciler stopped the attempt for it: dead, not hung")
     if stop_reason == StopReason.HANG and (report is None or report.cls in (C.PREEMPTED, C.KILLED)):
         # orch itself stopped it: the SIGTERM the job then reports as "preempted" was ours, and a
         # free uncounted resume would hide a job that hangs every time. A "killed" report is the stop's consequence
@@ -146,6 +154,17 @@ def _killed_rank(rec: ExitRecord | None, outcome: Outcome) -> tuple[int, int | N
             end[1] not in (-_signal.SIGKILL, 128 + _signal.SIGKILL):
         return None
     return end[0], outcome.exit_code
+
+
+def _hung_rank_killed(rec: ExitRecord | None, rank_end: tuple[int, int] | None, hang: Stale | None) -> int | None:
+    """The rank a hang stop named when its own end, first of all ranks, was a SIGKILL (``rank_end``: the exit
+    record's failed rank, or the per-rank records where the stop's SIGKILL left no exit record): the stop found a
+    dead rank, not a hung one. A stop's own SIGKILL reaches a rank's parent too, so it is never an own end
+    (``rankend``); the named rank must match, so a peer's kill never hides a real hang."""
+    if rank_end is None or hang is None or hang.rank != rank_end[0] or (rec is not None and rec.oom_kill) or \
+            rank_end[1] not in (-_signal.SIGKILL, 128 + _signal.SIGKILL):
+        return None
+    return rank_end[0]
 
 
 def _after_the_program(stop: StopRecord, rec: ExitRecord | None) -> bool:

@@ -15,7 +15,7 @@ from typing import Any
 from sqlalchemy import select
 from sqlalchemy.orm import selectinload
 
-from orchestrator import protocol, testhooks
+from orchestrator import protocol, rankend, testhooks
 from orchestrator.backends.base import AttemptRef, Outcome
 from orchestrator.ballast import give_back
 from orchestrator.classify import classify
@@ -41,6 +41,9 @@ class Evidence:
     outcome: Outcome
     exit_record: protocol.ExitRecord | None
     stop: protocol.StopRecord | None = None  # the program's kit received a stop signal (stop.json)
+    # (rank, its returncode): the rank whose program ended first on its own, from the per-rank records when the
+    # wrapper left no exit.json (a stop's SIGKILL took it; classify.py's hang stop that found a dead rank).
+    rank_end: tuple[int, int] | None = None
 
 
 def evidence_of_end(ref: AttemptRef, out: Outcome) -> Evidence:
@@ -52,7 +55,29 @@ def evidence_of_end(ref: AttemptRef, out: Outcome) -> Evidence:
         rc = rec.returncode
         out = replace(out, exit_code=rc if rc >= 0 else None, signal=-rc if rc < 0 else out.signal)
     stop = None if verification.verified else protocol.read_stop(ref.attempt_dir, ref.token)
-    return Evidence(verification, report, out, rec, stop)
+    rank_end = None if verification.verified else _own_rank_end(ref, rec)
+    return Evidence(verification, report, out, rec, stop, rank_end)
+
+
+def _own_rank_end(ref: AttemptRef, rec: protocol.ExitRecord | None) -> tuple[int, int] | None:
+    """The exit record's failed rank, or without one the per-rank records of the launch wrapper.json names (its
+    token checked): hostile pass 4's rank 1 kill -9'd before its first heartbeat left only those, the hang stop's
+    SIGKILL having taken the wrapper before it wrote exit.json."""
+    if rec is not None:
+        return None if rec.failed_rank is None or rec.rank_returncode is None else (rec.failed_rank,
+                                                                                   rec.rank_returncode)
+    try:
+        w = protocol.read_json_bounded(ref.attempt_dir / protocol.WRAPPER_FILE, limit=1 << 16)
+    except (OSError, ValueError):
+        return None
+    if not isinstance(w, dict) or w.get("token") != ref.token:
+        return None
+    launch, world = w.get("launch"), w.get("world_size")
+    if not isinstance(launch, str) or not protocol.is_int(world, 1, 1 << 20):
+        return None
+    ends = rankend.read_rank_ends(ref.attempt_dir / rankend.TORCHRUN_DIR, launch, ref.token, world)
+    end = rankend.first_own_end(ends, world)
+    return None if end is None else (end.rank, end.returncode)
 
 
 def _restarts_at_end(seen: int, ev: Evidence | None) -> int:
@@ -106,7 +131,7 @@ def finish(db: Database, cfg: Config, attempt_id: int, ev: Evidence | None, rep:
         cls, step, detail = launch_failure[0], None, launch_failure[1]
     else:
         c = classify(ev.outcome, ev.report, ev.verification, stop_reason=a.stop_reason,
-                     exit_record=ev.exit_record, stop_record=ev.stop, hang=_stale_of(a))
+                     exit_record=ev.exit_record, stop_record=ev.stop, hang=_stale_of(a), rank_end=ev.rank_end)
         cls, step, detail = c.cls, c.step, c.detail
     d = decide(cfg, job, a, cls, step, ev.report if ev else None, never_launched=launch_failure is not None)
     plan = d.plan

@@ -36,6 +36,7 @@ from orchestrator.cmdline import parse_with_command
 STOPS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT, signal.SIGUSR1, signal.SIGUSR2)
 RECORD_LIMIT = 4096
 FILE_PREFIX = "rank-end."
+TORCHRUN_DIR = "torchrun"  # attempts/<n>/torchrun: torchrun's own files and these records
 
 
 @dataclass(frozen=True)

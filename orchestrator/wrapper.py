@@ -282,7 +282,7 @@ def stop_leftovers(grace_s: float = LEFTOVER_GRACE_S, token: str | None = None) 
     kill_session(signal.SIGKILL, token)
 
 
-TORCHRUN_DIR = "torchrun"  # attempts/<n>/torchrun: torchrun's own files (each rank's error record)
+TORCHRUN_DIR = rankend.TORCHRUN_DIR  # attempts/<n>/torchrun: torchrun's own files (each rank's error record)
 
 
 def _torchrun_dir(a: argparse.Namespace) -> Path:
@@ -508,7 +508,7 @@ def _attempt(a: argparse.Namespace, run_dir: Path, adir: Path, restart: int, bal
                 "token": a.token, "pid": os.getpid(), "child_pid": child.pid, "host": os.uname().nodename,
                 "slurm_job_id": os.environ.get("SLURM_JOB_ID"), "restart_count": restart,
                 "command": a.command, "started_at": protocol.now_iso(), "world_size": world_size, "nodes": where,
-                **({"ranks_command": argv} if world_size else {})})
+                **({"ranks_command": argv, "launch": launch} if world_size else {})})
         except OSError as e:
             ballast.disk_full |= e.errno == errno.ENOSPC
         rc, timed_out = sup.wait(a.time_limit, a.kill_grace)

@@ -202,6 +202,24 @@ def test_a_rank_killed_on_its_own_is_killed_whatever_its_peers_recorded_after_it
     assert classify(exited(1), None, ABSENT, exit_record=oom).cls is FailureClass.OOM
 
 
+def test_a_hang_stop_that_found_the_named_rank_killed_on_its_own_is_killed():
+    """Hostile pass 4 (issue 41): rank 1 kill -9'd before its first heartbeat; rank 0, waiting for it, ignored
+    torchrun's SIGTERM, and the reconciler stopped the attempt as 'rank 1: no progress': it was dead, not hung.
+    The stop's SIGKILL took the wrapper before exit.json: the rank's own end comes from its parent's record."""
+    c = classify(exited(None, sig=signal.SIGKILL), None, ABSENT, stop_reason="hang", hang=Stale(1, 23.0, None),
+                 rank_end=(1, -9))
+    assert c.cls is FailureClass.KILLED and c.detail.startswith("rank 1 killed by SIGKILL"), c
+    # Another rank than the one the stop named: the hang stands (a peer's kill never hides a real hang).
+    c = classify(exited(1), None, ABSENT, stop_reason="hang", hang=Stale(0, 23.0, 5), rank_end=(1, -9))
+    assert c.cls is FailureClass.HANG, c
+    # The named rank ended some other way (its own exit 1, or an OOM kill the cgroup counted): the hang stands.
+    assert classify(exited(1), None, ABSENT, stop_reason="hang", hang=Stale(1, 23.0, None),
+                    rank_end=(1, 1)).cls is FailureClass.HANG
+    oom = ExitRecord(token="t", returncode=1, failed_rank=1, rank_returncode=-9, stop_signal="TERM", oom_kill=1)
+    assert classify(exited(1), None, ABSENT, stop_reason="hang", hang=Stale(1, 23.0, None), exit_record=oom,
+                    rank_end=(1, -9)).cls is FailureClass.HANG
+
+
 def test_a_stop_record_written_after_the_program_ended_is_a_leftovers_and_tells_nothing():
     """The program (one process, kill -9'd) ended first; the wrapper then stopped what it left running, and that
     leftover's kit wrote stop.json: the program's end is its own SIGKILL, not a stop."""
