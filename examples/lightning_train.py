@@ -6,7 +6,8 @@
 
 A tiny character-level MLP language model with dropout; AdamW with a linear warm-up schedule; a
 shuffled, resumable train loader (torchdata's ``StatefulDataLoader``: Lightning saves and restores its
-position, so a mid-epoch resume sees the same batches) and a validation loader. ``--step-log`` appends
+position; orch's ``distributed_sampler`` shuffles by seed and epoch, so a mid-epoch resume sees the same
+batches, on one process or under DDP) and a validation loader. ``--step-log`` appends
 each completed optimizer step (the tests count repeats); ``--sleep-per-step`` stands in for a slower
 model; ``--wandb`` adds an offline W&B logger.
 """
@@ -69,7 +70,9 @@ def loaders(batch_size: int) -> tuple[StatefulDataLoader, StatefulDataLoader]:
     x = torch.stack([data[i:i + CONTEXT] for i in starts])
     ds = TensorDataset(x, data[starts + CONTEXT])
     val = TensorDataset(x[:64], data[starts[:64] + CONTEXT])
-    return StatefulDataLoader(ds, batch_size=batch_size, shuffle=True), StatefulDataLoader(val, batch_size=64)
+    # orch's sampler: the same batches after a resume, under DDP too (a plain shuffle=True is exact on one process)
+    train = StatefulDataLoader(ds, batch_size=batch_size, sampler=orch.distributed_sampler(ds))  # orch
+    return train, StatefulDataLoader(val, batch_size=64)
 
 
 def main() -> None:

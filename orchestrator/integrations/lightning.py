@@ -23,7 +23,8 @@ process group Lightning's strategy set up):
   checkpoint and restores them, so dropout continues exactly. Data order continues exactly only if the
   train dataloader is resumable (``state_dict``/``load_state_dict``, e.g. torchdata's
   ``StatefulDataLoader``): with a plain ``DataLoader`` Lightning restarts the interrupted epoch's iterator
-  (its own warning says so) — 0 optimizer steps redone, but other batches.
+  (its own warning says so) — 0 optimizer steps redone, but other batches. Under DDP its sampler must be
+  ``distributed_sampler(ds)`` too (why: there).
 * Every stop signal, whoever sent it, is recorded in ``attempts/<n>/stop.json`` (with the step it was acted
   on): orch never verifies such an attempt, whatever the exit code. A signal after the last step is a stop
   too: that step is checkpointed, exit 143, and the next attempt (0 steps left) writes the result.
@@ -41,6 +42,7 @@ from __future__ import annotations
 import os
 import signal
 import time
+import weakref
 from pathlib import Path
 from typing import Any
 
@@ -75,6 +77,29 @@ def tensorboard_logger(run_dir: str | os.PathLike[str] | None = None, **kwargs: 
     from lightning.pytorch.loggers import TensorBoardLogger
 
     return TensorBoardLogger(save_dir=str(Run.from_env(run_dir).tensorboard_dir), name="", version="", **kwargs)
+
+
+# The samplers made by distributed_sampler() in this process: the callback gives them the restored epoch.
+_SAMPLERS: weakref.WeakSet[Any] = weakref.WeakSet()
+
+
+def distributed_sampler(dataset: Any, seed: int = 0, shuffle: bool = True, drop_last: bool = False) -> Any:
+    """A ``DistributedSampler`` for this rank (from torchrun's ``WORLD_SIZE``/``RANK``; one process: the whole
+    dataset) whose epoch the callback restores before Lightning builds the resumed iterator.
+
+    Why: under DDP, Lightning wraps a loader's own shuffling sampler (``DistributedSamplerWrapper``), whose
+    permutation is drawn from the global RNG when the epoch's iterator is made, before any restore: a resumed
+    attempt saw none of the uninterrupted run's batches. A plain ``DistributedSampler`` orders by seed and epoch,
+    but Lightning makes the resumed iterator before it sets the epoch: an attempt resumed in epoch 1 replayed epoch
+    0's order. Pass it as ``StatefulDataLoader(ds, batch_size=..., sampler=orch.distributed_sampler(ds))``.
+    """
+    from torch.utils.data import DistributedSampler
+
+    sampler = DistributedSampler(dataset, num_replicas=int(os.environ.get("WORLD_SIZE", "1")),
+                                 rank=int(os.environ.get("RANK", "0")), shuffle=shuffle, seed=seed,
+                                 drop_last=drop_last)
+    _SAMPLERS.add(sampler)
+    return sampler
 
 
 def _validation_follows(trainer: pl.Trainer) -> bool:
@@ -138,6 +163,7 @@ class OrchCallback(Callback):
         if stage != "fit":
             return
         self.run = Run.from_env(self._run_dir_arg)
+        self._trainer = trainer
         self.run.is_writer = trainer.is_global_zero
         if self.run.already_complete():
             raise SystemExit(protocol.EXIT_OK)
@@ -168,11 +194,16 @@ class OrchCallback(Callback):
 
     # --- resume ------------------------------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:
-        # Called inside every trainer.save_checkpoint: the RNG at the step boundary being saved.
-        return {"rng": capture_rng()}
+        # Called inside every trainer.save_checkpoint: the RNG at the step boundary being saved, and the epoch.
+        trainer = getattr(self, "_trainer", None)
+        return {"rng": capture_rng(), **({"epoch": trainer.current_epoch} if trainer is not None else {})}
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         self._pending_rng = state_dict.get("rng")
+        epoch = state_dict.get("epoch")
+        if isinstance(epoch, int):  # before fit's loop makes the resumed iterator (see distributed_sampler)
+            for sampler in list(_SAMPLERS):
+                sampler.set_epoch(epoch)
 
     def on_train_batch_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule, batch: Any,
                              batch_idx: int) -> None:

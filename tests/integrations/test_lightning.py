@@ -11,6 +11,7 @@ from pathlib import Path
 import torch
 from intkit import (
     DONE,
+    PY,
     assert_metrics_count_the_steps_redone,
     assert_resumed_where_it_stopped,
     example,
@@ -97,9 +98,9 @@ def test_a_stop_at_a_step_that_validation_follows_resumes_bit_exact(tmp_path):
                              _weights(tmp_path / "ref" / "result" / "model.ckpt"))
 
 
-def _ddp_rank_past_step_10(orch, rank: int, max_steps: int) -> tuple[Path, Path, int]:  # noqa: ANN001
+def _ddp_rank_past_step_10(orch, rank: int, max_steps: int, past: int = 10) -> tuple[Path, Path, int]:  # noqa: ANN001
     """Submit the Lightning example as the DDP job "ddp" on two ranks; (run dir, step log, the pid of ``rank``)
-    once that rank is past step 10."""
+    once that rank is past step ``past``."""
     log = orch.home.parent / "ddp-steps.log"
     orch("submit", "--name", "ddp", "--nproc-per-node", "2", "--", *example(
         "lightning_train.py", "--max-steps", str(max_steps), "--sleep-per-step", "0.1", "--step-log", str(log)),
@@ -108,16 +109,20 @@ def _ddp_rank_past_step_10(orch, rank: int, max_steps: int) -> tuple[Path, Path,
 
     def past_step_10() -> int | None:
         return rank_pid(run_dir, rank, "lightning_train.py") \
-            if any(r == rank and s > 10 for _a, r, s in rank_step_log(log)) else None
+            if any(r == rank and s > past for _a, r, s in rank_step_log(log)) else None
 
-    return run_dir, log, wait_for(past_step_10, 180, f"rank {rank} past step 10", interval=0.02)
+    return run_dir, log, wait_for(past_step_10, 180, f"rank {rank} past step {past}", interval=0.02)
 
 
-def test_lightning_ddp_on_two_ranks_a_signal_to_one_rank_stops_both_after_one_step_and_resumes(orch):
+def test_lightning_ddp_on_two_ranks_a_signal_to_one_rank_stops_both_after_one_step_and_resumes_bit_exact(orch,
+                                                                                                          tmp_path):
     """`orch submit --nproc-per-node 2` runs the unchanged Lightning script as DDP over two ranks; SIGTERM to rank
     1 alone (the kit's stop agreement, issue 19): both ranks end attempt 1 after the same step, the one
-    checkpointed, and attempt 2 (requeued by reconcile alone) starts right after it on both."""
-    run_dir, log, pid = _ddp_rank_past_step_10(orch, 1, max_steps=60)
+    checkpointed, and attempt 2 (requeued by reconcile alone) starts right after it on both. Stopped in epoch 1
+    (43 batches per rank and epoch), the resumed run ends bit-equal to an uninterrupted 2-rank run (issue 42: it
+    saw other batches: Lightning's wrapped sampler drew its order from the global RNG, and a DistributedSampler
+    resumed in epoch 1 replayed epoch 0's order)."""
+    run_dir, log, pid = _ddp_rank_past_step_10(orch, 1, max_steps=60, past=45)
     os.kill(pid, signal.SIGTERM)
     assert orch.wait("ddp", {DONE, "failed", "cancelled"}, timeout=240) == DONE, orch.show("ddp")
     shown = orch.show("ddp")["attempts"]
@@ -134,6 +139,10 @@ def test_lightning_ddp_on_two_ranks_a_signal_to_one_rank_stops_both_after_one_st
     assert rank1 is not None and 10 < rank1 <= stop, (rank1, stop)
     assert protocol.read_progress(run_dir, 1)["world_size"] == 2
     assert orch("verify", "ddp").stdout == "VERIFIED\n"
+    ref = tmp_path / "ref"
+    run_direct([PY, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
+                *example("lightning_train.py", "--max-steps", "60")[1:]], ref)
+    assert state_dicts_equal(_weights(run_dir / "result" / "model.ckpt"), _weights(ref / "result" / "model.ckpt"))
 
 
 def test_lightning_ddp_rank_0_killed_is_classed_killed_requeued_and_resumes(orch):
