@@ -220,8 +220,14 @@ def _write_rank_file(run_dir: Path | str, attempt: int, name: str, record: dict[
     d.mkdir(parents=True, exist_ok=True)  # a script run without orch (run_dir=) has no attempt dir yet
     path = d / name
     tmp = path.with_name(tmp_name(path.name))
-    tmp.write_text(json.dumps({**record, "time": time.time()}) + "\n")
-    os.replace(tmp, path)
+    try:
+        tmp.write_text(json.dumps({**record, "time": time.time()}) + "\n")
+        os.replace(tmp, path)
+    except OSError:
+        # A directory put at ``path`` (hostile pass 4) left one tmp file per heartbeat in the attempt dir.
+        with contextlib.suppress(OSError):
+            tmp.unlink()
+        raise
 
 
 MAX_WORLD = 10**7  # ranks in one job: a bound on a job-written world size, not a limit anyone meets

@@ -76,3 +76,14 @@ def test_read_commands_over_a_bad_history_exit_0_for_every_job(orch, tmp_path, k
             assert p.returncode == 0 and "Traceback" not in p.stderr, (args, p.returncode, p.stderr[-2000:])
     finally:
         orch("cancel", "bad")
+
+
+def test_a_directory_at_a_ranks_heartbeat_file_leaves_no_tmp_file_per_beat(tmp_path):
+    """Hostile pass 4: a directory at progress.rank-<r>.json failed every beat's rename and left its tmp file: one
+    more file in the attempt dir per heartbeat."""
+    adir = protocol.attempt_dir(tmp_path, 1)
+    (adir / protocol.RANK_PROGRESS.format(1)).mkdir(parents=True)
+    for step in range(3):
+        with pytest.raises(OSError):
+            protocol.write_rank_progress(tmp_path, 1, 1, step)
+    assert sorted(p.name for p in adir.iterdir()) == [protocol.RANK_PROGRESS.format(1)]
