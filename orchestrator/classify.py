@@ -83,6 +83,11 @@ def classify(outcome: Outcome, report: FailureReport | None, verification: Verif
         r, rc = killed
         return Classification(C.KILLED, None, f"rank {r} killed by SIGKILL (kill -9, or the kernel OOM killer); what "
                                               f"its peers recorded after it does not count (torchrun exit {rc})")
+    if report is not None and report.cls is C.PREEMPTED and stop_record is not None and exit_record is not None \
+            and not exit_record.stop_signal and _after_the_program(stop_record, exit_record):
+        # Hostile pass 5: torchrun kill -9'd; the wrapper then stopped the orphaned ranks, whose kit recorded a
+        # preemption. A stop that came after the program's own end is a leftover's: its report tells nothing.
+        report = None
     if report is not None:
         cls = report.cls
         if cls is C.PREEMPTED and outcome.cause is C.CANCELLED:
@@ -192,6 +197,11 @@ def _by_exit(sig: int | None, rc: int | None) -> Classification:
     """A failed process's class from its exit status alone (rc non-zero or sig set)."""
     if sig == _signal.SIGTERM or rc == EXIT_PREEMPTED:
         return Classification(C.PREEMPTED, None, "terminated by SIGTERM without a report")
+    if sig in (_signal.SIGINT, _signal.SIGHUP):
+        # Hostile pass 5: `crash`, parked for a person. orch never stops a job so, and a program does not send it to
+        # itself: someone outside (a kill -INT, a terminal's hangup) ended it, as a kill -9 does.
+        name = _signal.Signals(sig).name
+        return Classification(C.KILLED, None, f"killed by {name} from outside orch (a kill -{name[3:]}, a hangup)")
     if sig == _signal.SIGKILL or rc == 128 + _signal.SIGKILL:
         # Issue 17: a kill -9 with no record was `crash`, left for a manual requeue; it is recoverable.
         return Classification(C.KILLED, None, "killed by SIGKILL (kill -9, or the kernel OOM killer without a "

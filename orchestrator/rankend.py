@@ -126,6 +126,13 @@ def first_own_end(ends: list[RankEnd], world_size: int | None = None) -> RankEnd
     n = len(ends) if world_size is None else world_size
     if len(own) == 1 and len(ends) == n and all(e.returncode == 0 for e in ends if e is not own[0]):
         return own[0]  # the only rank that did not end cleanly: no peer was lost before it
+    if world_size is not None and ends and len(ends) == world_size - 1 and all(e.stopped for e in ends):
+        # One rank has no record and every other was stopped because of it. Its parent records every end but a
+        # SIGKILL of itself (hostile pass 5: kill -9 of rank 0's orch parent was `preempted`, from the stop
+        # record its orphaned program wrote when the wrapper tidied up): that rank was killed.
+        seen = {e.rank for e in ends}
+        rank = next(r for r in range(world_size) if r not in seen)
+        return RankEnd(rank, -signal.SIGKILL, max(e.at for e in ends) if ends else 0.0, stopped=False)
     return None
 
 

@@ -47,6 +47,7 @@ What it guarantees:
 from __future__ import annotations
 
 import argparse
+import contextlib
 import errno
 import glob
 import json
@@ -163,12 +164,17 @@ class Supervisor:
             return
         try:
             self.child.send_signal(sig)
-            if sig in STOPS and is_stopped(self.child.pid):
-                # A stopped program cannot act on its stop (a hang stop of one is why it is stopped): continued, as
-                # Slurm's SIGCONT+SIGTERM does, it saves and exits within the grace, instead of waiting all of it.
-                self.child.send_signal(signal.SIGCONT)
         except ProcessLookupError:
-            pass
+            return
+        if sig in STOPS:
+            # A stopped process cannot act on its stop (a hang stop of one is why it is stopped): continued, as
+            # Slurm's SIGCONT+SIGTERM does, it saves and exits within the grace, instead of waiting all of it. Every
+            # process of the job: hostile pass 5 stopped a rank's orch parent, and a cancel waited torchrun's whole
+            # shutdown timeout (60 s) for it.
+            for pid in [self.child.pid, *_session_members(self.token)]:
+                if is_stopped(pid):
+                    with contextlib.suppress(OSError):
+                        os.kill(pid, signal.SIGCONT)
 
     def _signal_steps(self, sig: int) -> None:
         """``sig`` to every process of every step of the job, on every node (``scancel --signal`` without

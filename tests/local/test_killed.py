@@ -43,3 +43,58 @@ def test_kill9_mid_save_is_killed_auto_requeued_and_resumes_from_the_last_good_f
     assert (run_dir / "result" / "out.txt").read_text() == "done from 10"
     assert second["set_aside"][0]["path"] == "ck/20.pt" and second["set_aside"][0]["why"] == "0 bytes", second
     assert len(list((run_dir / "ck").glob("20.pt.torn-*"))) == 1
+
+
+TRAINER = [sys.executable, "-m", "orch_trainer", "--preset", "tiny", "--max-steps", "100000", "--save-interval", "50"]
+
+
+def _procs(run_dir, marker: bytes, rank: int | None = None) -> list[int]:  # noqa: ANN001
+    """Pids whose command line holds ``marker`` and whose environment names ``run_dir`` (and ``rank``)."""
+    from pathlib import Path
+
+    from orchestrator import protocol
+
+    want = {f"{protocol.ENV_RUN_DIR}={run_dir}".encode(), *([f"RANK={rank}".encode()] if rank is not None else [])}
+    out = []
+    for d in Path("/proc").iterdir():
+        try:
+            if d.name.isdigit() and marker in (d / "cmdline").read_bytes() and \
+                    want <= set((d / "environ").read_bytes().split(b"\0")):
+                out.append(int(d.name))
+        except OSError:
+            continue
+    return out
+
+
+def test_kill9_of_torchrun_or_of_a_ranks_orch_parent_is_killed_not_the_leftovers_preemption(orch):
+    """Hostile pass 5: kill -9 of torchrun, or of rank 0's orch parent, was `preempted` (uncounted): the wrapper
+    then stopped the orphaned ranks, and their kit's stop record (written after the program's end) was read as
+    the attempt's. Both are `killed`: counted, backed off, requeued by reconcile alone. Real torchrun, 2 ranks."""
+    import os
+    import signal
+
+    from orchkit import wait_for
+
+    from orchestrator import protocol
+
+    orch.write_config("[policy]\ncrash_backoff_s = 1\n")
+    for name in ("tr", "rp"):
+        orch("submit", "--name", name, "--nproc-per-node", "2", "--", *TRAINER, check=True)
+
+    def trained(name: str) -> bool:
+        return (protocol.read_progress(orch.runs / name, 1) or {}).get("step", 0) > 60  # a checkpoint committed
+
+    wait_for(lambda: trained("tr") and trained("rp"), 120, "both jobs past their first checkpoint")
+    os.kill(_procs(orch.runs / "tr", b"torch.distributed.run")[0], signal.SIGKILL)
+    os.kill(_procs(orch.runs / "rp", b"orchestrator.rankend", rank=0)[0], signal.SIGKILL)
+
+    def ended(name: str) -> dict | None:
+        orch("reconcile")
+        first = orch.show(name)["attempts"][0]
+        return first if first["failure_class"] is not None else None
+
+    for name in ("tr", "rp"):
+        first = wait_for(lambda n=name: ended(n), 120, f"{name}'s attempt 1 to end", interval=0.5)
+        assert first["failure_class"] == "killed" and "SIGKILL" in first["detail"], first
+        assert first["counted"] is True and first["action"]["auto"] is True, first
+    orch("cancel", "tr", "rp", check=True)

@@ -70,3 +70,39 @@ def test_a_program_stopped_briefly_is_not_hung(orch):
     orch("reconcile", check=True)
     assert orch.show("brief")["attempts"][0]["state"] == "running"
     orch("cancel", "brief", check=True)
+
+
+def _rank_pids(run_dir, rank: int) -> tuple[int | None, int | None]:  # noqa: ANN001
+    """(orch's per-rank parent ``orchestrator.rankend``, the rank's program) of ``rank`` for ``run_dir``."""
+    from pathlib import Path
+
+    want = {f"{protocol.ENV_RUN_DIR}={run_dir}".encode(), f"RANK={rank}".encode()}
+    parent = program = None
+    for d in Path("/proc").iterdir():
+        try:
+            if d.name.isdigit() and want <= set((d / "environ").read_bytes().split(b"\0")):
+                if b"orchestrator.rankend" in (d / "cmdline").read_bytes():
+                    parent = int(d.name)
+                else:
+                    program = int(d.name)
+        except OSError:
+            continue
+    return parent, program
+
+
+def test_a_stop_continues_a_stopped_rank_parent_so_the_cancel_ends_at_once(orch):
+    """Hostile pass 5: rank 1's orch parent SIGSTOPped, then `orch cancel`: the stop reached only torchrun, the
+    parent could not act on torchrun's SIGTERM, and the attempt stayed `stopping` for torchrun's whole shutdown
+    timeout, until its SIGKILL took the parent without its record. Continued with the stop, the parent records
+    rank 1's end as a stop's consequence (its rank-end record, which a SIGKILLed parent never writes)."""
+    orch("submit", "--name", "rp", "--nproc-per-node", "2", "--", *SLEEPER, check=True)
+    run_dir = orch.runs / "rp"
+    pid = wait_for(lambda: all(_rank_pids(run_dir, 1)) and _rank_pids(run_dir, 1)[0], 60,
+                   "rank 1's parent to start its program")
+    os.kill(pid, signal.SIGSTOP)
+    orch("cancel", "rp", check=True)
+    tdir = protocol.attempt_dir(run_dir, 1) / "torchrun"
+    record = wait_for(lambda: next(iter(tdir.glob("rank-end.*.1.json")), None), 40,
+                      "rank 1's parent to record its end (torchrun's SIGKILL comes after 60 s)")
+    assert json.loads(record.read_text())["stopped"] is True
+    assert orch.wait("rp", {"cancelled"}, timeout=60) == "cancelled"

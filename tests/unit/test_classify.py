@@ -247,3 +247,29 @@ def test_garbage_at_stop_json_is_the_programs_own_failure_never_a_free_preemptio
     assert classify(exited(143), None, ABSENT, exit_record=rec, stop_record=garbage).cls is FailureClass.PREEMPTED
     odd = StopRecord(signal="unknown", at="2026-06-01T12:00:00.000+00:00", step=3)
     assert classify(exited(143), None, ABSENT, stop_record=odd).cls is FailureClass.PREEMPTED
+
+
+def test_a_preemption_recorded_by_leftovers_after_the_program_ended_is_not_the_attempts_end():
+    """Hostile pass 5: torchrun kill -9'd, no stop delivered; the wrapper then stopped the orphaned ranks, whose kit
+    wrote stop.json and a `preempted` report: the attempt read `preempted` (uncounted) for a kill."""
+    rec = ExitRecord(token="t", returncode=-9, signal=signal.SIGKILL, program_ended_at="2026-06-01T12:00:00.000+00:00")
+    leftover = StopRecord("TERM", "2026-06-01T12:00:00.300+00:00", 509)
+    report = FailureReport.parse({"class": "preempted", "step": 509})
+    c = classify(exited(None, sig=signal.SIGKILL), report, ABSENT, exit_record=rec, stop_record=leftover)
+    assert c.cls is FailureClass.KILLED, c
+    own = StopRecord("TERM", "2026-06-01T11:59:59.000+00:00", 509)  # the program's own stop, before its end
+    assert classify(exited(None, sig=signal.SIGKILL), report, ABSENT, exit_record=rec,
+                    stop_record=own).cls is FailureClass.PREEMPTED
+    # A rank's orch parent kill -9'd: torchrun exit 1, the rank without a record named killed by the wrapper.
+    parent = ExitRecord(token="t", returncode=1, failed_rank=0, rank_returncode=-9,
+                        program_ended_at="2026-06-01T12:00:00.000+00:00")
+    c = classify(exited(1), report, ABSENT, exit_record=parent, stop_record=leftover)
+    assert c.cls is FailureClass.KILLED and c.detail.startswith("rank 0 killed by SIGKILL"), c
+
+
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGHUP])
+def test_an_outside_interrupt_or_hangup_is_killed_and_requeued_not_a_crash(sig):
+    """Hostile pass 5: kill -INT / kill -HUP of the program was `crash`, parked for `orch requeue`."""
+    c = classify(exited(None, sig=sig), None, ABSENT)
+    assert c.cls is FailureClass.KILLED and signal.Signals(sig).name in c.detail, c
+    assert classify(exited(None, sig=signal.SIGSEGV), None, ABSENT).cls is FailureClass.CRASH  # the program's own

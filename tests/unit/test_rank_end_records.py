@@ -252,3 +252,14 @@ def test_the_wrapper_reads_rank_ends_only_when_torchrun_failed(tmp_path):
     assert wrapper._failed_rank(a, LAUNCH, 0, 2) == {}
     assert wrapper._failed_rank(a, LAUNCH, -9, 2) == {}
     assert wrapper._failed_rank(a, LAUNCH, 1, None) == {}
+
+
+def test_the_one_rank_without_a_record_while_every_other_was_stopped_was_killed():
+    """Hostile pass 5: kill -9 of rank 0's orch parent (it records every end but its own SIGKILL); torchrun then
+    stopped rank 1. The attempt read `preempted` from the stop record rank 0's orphaned program wrote later."""
+    stopped = RankEnd(1, -15, 10.0, True)
+    assert first_own_end([stopped], 2) == RankEnd(0, -9, 10.0, False)
+    assert first_own_end([stopped], None) is None  # the world size unknown: no rank is known to be missing
+    assert first_own_end([], 1) is None  # no record at all (the whole session killed): nothing names a rank
+    assert first_own_end([stopped], 3) is None  # two ranks without a record: which one began it is unknown
+    assert first_own_end([RankEnd(1, 0, 10.0, False)], 2) is None  # a peer that ended on its own, cleanly
