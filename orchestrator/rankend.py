@@ -29,7 +29,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from orchestrator import protocol
+from orchestrator import protocol, testhooks
 from orchestrator.cmdline import parse_with_command
 
 # The stops torchrun passes on to its workers (ranks.SIGNALS_TO_HANDLE); it sends them to the process group.
@@ -168,12 +168,19 @@ def main(argv: list[str] | None = None) -> int:
 
     for s in STOPS:
         signal.signal(s, on_stop)
+    testhooks.site("rank_before_program")
+    before = len(stopped)  # stops that came before the program existed: it never got its own copy
     try:
         child = subprocess.Popen(a.command)
     except OSError as e:
         print(f"orch rankend: cannot start {a.command[0]!r}: {e}", file=sys.stderr, flush=True)
         return 127
     running.append(child)
+    if before:
+        # Hostile pass 5 (found in review of its fix): torchrun's stop reached this parent before it started the
+        # program, which then ran on, unstopped, until torchrun's SIGKILL at its shutdown timeout.
+        with contextlib.suppress(OSError):
+            child.send_signal(stopped[0])
     if stopped:  # the stop came while Popen ran: the program can print and stop before Popen returns (CI, loaded)
         _kill_if_stopped(running)
     rc = child.wait()  # a stop's handler runs meanwhile; the wait resumes (PEP 475)

@@ -14,7 +14,8 @@ that claimed all its tasks), ``group_written`` (... and wrote every task's recor
 place), ``tokens_looked_up`` (a reconcile pass asked the backend for
 the tokens of launches in doubt, before it re-claims them), ``wrapper_marker_decided`` (the job wrapper,
 its program exited, has written or refused done.json; stop signals held), ``wrapper_end_decided`` (... and
-is about to write exit.json). Unset, each costs one environment lookup.
+is about to write exit.json), ``rank_before_program`` (a rank's orch parent, its stop handlers set, has not
+started the program yet). Unset, each costs one environment lookup.
 """
 
 from __future__ import annotations

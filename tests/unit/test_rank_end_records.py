@@ -263,3 +263,29 @@ def test_the_one_rank_without_a_record_while_every_other_was_stopped_was_killed(
     assert first_own_end([], 1) is None  # no record at all (the whole session killed): nothing names a rank
     assert first_own_end([stopped], 3) is None  # two ranks without a record: which one began it is unknown
     assert first_own_end([RankEnd(1, 0, 10.0, False)], 2) is None  # a peer that ended on its own, cleanly
+
+
+def test_a_stop_that_reached_a_ranks_parent_before_its_program_started_reaches_the_program(tmp_path):
+    """torchrun's SIGTERM came before the parent started the program (it signals the process group, which the
+    program had not joined yet): the program ran on until torchrun's SIGKILL at its shutdown timeout (60 s)."""
+    import os
+    import signal
+    import subprocess
+    import sys
+
+    from orchkit import wait_for
+
+    go = tmp_path / "go"
+    env = {**os.environ, "RANK": "0", "ORCH_SUBMIT_TOKEN": TOKEN, "ORCH_PAUSE_AT": "rank_before_program",
+           "ORCH_PAUSE_UNTIL": str(go), "ORCH_PAUSE_S": "60"}
+    parent = subprocess.Popen([sys.executable, "-m", "orchestrator.rankend", "--dir", str(tmp_path), "--launch",
+                               LAUNCH, "--", sys.executable, "-c", "import time; time.sleep(60)"], env=env)
+    try:
+        wait_for(lambda: (tmp_path / "go.reached").exists(), 30, "the parent to reach the point before its program")
+        parent.send_signal(signal.SIGTERM)
+        go.touch()
+        assert parent.wait(timeout=30) == -signal.SIGTERM  # ends as its program did: of the stop, not of a timeout
+    finally:
+        parent.kill()
+    [end] = read_rank_ends(tmp_path, LAUNCH, TOKEN, 1)
+    assert (end.returncode, end.stopped) == (-signal.SIGTERM, True)
