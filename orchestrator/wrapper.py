@@ -168,10 +168,10 @@ class Supervisor:
             return
         if sig in STOPS:
             # A stopped process cannot act on its stop (a hang stop of one is why it is stopped): continued, as
-            # Slurm's SIGCONT+SIGTERM does, it saves and exits within the grace, instead of waiting all of it. Every
-            # process of the job: hostile pass 5 stopped a rank's orch parent, and a cancel waited torchrun's whole
-            # shutdown timeout (60 s) for it.
-            for pid in [self.child.pid, *_session_members(self.token)]:
+            # Slurm's SIGCONT+SIGTERM does, it saves and exits within the grace, instead of waiting all of it. Also
+            # a rank's orch parent: hostile pass 5 stopped one, and a cancel waited torchrun's whole shutdown timeout
+            # (60 s) for it. Never a rank's program: its parent kills it at once if it is stopped (rankend).
+            for pid in [self.child.pid, *(p for p in _session_members(self.token) if _is_rank_parent(p))]:
                 if is_stopped(pid):
                     with contextlib.suppress(OSError):
                         os.kill(pid, signal.SIGCONT)
@@ -266,6 +266,15 @@ def _session_members(token: str | None = None) -> list[int]:
         if p.session == sid or (token and proctable.environ_has(p.pid, protocol.ENV_TOKEN, token)):
             out.append(p.pid)
     return out
+
+
+def _is_rank_parent(pid: int) -> bool:
+    """Whether ``pid`` is orch's per-rank parent (``python -m orchestrator.rankend``)."""
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            return b"\0orchestrator.rankend\0" in f.read(4096)
+    except OSError:
+        return False
 
 
 def kill_session(sig: int, token: str | None = None) -> list[int]:
