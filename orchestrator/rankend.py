@@ -132,7 +132,7 @@ def first_own_end(ends: list[RankEnd], world_size: int | None = None) -> RankEnd
         # record its orphaned program wrote when the wrapper tidied up): that rank was killed.
         seen = {e.rank for e in ends}
         rank = next(r for r in range(world_size) if r not in seen)
-        return RankEnd(rank, -signal.SIGKILL, max(e.at for e in ends) if ends else 0.0, stopped=False)
+        return RankEnd(rank, -signal.SIGKILL, max(e.at for e in ends), stopped=False)
     return None
 
 
