@@ -2,13 +2,15 @@
 """A plain PyTorch training loop under orch: the lines marked ``# orch`` are all it takes.
 
     orch submit --name loop1 -- .venv/bin/python examples/plain_loop.py --max-steps 300
+    orch submit --name loop2 --nproc-per-node 2 -- .venv/bin/python examples/plain_loop.py   # DDP over 2 ranks
     python examples/plain_loop.py --run-dir /tmp/loop1          # without orch
 
 A tiny character-level MLP language model with dropout, AdamW and a cosine LR schedule; batches are
 drawn nanoGPT-style from the global torch RNG, so an exact resume needs the RNG restored too (orch
 restores it). ``--step-log`` appends each completed optimizer step (the tests count repeats);
 ``--sleep-per-step`` stands in for a slower model (the tests and the benchmark use it to have time to
-send a signal mid-run).
+send a signal mid-run). Under torchrun (``--nproc-per-node``) it is DDP over gloo: each rank draws its own
+batches (its RNG seeded with its rank), and orch_run saves every rank's part of each checkpoint.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ import os
 import time
 
 import torch
+import torch.distributed as dist
 from torch import nn
 
 from orchestrator.integrations.loop import orch_run  # orch
@@ -56,15 +59,22 @@ def main() -> None:
     ap.add_argument("--wandb", action="store_true", help="also log to W&B (set WANDB_MODE=offline to stay local)")
     a = ap.parse_args()
     torch.set_num_threads(1)
-    torch.manual_seed(0)
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    if world > 1:  # started by torchrun: orch submit --nproc-per-node K
+        dist.init_process_group("gloo")
+    rank = dist.get_rank() if world > 1 else 0
+    torch.manual_seed(rank)  # each rank its own batches; DDP gives every rank rank 0's initial weights
     data = torch.tensor(list(TEXT)) % VOCAB
-    model = TinyLM()
+    model: nn.Module = TinyLM()
+    if world > 1:
+        model = nn.parallel.DistributedDataParallel(model)
     opt = torch.optim.AdamW(model.parameters(), lr=3e-3)
     sched = torch.optim.lr_scheduler.CosineAnnealingLR(opt, T_max=a.max_steps)
     step_log = open(a.step_log, "a") if a.step_log else None
 
     with orch_run(model, opt, sched, save_every=a.save_every, run_dir=a.run_dir) as run:  # orch
-        track = run.tolerant(wandb_log(a.wandb))  # orch (optional: a failing tracker costs no stop its checkpoint)
+        # orch (optional): a failing tracker call costs no stop its checkpoint
+        track = run.tolerant(wandb_log(a.wandb and rank == 0))  # orch
         for step in run.steps(a.max_steps):  # orch (was: for step in range(1, a.max_steps + 1))
             x, y = get_batch(data, a.batch_size)
             loss = nn.functional.cross_entropy(model(x), y)
@@ -76,9 +86,12 @@ def main() -> None:
             time.sleep(a.sleep_per_step)
             track({"loss": loss.item()}, step=step)
             if step_log:
-                step_log.write(f"{os.environ.get('ORCH_ATTEMPT', '1')} {step}\n")
+                step_log.write(f"{os.environ.get('ORCH_ATTEMPT', '1')} {step}{f' {rank}' if world > 1 else ''}\n")
                 step_log.flush()
-    after_training(a, str(run.result_dir))
+    if rank == 0:
+        after_training(a, str(run.result_dir))
+    if world > 1:
+        dist.destroy_process_group()
 
 
 def wandb_log(on: bool):  # noqa: ANN201
