@@ -16,6 +16,7 @@ batches (its RNG seeded with its rank), and orch_run saves every rank's part of 
 from __future__ import annotations
 
 import argparse
+import atexit
 import os
 import time
 
@@ -57,6 +58,7 @@ def main() -> None:
     ap.add_argument("--export", action="store_true", help="write result/export.txt after training")
     ap.add_argument("--fail-after-train", action="store_true", help="raise after training (a failed export): a crash")
     ap.add_argument("--wandb", action="store_true", help="also log to W&B (set WANDB_MODE=offline to stay local)")
+    ap.add_argument("--tensorboard", action="store_true", help="also log the loss to the run's TensorBoard dir")
     a = ap.parse_args()
     torch.set_num_threads(1)
     world = int(os.environ.get("WORLD_SIZE", "1"))
@@ -75,6 +77,7 @@ def main() -> None:
     with orch_run(model, opt, sched, save_every=a.save_every, run_dir=a.run_dir) as run:  # orch
         # orch (optional): a failing tracker call costs no stop its checkpoint
         track = run.tolerant(wandb_log(a.wandb and rank == 0))  # orch
+        board = tensorboard_log(str(run.tensorboard_dir) if a.tensorboard and rank == 0 else None)
         for step in run.steps(a.max_steps):  # orch (was: for step in range(1, a.max_steps + 1))
             x, y = get_batch(data, a.batch_size)
             loss = nn.functional.cross_entropy(model(x), y)
@@ -85,6 +88,7 @@ def main() -> None:
             run.log(loss=loss.item())  # orch (optional: shows the loss in orch status)
             time.sleep(a.sleep_per_step)
             track({"loss": loss.item()}, step=step)
+            board("loss", loss.item(), step)
             if step_log:
                 step_log.write(f"{os.environ.get('ORCH_ATTEMPT', '1')} {step}{f' {rank}' if world > 1 else ''}\n")
                 step_log.flush()
@@ -101,6 +105,17 @@ def wandb_log(on: bool):  # noqa: ANN201
     import wandb
 
     return wandb.init(project="orch-examples").log
+
+
+def tensorboard_log(log_dir: str | None):  # noqa: ANN201
+    """``add_scalar`` of a writer in the run's TensorBoard dir (one curve for every attempt), or a no-op."""
+    if log_dir is None:
+        return lambda *_a, **_k: None
+    from torch.utils.tensorboard import SummaryWriter
+
+    writer = SummaryWriter(log_dir, flush_secs=1)
+    atexit.register(writer.close)  # a stop exits through SystemExit: the last points are written too
+    return writer.add_scalar
 
 
 def after_training(a: argparse.Namespace, result_dir: str) -> None:

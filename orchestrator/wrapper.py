@@ -470,12 +470,25 @@ def _superseded(a: argparse.Namespace, adir: Path, restart: int, why: str) -> No
         print(f"orch wrapper: cannot write {protocol.SUPERSEDED_FILE}: {e}", file=sys.stderr, flush=True)
 
 
+def _expected_resume_step(run_dir: Path, attempt: int, overrides: str | None) -> int | None:
+    """``ORCH_RESUME_STEP`` for the program (protocol.expected_resume_step); None when the run dir cannot tell."""
+    try:
+        parsed = json.loads(overrides or "{}")
+        return protocol.expected_resume_step(run_dir, attempt, parsed if isinstance(parsed, dict) else {})
+    except (OSError, ValueError):
+        return None
+
+
 def _attempt(a: argparse.Namespace, run_dir: Path, adir: Path, restart: int, ballast: Ballast) -> int:
     env = dict(os.environ)
     env.update(protocol.job_env(run_dir, a.job, a.attempt, token=a.token))
     if protocol.ENV_OVERRIDES in os.environ:  # the backend passed the policy's overrides
         env[protocol.ENV_OVERRIDES] = os.environ[protocol.ENV_OVERRIDES]
     env.update(protocol.tracker_env(os.environ, run_dir, a.job))
+    env.pop(protocol.ENV_RESUME_STEP, None)  # never one inherited from elsewhere
+    resume = _expected_resume_step(run_dir, a.attempt, env.get(protocol.ENV_OVERRIDES))
+    if resume is not None:
+        env[protocol.ENV_RESUME_STEP] = str(resume)
     env[protocol.ENV_MARKER_WRITER] = protocol.MARKER_WRITER_WRAPPER  # the kit records completion; we mark
 
     def record(rc: int | None, **kw: object) -> None:

@@ -169,6 +169,7 @@ class OrchCallback(TrainerCallback):
             self._set_aside_unfinished(Path(args.output_dir))
         # HF loaded the checkpoint's TrainerState before this callback: global_step is the resume step.
         self._resumed_from = state.global_step
+        self.run.resumed(state.global_step)  # ORCH_RESUME_STEP; TensorBoard hides a killed attempt's later points
         # Every rank beats (rank 0 progress.json, the others their own file): a hung rank 1 is seen as such.
         self._heartbeat = heartbeat.for_rank(self.run.run_dir, self.run.attempt, self.run.heartbeat_s,
                                              writer=self.run.is_writer, rank=args.process_index,

@@ -186,6 +186,9 @@ class OrchCallback(Callback):
         for s in DEFAULT_SIGNALS:
             signal.signal(s, self.flag._handle)  # the flag's own handler: it records the stop (stop.json)
         self._last_step = self._resumed_from = trainer.global_step
+        # ORCH_RESUME_STEP; TensorBoard hides a killed attempt's later points. Lightning's loggers number a step's
+        # metrics from 0 (global_step before the step): the first this attempt logs is the resume step itself.
+        self.run.resumed(trainer.global_step, first_logged_step=trainer.global_step)
         if self.auto_save is not None:  # δ from the previous attempt; the interval from the loop's start
             self.auto_save.resume_from(self.run.run_dir, self.run.attempt)
         if self._heartbeat is not None:  # the attempt's first heartbeat names the resume step at once

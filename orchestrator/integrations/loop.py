@@ -108,6 +108,7 @@ class OrchRun:
             found = self.run.resume_checkpoint()
         if found is not None:
             self._restore(*found)
+        self.run.resumed(self.step)  # ORCH_RESUME_STEP; TensorBoard hides a killed attempt's later points
         # Every rank beats (rank 0 progress.json, the others their own file): a hung rank 1 is seen as such.
         self.heartbeat = heartbeat.for_rank(self.run.run_dir, self.run.attempt, self.run.heartbeat_s,
                                             writer=self.run.is_writer, rank=self.sckpts.rank,
@@ -151,6 +152,12 @@ class OrchRun:
     @property
     def result_dir(self) -> Path:
         return self.run.result_dir
+
+    @property
+    def tensorboard_dir(self) -> Path:
+        """The run's one TensorBoard log dir (``ORCH_TENSORBOARD_DIR``): every attempt's ``SummaryWriter`` here
+        makes one curve; a killed attempt's points past the resume step are hidden (``Run.resumed``)."""
+        return self.run.tensorboard_dir
 
     def steps(self, max_steps: int) -> Iterator[int]:
         """Yield the steps still to do, ``resumed_from + 1 .. max_steps``; stop cleanly on a signal."""

@@ -24,6 +24,7 @@ from orchestrator import protocol
 from orchestrator.kit.dist import global_rank, lost_peer
 from orchestrator.kit.heartbeat import DEFAULT_HEARTBEAT_S, ENV_HEARTBEAT_S
 from orchestrator.kit.log import log
+from orchestrator.kit.tbpurge import write_purge
 
 
 class RunDirError(ValueError):
@@ -104,6 +105,20 @@ class Run:
         stale = protocol.set_aside(adir / protocol.FAILURE_FILE)
         if stale is not None:
             log(f"attempt {self.attempt} restarted in place: previous failure.json kept as {stale.name}")
+
+    def resumed(self, step: int, first_logged_step: int | None = None) -> None:
+        """Say where this attempt resumed (0: a fresh start), once its checkpoint was restored (issue 42): the
+        program's own tracker calls from now on read it in ``ORCH_RESUME_STEP``, and TensorBoard drops what an
+        earlier attempt logged at ``first_logged_step`` (default ``step + 1``: the first step this attempt logs)
+        and later, which this attempt logs again (``tbpurge``)."""
+        os.environ[protocol.ENV_RESUME_STEP] = str(int(step))
+        if not self.is_writer:
+            return
+        try:
+            write_purge(self.tensorboard_dir, step + 1 if first_logged_step is None else first_logged_step,
+                        self.attempt)
+        except OSError as e:  # the curve shows the redone steps twice; never worth the run
+            log(f"cannot write TensorBoard's purge of the steps after {step}: {e}")
 
     def resume_checkpoint(self, *, hashes: bool = True) -> tuple[int, Path] | None:
         """(step, dir) to resume from: the policy's ``resume`` override, else the newest verified one.

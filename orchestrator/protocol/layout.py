@@ -106,6 +106,10 @@ ENV_OVERRIDES = "ORCH_OVERRIDES"
 ENV_TOKEN = "ORCH_SUBMIT_TOKEN"
 ENV_RUN_ID = "ORCH_RUN_ID"  # stable across attempts: one tracker curve per run dir
 ENV_TENSORBOARD_DIR = "ORCH_TENSORBOARD_DIR"
+# The step an attempt resumes from (0: a fresh start): what a tracker of the program should show from the next
+# step on is this attempt's (issue 42: TensorBoard's purge_step is this + 1). The wrapper sets it from the
+# committed checkpoints; the kit corrects it in-process once it verified the one it restored.
+ENV_RESUME_STEP = "ORCH_RESUME_STEP"
 # Set by orch's job wrapper: it writes done.json after the program exits 0 (issue 17: a callback's
 # done.json, written before the script's own export raised, verified a run that exited 1); the kit
 # then writes attempts/<n>/complete.json instead. Unset (a script run by hand), the kit writes done.json.

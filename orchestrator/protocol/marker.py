@@ -6,7 +6,7 @@ from __future__ import annotations
 import enum
 import os
 import stat
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -231,6 +231,22 @@ def iter_checkpoint_dirs(run_dir: Path | str) -> Iterator[Path]:
         return iter(())
     dirs = [p for p in root.iterdir() if checkpoint_step(p) is not None]
     return iter(sorted(dirs, key=lambda p: checkpoint_step(p) or 0, reverse=True))
+
+
+def expected_resume_step(run_dir: Path | str, attempt: int, overrides: Mapping[str, Any]) -> int | None:
+    """The step an attempt will resume from, as the run dir tells before the program starts (``ORCH_RESUME_STEP``):
+    the policy's rollback target, else the newest committed checkpoint whose manifest and sizes verify, else 0 on
+    a first attempt's fresh start. None when it cannot be known: a later attempt with no committed checkpoint may
+    be a program that keeps its own. The kit, which hashes what it restores, corrects it in-process."""
+    wanted = overrides.get("resume")
+    if wanted == "none":
+        return 0
+    if isinstance(wanted, str) and wanted:
+        return checkpoint_step(Path(wanted))
+    for p in iter_checkpoint_dirs(run_dir):
+        if verify_checkpoint(p, hashes=False) is None:
+            return checkpoint_step(p)
+    return 0 if attempt == 1 else None
 
 
 def verified_checkpoints(run_dir: Path | str, *, hashes: bool = True) -> list[tuple[int, Path]]:

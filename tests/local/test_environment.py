@@ -24,3 +24,30 @@ def test_jobs_submitted_from_one_shell_share_one_stored_environment(orch):
     assert orch("submit", "--name", "c", "--", "true", env={"OTHER": "1"}).returncode == 0
     assert db_rows(orch.home, "SELECT count(*) FROM environments") == [(2,)]
     assert db_rows(orch.home, "SELECT count(DISTINCT env_id) FROM jobs WHERE name IN ('a', 'b')") == [(1,)]
+
+
+# Attempt 1 commits a checkpoint of step 5 in orch's layout (as the kit does), then dies of SIGKILL; attempt 2 only
+# records what it was told. An ORCH_RESUME_STEP in the submitting shell is never passed on.
+RESUME = """
+import os, pathlib, signal, sys
+with open("seen.log", "a") as f:
+    f.write(os.environ["ORCH_ATTEMPT"] + ":" + os.environ.get("ORCH_RESUME_STEP", "unset") + "\\n")
+if os.environ["ORCH_ATTEMPT"] == "1":
+    from orchestrator.kit.commit import commit_checkpoint
+    commit_checkpoint(pathlib.Path("."), 5, write=lambda d: (d / "w.bin").write_bytes(b"w"))
+    os.kill(os.getpid(), signal.SIGKILL)
+pathlib.Path("out.txt").write_text("ok")
+"""
+
+
+def test_every_attempt_is_told_the_step_it_resumes_from(orch):
+    """Issue 42: ``ORCH_RESUME_STEP`` (0 on a first attempt; the newest committed checkpoint's step after it): what a
+    tracker of the program shows from the next step on is this attempt's (TensorBoard's purge_step)."""
+    import sys
+
+    orch.write_config("[policy]\ncrash_backoff_s = 1\n")
+    p = orch("submit", "--name", "rs", "--outputs", "out.txt", "--", sys.executable, "-c", RESUME,
+             env={"ORCH_RESUME_STEP": "99"})
+    assert p.returncode == 0, p.stderr
+    assert orch.wait("rs", {"done_marker_verified", "failed"}, timeout=120) == "done_marker_verified", orch.show("rs")
+    assert (orch.runs / "rs" / "seen.log").read_text().split() == ["1:0", "2:5"]
