@@ -59,6 +59,7 @@ def main() -> None:
     ap.add_argument("--fail-after-train", action="store_true", help="raise after training (a failed export): a crash")
     ap.add_argument("--wandb", action="store_true", help="also log to W&B (set WANDB_MODE=offline to stay local)")
     ap.add_argument("--tensorboard", action="store_true", help="also log the loss to the run's TensorBoard dir")
+    ap.add_argument("--mlflow", action="store_true", help="also log to MLflow (set MLFLOW_TRACKING_URI)")
     a = ap.parse_args()
     torch.set_num_threads(1)
     world = int(os.environ.get("WORLD_SIZE", "1"))
@@ -78,6 +79,7 @@ def main() -> None:
         # orch (optional): a failing tracker call costs no stop its checkpoint
         track = run.tolerant(wandb_log(a.wandb and rank == 0))  # orch
         board = tensorboard_log(str(run.tensorboard_dir) if a.tensorboard and rank == 0 else None)
+        metric = run.tolerant(mlflow_log(a.mlflow and rank == 0))  # orch continues one MLflow run per job
         for step in run.steps(a.max_steps):  # orch (was: for step in range(1, a.max_steps + 1))
             x, y = get_batch(data, a.batch_size)
             loss = nn.functional.cross_entropy(model(x), y)
@@ -89,6 +91,7 @@ def main() -> None:
             time.sleep(a.sleep_per_step)
             track({"loss": loss.item()}, step=step)
             board("loss", loss.item(), step)
+            metric("loss", loss.item(), step=step)
             if step_log:
                 step_log.write(f"{os.environ.get('ORCH_ATTEMPT', '1')} {step}{f' {rank}' if world > 1 else ''}\n")
                 step_log.flush()
@@ -105,6 +108,16 @@ def wandb_log(on: bool):  # noqa: ANN201
     import wandb
 
     return wandb.init(project="orch-examples").log
+
+
+def mlflow_log(on: bool):  # noqa: ANN201
+    """``mlflow.log_metric`` of the run ``mlflow.start_run()`` opens (under orch: the job's one run), or a no-op."""
+    if not on:
+        return lambda *_a, **_k: None
+    import mlflow
+
+    mlflow.start_run()  # ended at exit (mlflow's atexit hook); orch marks the job's end
+    return mlflow.log_metric
 
 
 def tensorboard_log(log_dir: str | None):  # noqa: ANN201

@@ -29,6 +29,7 @@ from sqlalchemy import bindparam, insert, select, update
 from sqlalchemy.orm import Session
 from sqlalchemy.orm.attributes import set_committed_value
 
+from orchestrator import trackerend
 from orchestrator.errors import IllegalTransition
 from orchestrator.models import Attempt, Event, Job
 from orchestrator.states import AttemptState, JobState, Note, StopReason, utcnow
@@ -223,6 +224,7 @@ def move_job(s: Session, job: Job, dst: JobState, reason: str = "", **values: An
         raise IllegalTransition(f"job {job.name}: state changed under us (expected {src.value})")
     _event(s, job.id, src.value, dst.value, reason, at=values["updated_at"])
     _committed(job, values)
+    trackerend.note(s, job.run_dir, dst)
 
 
 def move_attempt(s: Session, attempt: Attempt, dst: AttemptState, *, expect: AttemptState | None = None,
@@ -310,6 +312,8 @@ def move_many(s: Session, moves: list[Move]) -> None:
     for items in shapes.values():
         for m, values in items:
             _committed(m.row, values)
+            if isinstance(m.row, Job) and m.dst is not None:
+                trackerend.note(s, m.row.run_dir, JobState(m.dst))
     if events:
         s.execute(insert(Event.__table__), events)
 

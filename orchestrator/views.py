@@ -68,7 +68,20 @@ def show_job(db: Database, name: str, events: bool = False) -> dict[str, Any]:
     if last is not None:
         d["last_step"] = d["attempts"][-1]["last_step"]  # read once, above
     d["preemptions"] = _preemptions(d["attempts"])
+    d["trackers"] = _trackers(d["run_dir"])
     return d
+
+
+def _trackers(run_dir: str) -> dict[str, Any]:
+    """The tracker run every attempt continues (``trackers.json``, mlflowrun.py): a job-written file, so only an id
+    and a URI of the right type."""
+    from orchestrator.mlflowrun import read_record
+
+    rec = read_record(Path(run_dir))
+    if rec is None or not isinstance(rec.get("tracking_uri"), str):
+        return {}
+    return {"mlflow": {"run_id": rec["run_id"][:64], "tracking_uri": rec["tracking_uri"][:1024],
+                       **({"end": rec["end"]} if isinstance(rec.get("end"), str) else {})}}
 
 
 def history(s: Any, job: Job) -> list[dict[str, Any]]:

@@ -60,7 +60,7 @@ import threading
 import time
 from pathlib import Path
 
-from orchestrator import memlimit, protocol, rankend, ranks, spotnotice, testhooks
+from orchestrator import memlimit, mlflowrun, protocol, rankend, ranks, spotnotice, testhooks
 from orchestrator.ballast import Ballast, give_back
 from orchestrator.cmdline import parse_with_command
 from orchestrator.filelock import is_stopped
@@ -516,6 +516,11 @@ def _attempt(a: argparse.Namespace, run_dir: Path, adir: Path, restart: int, bal
     flags = os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_NOFOLLOW
     with open(os.open(adir / protocol.STDOUT_LOG, flags, 0o666), "ab") as out, \
             open(os.open(adir / protocol.STDERR_LOG, flags, 0o666), "ab") as err:
+        run_id, said = mlflowrun.arrange(run_dir, a.job, a.attempt, env)  # issue 42: one MLflow run per job
+        if said:
+            err.write(f"orch wrapper: {said}\n".encode())
+        if run_id is not None:
+            env[mlflowrun.RUN_ID_ENV] = run_id
         cgroup = memlimit.for_attempt(a.token, a.mem_mb, err)  # issue 17: tells a kernel OOM kill apart
         try:
             child = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=out, stderr=err,

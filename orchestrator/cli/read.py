@@ -106,6 +106,9 @@ def show(name: str, as_json: bool, events: bool) -> None:
         _say(f"  {d['held']}")
     if d.get("overrides"):
         _say(f"  overrides for the next attempt: {json.dumps(d['overrides'], sort_keys=True)}")
+    if (mlflow := (d.get("trackers") or {}).get("mlflow")):
+        _say(f"  MLflow run: {mlflow['run_id']} at {mlflow['tracking_uri']}"
+             + (f" ({mlflow['end']})" if mlflow.get("end") else ""))
     gp = _goodput_lines(d.get("goodput"))
     for line in gp.pop(0) if gp else []:
         _say(f"  {line}")

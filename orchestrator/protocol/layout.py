@@ -72,6 +72,7 @@ MANIFEST = "manifest.json"
 
 FAULTS_FIRED = ".faults_fired.json"  # injected faults that already fired (fire at most once per run dir)
 TENSORBOARD_DIR = "tensorboard"  # one stable TensorBoard log dir for every attempt
+TRACKERS_FILE = "trackers.json"  # the job's one tracker run that every attempt continues (mlflowrun.py)
 CHECKPOINT_RE = re.compile(r"^step-(\d{8})$")
 # Names under checkpoints/ that orch's own writers create (committed, being written, set aside):
 # the only ones requeue may move. Anything else there is the user's (issue 10: a script's own
@@ -81,9 +82,9 @@ OWN_CHECKPOINT_RE = re.compile(r"^step-\d{8}(?:$|\.tmp-|\.(?:corrupt|abandoned)-
 # What orch (its wrapper, its kit, the bundled trainer) writes in a run dir: never a result. An --outputs
 # glob matching any of it (`**` listed attempts/1/exit.reserve) made every attempt end marker_corrupt.
 ORCH_OWNED_TOP_DIRS = (ATTEMPTS_DIR, CHECKPOINTS_DIR, TENSORBOARD_DIR)
-ORCH_OWNED_TOP_FILES = (DONE_MARKER, RUN_CONFIG, FAULTS_FIRED)
+ORCH_OWNED_TOP_FILES = (DONE_MARKER, RUN_CONFIG, FAULTS_FIRED, TRACKERS_FILE)
 # One representative path of each kind, for testing a glob with glob's own semantics.
-ORCH_OWNED_SAMPLES = (DONE_MARKER, RUN_CONFIG, FAULTS_FIRED, f"{ATTEMPTS_DIR}/1/{EXIT_FILE}",
+ORCH_OWNED_SAMPLES = (DONE_MARKER, RUN_CONFIG, FAULTS_FIRED, TRACKERS_FILE, f"{ATTEMPTS_DIR}/1/{EXIT_FILE}",
                       f"{ATTEMPTS_DIR}/1/{EXIT_RESERVE}", f"{ATTEMPTS_DIR}/1/{COMMAND_FILE}",
                       f"{CHECKPOINTS_DIR}/step-00000001/{MANIFEST}", f"{TENSORBOARD_DIR}/x")
 

@@ -1,0 +1,55 @@
+"""mlflowrun.arrange: the job's one MLflow run, found or created before each attempt; a tracking server that fails
+costs one line in the attempt's log, never the attempt. End to end (preempted, killed, cancelled):
+tests/integrations/test_mlflow.py."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+from orchestrator import mlflowrun, protocol
+
+pytest.importorskip("mlflow")
+
+
+def _env(**extra: str) -> dict[str, str]:
+    return {**os.environ, "MLFLOW_HTTP_REQUEST_MAX_RETRIES": "0", "MLFLOW_HTTP_REQUEST_TIMEOUT": "2", **extra}
+
+
+def test_without_a_tracking_uri_or_with_the_users_own_run_id_nothing_is_arranged(tmp_path):
+    env = {k: v for k, v in _env().items() if not k.startswith("MLFLOW_TRACKING")}
+    assert mlflowrun.arrange(tmp_path, "j", 1, env) == (None, "")
+    own = _env(MLFLOW_TRACKING_URI=f"sqlite:///{tmp_path}/m.db", MLFLOW_RUN_ID="abc")
+    assert mlflowrun.arrange(tmp_path, "j", 1, own) == (None, "")
+    assert not (tmp_path / protocol.TRACKERS_FILE).exists()
+
+
+def test_every_attempt_gets_the_run_the_first_created_and_another_store_gets_its_own(tmp_path):
+    env = _env(MLFLOW_TRACKING_URI=f"sqlite:///{tmp_path}/m.db", MLFLOW_EXPERIMENT_NAME="exp")
+    first, said = mlflowrun.arrange(tmp_path, "j", 1, env)
+    assert first is not None and first in said, said
+    assert mlflowrun.arrange(tmp_path, "j", 2, env)[0] == first
+    assert mlflowrun.read_record(tmp_path)["run_id"] == first
+    from mlflow.tracking import MlflowClient
+
+    run = MlflowClient(tracking_uri=env["MLFLOW_TRACKING_URI"]).get_run(first)
+    assert (run.data.tags["orch.job"], run.data.tags["orch.attempt"]) == ("j", "2")
+    assert MlflowClient(tracking_uri=env["MLFLOW_TRACKING_URI"]).get_experiment(run.info.experiment_id).name == "exp"
+    other = _env(MLFLOW_TRACKING_URI=f"sqlite:///{tmp_path}/other.db")
+    second = mlflowrun.arrange(tmp_path, "j", 3, other)[0]
+    assert second not in (None, first)
+
+
+def test_a_server_that_refuses_costs_one_line_and_no_record(tmp_path):
+    env = _env(MLFLOW_TRACKING_URI="http://127.0.0.1:9")  # the discard port: nothing listens
+    run_id, said = mlflowrun.arrange(tmp_path, "j", 1, env)
+    assert run_id is None and said.startswith("no MLflow run arranged") and "\n" not in said, said
+    assert not (tmp_path / protocol.TRACKERS_FILE).exists()
+
+
+def test_a_garbage_record_is_no_run(tmp_path):
+    (tmp_path / protocol.TRACKERS_FILE).write_text('{"mlflow": {"run_id": 7}}')
+    assert mlflowrun.read_record(tmp_path) is None
+    (tmp_path / protocol.TRACKERS_FILE).write_bytes(b"\xff" * 10)
+    assert mlflowrun.read_record(tmp_path) is None
