@@ -80,6 +80,7 @@ def main() -> None:
     ap.add_argument("--jit-checkpoint", action="store_true",
                     help="HF's enable_jit_checkpoint (its own SIGTERM handler; orch's takes over and records the stop)")
     ap.add_argument("--wandb", action="store_true", help="also report to W&B (WANDB_MODE=offline stays local)")
+    ap.add_argument("--mlflow", action="store_true", help="also report to MLflow (set MLFLOW_TRACKING_URI)")
     a = ap.parse_args()
     torch.set_num_threads(1)
     torch.manual_seed(0)
@@ -90,7 +91,8 @@ def main() -> None:
         save_strategy="steps" if a.save_steps else "no", save_steps=a.save_steps or 500,
         eval_strategy="steps" if a.eval_every else "no", eval_steps=a.eval_every or None,
         per_device_eval_batch_size=a.batch_size,
-        report_to=["tensorboard"] + (["wandb"] if a.wandb else []), seed=0, use_cpu=True,
+        report_to=["tensorboard"] + (["wandb"] if a.wandb else []) + (["mlflow"] if a.mlflow else []), seed=0,
+        use_cpu=True,
         dataloader_num_workers=0, disable_tqdm=True, enable_jit_checkpoint=a.jit_checkpoint)
     log = StepLog(a.step_log, a.sleep_per_step, a.eval_log, a.sleep_per_eval_batch)
     trainer = Trainer(model=model, args=args, train_dataset=CharDataset(),

@@ -87,6 +87,7 @@ def main() -> None:
     ap.add_argument("--export", action="store_true", help="write result/export.txt after training")
     ap.add_argument("--fail-after-train", action="store_true", help="raise after training (a failed export): a crash")
     ap.add_argument("--wandb", action="store_true", help="also log to W&B (set WANDB_MODE=offline to stay local)")
+    ap.add_argument("--mlflow", action="store_true", help="also log to MLflow (set MLFLOW_TRACKING_URI)")
     a = ap.parse_args()
     torch.set_num_threads(1)
     L.seed_everything(0, verbose=False)
@@ -97,6 +98,8 @@ def main() -> None:
         from lightning.pytorch.loggers import WandbLogger
 
         loggers.append(WandbLogger(project="orch-examples", save_dir="."))
+    if a.mlflow:  # MLFLOW_TRACKING_URI set: the job's one MLflow run, which every attempt continues
+        loggers.append(orch.mlflow_logger())
     # Under torchrun (`orch submit --nproc-per-node K`), one process per rank: DDP over the ranks torchrun started.
     ranks = int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
     trainer = L.Trainer(max_steps=a.max_steps, val_check_interval=a.val_every, check_val_every_n_epoch=None,

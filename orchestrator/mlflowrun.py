@@ -94,6 +94,12 @@ def _arrange_here(run_dir: Path, job: str, attempt: int) -> str:
         run_id = client.create_run(_experiment_id(client), tags=tags).info.run_id
         protocol.atomic_write_json(Path(run_dir) / protocol.TRACKERS_FILE, {"mlflow": {
             "tracking_uri": uri, "run_id": run_id, "created_at": protocol.now_iso(), "attempt": attempt}})
+    else:
+        # RUNNING again: Lightning's logger, which never calls start_run(), marked it FINISHED as its attempt stopped
+        client.update_run(run_id, status="RUNNING")
+        if rec is not None and "end" in rec:  # a requeue after the job's end: that end is no longer the run's
+            protocol.atomic_write_json(Path(run_dir) / protocol.TRACKERS_FILE,
+                                       {"mlflow": {k: v for k, v in rec.items() if k != "end"}})
     client.set_tag(run_id, "orch.attempt", str(attempt))
     return run_id
 

@@ -67,9 +67,21 @@ def show_job(db: Database, name: str, events: bool = False) -> dict[str, Any]:
             a.update(_where_it_runs(d["run_dir"], a["n"], a["token"]))
     if last is not None:
         d["last_step"] = d["attempts"][-1]["last_step"]  # read once, above
+    _note_steps_trained_again(d["run_dir"], d["attempts"])
     d["preemptions"] = _preemptions(d["attempts"])
     d["trackers"] = _trackers(d["run_dir"])
     return d
+
+
+def _note_steps_trained_again(run_dir: str, attempts: list[dict[str, Any]]) -> None:
+    """``trained_again`` [first, last] on each attempt that resumed before the step its predecessor had reached (a
+    kill -9 after the last checkpoint), from the heartbeats: a tracker that keeps a step's first value (W&B) shows the
+    predecessor's values for these steps (issue 42). ``last`` is a lower bound: a heartbeat may lag a step behind."""
+    for prev, a in zip(attempts, attempts[1:], strict=False):
+        resumed = (protocol.read_progress(run_dir, a["n"]) or {}).get("resumed_from")
+        reached = prev.get("last_step")
+        if isinstance(resumed, int) and isinstance(reached, int) and reached > resumed:
+            a["trained_again"] = [resumed + 1, reached]
 
 
 def _trackers(run_dir: str) -> dict[str, Any]:

@@ -122,6 +122,10 @@ def show(name: str, as_json: bool, events: bool) -> None:
         _say(f"  attempt {a['n']}: {a['state']}  " + "  ".join(fields))
         if a.get("detail"):
             _say(f"    detail: {a['detail']}")
+        if a.get("trained_again"):
+            first, last = a["trained_again"]
+            _say(f"    trained again: steps {first}..{last} at least (attempt {a['n'] - 1} had reached them; W&B keeps "
+                 "its values for them)")
         if a.get("stale_age_s") is not None:
             from orchestrator.staleness import Stale
 

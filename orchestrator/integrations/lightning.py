@@ -34,7 +34,8 @@ process group Lightning's strategy set up):
   after ``fit``, e.g. in an export, is a crash). Without orch: ``done.json`` when ``fit`` ends.
 * ``tensorboard_logger()`` logs to the run's one TensorBoard dir for every attempt (Lightning's default
   logger starts a new ``version_N`` dir each time); ``WandbLogger`` needs nothing: orch's
-  ``WANDB_RUN_ID``/``WANDB_RESUME=allow`` make every attempt continue one W&B run.
+  ``WANDB_RUN_ID``/``WANDB_RESUME=allow`` make every attempt continue one W&B run; ``mlflow_logger()`` logs into
+  the job's one MLflow run (docs/trackers.md).
 """
 
 from __future__ import annotations
@@ -77,6 +78,16 @@ def tensorboard_logger(run_dir: str | os.PathLike[str] | None = None, **kwargs: 
     from lightning.pytorch.loggers import TensorBoardLogger
 
     return TensorBoardLogger(save_dir=str(Run.from_env(run_dir).tensorboard_dir), name="", version="", **kwargs)
+
+
+def mlflow_logger(**kwargs: Any) -> Any:
+    """An ``MLFlowLogger`` that logs into the job's one MLflow run (issue 42): orch's wrapper passes its id as
+    ``MLFLOW_RUN_ID``, which Lightning's logger does not read, and it creates its experiment's run before any
+    callback's hook could hand it over. Without orch (no ``MLFLOW_RUN_ID``), or given ``run_id=``, a plain one."""
+    from lightning.pytorch.loggers import MLFlowLogger
+
+    kwargs.setdefault("run_id", os.environ.get("MLFLOW_RUN_ID"))
+    return MLFlowLogger(**kwargs)
 
 
 # The samplers made by distributed_sampler() in this process: the callback gives them the restored epoch.

@@ -106,3 +106,25 @@ def test_a_cancelled_job_is_a_killed_mlflow_run_and_a_user_run_id_is_left_alone(
     assert orch.wait("own", {"failed", DONE}, timeout=120) == DONE, orch.show("own")
     assert MlflowClient(tracking_uri=uri).get_run(own).data.metrics == {"y": 2.0}
     assert not (orch.runs / "own" / protocol.TRACKERS_FILE).exists()
+
+
+@pytest.mark.parametrize("script, args, key", [
+    ("lightning_train.py", ["--max-steps", "30", "--mlflow"], "train_loss"),
+    ("hf_train.py", ["--max-steps", "30", "--mlflow"], "loss"),
+], ids=["lightning", "hf"])
+def test_lightning_and_hf_loggers_continue_the_jobs_one_run_across_a_preemption(orch, tmp_path, script, args, key):
+    """Lightning's ``MLFlowLogger`` (given the job's run by orch's callback) and HF's ``report_to="mlflow"`` (which
+    reads ``MLFLOW_RUN_ID``): one run for both attempts, every step once, FINISHED at the job's end."""
+    uri = f"sqlite:///{tmp_path}/mlflow.db"
+    _runs(uri)  # the store's tables first
+    orch("submit", "--name", "fw", "--", *example(script, *args, "--sleep-per-step", "0.05"),
+         env={"MLFLOW_TRACKING_URI": uri}, check=True)
+    preempt(orch, "fw", script, 1, 10)
+    assert orch.wait("fw", {DONE, "failed", "cancelled"}, timeout=240) == DONE, orch.show("fw")
+    assert [a["failure_class"] for a in attempts(orch, "fw")] == ["preempted", None]
+    (run,) = _runs(uri)
+    assert run.data.tags["orch.attempt"] == "2", run.data.tags
+    wait_for(lambda: _status(uri, run.info.run_id) == "FINISHED", 60, "the run FINISHED")
+    steps = [s for s, _v in latest_per_step(run.info.run_id, key, uri)]
+    raw = [m.step for m in MlflowClient(tracking_uri=uri).get_metric_history(run.info.run_id, key)]
+    assert sorted(raw) == steps and len(steps) >= 29, raw  # every step once: a preemption redoes none

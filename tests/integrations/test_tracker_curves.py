@@ -43,6 +43,10 @@ def test_a_job_killed_mid_run_shows_one_tensorboard_curve_equal_to_an_uninterrup
     done = step_log(log)
     resumed = min(s for a, s in done if a == 2) - 1
     assert resumed < max(s for a, s in done if a == 1), done  # steps were trained twice: the curve had them twice
+    # orch show names them (from the heartbeats: at most a beat behind): W&B keeps attempt 1's values there.
+    first, last = attempts(orch, "tb")[1]["trained_again"]
+    assert first == resumed + 1 and resumed < last <= max(s for a, s in done if a == 1), (first, last, done)
+    assert f"trained again: steps {first}..{last}" in orch("show", "tb", check=True).stdout
     ref = tmp_path / "ref"
     run_direct(example(script, *args), ref)
     shown, uninterrupted = curve(run_dir / "tensorboard", tag), curve(ref / "tensorboard", tag)

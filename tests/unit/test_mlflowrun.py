@@ -53,3 +53,19 @@ def test_a_garbage_record_is_no_run(tmp_path):
     assert mlflowrun.read_record(tmp_path) is None
     (tmp_path / protocol.TRACKERS_FILE).write_bytes(b"\xff" * 10)
     assert mlflowrun.read_record(tmp_path) is None
+
+
+def test_a_sweep_task_is_a_run_of_its_own_tagged_with_its_sweep(tmp_path):
+    uri = f"sqlite:///{tmp_path}/m.db"
+    ids = []
+    for i in (0, 1):
+        run_dir = tmp_path / f"lr-{i}"
+        run_dir.mkdir()
+        env = _env(MLFLOW_TRACKING_URI=uri, **{protocol.ENV_SWEEP: "lr", protocol.ENV_TASK_INDEX: str(i)})
+        ids.append(mlflowrun.arrange(run_dir, f"lr-{i}", 1, env)[0])
+    assert None not in ids and ids[0] != ids[1]
+    from mlflow.tracking import MlflowClient
+
+    tags = [MlflowClient(tracking_uri=uri).get_run(i).data.tags for i in ids]
+    assert [(t["orch.sweep"], t["orch.task_index"], t["orch.job"]) for t in tags] == [("lr", "0", "lr-0"),
+                                                                                     ("lr", "1", "lr-1")]
