@@ -28,6 +28,8 @@ from orchestrator import protocol
 TIMEOUT_S = 60.0  # MLflow's own HTTP retries back off for minutes against a server that is down
 RUN_ID_ENV = "MLFLOW_RUN_ID"
 URI_ENV = "MLFLOW_TRACKING_URI"
+# ORCH_MLFLOW=0: no run arranged, for a shell that sets MLFLOW_TRACKING_URI for every program, MLflow users or not
+OFF_ENV = "ORCH_MLFLOW"
 
 
 def read_record(run_dir: Path) -> dict[str, Any] | None:
@@ -42,7 +44,7 @@ def read_record(run_dir: Path) -> dict[str, Any] | None:
 
 def arrange(run_dir: Path, job: str, attempt: int, env: dict[str, str]) -> tuple[str | None, str]:
     """(the run id to pass as ``MLFLOW_RUN_ID``, or None; a line for the attempt's log, or '')."""
-    if not env.get(URI_ENV) or env.get(RUN_ID_ENV):
+    if not env.get(URI_ENV) or env.get(RUN_ID_ENV) or env.get(OFF_ENV) == "0":
         return None, ""
     argv = [sys.executable, "-m", "orchestrator.mlflowrun", "arrange", str(run_dir), job, str(int(attempt))]
     try:

@@ -103,7 +103,7 @@ def has_event_files(log_dir: Path) -> bool:
 def write_purge(log_dir: Path, purge_step: int, attempt: int) -> Path | None:
     """Hide, in TensorBoard, what earlier attempts logged in ``log_dir`` at steps >= ``purge_step``. Only where an
     earlier attempt left event files (a first attempt writes nothing). Returns the file written, or None."""
-    if not has_event_files(log_dir):
+    if log_dir.is_symlink() or not has_event_files(log_dir):  # a symlinked dir could point anywhere: not ours
         return None
     second = int(process_start()) - 1
     path = log_dir / f"events.out.tfevents.{second:010d}.{socket.gethostname()}.orch-resume-{int(attempt)}"

@@ -22,6 +22,8 @@ def test_without_a_tracking_uri_or_with_the_users_own_run_id_nothing_is_arranged
     assert mlflowrun.arrange(tmp_path, "j", 1, env) == (None, "")
     own = _env(MLFLOW_TRACKING_URI=f"sqlite:///{tmp_path}/m.db", MLFLOW_RUN_ID="abc")
     assert mlflowrun.arrange(tmp_path, "j", 1, own) == (None, "")
+    off = _env(MLFLOW_TRACKING_URI=f"sqlite:///{tmp_path}/m.db", ORCH_MLFLOW="0")
+    assert mlflowrun.arrange(tmp_path, "j", 1, off) == (None, "")
     assert not (tmp_path / protocol.TRACKERS_FILE).exists()
 
 

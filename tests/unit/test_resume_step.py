@@ -53,6 +53,12 @@ def test_nothing_is_written_where_no_earlier_attempt_logged(tmp_path):
     assert tbpurge.write_purge(tmp_path, 5, 2) is None
     assert tbpurge.write_purge(tmp_path / "absent", 5, 2) is None
     assert list(tmp_path.iterdir()) == []
+    outside = tmp_path.parent / f"{tmp_path.name}-outside"
+    outside.mkdir()
+    (outside / "events.out.tfevents.1.host.1.0").write_bytes(b"")
+    (tmp_path / "tb").symlink_to(outside)  # a symlinked log dir could point anywhere: nothing is written there
+    assert tbpurge.write_purge(tmp_path / "tb", 5, 2) is None
+    assert [p.name for p in outside.iterdir()] == ["events.out.tfevents.1.host.1.0"]
 
 
 EARLIER_ATTEMPT = """
