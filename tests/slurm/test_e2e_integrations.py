@@ -38,9 +38,9 @@ def jobs(orch):
     cancel_all_of(orch, extra)
 
 
-def submit(orch, name: str, partition: str, script: str, log: Path, steps: int = STEPS) -> None:
+def submit(orch, name: str, partition: str, script: str, log: Path, steps: int = STEPS, *opts: str) -> None:
     p = orch("submit", "--backend", "slurm", "--name", name, "--partition", partition, "--cpus-per-task", "1",
-             "--mem", "3G", "--", sys.executable, str(ROOT / "examples" / script), "--max-steps", str(steps),
+             "--mem", "3G", *opts, "--", sys.executable, str(ROOT / "examples" / script), "--max-steps", str(steps),
              "--sleep-per-step", "0.08", "--step-log", str(log), "--wandb")  # issue 42: its service is signalled too
     assert p.returncode == 0, p.stdout + p.stderr
 
@@ -109,6 +109,33 @@ def test_e2e_lightning_on_spot_and_hf_on_spot_cancel_survive_a_real_preemption(o
         assert (v.returncode, v.stdout) == (0, "VERIFIED\n")
     print(f"\n[measured] lit stopped at step {first['step']} ({first['detail']}), hf at {report['step']}; "
           f"0 steps redone; verified {history[-1][0]:.0f} s after the start of driving")
+
+
+TIME_LIMIT_STEPS = 500  # 2 or 3 attempts of --time 1: the warning comes 10 to 40 s before the limit
+
+
+def test_lightning_with_wandb_under_a_real_time_limit_redoes_no_step(orch, jobs, tmp_path):
+    """Issue 42: under a time limit, every attempt of a Lightning job with W&B redid every step since its last save
+    (the limit's SIGTERM ended W&B's service first, and the next wandb.log failed before the stop's save), and the
+    job ended failed (no_progress). orch's warning reaches the program alone, before the limit: each attempt saves at
+    it, the next resumes right after, every step is computed once, in one W&B run."""
+    node_idle()
+    log = tmp_path / "tl.log"
+    submit(orch, "tl", "spot", "lightning_train.py", log, TIME_LIMIT_STEPS, "--time", "1")
+    history: list = []
+    rows = drive(orch, ["tl"], lambda r: r["tl"]["state"] in {DONE} | BAD, timeout=540, log=history)
+    assert rows["tl"]["state"] == DONE, history
+    shown = orch.show("tl")["attempts"]
+    assert len(shown) >= 2, shown
+    assert all(a["failure_class"] in {"timeout", "preempted"} and not a["counted"] for a in shown[:-1]), shown
+    counts = collections.Counter(s for _, s in steps_of(log))
+    assert sorted(counts) == list(range(1, TIME_LIMIT_STEPS + 1)) and max(counts.values()) == 1, \
+        counts.most_common(3)
+    run_id = protocol.stable_run_id(orch.runs / "tl", "tl")
+    runs = sorted((orch.runs / "tl" / "wandb").glob("offline-run-*"))
+    assert len(runs) == len(shown) and all(p.name.endswith(f"-{run_id}") for p in runs), runs
+    print(f"\n[measured] {len(shown)} attempts under --time 1, 0 steps redone, verified {history[-1][0]:.0f} s after "
+          "the start of driving")
 
 
 LONG_STEPS = 1500  # 2 min of steps: a prio job takes ~20 s (grace included) to preempt, twice, with room
