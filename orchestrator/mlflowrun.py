@@ -39,7 +39,12 @@ def read_record(run_dir: Path) -> dict[str, Any] | None:
     except (OSError, ValueError):
         return None
     rec = data.get("mlflow") if isinstance(data, dict) else None
-    return rec if isinstance(rec, dict) and isinstance(rec.get("run_id"), str) else None
+    ok = isinstance(rec, dict) and isinstance(rec.get("run_id"), str) and isinstance(rec.get("tracking_uri"), str)
+    return rec if ok else None
+
+
+def _write_record(run_dir: Path, rec: dict[str, Any]) -> None:
+    protocol.atomic_write_json(Path(run_dir) / protocol.TRACKERS_FILE, {"mlflow": rec})
 
 
 def arrange(run_dir: Path, job: str, attempt: int, env: dict[str, str]) -> tuple[str | None, str]:
@@ -94,14 +99,13 @@ def _arrange_here(run_dir: Path, job: str, attempt: int) -> str:
             tags.update({"orch.sweep": os.environ[protocol.ENV_SWEEP],
                          "orch.task_index": os.environ.get(protocol.ENV_TASK_INDEX, "")})
         run_id = client.create_run(_experiment_id(client), tags=tags).info.run_id
-        protocol.atomic_write_json(Path(run_dir) / protocol.TRACKERS_FILE, {"mlflow": {
-            "tracking_uri": uri, "run_id": run_id, "created_at": protocol.now_iso(), "attempt": attempt}})
+        _write_record(run_dir, {"tracking_uri": uri, "run_id": run_id, "created_at": protocol.now_iso(),
+                                "attempt": attempt})
     else:
         # RUNNING again: Lightning's logger, which never calls start_run(), marked it FINISHED as its attempt stopped
         client.update_run(run_id, status="RUNNING")
-        if rec is not None and "end" in rec:  # a requeue after the job's end: that end is no longer the run's
-            protocol.atomic_write_json(Path(run_dir) / protocol.TRACKERS_FILE,
-                                       {"mlflow": {k: v for k, v in rec.items() if k != "end"}})
+        if "end" in rec:  # a requeue after the job's end: that end is no longer the run's
+            _write_record(run_dir, {k: v for k, v in rec.items() if k != "end"})
     client.set_tag(run_id, "orch.attempt", str(attempt))
     return run_id
 
@@ -132,7 +136,7 @@ def _finish_here(run_dir: Path, end: str) -> str:
         return f"{run_dir}: no MLflow run recorded"
     status = STATUS[end]
     MlflowClient(tracking_uri=rec["tracking_uri"]).set_terminated(rec["run_id"], status)
-    protocol.atomic_write_json(Path(run_dir) / protocol.TRACKERS_FILE, {"mlflow": {**rec, "end": status}})
+    _write_record(run_dir, {**rec, "end": status})
     return f"MLflow run {rec['run_id']}: {status}"
 
 

@@ -4,8 +4,8 @@ Why here: the program cannot say it. A killed attempt's MLflow run stayed RUNNIN
 a job that orch gives up on, or that a user cancels, ends without its program's knowledge. Every terminal move of a
 job goes through ``lifecycle`` in a transaction; this module notes the ones whose run dir records an MLflow run
 (``trackers.json``, mlflowrun.py), and once the transaction committed (never for one rolled back) hands them to ONE
-detached child (``python -m orchestrator.mlflowrun finish``). The committing command never waits on a tracking server:
-a reconcile pass or ``orch cancel`` costs a stat per ended job and, at most, one process start.
+detached child (``python -m orchestrator.mlflowrun finish-many``). The committing command never waits on a tracking
+server: a reconcile pass or ``orch cancel`` costs a stat per ended job and, at most, one process start.
 """
 
 from __future__ import annotations
@@ -66,4 +66,3 @@ def spawn(ends: list[tuple[str, str]]) -> subprocess.Popen[bytes] | None:
     except (OSError, ValueError) as e:  # the job's end stands; only its tracker run keeps the last status
         print(f"orch: cannot mark the tracker runs of {len(ends)} ended job(s): {e}", file=sys.stderr)
         return None
-

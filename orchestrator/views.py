@@ -54,6 +54,7 @@ def show_job(db: Database, name: str, events: bool = False) -> dict[str, Any]:
     report = protocol.inspect_run_dir(d["run_dir"], last)
     d["foreign_checkpoint_files"] = report.foreign_checkpoint_files
     d["problems"] = report.problems
+    resumed_from: dict[int, Any] = {}  # each attempt's, from the same read of its progress.json
     for a in d["attempts"]:
         # A Slurm in-place requeue keeps the attempt; what stopped each earlier run was set aside in its dir.
         a["restart_history"] = protocol.restart_history(d["run_dir"], a["n"], a["token"]) if a["restarts"] else []
@@ -62,23 +63,25 @@ def show_job(db: Database, name: str, events: bool = False) -> dict[str, Any]:
         a.update(launch_record(d["run_dir"], a["n"]))
         # The step its last heartbeat posted: where a succeeded attempt ended (issue 41: `orch show` printed
         # step=- for each, failure_step being a failed attempt's only).
-        a["last_step"] = (protocol.read_progress(d["run_dir"], a["n"]) or {}).get("step")
+        progress = protocol.read_progress(d["run_dir"], a["n"]) or {}
+        a["last_step"] = progress.get("step")
+        resumed_from[a["n"]] = progress.get("resumed_from")
         if a["state"] in _LIVE and a["world_size"] is None and a["nodes"] is None:
             a.update(_where_it_runs(d["run_dir"], a["n"], a["token"]))
     if last is not None:
         d["last_step"] = d["attempts"][-1]["last_step"]  # read once, above
-    _note_steps_trained_again(d["run_dir"], d["attempts"])
+    _note_steps_trained_again(d["attempts"], resumed_from)
     d["preemptions"] = _preemptions(d["attempts"])
     d["trackers"] = _trackers(d["run_dir"])
     return d
 
 
-def _note_steps_trained_again(run_dir: str, attempts: list[dict[str, Any]]) -> None:
+def _note_steps_trained_again(attempts: list[dict[str, Any]], resumed_from: dict[int, Any]) -> None:
     """``trained_again`` [first, last] on each attempt that resumed before the step its predecessor had reached (a
     kill -9 after the last checkpoint), from the heartbeats: a tracker that keeps a step's first value (W&B) shows the
     predecessor's values for these steps (issue 42). ``last`` is a lower bound: a heartbeat may lag a step behind."""
     for prev, a in zip(attempts, attempts[1:], strict=False):
-        resumed = (protocol.read_progress(run_dir, a["n"]) or {}).get("resumed_from")
+        resumed = resumed_from.get(a["n"])
         reached = prev.get("last_step")
         if isinstance(resumed, int) and isinstance(reached, int) and reached > resumed:
             a["trained_again"] = [resumed + 1, reached]
@@ -90,7 +93,7 @@ def _trackers(run_dir: str) -> dict[str, Any]:
     from orchestrator.mlflowrun import read_record
 
     rec = read_record(Path(run_dir))
-    if rec is None or not isinstance(rec.get("tracking_uri"), str):
+    if rec is None:
         return {}
     return {"mlflow": {"run_id": rec["run_id"][:64], "tracking_uri": rec["tracking_uri"][:1024],
                        **({"end": rec["end"]} if isinstance(rec.get("end"), str) else {})}}
