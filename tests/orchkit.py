@@ -9,12 +9,13 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import sqlite3
 import subprocess
 import sys
 import time
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
-from dataclasses import dataclass
+from contextlib import closing, contextmanager
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
@@ -26,6 +27,7 @@ PY = sys.executable
 
 # THE one reading of CI=true for every test kit (issue 18: two kits compared it exactly, two lower-cased it).
 IN_CI = os.environ.get("CI", "").strip().lower() == "true"
+RECONCILE_EVERY_S = 1.5  # the wait loops' pace of reconcile passes (Orch.reconcile_paced says why)
 
 
 def unavailable(msg: str) -> None:
@@ -128,10 +130,34 @@ class Orch:
 
     home: Path
     env: dict
+    _reconciled_at: float = field(default=float("-inf"), repr=False)
 
     @property
     def runs(self) -> Path:
         return self.home / "runs"
+
+    def reconcile_paced(self) -> None:
+        """``orch reconcile``, at most once per RECONCILE_EVERY_S: what a test's wait loop runs between its looks.
+
+        Why paced: each pass is a Python process that imports SQLAlchemy (~0.6 CPU-s). Run back to back by the
+        wait loops, reconcile and ``show --json`` took over a third of CI's two cores (sampled during a full run),
+        and starved the jobs the tests waited on. A user's cron runs it once a minute."""
+        if time.monotonic() - self._reconciled_at >= RECONCILE_EVERY_S:
+            self("reconcile", check=True)
+            self._reconciled_at = time.monotonic()
+
+    def polled_state(self, name: str) -> str:
+        """The job's state for a wait loop: read from its SQLite table, read-only, in this process (no CLI run per
+        look); from ``orch show`` where that cannot answer (PostgreSQL, no DB yet, a sweep's name)."""
+        if "ORCH_DB_URL" not in self.env and (self.home / "orch.db").is_file():
+            try:
+                with closing(sqlite3.connect(f"file:{self.home / 'orch.db'}?mode=ro", uri=True, timeout=10)) as db:
+                    row = db.execute("SELECT state FROM jobs WHERE name = ?", (name,)).fetchone()
+            except sqlite3.Error:
+                row = None
+            if row:
+                return row[0]
+        return self.state(name)
 
     def __call__(self, *args: str, timeout: float = 120, env: dict | None = None,
                  check: bool = False) -> subprocess.CompletedProcess:
@@ -164,12 +190,12 @@ class Orch:
         return self.show(name)["state"]
 
     def wait(self, name: str, states: set[str], timeout: float = 120, reconcile: bool = True) -> str:
-        """Reconcile until the job reaches one of `states`; fail with its history otherwise."""
+        """Reconcile (paced) until the job reaches one of `states`; fail with its history otherwise."""
 
         def reached() -> str | None:
             if reconcile:
-                self("reconcile", check=True)
-            st = self.state(name)
+                self.reconcile_paced()
+            st = self.polled_state(name)
             return st if st in states else None
 
         return wait_for(reached, timeout, f"{name} to reach one of {sorted(states)}", interval=0.5,

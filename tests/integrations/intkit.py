@@ -117,7 +117,7 @@ def preempt(orch, name: str, script: str, attempt: int, past_step: int, timeout:
 
     def ready() -> list[int] | None:
         if not (pids := program_pids(run_dir, script, attempt)):
-            orch("reconcile", check=True)
+            orch.reconcile_paced()
             return None
         return pids if progress_step(run_dir, attempt) > past_step else None
 

@@ -58,7 +58,7 @@ def sigterm_wrapper(orch, name: str, attempt: int, past_step: int, timeout: floa
     run_dir = orch.runs / name
 
     def ready() -> int | None:
-        orch("reconcile", check=True)
+        orch.reconcile_paced()
         return runner_pid(run_dir) if progress_step(run_dir, attempt) > past_step else None
 
     pid = wait_for(ready, timeout, f"{name} attempt {attempt} past step {past_step}", interval=0.2)
