@@ -158,6 +158,7 @@ class OrchCallback(Callback):
         self._stop_noted = 0  # tracker failures named in the stop's report
         self._completed = False  # the completion recorded (on_train_end, or on_fit_end for a fit restored at its end)
         self._stop_pending: int | None = None  # a stop decided at this step, taken when its validation starts
+        self._save_pending: tuple[int, bool] | None = None  # a periodic save (step, timed), taken there too
         self._pending_rng: dict[str, Any] | None = None
         # The loggers (W&B, MLflow, ...): one that fails between a signal and the stop's save must not cost it.
         self.tolerance = StopTolerance(
@@ -254,11 +255,24 @@ class OrchCallback(Callback):
         elif self.auto_save is not None:
             # every rank the same answer: save_checkpoint is collective (a rank that alone saved would hang)
             if trainer.strategy.reduce_boolean_decision(self.auto_save.due(), all=False):
-                t0 = time.monotonic()
-                self._save(trainer, step)
-                self.auto_save.record_save(time.monotonic() - t0)
+                self._periodic_save(trainer, step, timed=True)
         elif self.every_n_steps and step % self.every_n_steps == 0:
-            self._save(trainer, step)
+            self._periodic_save(trainer, step, timed=False)
+
+    def _periodic_save(self, trainer: pl.Trainer, step: int, timed: bool) -> None:
+        """A save on orch's interval; deferred to the validation's start when one follows this step, as a stop's is:
+        resumed from a checkpoint saved before that validation's RNG draw, a job killed -9 later trained the steps
+        after it again with other dropout (a tracker test found it: Lightning, validation after every step)."""
+        if trainer.strategy.reduce_boolean_decision(_validation_follows(trainer), all=True):
+            self._save_pending = (step, timed)
+        else:
+            self._periodic_save_now(trainer, step, timed)
+
+    def _periodic_save_now(self, trainer: pl.Trainer, step: int, timed: bool) -> None:
+        t0 = time.monotonic()
+        self._save(trainer, step)
+        if timed and self.auto_save is not None:
+            self.auto_save.record_save(time.monotonic() - t0)
 
     def _stop_at(self, trainer: pl.Trainer, step: int) -> None:
         """Checkpoint ``step``, record the stop's step; the next hook raises exit 143."""
@@ -286,7 +300,10 @@ class OrchCallback(Callback):
         return path
 
     def _take_pending_stop(self, trainer: pl.Trainer) -> None:
-        """The stop deferred to this validation's start (or, if Lightning skipped it, to the next hook)."""
+        """The save and the stop deferred to this validation's start (or, if Lightning skipped it, to the next hook)."""
+        if self._save_pending is not None:
+            (step, timed), self._save_pending = self._save_pending, None
+            self._periodic_save_now(trainer, step, timed)
         if self._stop_pending is not None:
             step, self._stop_pending = self._stop_pending, None
             self._stop_at(trainer, step)

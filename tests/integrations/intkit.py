@@ -42,10 +42,11 @@ def quiet_env(extra: dict[str, str] | None = None) -> dict[str, str]:
     return env
 
 
-def run_direct(argv: list[str], run_dir: Path, timeout: float = 300) -> subprocess.CompletedProcess:
-    """Run an example to the end without orch (the reference: never interrupted)."""
+def run_direct(argv: list[str], run_dir: Path, timeout: float = 300,
+               env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
+    """Run an example to the end without orch (the reference: never interrupted), in ``env`` (``quiet_env()``)."""
     run_dir.mkdir(parents=True, exist_ok=True)
-    p = subprocess.run(argv + ["--run-dir", str(run_dir)], cwd=run_dir, env=quiet_env(), capture_output=True,
+    p = subprocess.run(argv + ["--run-dir", str(run_dir)], cwd=run_dir, env=env or quiet_env(), capture_output=True,
                        text=True, timeout=timeout)
     assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
     assert protocol.verify_done_marker(run_dir).verified
@@ -240,22 +241,3 @@ def assert_resumed_where_it_stopped(run_dir: Path, log: list[tuple[int, int]], m
             f"checkpoints/{protocol.checkpoint_name(report['step'])}", report
         assert max(s for a, s in log if a == n) == report["step"], (n, report)
         assert min(s for a, s in log if a == n + 1) == report["step"] + 1, (n, report)
-
-
-def preempted_as_slurm_with_wandb(orch, name: str, script: str, args: list[str], past_step: int = 10,
-                                  timeout: float = 240) -> tuple[dict, list[tuple[int, int]]]:
-    """Issue 42: ``script --wandb`` (offline) through orch, its attempt 1 SIGTERMed as Slurm's preemption does
-    (the program and W&B's service process at once), driven to the end. Checks on the way: attempt 1 reported
-    ``preempted`` and was requeued by ``orch reconcile`` alone; the job ends verified in 2 attempts.
-    Returns (attempt 1's failure report, the step log)."""
-    log = orch.home.parent / f"{name}-steps.log"
-    orch("submit", "--name", name, "--", *example(script, *args, "--wandb", "--step-log", str(log)),
-         env={"WANDB_MODE": "offline", "WANDB_SILENT": "true"}, check=True)
-    preempt(orch, name, script, 1, past_step, timeout, as_slurm=True)
-    assert orch.wait(name, {DONE, "failed", "cancelled"}, timeout=timeout) == DONE, orch.show(name)
-    shown = attempts(orch, name)
-    assert [(a["failure_class"], (a["action"] or {}).get("auto")) for a in shown] == [("preempted", True),
-                                                                                     (None, None)], shown
-    v = orch("verify", name)
-    assert (v.returncode, v.stdout) == (0, "VERIFIED\n"), v.stdout + v.stderr
-    return failure(orch.runs / name, 1), step_log(log)

@@ -16,7 +16,6 @@ from intkit import (
     assert_resumed_where_it_stopped,
     example,
     failure,
-    preempted_as_slurm_with_wandb,
     preempted_twice,
     quiet_env,
     rank_pid,
@@ -159,14 +158,3 @@ def test_lightning_ddp_rank_0_killed_is_classed_killed_requeued_and_resumes(orch
     done = rank_step_log(log)
     assert sorted({s for a, r, s in done if r == 0}) == list(range(1, 41)), done  # resumed, nothing skipped
     assert orch("verify", "ddp").stdout == "VERIFIED\n"
-
-
-def test_lightning_with_wandb_preempted_as_slurm_does_it_loses_no_checkpoint_to_the_tracker(orch):
-    """Issue 42: Slurm's SIGTERM reaches W&B's service process too, which exits; the WandbLogger's next
-    log_metrics raised between the signal and the stop's save: there, a step that validation follows (its save
-    waits for validation's start, issue 19) or the ranks' agreement. A tracker's failure during the stop is noted
-    and skipped: 0 steps redone, the report names it."""
-    report, log = preempted_as_slurm_with_wandb(orch, "litwb", "lightning_train.py", [
-        "--max-steps", "40", "--sleep-per-step", "0.05", "--val-every", "1"])  # every stop waits for a validation
-    assert "ignored during the stop: WandbLogger.log_metrics: " in report["detail"], report
-    assert sorted(s for _a, s in log) == list(range(1, 41)), log  # every step once: none redone, none skipped
