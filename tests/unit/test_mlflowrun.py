@@ -1,10 +1,12 @@
 """mlflowrun.arrange: the job's one MLflow run, found or created before each attempt; a tracking server that fails
 costs one line in the attempt's log, never the attempt. End to end (preempted, killed, cancelled):
-tests/integrations/test_mlflow.py."""
+tests/integrations/test_tracker_curves.py and test_mlflow.py."""
 
 from __future__ import annotations
 
 import os
+import shutil
+from pathlib import Path
 
 import pytest
 
@@ -17,6 +19,22 @@ def _env(**extra: str) -> dict[str, str]:
     return {**os.environ, "MLFLOW_HTTP_REQUEST_MAX_RETRIES": "0", "MLFLOW_HTTP_REQUEST_TIMEOUT": "2", **extra}
 
 
+@pytest.fixture(scope="module")
+def empty_store(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """An MLflow SQLite store with its tables made once: MLflow's migrations cost seconds per new store."""
+    from mlflow.tracking import MlflowClient
+
+    path = tmp_path_factory.mktemp("mlflow") / "empty.db"
+    MlflowClient(tracking_uri=f"sqlite:///{path}").search_experiments()
+    return path
+
+
+def _store(empty_store: Path, path: Path) -> str:
+    """A copy of the empty store at ``path``: its tracking URI."""
+    shutil.copyfile(empty_store, path)
+    return f"sqlite:///{path}"
+
+
 def test_without_a_tracking_uri_or_with_the_users_own_run_id_nothing_is_arranged(tmp_path):
     env = {k: v for k, v in _env().items() if not k.startswith("MLFLOW_TRACKING")}
     assert mlflowrun.arrange(tmp_path, "j", 1, env) == (None, "")
@@ -27,8 +45,8 @@ def test_without_a_tracking_uri_or_with_the_users_own_run_id_nothing_is_arranged
     assert not (tmp_path / protocol.TRACKERS_FILE).exists()
 
 
-def test_every_attempt_gets_the_run_the_first_created_and_another_store_gets_its_own(tmp_path):
-    env = _env(MLFLOW_TRACKING_URI=f"sqlite:///{tmp_path}/m.db", MLFLOW_EXPERIMENT_NAME="exp")
+def test_every_attempt_gets_the_run_the_first_created_and_another_store_gets_its_own(tmp_path, empty_store):
+    env = _env(MLFLOW_TRACKING_URI=_store(empty_store, tmp_path / "m.db"), MLFLOW_EXPERIMENT_NAME="exp")
     first, said = mlflowrun.arrange(tmp_path, "j", 1, env)
     assert first is not None and first in said, said
     assert mlflowrun.arrange(tmp_path, "j", 2, env)[0] == first
@@ -38,7 +56,7 @@ def test_every_attempt_gets_the_run_the_first_created_and_another_store_gets_its
     run = MlflowClient(tracking_uri=env["MLFLOW_TRACKING_URI"]).get_run(first)
     assert (run.data.tags["orch.job"], run.data.tags["orch.attempt"]) == ("j", "2")
     assert MlflowClient(tracking_uri=env["MLFLOW_TRACKING_URI"]).get_experiment(run.info.experiment_id).name == "exp"
-    other = _env(MLFLOW_TRACKING_URI=f"sqlite:///{tmp_path}/other.db")
+    other = _env(MLFLOW_TRACKING_URI=_store(empty_store, tmp_path / "other.db"))
     second = mlflowrun.arrange(tmp_path, "j", 3, other)[0]
     assert second not in (None, first)
 
@@ -57,8 +75,8 @@ def test_a_garbage_record_is_no_run(tmp_path):
     assert mlflowrun.read_record(tmp_path) is None
 
 
-def test_a_sweep_task_is_a_run_of_its_own_tagged_with_its_sweep(tmp_path):
-    uri = f"sqlite:///{tmp_path}/m.db"
+def test_a_sweep_task_is_a_run_of_its_own_tagged_with_its_sweep(tmp_path, empty_store):
+    uri = _store(empty_store, tmp_path / "m.db")
     ids = []
     for i in (0, 1):
         run_dir = tmp_path / f"lr-{i}"
