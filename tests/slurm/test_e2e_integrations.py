@@ -114,28 +114,32 @@ def test_e2e_lightning_on_spot_and_hf_on_spot_cancel_survive_a_real_preemption(o
 TIME_LIMIT_STEPS = 500  # 2 or 3 attempts of --time 1: the warning comes 10 to 40 s before the limit
 
 
-def test_lightning_with_wandb_under_a_real_time_limit_redoes_no_step(orch, jobs, tmp_path):
-    """Issue 42: under a time limit, every attempt of a Lightning job with W&B redid every step since its last save
-    (the limit's SIGTERM ended W&B's service first, and the next wandb.log failed before the stop's save), and the
-    job ended failed (no_progress). orch's warning reaches the program alone, before the limit: each attempt saves at
-    it, the next resumes right after, every step is computed once, in one W&B run."""
+def test_lightning_hf_and_the_plain_loop_with_wandb_under_a_real_time_limit_redo_no_step(orch, jobs, tmp_path):
+    """Issue 42: under a time limit, every attempt of a Lightning or HF job with W&B redid every step since its last
+    save (the limit's SIGTERM ended W&B's service first, and the next wandb.log failed before the stop's save), and
+    the job ended failed (no_progress). orch's warning reaches the program alone, before the limit: each attempt
+    saves at it, the next resumes right after, every step is computed once, in one W&B run. The node has 2 CPUs:
+    the third job starts when one of the first two ends."""
     node_idle()
-    log = tmp_path / "tl.log"
-    submit(orch, "tl", "spot", "lightning_train.py", log, TIME_LIMIT_STEPS, "--time", "1")
+    names = {"tl-lit": "lightning_train.py", "tl-hf": "hf_train.py", "tl-loop": "plain_loop.py"}
+    for name, script in names.items():
+        submit(orch, name, "spot", script, tmp_path / f"{name}.log", TIME_LIMIT_STEPS, "--time", "1")
     history: list = []
-    rows = drive(orch, ["tl"], lambda r: r["tl"]["state"] in {DONE} | BAD, timeout=540, log=history)
-    assert rows["tl"]["state"] == DONE, history
-    shown = orch.show("tl")["attempts"]
-    assert len(shown) >= 2, shown
-    assert all(a["failure_class"] in {"timeout", "preempted"} and not a["counted"] for a in shown[:-1]), shown
-    counts = collections.Counter(s for _, s in steps_of(log))
-    assert sorted(counts) == list(range(1, TIME_LIMIT_STEPS + 1)) and max(counts.values()) == 1, \
-        counts.most_common(3)
-    run_id = protocol.stable_run_id(orch.runs / "tl", "tl")
-    runs = sorted((orch.runs / "tl" / "wandb").glob("offline-run-*"))
-    assert len(runs) == len(shown) and all(p.name.endswith(f"-{run_id}") for p in runs), runs
-    print(f"\n[measured] {len(shown)} attempts under --time 1, 0 steps redone, verified {history[-1][0]:.0f} s after "
-          "the start of driving")
+    rows = drive(orch, list(names), lambda r: all(r[n]["state"] in {DONE} | BAD for n in names), timeout=600,
+                 log=history)
+    assert {n: r["state"] for n, r in rows.items() if n in names} == dict.fromkeys(names, DONE), history
+    for name in names:
+        shown = orch.show(name)["attempts"]
+        assert len(shown) >= 2, (name, shown)
+        assert all(a["failure_class"] in {"timeout", "preempted"} and not a["counted"] for a in shown[:-1]), shown
+        counts = collections.Counter(s for _, s in steps_of(tmp_path / f"{name}.log"))
+        assert sorted(counts) == list(range(1, TIME_LIMIT_STEPS + 1)) and max(counts.values()) == 1, \
+            (name, counts.most_common(3))
+        run_id = protocol.stable_run_id(orch.runs / name, name)
+        runs = sorted((orch.runs / name / "wandb").glob("offline-run-*"))
+        assert len(runs) == len(shown) and all(p.name.endswith(f"-{run_id}") for p in runs), (name, runs)
+        print(f"\n[measured] {name}: {len(shown)} attempts under --time 1, 0 steps redone")
+    print(f"[measured] all verified {history[-1][0]:.0f} s after the start of driving")
 
 
 LONG_STEPS = 1500  # 2 min of steps: a prio job takes ~20 s (grace included) to preempt, twice, with room

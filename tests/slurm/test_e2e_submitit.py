@@ -61,7 +61,8 @@ def test_e2e_orch_executor_on_spot_and_the_plain_loop_on_spot_cancel_survive_a_r
     plain_log, plain_dir = tmp_path / "plain.log", orch.runs / "plain"
     p = orch("submit", "--backend", "slurm", "--name", "plain", "--partition", "spot-cancel", "--cpus-per-task", "1",
              "--mem", "3G", "--", sys.executable, str(ROOT / "examples" / "plain_loop.py"), "--max-steps",
-             str(PLAIN_STEPS), "--sleep-per-step", "0.08", "--step-log", str(plain_log))
+             str(PLAIN_STEPS), "--sleep-per-step", "0.08", "--step-log", str(plain_log), "--wandb",  # issue 42
+             env={"WANDB_MODE": "offline", "WANDB_SILENT": "true"})
     assert p.returncode == 0, p.stdout + p.stderr
 
     def step(d: Path) -> int:
@@ -116,6 +117,11 @@ def test_e2e_orch_executor_on_spot_and_the_plain_loop_on_spot_cancel_survive_a_r
                                                           if ln.strip()))
     assert sorted(plain_steps) == list(range(1, PLAIN_STEPS + 1)), plain_steps.most_common(3)
     assert max(plain_steps.values()) == 1, plain_steps.most_common(3)  # 0 steps redone
+    # W&B's service got the preemption's SIGTERM too: the loop noted its failed call and saved; one W&B run.
+    assert "ignored during the stop: Run.log: " in protocol.read_failure(plain_dir, 1)["detail"]
+    wandb_runs = sorted((plain_dir / "wandb").glob("offline-run-*"))
+    assert len(wandb_runs) == 2 and all(d.name.endswith("-" + protocol.stable_run_id(plain_dir, "plain"))
+                                        for d in wandb_runs), wandb_runs
     v = orch("verify", "plain")
     assert (v.returncode, v.stdout) == (0, "VERIFIED\n")
     print(f"\n[measured] stopped at step {first['step']} ({first['detail']}); 0 updates redone; bit-exact; "
