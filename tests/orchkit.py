@@ -131,6 +131,7 @@ class Orch:
     home: Path
     env: dict
     _reconciled_at: float = field(default=float("-inf"), repr=False)
+    reconcile_runs: int = field(default=0, repr=False)  # `orch reconcile` runs through this Orch, ended or not
 
     @property
     def runs(self) -> Path:
@@ -161,6 +162,7 @@ class Orch:
 
     def __call__(self, *args: str, timeout: float = 120, env: dict | None = None,
                  check: bool = False) -> subprocess.CompletedProcess:
+        self.reconcile_runs += bool(args) and args[0] == "reconcile"
         p = subprocess.run([PY, "-m", "orchestrator.cli", *map(str, args)], capture_output=True, text=True,
                            timeout=timeout, env={**self.env, **(env or {})}, cwd=str(ROOT))
         if check and p.returncode != 0:

@@ -111,7 +111,7 @@ def test_textfile_written_by_reconcile_equals_the_db_after_jobs_in_several_state
         assert value(m, "orch_preemptions_unmeasured") == 0
 
         passes = value(m, "orch_reconcile_passes", "orch_reconcile_passes_total")
-        assert passes >= 5  # every `orch reconcile` above that held the lease
+        assert passes >= orch.reconcile_runs >= 2  # each `orch reconcile` above held the lease: no other ran
         assert 0 < value(m, "orch_reconcile_last_pass_duration_seconds") < 60
         assert value(m, "orch_reconcile_last_pass_scheduler_query_failures") == 0
         assert value(m, "orch_scheduler_query_failures", "orch_scheduler_query_failures_total") == 0
