@@ -72,6 +72,7 @@ from orchestrator.kit.log import log
 from orchestrator.kit.preemption import PreemptionFlag
 from orchestrator.kit.run import Run, signal_name
 from orchestrator.kit.trackers import StopTolerance
+from orchestrator.kit.wandbstep import StepNumberedModule
 
 _HF_CHECKPOINT_RE = re.compile(r"^checkpoint-(\d+)$")
 
@@ -191,6 +192,10 @@ class OrchCallback(TrainerCallback):
         for callback in handler.callbacks:
             if callback is not self:
                 self.tolerance.wrap_methods(callback, events)
+            # report_to="wandb": its rows logged with step= the global step (kit/wandbstep.py says why)
+            if type(callback).__name__ == "WandbCallback" and getattr(callback, "_wandb", None) is not None \
+                    and not isinstance(callback._wandb, StepNumberedModule):
+                callback._wandb = StepNumberedModule(callback._wandb, "train/global_step")
 
     def _train_nothing_more(self, trainer: object) -> None:
         """A train() resumed at its last step (a stop in that step, or a requeue after a failed export): HF's

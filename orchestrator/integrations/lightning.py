@@ -56,10 +56,12 @@ from orchestrator.kit.commit import clean_stale, commit_checkpoint
 from orchestrator.kit.dist import StopAgreement
 from orchestrator.kit.heartbeat import Heartbeat
 from orchestrator.kit.interval import AutoSaveInterval
+from orchestrator.kit.log import log
 from orchestrator.kit.preemption import DEFAULT_SIGNALS, PreemptionFlag
 from orchestrator.kit.rng import capture_rng, restore_rng
 from orchestrator.kit.run import Run, signal_name
 from orchestrator.kit.trackers import StopTolerance
+from orchestrator.kit.wandbstep import StepNumberedLog
 
 CKPT_FILE = "model.ckpt"
 
@@ -130,6 +132,25 @@ def _validation_follows(trainer: pl.Trainer) -> bool:
         return False
 
 
+def _number_wandb_rows_by_step(logger: Any) -> None:
+    """A ``WandbLogger``'s rows logged with ``step=`` the trainer's global step (kit/wandbstep.py says why: after a
+    kill -9 its curve went back at the resume). Lightning's own ``log_metrics`` gives W&B no step."""
+    try:
+        from lightning.fabric.utilities.logger import _add_prefix
+    except ImportError:  # another Lightning: its rows stay numbered by W&B
+        log("WandbLogger: this Lightning has no _add_prefix; W&B numbers its rows (steps trained again show twice)")
+        return
+    original = logger.log_metrics
+
+    def log_metrics(metrics: Any, step: int | None = None) -> None:
+        if step is None or logger._wandb_init.get("sync_tensorboard"):
+            return original(metrics, step)
+        row = dict(_add_prefix(metrics, logger._prefix, logger.LOGGER_JOIN_CHAR), **{"trainer/global_step": step})
+        return StepNumberedLog(logger.experiment.log, "trainer/global_step")(row)
+
+    logger.log_metrics = log_metrics
+
+
 # What Lightning calls on a logger during fit (the logger connector, ModelCheckpoint, teardown).
 _LOGGER_CALLS = ("log_metrics", "log_hyperparams", "log_graph", "save", "finalize", "after_save_checkpoint")
 
@@ -183,6 +204,8 @@ class OrchCallback(Callback):
         # must count too (Lightning composes this handler into its own until training starts).
         self.flag.install()
         for logger in trainer.loggers:
+            if trainer.is_global_zero and type(logger).__name__ == "WandbLogger":
+                _number_wandb_rows_by_step(logger)
             self.tolerance.wrap_methods(logger, _LOGGER_CALLS)
         self.run.begin()
         if self.run.is_writer:

@@ -44,9 +44,10 @@ MAX, SAVE = 40, 10
 TRACKERS = ["--wandb", "--mlflow", "--sleep-per-step", "0.05"]
 CASES = [  # (example, its arguments, the loss's name in TensorBoard, MLflow, W&B; W&B's step key; the failed call)
     ("plain_loop.py", ["--save-every", str(SAVE), "--tensorboard"], "loss", "loss", "loss", "_step", "Run.log: "),
-    # a validation after every step: the stop's save waits for it, and the W&B logger fails in between (issue 19)
+    # a validation after every step: a save waits for its start (exactness). A signal during a validation stops at
+    # its batch end, before any logger call: which call failed, if any, depends on where the signal fell.
     ("lightning_train.py", ["--save-every", str(SAVE), "--val-every", "1"], "train_loss", "train_loss", "train_loss",
-     "trainer/global_step", "WandbLogger.log_metrics: "),
+     "trainer/global_step", None),
     ("hf_train.py", ["--save-steps", str(SAVE)], "train/loss", "loss", "train/loss", "train/global_step",
      "WandbCallback.on_log: ConnectionResetError"),
 ]
@@ -88,7 +89,7 @@ def test_preempted_twice_and_killed_each_tracker_shows_one_run_with_an_uninterru
     preempt(orch, "tr", script, 1, 8, as_slurm=True)  # W&B's service dies with the program's signal
     wait_for(lambda: (protocol.attempt_dir(run_dir, 1) / protocol.FAILURE_FILE).exists(), 120, "attempt 1's report")
     first = failure(run_dir, 1)
-    assert failed_call in first["detail"], first  # the tracker failed during the stop; the save went on
+    assert failed_call is None or failed_call in first["detail"], first  # a tracker call failed; the save went on
     preempt(orch, "tr", script, 2, first["step"] + 6)
     wait_for(lambda: (protocol.attempt_dir(run_dir, 2) / protocol.FAILURE_FILE).exists(), 120, "attempt 2's report")
     second = failure(run_dir, 2)
@@ -148,4 +149,7 @@ def test_preempted_twice_and_killed_each_tracker_shows_one_run_with_an_uninterru
     for points in per_attempt:
         assert [s for s, _v in points] == sorted({s for s, _v in points}), points
         assert all(ref_value[s] == v for s, v in points), (points, uninterrupted)
+    # W&B's own step is the framework's (kit/wandbstep.py): W&B keeps a step's first row, so the curve never goes back
+    rows = [row for f in files for row in f.rows if wb_key in row]
+    assert rows and all(row["_step"] == row[wb_step] for row in rows), rows[:3]
     assert per_attempt[1] and per_attempt[3][-1] == uninterrupted[-1], per_attempt
