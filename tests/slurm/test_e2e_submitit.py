@@ -117,8 +117,7 @@ def test_e2e_orch_executor_on_spot_and_the_plain_loop_on_spot_cancel_survive_a_r
                                                           if ln.strip()))
     assert sorted(plain_steps) == list(range(1, PLAIN_STEPS + 1)), plain_steps.most_common(3)
     assert max(plain_steps.values()) == 1, plain_steps.most_common(3)  # 0 steps redone
-    # W&B's service got the preemption's SIGTERM too: the loop noted its failed call and saved; one W&B run.
-    assert "ignored during the stop: Run.log: " in protocol.read_failure(plain_dir, 1)["detail"]
+    # W&B's service got the preemption's SIGTERM too (a W&B call after it, if any, was noted); one W&B run.
     wandb_runs = sorted((plain_dir / "wandb").glob("offline-run-*"))
     assert len(wandb_runs) == 2 and all(d.name.endswith("-" + protocol.stable_run_id(plain_dir, "plain"))
                                         for d in wandb_runs), wandb_runs
