@@ -61,7 +61,6 @@ from orchestrator.kit.preemption import DEFAULT_SIGNALS, PreemptionFlag
 from orchestrator.kit.rng import capture_rng, restore_rng
 from orchestrator.kit.run import Run, signal_name
 from orchestrator.kit.trackers import StopTolerance
-from orchestrator.kit.wandbstep import StepNumberedLog
 
 CKPT_FILE = "model.ckpt"
 
@@ -146,7 +145,7 @@ def _number_wandb_rows_by_step(logger: Any) -> None:
         if step is None or logger._wandb_init.get("sync_tensorboard"):
             return original(metrics, step)
         row = dict(_add_prefix(metrics, logger._prefix, logger.LOGGER_JOIN_CHAR), **{"trainer/global_step": step})
-        return StepNumberedLog(logger.experiment.log, "trainer/global_step")(row)
+        return logger.experiment.log(row, step=step)
 
     logger.log_metrics = log_metrics
 
