@@ -58,7 +58,8 @@ def finish(args: argparse.Namespace, attempt: Attempt, ckpts: CheckpointManager,
                 raise attempt.fail("invalid", trained.step, "--save-fork-checkpoint with --lora-rank refused")
             rng = capture_rng(pre.device.type == "cuda")
             meta = checkpoint_meta(args, step=trained.step, micro=trained.micro, accum=trained.accum,
-                                   data_sha256=pre.data_sha256, oom_events=trained.oom_events, attempt=attempt.n)
+                                   data_sha256=pre.data_sha256, oom_events=trained.oom_events, attempt=attempt.n,
+                                   loss=trained.last_loss)
             fork = CheckpointManager(result, keep_last_k=1).save(
                 trained.step, state_files(loaded.model, loaded.optimizer, loaded.scheduler, rng, meta))
             artifacts += [str((fork / name).relative_to(attempt.run_dir)) for name in

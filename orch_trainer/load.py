@@ -46,6 +46,9 @@ class Loaded:
     start_step: int  # completed optimizer steps when training starts (0 on a fresh start)
     resumed_from: int | None  # the checkpoint's step, None on a fresh start
     oom_events: tuple[dict[str, Any], ...]  # the in-process OOM shrinks the restored checkpoint records
+    # The loss of step ``start_step`` as its checkpoint recorded it (NaN on a fresh start or an older checkpoint):
+    # a resume at the last step trains nothing, and its result still reports the final loss (CI 60 saw None).
+    last_loss: float = float("nan")
 
 
 @dataclass(frozen=True)
@@ -101,19 +104,22 @@ def load(args: argparse.Namespace, attempt: Attempt, ckpts: CheckpointManager, p
     # checkpoints written before this module existed do; a closure would be saved as None.
     scheduler = torch.optim.lr_scheduler.LambdaLR(
         optimizer, functools.partial(lr_factor, args.warmup_steps, args.max_steps))
-    start_step, resumed_from, oom_events = 0, None, ()
+    start_step, resumed_from, oom_events, last_loss = 0, None, (), float("nan")
     if pre.resume_path is not None:
-        start_step, oom_events = _restore(args, attempt, ckpts, pre.resume_path, model, optimizer, scheduler)
+        meta = _restore(args, attempt, ckpts, pre.resume_path, model, optimizer, scheduler)
+        start_step, oom_events = int(meta["step"]), tuple(meta.get("oom_events") or [])
         resumed_from = start_step
+        loss = meta.get("loss")
+        last_loss = float(loss) if isinstance(loss, (int, float)) and not isinstance(loss, bool) else float("nan")
     return Loaded(corpus=corpus, sampler=sampler, eval_tokens=eval_tokens, model=model, trainable=trainable,
                   optimizer=optimizer, scheduler=scheduler, start_step=start_step, resumed_from=resumed_from,
-                  oom_events=oom_events)
+                  oom_events=oom_events, last_loss=last_loss)
 
 
 def _restore(args: argparse.Namespace, attempt: Attempt, ckpts: CheckpointManager, path: Path,
              model: TinyGPT, optimizer: torch.optim.Optimizer, scheduler: torch.optim.lr_scheduler.LambdaLR,
-             ) -> tuple[int, tuple[dict[str, Any], ...]]:
-    """Load ``path`` (sha256-verified first) into the objects and the global RNGs: (step, OOM events)."""
+             ) -> dict[str, Any]:
+    """Load ``path`` (sha256-verified first) into the objects and the global RNGs; its meta.json."""
     if args.fsdp:
         return _restore_sharded(attempt, path, model, optimizer, scheduler)
     try:
@@ -142,14 +148,12 @@ def _restore(args: argparse.Namespace, attempt: Attempt, ckpts: CheckpointManage
         restore_rng(state["rng.pt"])
     else:  # saved on another world size: each rank keeps the RNG it was seeded with
         log(f"{path.name} was saved on {meta.get('world_size')} ranks: per-rank RNG states not restored")
-    step = int(meta["step"])
-    oom_events = tuple(meta.get("oom_events") or [])
-    log(f"resumed from {path.name} (step {step})")
-    return step, oom_events
+    log(f"resumed from {path.name} (step {int(meta['step'])})")
+    return meta
 
 
 def _restore_sharded(attempt: Attempt, path: Path, model: TinyGPT, optimizer: torch.optim.Optimizer,
-                     scheduler: torch.optim.lr_scheduler.LambdaLR) -> tuple[int, tuple[dict[str, Any], ...]]:
+                     scheduler: torch.optim.lr_scheduler.LambdaLR) -> dict[str, Any]:
     """--fsdp: model and optimizer through DCP into this rank's shards (the kit's helpers, as orch_run's), the
     scheduler and meta from rank 0's files, this rank's RNG on the same world size."""
     template = dcp_state(model, optimizer)
@@ -165,7 +169,7 @@ def _restore_sharded(attempt: Attempt, path: Path, model: TinyGPT, optimizer: to
     else:
         log(f"{path.name} was saved on {meta.get('world_size')} ranks: per-rank RNG states not restored")
     log(f"resumed from {path.name} (step {meta['step']})")
-    return int(meta["step"]), tuple(meta.get("oom_events") or [])
+    return meta
 
 
 def write_run_config(args: argparse.Namespace, attempt: Attempt, pre: Preflight, loaded: Loaded,

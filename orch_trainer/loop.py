@@ -229,7 +229,7 @@ class TrainLoop:
         self._rng_at_step_start = capture_rng(self._cuda)
         self._computing_step = 0
         self._micro_in_step = 0
-        self._last_loss = float("nan")
+        self._last_loss = loaded.last_loss  # step start_step's (a resume at the end trains no step)
         self._tok_s: float | None = None
         if "oom" in self.faults.pending_kinds:
             self.model.register_forward_pre_hook(self._oom_fault_hook)
@@ -396,7 +396,7 @@ class TrainLoop:
         rng = rng if rng is not None else capture_rng(self._cuda)
         meta = checkpoint_meta(self.args, step=step, micro=self.micro, accum=self.accum,
                                data_sha256=self.data_sha256, oom_events=self.oom_events, attempt=self.attempt.n,
-                               world=self.world)
+                               world=self.world, loss=self._last_loss if step == self.step else float("nan"))
         files = state_files(self.model, self.optimizer, self.scheduler, rng, meta)
         t0 = time.monotonic()
         try:

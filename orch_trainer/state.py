@@ -46,16 +46,18 @@ def autocast(device: torch.device) -> AbstractContextManager[Any]:
 
 
 def checkpoint_meta(args: argparse.Namespace, *, step: int, micro: int, accum: int, data_sha256: str,
-                    oom_events: Sequence[dict[str, Any]], attempt: int, world: int = 1) -> dict[str, Any]:
-    """meta.json: what the next attempt's preflight compares before loading (batch, data, OOM shrinks).
-    Several ranks: ``world_size`` too (``accumulation_steps`` is then per rank)."""
+                    oom_events: Sequence[dict[str, Any]], attempt: int, world: int = 1,
+                    loss: float = float("nan")) -> dict[str, Any]:
+    """meta.json: what the next attempt's preflight compares before loading (batch, data, OOM shrinks), and the
+    loss of ``step`` (a resume at the last step reports it as the final loss). Several ranks: ``world_size`` too
+    (``accumulation_steps`` is then per rank)."""
     sharded = {"fsdp": True} if getattr(args, "fsdp", False) else {}
     return {**({"world_size": world} if world > 1 else {}), **sharded, "step": step, "batch_size": args.batch_size,
             "micro_batch_size": micro, "accumulation_steps": accum, "skip_batches": args.skip_batches,
             "seed": args.seed,
             "data_sha256": data_sha256, "preset": args.preset, "lora_rank": args.lora_rank,
             "model": PRESETS[args.preset].to_dict(), "vocab": datamod.VOCAB, "oom_events": list(oom_events),
-            "attempt": attempt, "saved_at": protocol.now_iso()}
+            "loss": loss if math.isfinite(loss) else None, "attempt": attempt, "saved_at": protocol.now_iso()}
 
 
 def state_files(model: torch.nn.Module, optimizer: torch.optim.Optimizer,

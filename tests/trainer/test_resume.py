@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import shutil
 import signal
 import time
 
@@ -160,3 +161,19 @@ def test_skip_batches_is_an_absolute_data_offset(tmp_path, baseline):
     assert_bit_identical(result_state(rd), baseline(*args))
     skipped, plain = baseline(*args), baseline(*ARGS)
     assert any(not torch.equal(skipped[k], plain[k]) for k in plain), "--skip-batches changed nothing"
+
+
+def test_a_resume_at_the_last_step_trains_nothing_and_reports_the_final_loss_of_its_checkpoint(tmp_path):
+    """A stop that lands after the last step (CI 60, two ranks, step 60 of 60) resumes at the end: the next attempt
+    trains no step, and its result still says the last step's loss (it said None)."""
+    rd = tmp_path / "run"
+    assert run_inproc(rd, *ARGS) == 0
+    first = json.loads((rd / "result" / "metrics.json").read_text())
+    assert isinstance(first["final_loss"], float), first
+    assert CheckpointManager.load(rd / "checkpoints" / "step-00000012")["meta.json"]["loss"] == first["final_loss"]
+    (rd / protocol.DONE_MARKER).unlink()  # as if the stop had landed after step 12, before completion
+    shutil.rmtree(rd / "result")
+    assert run_inproc(rd, *ARGS, attempt=2) == 0
+    again = json.loads((rd / "result" / "metrics.json").read_text())
+    assert (again["resumed_from_step"], again["attempt"]) == (12, 2), again
+    assert again["final_loss"] == first["final_loss"], (first, again)
