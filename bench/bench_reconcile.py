@@ -42,11 +42,11 @@ import _common as C  # noqa: E402
 from sqlalchemy import event  # noqa: E402
 
 from orchestrator import protocol  # noqa: E402
-from orchestrator.backends import proctable  # noqa: E402
 from orchestrator.backends.base import AttemptRef, Backend, Outcome, Phase, SubmitSpec  # noqa: E402
 from orchestrator.backends.local import LocalBackend, format_id  # noqa: E402
 from orchestrator.config import load_config  # noqa: E402
 from orchestrator.db import SCHEMA_HEAD, Database  # noqa: E402
+from orchestrator.jobside import proctable  # noqa: E402
 from orchestrator.reconcile import reconcile_pass  # noqa: E402
 
 CACHE = Path(os.environ.get("ORCH_BENCH_CACHE", "/tmp/orch-bench"))

@@ -320,7 +320,7 @@ def layout_floor(tasks: int, work: Path) -> float:
     import json
 
     from orchestrator import protocol
-    from orchestrator.ballast import reserve_pool
+    from orchestrator.jobside.ballast import reserve_pool
 
     work.mkdir(parents=True)
     t0 = time.perf_counter()

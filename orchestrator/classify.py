@@ -12,8 +12,8 @@ Evidence, strongest first:
    SIGTERM that never passed through the wrapper (a user's kill, a container stop, a VM shutdown) is
    a stop too, whatever the exit code and whoever sent it (issue 17);
 6. the exit status (a bare SIGKILL is ``killed``; the wrapper's memory cgroup count of OOM kills makes it
-   ``oom``, see orchestrator/memlimit.py); for ranks orch launched through torchrun, the exit status of the
-   rank that failed on its own first (``exit.json``'s failed_rank, orchestrator/rankend.py); no exit status
+   ``oom``, see orchestrator/jobside/memlimit.py); for ranks orch launched through torchrun, the exit status of the
+   rank that failed on its own first (``exit.json``'s failed_rank, orchestrator/jobside/rankend.py); no exit status
    at all, every process gone, is ``killed`` too: the wrapper, which always writes one, was killed.
 Pure function: no I/O, no DB, unit-tested on every row.
 """

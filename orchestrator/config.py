@@ -230,7 +230,7 @@ def _load_spot(cfg: Config, data: dict, path: Path) -> None:
     """``[spot]``: whose spot notices job wrappers watch by default, where, how often."""
     from urllib.parse import urlsplit
 
-    from orchestrator.spotnotice import CHOICES
+    from orchestrator.jobside.spotnotice import CHOICES
 
     spot = _table(data, "spot", path)
     if "notice" in spot:

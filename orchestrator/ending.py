@@ -15,12 +15,13 @@ from typing import Any
 from sqlalchemy import select
 from sqlalchemy.orm import selectinload
 
-from orchestrator import protocol, rankend, testhooks
+from orchestrator import protocol, testhooks
 from orchestrator.backends.base import AttemptRef, Outcome
-from orchestrator.ballast import give_back
 from orchestrator.classify import classify
 from orchestrator.config import Config
 from orchestrator.db import Database
+from orchestrator.jobside import rankend
+from orchestrator.jobside.ballast import give_back
 from orchestrator.lifecycle import AttemptState, JobState, move_attempt, move_job
 from orchestrator.models import Attempt, Job
 from orchestrator.passreport import Change, PassReport

@@ -39,12 +39,12 @@ from sqlalchemy import update
 from orchestrator import protocol, testhooks
 from orchestrator.backends import get_backend
 from orchestrator.backends.base import AttemptRef, Backend, BackendError, SubmitSpec
-from orchestrator.ballast import give_back
 from orchestrator.claimkeeper import ClaimKeeper, launch_grace_s
 from orchestrator.config import Config
 from orchestrator.db import Database
 from orchestrator.errors import IllegalTransition, OrchError, Refused
 from orchestrator.jobs import attempt_ref, get_job
+from orchestrator.jobside.ballast import give_back
 from orchestrator.launchprep import Held, check_and_prepare, dumps, make_spec, new_batch_token, sweep_env
 from orchestrator.lifecycle import (
     AttemptState,

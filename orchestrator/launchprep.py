@@ -13,9 +13,9 @@ from typing import Any
 
 from orchestrator import protocol, resumestate, testhooks
 from orchestrator.backends.base import SubmissionRefused, SubmitSpec
-from orchestrator.ballast import allocate as allocate_ballast
-from orchestrator.ballast import reserve_pool
 from orchestrator.config import Config
+from orchestrator.jobside.ballast import allocate as allocate_ballast
+from orchestrator.jobside.ballast import reserve_pool
 from orchestrator.protocol import ENV_SWEEP, ENV_SWEEP_PARAMS, ENV_TASK_INDEX
 from orchestrator.resources import resources_dict, resources_of
 from orchestrator.resumestate import SET_ASIDE_KEY, TRASHED_KEY
@@ -129,7 +129,7 @@ def prepare_run_dir(cfg: Config, spec: SubmitSpec, plan: Any, outputs: list[str]
         moved, why, set_aside = _clear_for_attempt(cfg, spec, plan, outputs, keep)
         spec.attempt_dir.mkdir(mode=0o770, parents=True, exist_ok=True)
     # The wrapper's ballast, taken here first: a disk too full for it fails this launch as enospc (never ran)
-    # rather than running a program whose end could not be recorded (orchestrator/ballast.py).
+    # rather than running a program whose end could not be recorded (orchestrator/jobside/ballast.py).
     allocate_ballast(spec.attempt_dir / protocol.EXIT_RESERVE)
     record = _command_record(spec, backend_name, moved, why, set_aside)
     if batch is not None:  # a group launch: in place (and durable) once the caller commits the batch

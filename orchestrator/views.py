@@ -90,7 +90,7 @@ def _note_steps_trained_again(attempts: list[dict[str, Any]], resumed_from: dict
 def _trackers(run_dir: str) -> dict[str, Any]:
     """The tracker run every attempt continues (``trackers.json``, mlflowrun.py): a job-written file, so only an id
     and a URI of the right type."""
-    from orchestrator.mlflowrun import read_record
+    from orchestrator.jobside.mlflowrun import read_record
 
     rec = read_record(Path(run_dir))
     if rec is None:

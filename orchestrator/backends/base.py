@@ -54,7 +54,7 @@ class Resources:
     def extra(self, key: str, default: Any = None) -> Any:
         """The backend-specific option ``key``, or ``default`` when not given."""
         return dict(self.extras).get(key, default)
-    # Multi-rank (issue 19): the program runs as nodes x nproc_per_node ranks under torchrun (orchestrator/ranks.py).
+    # Multi-rank (issue 19): the program runs as nodes x nproc_per_node ranks under torchrun (jobside/ranklaunch.py).
     nodes: int | None = None
     nproc_per_node: int | None = None
     gpus_per_node: int | None = None
@@ -113,12 +113,12 @@ class SubmitSpec:
 
     def wrapper_argv(self, python: str | None = None, time_limit_s: float | None = None,
                      mem_mb: int | None = None) -> list[str]:
-        """argv that runs the user's command under orch's job wrapper (see ``orchestrator/wrapper.py``).
+        """argv that runs the user's command under orch's job wrapper (see ``orchestrator/jobside/wrapper.py``).
 
         ``time_limit_s``: let the wrapper enforce the time limit (local backend; Slurm enforces its own).
         ``mem_mb``: let the wrapper run it in a memory cgroup of that limit (local backend; memlimit.py).
         """
-        argv = [python or sys.executable, "-m", "orchestrator.wrapper", "--run-dir", str(self.run_dir),
+        argv = [python or sys.executable, "-m", "orchestrator.jobside.wrapper", "--run-dir", str(self.run_dir),
                 "--job", self.job, "--attempt", str(self.attempt), "--token", self.token,
                 "--warning-signal", self.warning_signal, "--umask", f"{self.umask:04o}"]
         if self.fence is not None:
@@ -131,7 +131,7 @@ class SubmitSpec:
             argv += ["--time-limit", str(time_limit_s)]
         if mem_mb:
             argv += ["--mem-mb", str(int(mem_mb))]
-        if self.resources.nproc_per_node:  # the wrapper starts the ranks through torchrun (orchestrator/ranks.py)
+        if self.resources.nproc_per_node:  # the wrapper starts the ranks through torchrun (jobside/ranklaunch.py)
             argv += ["--nproc-per-node", str(self.resources.nproc_per_node), "--nodes", str(self.resources.nodes or 1)]
             if self.grace_s is not None:
                 argv += ["--grace", f"{self.grace_s:g}"]

@@ -31,10 +31,10 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from orchestrator import memlimit, protocol
-from orchestrator.backends import proctable
+from orchestrator import protocol
 from orchestrator.backends.base import AttemptRef, Backend, BackendError, Capabilities, Outcome, Phase, SubmitSpec
-from orchestrator.ballast import BALLAST_BYTES
+from orchestrator.jobside import memlimit, proctable
+from orchestrator.jobside.ballast import BALLAST_BYTES
 from orchestrator.protocol import FailureClass
 
 

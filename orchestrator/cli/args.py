@@ -14,9 +14,9 @@ from typing import Any
 
 import click
 
+from orchestrator.jobside.spotnotice import CHOICES as SPOT_CHOICES
 from orchestrator.protocol import layout
 from orchestrator.settings import setting
-from orchestrator.spotnotice import CHOICES as SPOT_CHOICES
 
 # ------------------------------------------------------------------------------------------
 # argument-only validation (before any row or directory exists)

@@ -447,7 +447,7 @@ class ExitRecord:
     world_size: int | None = None
     nodes: str | None = None
     # The rank whose program failed on its own first, and how (Popen's returncode: -9 is SIGKILL), when orch
-    # launched the ranks (orchestrator/rankend.py): torchrun exits 1 for a rank's kill -9 too, which read as crash.
+    # launched the ranks (jobside/rankend.py): torchrun exits 1 for a rank's kill -9 too, which read as crash.
     failed_rank: int | None = None
     rank_returncode: int | None = None
     # When the program's own process ended, before the wrapper stopped what it left running (issue 41): a stop
@@ -602,7 +602,7 @@ def _read_exit_at(path: Path, token: str | None) -> ExitRecord | None:
     )
 
 
-# A rank's end as Popen's returncode: an exit code, or minus a signal number (orchestrator/rankend.py writes it).
+# A rank's end as Popen's returncode: an exit code, or minus a signal number (jobside/rankend.py writes it).
 RANK_RETURNCODE_MIN, RANK_RETURNCODE_MAX = -64, 255
 
 

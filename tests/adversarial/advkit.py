@@ -86,7 +86,7 @@ def scan_procs(match: Callable[[str], bool]) -> list[JobProc]:
             out.append(JobProc(int(d), rd, vals.get("ORCH_ATTEMPT"), vals.get("ORCH_SUBMIT_TOKEN"), False))
             continue
         cmd = _read(f"/proc/{d}/cmdline") or b""
-        if b"orchestrator.wrapper" not in cmd:
+        if b"orchestrator.jobside.wrapper" not in cmd:
             continue
         argv = [a.decode(errors="replace") for a in cmd.split(b"\0")]
         rd = _argv_value(argv, "--run-dir")

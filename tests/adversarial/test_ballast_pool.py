@@ -1,4 +1,4 @@
-"""A group launch's ballast pool (orchestrator/ballast.py, issue 20) on real filesystems: one file holds a slot
+"""A group launch's ballast pool (orchestrator/jobside/ballast.py, issue 20) on real filesystems: one file holds a slot
 per task; a task's wrapper gives its slot back first when it starts, and on a disk that filled while the task was
 queued makes its attempt dir, records and ballast in that room. Without it the task ran with nowhere to record its
 end, and ended ``unknown`` (what a hostile test found of the per-task ballast, issue 17)."""
@@ -12,7 +12,7 @@ from pathlib import Path
 from advkit import fill_fs, tmpfs
 from orchkit import PY, ROOT
 
-from orchestrator.ballast import SLOT_BYTES, release_slot, reserve_pool
+from orchestrator.jobside.ballast import SLOT_BYTES, release_slot, reserve_pool
 
 
 def _held(pool: Path) -> int:
@@ -73,7 +73,7 @@ def test_a_started_wrapper_on_a_full_disk_still_records_its_end(tmp_path: Path):
         (bdir / protocol.BATCH_RECORDS).write_text(json.dumps({"0": {"argv": ["sh"], "token": "tok"}}))
         assert reserve_pool(bdir / protocol.BATCH_RESERVE, [0])
         fill_fs(mnt / "filler")
-        argv = [PY, "-m", "orchestrator.wrapper", "--run-dir", str(run), "--job", "t.0000", "--attempt", "1",
+        argv = [PY, "-m", "orchestrator.jobside.wrapper", "--run-dir", str(run), "--job", "t.0000", "--attempt", "1",
                 "--token", "tok", "--fence", "1", "--batch", batch, "--task", "0", "--outputs", "out.bin",
                 "--", "sh", "-c", "head -c 100000 /dev/urandom > out.bin"]
         env = {**os.environ, "PYTHONPATH": str(ROOT)}
@@ -122,7 +122,7 @@ def test_a_forged_batch_argument_leads_the_wrapper_nowhere(tmp_path: Path):
     (tmp_path / "x" / "exit.reserve").write_bytes(b"keep" * 1024)
     run = tmp_path / "runs" / "t.0000"
     run.mkdir(parents=True)
-    argv = [PY, "-m", "orchestrator.wrapper", "--run-dir", str(run), "--job", "t.0000", "--attempt", "1",
+    argv = [PY, "-m", "orchestrator.jobside.wrapper", "--run-dir", str(run), "--job", "t.0000", "--attempt", "1",
             "--token", "tok", "--fence", "1", "--batch", "../../x", "--task", "0", "--", "true"]
     p = subprocess.run(argv, cwd=run, env={**os.environ, "PYTHONPATH": str(ROOT)}, capture_output=True,
                        text=True, timeout=120)
@@ -137,7 +137,7 @@ def test_giving_a_slot_back_never_blocks_on_a_fifo_nor_touches_a_linked_or_outsi
     import threading
 
     from orchestrator import protocol
-    from orchestrator.ballast import give_back
+    from orchestrator.jobside.ballast import give_back
 
     batch = "b" + "3" * 16
     run = tmp_path / "runs" / "t.0000"
@@ -173,7 +173,7 @@ def test_a_queued_tasks_wrapper_refuses_a_symlinked_attempts_dir_and_writes_noth
     run = tmp_path / "runs" / "t.0000"
     run.mkdir(parents=True)
     (run / "attempts").symlink_to(outside)
-    argv = [PY, "-m", "orchestrator.wrapper", "--run-dir", str(run), "--job", "t.0000", "--attempt", "1",
+    argv = [PY, "-m", "orchestrator.jobside.wrapper", "--run-dir", str(run), "--job", "t.0000", "--attempt", "1",
             "--token", "tok", "--fence", "1", "--batch", "b" + "4" * 16, "--task", "0", "--",
             "sh", "-c", "echo ran > ran.txt"]
     p = subprocess.run(argv, cwd=run, env={**os.environ, "PYTHONPATH": str(ROOT)}, capture_output=True,

@@ -200,7 +200,7 @@ def _fence_file(adir: Path, token: str, fence: int) -> None:
 
 def _wrapper(run: Path, token: str, fence: int) -> subprocess.CompletedProcess:
     prog = f"echo ran >> {run}/ran.txt"
-    return subprocess.run([sys.executable, "-m", "orchestrator.wrapper", "--run-dir", str(run), "--job", "w",
+    return subprocess.run([sys.executable, "-m", "orchestrator.jobside.wrapper", "--run-dir", str(run), "--job", "w",
                            "--attempt", "1", "--token", token, "--fence", str(fence), "--", "sh", "-c", prog],
                           cwd=str(ROOT), env={**os.environ, "PYTHONPATH": str(ROOT)}, capture_output=True,
                           text=True, timeout=60)

@@ -160,7 +160,7 @@ def test_resubmitting_after_a_lost_db_is_refused_however_the_run_dir_is_spelled(
 
 def _wrappers(run: Path) -> list[int]:
     """Live job wrappers of ``run`` (by real path), each its session's leader."""
-    from orchestrator.backends import proctable
+    from orchestrator.jobside import proctable
 
     return [p.pid for p in proctable.all_procs() if not p.zombie
             and os.path.realpath(proctable.wrapper_run_dir(p.pid) or "/nonexistent") == os.path.realpath(run)]

@@ -36,8 +36,8 @@ from advkit import (
 from orchkit import wait_for
 
 from orchestrator import protocol
-from orchestrator.backends import proctable
 from orchestrator.backends.local import LocalId, format_id, liveness, parse_id
+from orchestrator.jobside import proctable
 
 LIVE = {"submitted", "running"}
 
@@ -317,8 +317,9 @@ def test_a_stale_launchs_cancel_never_reaches_the_relaunch_that_carries_the_same
 
     token = "feedc0de00000001"
     env = {**os.environ, protocol.ENV_TOKEN: token}
-    relaunch = subprocess.Popen(  # argv as the job wrapper's: ``-m orchestrator.wrapper --run-dir ...``
-        [sys.executable, "-c", "import subprocess, sys; subprocess.run(['sleep', '120'])", "orchestrator.wrapper",
+    relaunch = subprocess.Popen(  # argv as the job wrapper's: ``-m orchestrator.jobside.wrapper --run-dir ...``
+        [sys.executable, "-c", "import subprocess, sys; subprocess.run(['sleep', '120'])",
+         "orchestrator.jobside.wrapper",
          "--run-dir", str(tmp_path)], env=env, start_new_session=True)
     orphan = subprocess.Popen(["sleep", "120"], env=env, start_new_session=True)  # the stale launch's own rank
     stale = subprocess.Popen(["true"], start_new_session=True)

@@ -80,13 +80,13 @@ def program_pids(run_dir: Path, script: str, attempt: int | None = None) -> list
 
 def rank_pid(run_dir: Path, rank: int, script: str) -> int | None:
     """The pid of rank ``rank``'s program running ``script`` for ``run_dir`` (``orch submit --nproc-per-node``),
-    not orch's per-rank parent (``orchestrator.rankend``), whose command line names the script too."""
+    not orch's per-rank parent (``orchestrator.jobside.rankend``), whose command line names the script too."""
     want = {f"{protocol.ENV_RUN_DIR}={run_dir}".encode(), f"RANK={rank}".encode()}
     for d in Path("/proc").iterdir():
         try:
             if d.name.isdigit() and want <= set((d / "environ").read_bytes().split(b"\0")):
                 cmd = (d / "cmdline").read_bytes()
-                if script.encode() in cmd and b"orchestrator.rankend" not in cmd:
+                if script.encode() in cmd and b"orchestrator.jobside.rankend" not in cmd:
                     return int(d.name)
         except OSError:
             continue
@@ -155,7 +155,7 @@ def _alive(pid: int) -> bool:
 
 def _is_wrapper(pid: int) -> bool:
     try:
-        return b"orchestrator.wrapper" in Path(f"/proc/{pid}/cmdline").read_bytes()
+        return b"orchestrator.jobside.wrapper" in Path(f"/proc/{pid}/cmdline").read_bytes()
     except OSError:
         return False
 

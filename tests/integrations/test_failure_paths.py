@@ -74,7 +74,7 @@ def test_program_that_exits_0_after_sigterm_is_never_verified(orch):
     wait_for(lambda: list((run_dir / "result").glob("*.ckpt")), 180, "a ModelCheckpoint file")
     (pid,) = program_pids(run_dir, "lightning_without_callback.py")
     wrapper = int(Path(f"/proc/{pid}/stat").read_bytes().rsplit(b")", 1)[1].split()[1])
-    assert b"orchestrator.wrapper" in Path(f"/proc/{wrapper}/cmdline").read_bytes()
+    assert b"orchestrator.jobside.wrapper" in Path(f"/proc/{wrapper}/cmdline").read_bytes()
     os.kill(wrapper, signal.SIGTERM)
     exit_json = protocol.attempt_dir(run_dir, 1) / protocol.EXIT_FILE
     wait_for(exit_json.exists, 60, "attempt 1 to exit")

@@ -67,7 +67,7 @@ def sigterm_wrapper(orch, name: str, attempt: int, past_step: int, timeout: floa
 
 def parent_of(pid: int) -> int:
     ppid = int(Path(f"/proc/{pid}/stat").read_bytes().rsplit(b")", 1)[1].split()[1])
-    assert b"orchestrator.wrapper" in Path(f"/proc/{ppid}/cmdline").read_bytes()
+    assert b"orchestrator.jobside.wrapper" in Path(f"/proc/{ppid}/cmdline").read_bytes()
     return ppid
 
 

@@ -38,7 +38,7 @@ from orchestrator import protocol
 mlflow = pytest.importorskip("mlflow")
 from mlflow.tracking import MlflowClient  # noqa: E402
 
-from orchestrator.mlflowrun import latest_per_step  # noqa: E402
+from orchestrator.jobside.mlflowrun import latest_per_step  # noqa: E402
 
 MAX, SAVE = 40, 10
 TRACKERS = ["--wandb", "--mlflow", "--sleep-per-step", "0.05"]

@@ -26,7 +26,7 @@ def _wrappers_of(token: str) -> list[psutil.Process]:
     out = []
     for p in psutil.process_iter(["cmdline"]):
         cmd = p.info["cmdline"] or []
-        if "orchestrator.wrapper" in cmd and token in cmd:
+        if "orchestrator.jobside.wrapper" in cmd and token in cmd:
             out.append(p)
     return out
 

@@ -33,7 +33,7 @@ def _wrapper(orch, run_dir, restart: int) -> subprocess.Popen:
     env = {k: v for k, v in orch.env.items() if not k.startswith("SLURM_")}
     if restart:
         env["SLURM_RESTART_COUNT"] = str(restart)
-    argv = [sys.executable, "-m", "orchestrator.wrapper", "--run-dir", str(run_dir), "--job", "ip", "--attempt",
+    argv = [sys.executable, "-m", "orchestrator.jobside.wrapper", "--run-dir", str(run_dir), "--job", "ip", "--attempt",
             "1", "--token", TOKEN, "--", *TRAINER]
     return subprocess.Popen(argv, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
 

@@ -86,7 +86,7 @@ def test_kill9_of_torchrun_or_of_a_ranks_orch_parent_is_killed_not_the_leftovers
 
     wait_for(lambda: trained("tr") and trained("rp"), 120, "both jobs past their first checkpoint")
     os.kill(_procs(orch.runs / "tr", b"torch.distributed.run")[0], signal.SIGKILL)
-    os.kill(_procs(orch.runs / "rp", b"orchestrator.rankend", rank=0)[0], signal.SIGKILL)
+    os.kill(_procs(orch.runs / "rp", b"orchestrator.jobside.rankend", rank=0)[0], signal.SIGKILL)
 
     def ended(name: str) -> dict | None:
         orch("reconcile")

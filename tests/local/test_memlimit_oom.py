@@ -10,7 +10,8 @@ import sys
 
 from orchkit import unavailable
 
-from orchestrator import memlimit, protocol
+from orchestrator import protocol
+from orchestrator.jobside import memlimit
 
 DONE = "done_marker_verified"
 ALLOC = """

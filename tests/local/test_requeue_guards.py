@@ -146,7 +146,7 @@ def test_a_job_wrapper_in_the_run_dir_is_named_with_its_attempt_from_its_argv(tm
     run_dir = tmp_path / "run"
     run_dir.mkdir()
     env = {k: v for k, v in os.environ.items() if not k.startswith("ORCH_")}
-    w = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)", "-m", "orchestrator.wrapper",
+    w = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)", "-m", "orchestrator.jobside.wrapper",
                           "--run-dir", str(run_dir), "--job", "j", "--attempt", "3", "--", "true"], env=env)
     try:
         seen = wait_for(lambda: live_by_run_dir([run_dir]).get(os.path.realpath(run_dir)), 30, "the wrapper seen")

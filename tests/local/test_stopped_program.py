@@ -73,7 +73,7 @@ def test_a_program_stopped_briefly_is_not_hung(orch):
 
 
 def _rank_pids(run_dir, rank: int) -> tuple[int | None, int | None]:  # noqa: ANN001
-    """(orch's per-rank parent ``orchestrator.rankend``, the rank's program) of ``rank`` for ``run_dir``."""
+    """(orch's per-rank parent ``orchestrator.jobside.rankend``, the rank's program) of ``rank`` for ``run_dir``."""
     from pathlib import Path
 
     want = {f"{protocol.ENV_RUN_DIR}={run_dir}".encode(), f"RANK={rank}".encode()}
@@ -81,7 +81,7 @@ def _rank_pids(run_dir, rank: int) -> tuple[int | None, int | None]:  # noqa: AN
     for d in Path("/proc").iterdir():
         try:
             if d.name.isdigit() and want <= set((d / "environ").read_bytes().split(b"\0")):
-                if b"orchestrator.rankend" in (d / "cmdline").read_bytes():
+                if b"orchestrator.jobside.rankend" in (d / "cmdline").read_bytes():
                     parent = int(d.name)
                 else:
                     program = int(d.name)

@@ -20,7 +20,7 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 def _argv(run_dir: Path, token: str, *command: str, outputs: tuple[str, ...] = ()) -> list[str]:
-    return [sys.executable, "-m", "orchestrator.wrapper", "--run-dir", str(run_dir), "--attempt", "1",
+    return [sys.executable, "-m", "orchestrator.jobside.wrapper", "--run-dir", str(run_dir), "--attempt", "1",
             "--token", token, "--job", run_dir.name, *(a for o in outputs for a in ("--outputs", o)), "--", *command]
 
 

@@ -14,7 +14,7 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 def _wrapper(run_dir: Path, token: str, *command: str) -> subprocess.CompletedProcess:
-    argv = [sys.executable, "-m", "orchestrator.wrapper", "--run-dir", str(run_dir), "--attempt", "1",
+    argv = [sys.executable, "-m", "orchestrator.jobside.wrapper", "--run-dir", str(run_dir), "--attempt", "1",
             "--token", token, "--job", run_dir.name, "--", *command]
     return subprocess.run(argv, cwd=str(ROOT), capture_output=True, text=True, timeout=60)
 

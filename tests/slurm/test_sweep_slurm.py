@@ -302,7 +302,7 @@ def test_a_task_cancelled_while_queued_settles_and_gives_its_room_back(orch, cle
     # Hostile test: Slurm drops a pending array task cancelled on its own from its array and never accounts it, so
     # `orch cancel` left the attempt `stopping` (the job not requeueable, "still stopping") for good, and the batch
     # kept the task's slot of disk. A whole array cancelled while pending is listed as CANCELLED, then dropped.
-    from orchestrator.ballast import SLOT_BYTES
+    from orchestrator.jobside.ballast import SLOT_BYTES
 
     assert orch("status").returncode == 0
     p = orch("sweep", "--name", "cq", "--backend", "slurm", "--partition", "spot", "--cpus-per-task", "1",

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from orchestrator import memlimit
+from orchestrator.jobside import memlimit
 
 HYBRID_CGROUP = "4:memory:/process_api/d45a\n0::/\n1:cpu:/\n"
 V2_CGROUP = "0::/user.slice/orch.service\n"

@@ -10,7 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator import mlflowrun, protocol
+from orchestrator import protocol
+from orchestrator.jobside import mlflowrun
 
 pytest.importorskip("mlflow")
 

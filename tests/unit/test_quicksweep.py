@@ -373,7 +373,7 @@ def _pool(cfg, batch: str) -> Path:  # noqa: ANN001
 
 
 def _slots_held(pool: Path) -> int:
-    from orchestrator.ballast import SLOT_BYTES
+    from orchestrator.jobside.ballast import SLOT_BYTES
 
     return pool.stat().st_blocks * 512 // SLOT_BYTES if pool.exists() else 0
 
@@ -446,7 +446,8 @@ def test_where_no_slot_of_a_pool_can_be_freed_each_task_gets_its_own_ballast_at_
     # could never give a started task's slot back: the pool would hold the whole batch's room until its end.
     import errno
 
-    from orchestrator import ballast, protocol
+    from orchestrator import protocol
+    from orchestrator.jobside import ballast
 
     def cannot(*_a):  # noqa: ANN002, ANN202
         raise OSError(errno.EOPNOTSUPP, "Operation not supported")

@@ -1,4 +1,4 @@
-"""Each rank's own end (issue 19, orchestrator/rankend.py): the record the per-rank parent writes is the
+"""Each rank's own end (issue 19, orchestrator/jobside/rankend.py): the record the per-rank parent writes is the
 job's to write too, so every field is checked; the wrapper picks the rank that failed on its own first; and
 classify() gives the attempt the class a single process with that end gets, never more.
 """
@@ -15,11 +15,12 @@ from pathlib import Path
 import pytest
 from orchkit import wait_for
 
-from orchestrator import protocol, rankend
+from orchestrator import protocol
 from orchestrator.backends.base import Outcome, Phase
 from orchestrator.classify import classify
+from orchestrator.jobside import rankend
+from orchestrator.jobside.rankend import RankEnd, first_own_end, parse_rank_end, read_rank_ends
 from orchestrator.protocol import ExitRecord, MarkerStatus, Verification
-from orchestrator.rankend import RankEnd, first_own_end, parse_rank_end, read_rank_ends
 
 ABSENT = Verification(MarkerStatus.ABSENT, "no done.json")
 TOKEN, LAUNCH = "tok", "abc123"
@@ -169,7 +170,7 @@ def test_the_per_rank_parent_records_the_end_and_ends_as_the_program_did(tmp_pat
     """Real processes: a program SIGKILLed ends its parent by SIGKILL too (torchrun's view stays true) and the
     record says so; a stop sent to the process group (as torchrun sends it) is recorded as ``stopped``."""
     env = {"RANK": "0", protocol.ENV_TOKEN: TOKEN, "PATH": "/usr/bin:/bin"}
-    argv = [sys.executable, "-m", "orchestrator.rankend", "--dir", str(tmp_path), "--launch", LAUNCH, "--"]
+    argv = [sys.executable, "-m", "orchestrator.jobside.rankend", "--dir", str(tmp_path), "--launch", LAUNCH, "--"]
     p = subprocess.run([*argv, "sh", "-c", "kill -9 $$"], env=env, timeout=60)
     assert p.returncode == -signal.SIGKILL
     end = read_rank_ends(tmp_path, LAUNCH, TOKEN, 1)[0]
@@ -193,7 +194,7 @@ def test_a_stopped_program_is_killed_at_once_when_a_stop_reaches_its_rank(tmp_pa
     came only after the whole grace, and took this parent too (no record). The parent kills it at once, and records
     the end as the stop's consequence."""
     env = {"RANK": "1", protocol.ENV_TOKEN: TOKEN, "PATH": "/usr/bin:/bin"}
-    argv = [sys.executable, "-m", "orchestrator.rankend", "--dir", str(tmp_path), "--launch", LAUNCH, "--"]
+    argv = [sys.executable, "-m", "orchestrator.jobside.rankend", "--dir", str(tmp_path), "--launch", LAUNCH, "--"]
     q = subprocess.Popen([*argv, "sh", "-c", "echo up; kill -STOP $$; exec sleep 600"], env=env,
                          stdout=subprocess.PIPE, start_new_session=True)
     assert q.stdout.readline() == b"up\n"
@@ -207,7 +208,7 @@ def test_a_stopped_program_is_killed_at_once_when_a_stop_reaches_its_rank(tmp_pa
 # Run in a child: rankend installs its stop handlers in the process that calls main().
 _STOP_DURING_POPEN = """
 import os, signal, subprocess, sys, time
-from orchestrator import rankend
+from orchestrator.jobside import rankend
 real = subprocess.Popen
 def popen(*a, **kw):  # the program printed and stopped itself before Popen returned; the stop arrives then
     child = real(*a, **kw)
@@ -241,7 +242,7 @@ def _stopped_child(pid: int) -> bool:
 
 def test_the_wrapper_reads_rank_ends_only_when_torchrun_failed(tmp_path):
     """A rank's record never speaks for a run torchrun called a success (exit 0) or for torchrun's own death."""
-    from orchestrator import wrapper
+    from orchestrator.jobside import wrapper
 
     a = wrapper._parse(["--run-dir", str(tmp_path), "--job", "j", "--attempt", "1", "--token", TOKEN,
                         "--nproc-per-node", "2", "--", "python", "train.py"])
@@ -278,7 +279,7 @@ def test_a_stop_that_reached_a_ranks_parent_before_its_program_started_reaches_t
     go = tmp_path / "go"
     env = {**os.environ, "RANK": "0", "ORCH_SUBMIT_TOKEN": TOKEN, "ORCH_PAUSE_AT": "rank_before_program",
            "ORCH_PAUSE_UNTIL": str(go), "ORCH_PAUSE_S": "60"}
-    parent = subprocess.Popen([sys.executable, "-m", "orchestrator.rankend", "--dir", str(tmp_path), "--launch",
+    parent = subprocess.Popen([sys.executable, "-m", "orchestrator.jobside.rankend", "--dir", str(tmp_path), "--launch",
                                LAUNCH, "--", sys.executable, "-c", "import time; time.sleep(60)"], env=env)
     try:
         wait_for(lambda: (tmp_path / "go.reached").exists(), 30, "the parent to reach the point before its program")

@@ -8,10 +8,11 @@ import os
 import subprocess
 import sys
 
-from orchestrator import protocol, rankend
+from orchestrator import protocol
 from orchestrator.backends.base import AttemptRef, Outcome, Phase
 from orchestrator.classify import classify
 from orchestrator.ending import evidence_of_end
+from orchestrator.jobside import rankend
 from orchestrator.staleness import Stale
 
 TOKEN, LAUNCH = "tok-1", "launch-a"
@@ -24,7 +25,8 @@ def _attempt(tmp_path, wrapper_token: str = TOKEN) -> AttemptRef:  # noqa: ANN00
     ref = AttemptRef(None, TOKEN, tmp_path, 1)
     ref.attempt_dir.mkdir(parents=True)
     env = {**os.environ, "RANK": "1", protocol.ENV_TOKEN: TOKEN}
-    p = subprocess.run([sys.executable, "-m", "orchestrator.rankend", "--dir", str(ref.attempt_dir / "torchrun"),
+    p = subprocess.run([sys.executable, "-m", "orchestrator.jobside.rankend",
+                        "--dir", str(ref.attempt_dir / "torchrun"),
                         "--launch", LAUNCH, "--", sys.executable, "-c", SELF_KILL], env=env, timeout=60)
     assert p.returncode == -9
     protocol.atomic_write_json(ref.attempt_dir / protocol.WRAPPER_FILE,
@@ -46,6 +48,6 @@ def test_another_launchs_wrapper_record_reads_no_rank_end(tmp_path):
 
 
 def test_the_record_directory_is_the_one_the_wrapper_gives_torchrun():
-    from orchestrator import wrapper
+    from orchestrator.jobside import wrapper
 
     assert wrapper.TORCHRUN_DIR == rankend.TORCHRUN_DIR == "torchrun"

@@ -12,11 +12,11 @@ import pytest
 from click.testing import CliRunner
 from test_cli import assert_nothing_created
 
-from orchestrator import ranks
 from orchestrator.backends import get_backend
 from orchestrator.backends.base import Resources, SubmitSpec
 from orchestrator.backends.slurm import SlurmBackend
 from orchestrator.cli import main
+from orchestrator.jobside import ranklaunch as ranks
 
 CMD = ("/venv/bin/python", "train.py", "--lr", "0.1")
 
@@ -101,7 +101,7 @@ def test_wrapper_argv_carries_the_ranks_and_the_grace_only_when_asked():
 
 
 def test_local_torchrun_is_standalone_with_the_job_grace_as_shutdown_timeout():
-    argv = ranks.torchrun_argv("/py", ranks.Ranks(nodes=1, nproc_per_node=2, grace_s=90), CMD)
+    argv = ranks.torchrun_argv("/py", ranks.RankLayout(nodes=1, nproc_per_node=2, grace_s=90), CMD)
     assert argv[:3] == ["/py", "-m", "torch.distributed.run"]
     assert "--standalone" in argv and "--rdzv-endpoint" not in argv
     assert argv[argv.index("--nproc-per-node") + 1] == "2" and argv[argv.index("--nnodes") + 1] == "1"
@@ -125,7 +125,7 @@ def test_two_nodes_one_torchrun_per_node_through_srun_rendezvous_on_the_first_no
 
     monkeypatch.setattr(ranks.subprocess, "run", fake_run)
     env = {"SLURM_JOB_ID": "4242", "SLURM_JOB_NODELIST": "gpu-a[17-18]", "SLURM_CPUS_PER_TASK": "8"}
-    argv = ranks.slurm_step_argv("/py", ranks.Ranks(nodes=2, nproc_per_node=4, grace_s=75), CMD, env)
+    argv = ranks.slurm_step_argv("/py", ranks.RankLayout(nodes=2, nproc_per_node=4, grace_s=75), CMD, env)
     assert calls == [["scontrol", "show", "hostnames", "gpu-a[17-18]"]]
     cut = argv.index("/py")
     srun, torchrun = argv[:cut], argv[cut:]
@@ -146,14 +146,15 @@ def test_slurm_step_refuses_an_allocation_it_cannot_read(monkeypatch):
 
     monkeypatch.setattr(ranks.subprocess, "run", lambda argv, **kw: subprocess.CompletedProcess(argv, 1, "", "boom"))
     with pytest.raises(ranks.RankLaunchError, match="scontrol show hostnames"):
-        ranks.slurm_step_argv("/py", ranks.Ranks(2, 1, 60), CMD, {"SLURM_JOB_ID": "1", "SLURM_JOB_NODELIST": "a[1-2]"})
+        ranks.slurm_step_argv("/py", ranks.RankLayout(2, 1, 60), CMD,
+                              {"SLURM_JOB_ID": "1", "SLURM_JOB_NODELIST": "a[1-2]"})
 
 
 def test_torchrun_parses_the_composed_command():
     """The composed argv is what the installed torchrun (torch 2.13) accepts, the user's argv intact."""
     from torch.distributed.run import get_args_parser
 
-    argv = ranks.torchrun_argv(sys.executable, ranks.Ranks(1, 2, 90), CMD)
+    argv = ranks.torchrun_argv(sys.executable, ranks.RankLayout(1, 2, 90), CMD)
     args = get_args_parser().parse_args(argv[3:])
     assert (args.nproc_per_node, args.standalone, args.no_python, args.shutdown_timeout) == ("2", True, True, 90)
     assert [args.training_script, *args.training_script_args] == list(CMD)
@@ -173,7 +174,7 @@ def test_wrapper_stops_of_its_own_go_to_the_job_steps_never_to_srun(tmp_path, mo
     import signal
     import subprocess
 
-    from orchestrator import wrapper
+    from orchestrator.jobside import wrapper
 
     log = tmp_path / "calls.log"
     _fake_tool(tmp_path / "bin", "scancel", "", log)
@@ -197,7 +198,7 @@ def test_wrapper_stops_of_its_own_go_to_the_job_steps_never_to_srun(tmp_path, mo
 
 @pytest.mark.parametrize("preempt_time,expected", [("2026-12-01T17:53:32", True), ("None", False)])
 def test_preemption_is_read_from_scontrol(tmp_path, monkeypatch, preempt_time, expected):
-    from orchestrator import wrapper
+    from orchestrator.jobside import wrapper
 
     log = tmp_path / "calls.log"
     line = (f"JobId=318 JobState=RUNNING Requeue=1 Restarts=0 PreemptEligibleTime=2026-12-01T17:53:28 "
@@ -209,7 +210,7 @@ def test_preemption_is_read_from_scontrol(tmp_path, monkeypatch, preempt_time, e
 
 
 def test_without_nproc_the_command_runs_as_given_even_a_users_own_torchrun(monkeypatch):
-    from orchestrator import wrapper
+    from orchestrator.jobside import wrapper
 
     monkeypatch.delenv("SLURM_JOB_ID", raising=False)
 
@@ -220,14 +221,14 @@ def test_without_nproc_the_command_runs_as_given_even_a_users_own_torchrun(monke
                         "--grace", "90", "--", "python", "train.py"])
     argv, world, step_job = wrapper._program(a, "L1")
     assert world == 2 and step_job is None and argv[-3:] == ["--", "python", "train.py"]
-    # each rank's program under the parent that records its own end (issue 19, orchestrator/rankend.py)
+    # each rank's program under the parent that records its own end (issue 19, orchestrator/jobside/rankend.py)
     rec = argv[argv.index("--no-python") + 2:]
-    assert rec[1:7] == ["-m", "orchestrator.rankend", "--dir", "/r/attempts/1/torchrun", "--launch", "L1"], rec
+    assert rec[1:7] == ["-m", "orchestrator.jobside.rankend", "--dir", "/r/attempts/1/torchrun", "--launch", "L1"], rec
     assert argv[argv.index("--shutdown-timeout") + 1] == "90"
 
 
 def test_wrapper_refuses_several_nodes_outside_slurm(monkeypatch):
-    from orchestrator import wrapper
+    from orchestrator.jobside import wrapper
 
     monkeypatch.delenv("SLURM_JOB_ID", raising=False)
     a = wrapper._parse(["--run-dir", "/r", "--job", "j", "--attempt", "1", "--token", "t", "--nproc-per-node", "2",

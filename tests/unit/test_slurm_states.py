@@ -288,7 +288,7 @@ def test_submit_writes_the_script_and_passes_a_clean_environment(tmp_path: Path,
     assert slurm.SlurmBackend().submit(s) == "4242"
     assert not {"SLURM_JOB_ID", "SBATCH_PARTITION", "RANK"} & set(envs[0])
     script = (s.attempt_dir / "slurm" / "job.sbatch").read_text()
-    assert script.startswith("#!/") and "orchestrator.wrapper" in script
+    assert script.startswith("#!/") and "orchestrator.jobside.wrapper" in script
     rec_ = json.loads((s.attempt_dir / "slurm" / "submitted.json").read_text())
     assert rec_["job_id"] == "4242" and rec_["token"] == "abc123"
 

@@ -12,8 +12,8 @@ import pytest
 from fakemeta import AWS_TOKEN, AZURE_VM, FakeMetadata, notice_body
 from orchkit import wait_for
 
-from orchestrator import spotnotice as sn
-from orchestrator.spotnotice import Answer, Notice, Trouble
+from orchestrator.jobside import spotnotice as sn
+from orchestrator.jobside.spotnotice import Answer, Notice, Trouble
 
 
 def ans(status: int, body: bytes | str) -> Answer:

@@ -10,7 +10,7 @@ import subprocess
 from orchkit import wait_for
 
 from orchestrator import protocol
-from orchestrator.stoppedwatch import StoppedWatch, interval_from_env
+from orchestrator.jobside.stoppedwatch import StoppedWatch, interval_from_env
 
 
 def test_the_record_exists_exactly_while_the_program_is_stopped(tmp_path):

@@ -89,8 +89,8 @@ def test_result_paths_are_not_orch_owned(rel):
 
 def test_the_wrappers_outputs_listing_skips_orch_owned_files(tmp_path: Path):
     """The backstop for a job submitted before the parse-time refusal: `**` lists only result files."""
-    from orchestrator.ballast import Ballast
-    from orchestrator.wrapper import write_outputs_marker
+    from orchestrator.jobside.ballast import Ballast
+    from orchestrator.jobside.wrapper import write_outputs_marker
 
     for rel in [*OWN, "out/a.txt", "b.pt"]:
         (tmp_path / rel).parent.mkdir(parents=True, exist_ok=True)

@@ -1,4 +1,4 @@
-"""orchestrator.wrapper, run as the backends run it: it records how the program ended (exit.json) and writes the
+"""orchestrator.jobside.wrapper, run as the backends run it: it records how the program ended (exit.json) and writes the
 done marker only after the program completed and exited 0 (the one predicate). The stop paths end to end:
 tests/local/test_wrapper_completion.py, tests/local/test_wrapper_guard.py."""
 
@@ -12,8 +12,8 @@ from orchestrator import protocol
 
 def _wrap(run_dir, *command: str) -> subprocess.CompletedProcess:  # noqa: ANN001
     run_dir.mkdir(parents=True, exist_ok=True)
-    return subprocess.run([sys.executable, "-m", "orchestrator.wrapper", "--run-dir", str(run_dir), "--job", "w",
-                           "--attempt", "1", "--token", "tok1", "--outputs", "out.txt", "--", *command],
+    return subprocess.run([sys.executable, "-m", "orchestrator.jobside.wrapper", "--run-dir", str(run_dir),
+                           "--job", "w", "--attempt", "1", "--token", "tok1", "--outputs", "out.txt", "--", *command],
                           capture_output=True, text=True, timeout=60, cwd=run_dir)
 
 

@@ -51,7 +51,7 @@ def arrange(run_dir: Path, job: str, attempt: int, env: dict[str, str]) -> tuple
     """(the run id to pass as ``MLFLOW_RUN_ID``, or None; a line for the attempt's log, or '')."""
     if not env.get(URI_ENV) or env.get(RUN_ID_ENV) or env.get(OFF_ENV) == "0":
         return None, ""
-    argv = [sys.executable, "-m", "orchestrator.mlflowrun", "arrange", str(run_dir), job, str(int(attempt))]
+    argv = [sys.executable, "-m", "orchestrator.jobside.mlflowrun", "arrange", str(run_dir), job, str(int(attempt))]
     try:
         p = subprocess.run(argv, env=env, stdin=subprocess.DEVNULL, capture_output=True, text=True,
                            timeout=TIMEOUT_S)
@@ -154,7 +154,7 @@ def _finish_many(raw: str) -> int:
 
 
 def main(argv: list[str]) -> int:
-    """``python -m orchestrator.mlflowrun arrange RUN_DIR JOB ATTEMPT`` or ``finish-many`` (stdin)."""
+    """``python -m orchestrator.jobside.mlflowrun arrange RUN_DIR JOB ATTEMPT`` or ``finish-many`` (stdin)."""
     try:
         if argv[:1] == ["arrange"] and len(argv) == 4:
             print(_arrange_here(Path(argv[1]), argv[2], int(argv[3])))
@@ -167,7 +167,7 @@ def main(argv: list[str]) -> int:
     except Exception as e:  # noqa: BLE001 - one line for the attempt's log, whatever MLflow raised
         print(f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}", file=sys.stderr)
         return 1
-    print("usage: python -m orchestrator.mlflowrun arrange RUN_DIR JOB ATTEMPT | finish-many", file=sys.stderr)
+    print("usage: python -m orchestrator.jobside.mlflowrun arrange RUN_DIR JOB ATTEMPT | finish-many", file=sys.stderr)
     return 2
 
 

@@ -39,7 +39,7 @@ class RankLaunchError(RuntimeError):
 
 
 @dataclass(frozen=True)
-class Ranks:
+class RankLayout:
     """How many ranks the program runs as, and the grace torchrun gives them after a stop signal."""
 
     nodes: int = 1
@@ -56,7 +56,7 @@ def shutdown_timeout(grace_s: float) -> int:
     return max(1, math.ceil(grace_s))
 
 
-def torchrun_argv(python: str, r: Ranks, command: Sequence[str], rdzv: tuple[str, int, str] | None = None,
+def torchrun_argv(python: str, r: RankLayout, command: Sequence[str], rdzv: tuple[str, int, str] | None = None,
                   log_dir: str | None = None) -> list[str]:
     """torchrun running ``command`` (any executable: ``--no-python``) as ``r.nproc_per_node`` local ranks.
 
@@ -78,9 +78,9 @@ def torchrun_argv(python: str, r: Ranks, command: Sequence[str], rdzv: tuple[str
 
 
 def recorded(python: str, ends_dir: str, launch: str, command: Sequence[str]) -> list[str]:
-    """``command`` under orch's per-rank parent (orchestrator/rankend.py), which records how this rank's program
+    """``command`` under orch's per-rank parent (orchestrator/jobside/rankend.py), which records how this rank's program
     ended (``<ends_dir>/rank-end.<launch>.<RANK>.json``) and then ends as it did."""
-    return [python, "-m", "orchestrator.rankend", "--dir", ends_dir, "--launch", launch, "--", *command]
+    return [python, "-m", "orchestrator.jobside.rankend", "--dir", ends_dir, "--launch", launch, "--", *command]
 
 
 def rdzv_port(job_id: str) -> int:
@@ -103,7 +103,7 @@ def slurm_hosts(nodelist: str) -> list[str]:
     return hosts
 
 
-def slurm_step_argv(python: str, r: Ranks, command: Sequence[str], env: Mapping[str, str],
+def slurm_step_argv(python: str, r: RankLayout, command: Sequence[str], env: Mapping[str, str],
                     log_dir: str | None = None) -> list[str]:
     """srun starting one torchrun per node of the allocation, rendezvous on its first node.
 

@@ -22,6 +22,10 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 
 PROC = "/proc"
+# The module a job wrapper runs as: its name since orchestrator/jobside/ holds the compute node's code, and its name
+# before, which the argv of a job started by an older orch still shows (it is recovered after an upgrade).
+WRAPPER_MODULES = frozenset({b"orchestrator.jobside.wrapper", b"orchestrator.wrapper"})
+RANK_PARENT_MODULES = frozenset({b"orchestrator.jobside.rankend", b"orchestrator.rankend"})
 
 
 @dataclass(frozen=True)
@@ -112,7 +116,7 @@ def environ_has(pid: int, key: str, value: str) -> bool | None:
 
 
 def wrapper_run_dir(pid: int) -> str | None:
-    """The ``--run-dir`` of an orch job wrapper process (``-m orchestrator.wrapper``), else None.
+    """The ``--run-dir`` of an orch job wrapper process (``-m orchestrator.jobside.wrapper``), else None.
 
     A program that cleared its environment (``env -i``) carries no ORCH_RUN_DIR, but its wrapper
     lives as long as it does and names the run dir in its argv."""
@@ -126,7 +130,7 @@ def wrapper_option(pid: int, flag: str) -> str | None:
             argv = f.read(1 << 16).split(b"\0")
     except OSError:
         return None
-    if b"orchestrator.wrapper" not in argv:
+    if not WRAPPER_MODULES & set(argv):
         return None
     try:
         return argv[argv.index(flag.encode()) + 1].decode(errors="replace")
