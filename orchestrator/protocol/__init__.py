@@ -18,6 +18,7 @@ instructions (a FIFO, a NaN or a 10**30 in them must cost that job a "bad record
 Importable by any training script (no torch, no database, no orchestrator imports but ``durable``).
 """
 
+from orchestrator.protocol.completion import *  # noqa: F403
 from orchestrator.protocol.durable import (  # noqa: F401 - the protocol's public API, in one namespace
     MAX_DB_INT,
     MAX_INT,
@@ -38,9 +39,16 @@ from orchestrator.protocol.durable import (  # noqa: F401 - the protocol's publi
     tmp_name,
     write_file_synced,
 )
+from orchestrator.protocol.exitrecord import *  # noqa: F403
+from orchestrator.protocol.failure import *  # noqa: F403
+from orchestrator.protocol.fence import *  # noqa: F403
 from orchestrator.protocol.layout import *  # noqa: F403
 from orchestrator.protocol.layout import (  # noqa: F401 - names the star import does not carry
     _NAME_RE,
 )
 from orchestrator.protocol.marker import *  # noqa: F403
-from orchestrator.protocol.records import *  # noqa: F403
+from orchestrator.protocol.progress import *  # noqa: F403
+from orchestrator.protocol.restarts import *  # noqa: F403
+from orchestrator.protocol.runconfig import *  # noqa: F403
+from orchestrator.protocol.rundirreport import *  # noqa: F403
+from orchestrator.protocol.stoprecord import *  # noqa: F403

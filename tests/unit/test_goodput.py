@@ -182,7 +182,7 @@ def _attempt_files(tmp_path, started_at: str, ended_at: str):
     from types import SimpleNamespace
 
     from orchestrator import protocol
-    from orchestrator.protocol.records import ExitRecord, write_exit
+    from orchestrator.protocol.exitrecord import ExitRecord, write_exit
 
     adir = protocol.attempt_dir(str(tmp_path), 1)
     adir.mkdir(parents=True)

@@ -271,7 +271,7 @@ CRASH_CHILD = textwrap.dedent("""
     os.replace = step("replace", os.replace)
     # Module globals shadow the builtin / the import in each protocol module that writes.
     opener, fsync_dir = step("open", builtins.open), step("fsync_dir", protocol.fsync_dir)
-    for mod in (protocol.durable, protocol.marker, protocol.records):
+    for mod in (protocol.durable, protocol.marker, protocol.progress, protocol.restarts):
         mod.open = opener
         mod.fsync_dir = fsync_dir
 
