@@ -14,18 +14,11 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from orch_trainer import runfiles
+from orch_trainer.trainerexit import TrainerExit
 from orchestrator import protocol
 
 if TYPE_CHECKING:
     from orchestrator.kit.checkpoint import CheckpointError
-
-class TrainerExit(Exception):
-    """Unwind to ``Trainer.run`` with an exit code; the failure (if any) is already reported."""
-
-    def __init__(self, code: int) -> None:
-        super().__init__(code)
-        self.code = code
-
 
 @dataclass(frozen=True)
 class Attempt:

@@ -33,7 +33,7 @@ from typing import Any
 import torch
 
 from orch_trainer import runfiles
-from orch_trainer.attempt import Attempt, TrainerExit
+from orch_trainer.attempt import Attempt
 from orch_trainer.faults import FaultInjector, cpu_oom_error
 from orch_trainer.finish import finish
 from orch_trainer.load import Loaded, RunConfig, load, write_run_config
@@ -43,6 +43,7 @@ from orch_trainer.ranks import Ranks, init_group, leave, refusal
 from orch_trainer.runfiles import log
 from orch_trainer.state import autocast, capture_rng, checkpoint_meta, progress_fields, restore_rng, state_files
 from orch_trainer.trained import Trained
+from orch_trainer.trainerexit import TrainerExit
 from orchestrator import protocol
 from orchestrator.kit.checkpoint import CheckpointError, CheckpointManager
 from orchestrator.kit.dist import StopAgreement, any_rank

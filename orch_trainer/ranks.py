@@ -24,6 +24,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
+from orch_trainer.trainerexit import TrainerExit
+
 T = TypeVar("T")
 
 # A collective that waits for a dead or hung peer fails after this long (gloo's own default is 30 minutes).
@@ -72,8 +74,6 @@ class Ranks:
         """
         if not self.multi:
             return decide()
-        from orch_trainer.attempt import TrainerExit
-
         box: list[Any] = [None]
         error: BaseException | None = None
         if self.is_writer:

@@ -16,6 +16,7 @@ from typing import Any
 from orchestrator import protocol
 from orchestrator.errors import UsageError
 from orchestrator.goodput import AttemptFacts, Beat, JobSplit, split_job, summarize
+from orchestrator.goodputrows import jobs_from_rows, report_selects
 from orchestrator.resources import partition_of
 
 _SINCE_RE = re.compile(r"^([0-9]{1,6})([smhdw])$")
@@ -153,9 +154,7 @@ def show_goodput(job: Any, now: float | None = None) -> dict[str, Any]:
 def report(db: Any, since: timedelta | None, now: float | None = None) -> dict[str, Any]:
     """``orch report``: the fleet's split (jobs created or with an attempt active in the window), by partition
     (``backend/partition``) and by sweep. Through SQLAlchemy (any DB); ``goodputfast`` runs the same queries
-    through sqlite3."""
-    from orchestrator.goodputfast import jobs_from_rows, report_selects
-
+    (``goodputrows``) through sqlite3."""
     now = time.time() if now is None else now
     jobs_q, attempts_q = report_selects(since is not None)
     params = {}

@@ -7,7 +7,7 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
-from orchestrator import goodputfast
+from orchestrator import goodputfast, goodputrows
 from orchestrator.goodputview import report
 from orchestrator.lifecycle import AttemptState, JobState
 from orchestrator.models import Attempt, Job, Sweep
@@ -18,10 +18,10 @@ def test_the_report_sql_in_the_source_is_what_the_models_compile_today():
     from sqlalchemy.dialects import sqlite
 
     for variant, windowed in (("all", False), ("window", True)):
-        for q, name, keys in zip(goodputfast.report_selects(windowed), ("jobs", "attempts"),
-                                 (goodputfast.JOB_KEYS, goodputfast.ATTEMPT_KEYS), strict=True):
+        for q, name, keys in zip(goodputrows.report_selects(windowed), ("jobs", "attempts"),
+                                 (goodputrows.JOB_KEYS, goodputrows.ATTEMPT_KEYS), strict=True):
             compiled = q.compile(dialect=sqlite.dialect())
-            assert goodputfast.REPORT_SQL[variant][name] == str(compiled), f"{variant} {name}: {str(compiled)!r}"
+            assert goodputrows.REPORT_SQL[variant][name] == str(compiled), f"{variant} {name}: {str(compiled)!r}"
             assert list(compiled.positiontup or ()) == (["cutoff", "cutoff"] if windowed else [])
             assert keys == tuple(q.selected_columns.keys())
 

@@ -1,8 +1,9 @@
-"""orchestrator's and orch_trainer's modules import each other without a cycle (issue 11: ``backends/base.py`` once
-imported its own subclasses; issue 18: ``orch_trainer.finish`` <-> ``orch_trainer.loop`` through an import under
-``TYPE_CHECKING``). Walks the source (no import): module-level imports only, since a function-level import is the
-deliberate way to defer a heavy or optional dependency. Imports under ``if TYPE_CHECKING:`` count: they never run,
-but two modules that name each other's types are one module split in two, and the split hides it."""
+"""orchestrator's and orch_trainer's modules import each other without a cycle (``backends/base.py`` once imported
+its own subclasses; ``orch_trainer.finish`` <-> ``orch_trainer.loop`` met through an import under ``TYPE_CHECKING``).
+Walks the source (no import). Imports at any depth count: a function-level import defers a heavy or optional
+dependency, never a cycle (``goodputfast`` <-> ``goodputview`` and ``orch_trainer.attempt -> runfiles -> ranks ->
+attempt`` hid behind such imports); so do imports under ``if TYPE_CHECKING:``, since two modules that name each
+other's types are one module split in two."""
 
 from __future__ import annotations
 
@@ -13,8 +14,7 @@ ROOT = Path(__file__).resolve().parents[2]
 PKG = ROOT / "orchestrator"
 PACKAGES = (PKG, ROOT / "orch_trainer")
 # Known cycles still being removed, as (importer, imported) edges left out of the graph: the test fails once such
-# an edge is gone from the source, so a stale exception cannot linger. None left (lifecycle <-> models ended when
-# the states moved to orchestrator/states.py).
+# an edge is gone from the source, so a stale exception cannot linger. None left.
 KNOWN_CYCLE_EDGES: set[tuple[str, str]] = set()
 
 
@@ -23,16 +23,15 @@ def _module_name(path: Path) -> str:
     return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
 
 
-def _top_level_imports(tree: ast.Module, modules: set[str]) -> list[str]:
-    """What a module imports when it is imported; ``from pkg import submodule`` counts as the submodule."""
+def _imports(tree: ast.Module, modules: set[str]) -> list[str]:
+    """What a module imports, at any depth; ``from pkg import submodule`` counts as the submodule."""
     names: list[str] = []
-    for node in tree.body:
-        for sub in ast.walk(node) if isinstance(node, (ast.If, ast.Try)) else [node]:
-            if isinstance(sub, ast.Import):
-                names += [a.name for a in sub.names]
-            elif isinstance(sub, ast.ImportFrom) and sub.level == 0 and sub.module:
-                subs = [f"{sub.module}.{a.name}" for a in sub.names]
-                names += [m for m in subs if m in modules] or [sub.module]
+    for sub in ast.walk(tree):
+        if isinstance(sub, ast.Import):
+            names += [a.name for a in sub.names]
+        elif isinstance(sub, ast.ImportFrom) and sub.level == 0 and sub.module:
+            subs = [f"{sub.module}.{a.name}" for a in sub.names]
+            names += [m for m in subs if m in modules] or [sub.module]
     return names
 
 
@@ -41,7 +40,7 @@ def import_graph() -> dict[str, set[str]]:
     modules = {_module_name(p): p for p in files}
     graph: dict[str, set[str]] = {}
     for name, path in modules.items():
-        deps = {d for d in _top_level_imports(ast.parse(path.read_text()), set(modules)) if d in modules and d != name}
+        deps = {d for d in _imports(ast.parse(path.read_text()), set(modules)) if d in modules and d != name}
         graph[name] = deps
     return graph
 

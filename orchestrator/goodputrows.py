@@ -1,0 +1,116 @@
+"""The rows ``orch report`` reads, written once: the SQLAlchemy queries (``report_selects``), the SQLite text they
+compile to (``REPORT_SQL``, for the path without SQLAlchemy, goodputfast), and the plain objects both paths build from
+the rows (``jobs_from_rows``) for ``goodputview.job_split``.
+
+tests/unit/test_goodput_fast.py asserts the text equals the compiled queries and that both paths give one report.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any
+
+
+def report_selects(windowed: bool):  # noqa: ANN201 - two sqlalchemy Selects, imported lazily
+    """(jobs, attempts) of ``goodputview.report``: the jobs created since a cutoff or with an attempt running
+    or ended since it (``windowed``), with their sweep's name; and every attempt of those jobs."""
+    from sqlalchemy import bindparam, or_, select
+
+    from orchestrator.models import Attempt, Job, Sweep
+
+    jobs = (select(Job.id, Job.name, Job.backend, Job.run_dir, Job.resources, Job.created_at,
+                   Sweep.name.label("sweep"))
+            .outerjoin(Sweep, Sweep.id == Job.sweep_id).order_by(Job.id))
+    ids = select(Job.id)
+    if windowed:
+        cutoff = bindparam("cutoff")
+        active = select(Attempt.job_id).where(or_(Attempt.ended_at.is_(None), Attempt.ended_at >= cutoff))
+        where = or_(Job.created_at >= cutoff, Job.id.in_(active))
+        jobs, ids = jobs.where(where), ids.where(where)
+    attempts = (select(Attempt.job_id, Attempt.n, Attempt.token, Attempt.submitted_at, Attempt.started_at,
+                       Attempt.ended_at,
+                       Attempt.failure_class, Attempt.stop_reason, Attempt.stop_requested_at, Attempt.restarts,
+                       Attempt.stale_age_s)
+                .where(Attempt.job_id.in_(ids)).order_by(Attempt.job_id, Attempt.n))
+    return jobs, attempts
+
+
+# What ``report_selects(False)`` / ``report_selects(True)`` compile to for SQLite (bind params: cutoff, cutoff).
+# tests/unit/test_goodput_fast.py compiles them and asserts equality: on a change, paste the printed text.
+_JOBS = ("SELECT jobs.id, jobs.name, jobs.backend, jobs.run_dir, jobs.resources_json, jobs.created_at, "
+         "sweeps.name AS sweep \nFROM jobs LEFT OUTER JOIN sweeps ON sweeps.id = jobs.sweep_id")
+_WINDOW = ("jobs.created_at >= ? OR jobs.id IN (SELECT attempts.job_id \nFROM attempts \nWHERE "
+           "attempts.ended_at IS NULL OR attempts.ended_at >= ?)")
+_ATTEMPTS = ("SELECT attempts.job_id, attempts.n, attempts.token, attempts.submitted_at, attempts.started_at, "
+             "attempts.ended_at, attempts.failure_class, attempts.stop_reason, attempts.stop_requested_at, "
+             "attempts.restarts, attempts.stale_age_s \n"
+             "FROM attempts \nWHERE attempts.job_id IN (SELECT jobs.id \nFROM jobs")
+_ATTEMPTS_ORDER = " ORDER BY attempts.job_id, attempts.n"
+REPORT_SQL: dict[str, dict[str, str]] = {
+    "all": {"jobs": _JOBS + " ORDER BY jobs.id", "attempts": _ATTEMPTS + ")" + _ATTEMPTS_ORDER},
+    "window": {"jobs": _JOBS + " \nWHERE " + _WINDOW + " ORDER BY jobs.id",
+               "attempts": _ATTEMPTS + " \nWHERE " + _WINDOW + ")" + _ATTEMPTS_ORDER},
+}
+JOB_KEYS = ("id", "name", "backend", "run_dir", "resources", "created_at", "sweep")
+ATTEMPT_KEYS = ("job_id", "n", "token", "submitted_at", "started_at", "ended_at", "failure_class", "stop_reason",
+                "stop_requested_at", "restarts", "stale_age_s")
+
+
+@dataclass
+class SweepName:
+    name: str
+
+
+@dataclass
+class AttemptRow:
+    """The attempt columns ``goodputview.attempt_facts`` reads, as plain values."""
+
+    n: int
+    token: str
+    submitted_at: datetime | None
+    started_at: datetime | None
+    ended_at: datetime | None
+    failure_class: str | None
+    stop_reason: str | None
+    stop_requested_at: datetime | None
+    restarts: int
+    stale_age_s: float | None = None
+
+
+@dataclass
+class JobRow:
+    """The job columns ``goodputview.job_split`` reads."""
+
+    name: str
+    backend: str
+    run_dir: str
+    resources: dict[str, Any]
+    created_at: datetime
+    sweep: SweepName | None
+    attempts: list[AttemptRow] = field(default_factory=list)
+
+
+def _dt(v: Any) -> datetime | None:
+    if v is None or isinstance(v, datetime):
+        return v
+    return datetime.fromisoformat(v)
+
+
+def jobs_from_rows(job_rows: Any, attempt_rows: Any) -> list[JobRow]:
+    """JobRows from the two queries' rows (sqlite3 tuples of text, or SQLAlchemy rows of typed values)."""
+    jobs: dict[int, JobRow] = {}
+    for r in job_rows:
+        j = dict(zip(JOB_KEYS, r, strict=True))
+        res = json.loads(j["resources"]) if isinstance(j["resources"], str) else j["resources"]
+        jobs[j["id"]] = JobRow(j["name"], j["backend"], j["run_dir"], res if isinstance(res, dict) else {},
+                                _dt(j["created_at"]), SweepName(j["sweep"]) if j["sweep"] is not None else None)
+    for r in attempt_rows:
+        a = dict(zip(ATTEMPT_KEYS, r, strict=True))
+        job = jobs.get(a.pop("job_id"))
+        if job is not None:
+            cls = a["failure_class"]
+            job.attempts.append(AttemptRow(**{**a, "failure_class": getattr(cls, "value", cls), **{
+                k: _dt(a[k]) for k in ("submitted_at", "started_at", "ended_at", "stop_requested_at")}}))
+    return list(jobs.values())
