@@ -230,7 +230,8 @@ class TrainLoop:
         self._rng_at_step_start = capture_rng(self._cuda)
         self._computing_step = 0
         self._micro_in_step = 0
-        self._last_loss = loaded.last_loss  # step start_step's (a resume at the end trains no step)
+        self._last_loss = float("nan")  # of the last step this attempt computed (the heartbeat posts it)
+        self._resumed_loss = loaded.last_loss  # step start_step's, as its checkpoint recorded it
         self._tok_s: float | None = None
         if "oom" in self.faults.pending_kinds:
             self.model.register_forward_pre_hook(self._oom_fault_hook)
@@ -275,9 +276,15 @@ class TrainLoop:
             # The final step committed before completion is recorded (issue 42): a failure after training (writing
             # result/, the user's export), fixed and requeued, resumes at the end, 0 steps retrained.
             self._save(self.step, background=False)
-        return Trained(step=self.step, last_loss=self._last_loss, tok_s=self._tok_s, micro=self.micro,
+        return Trained(step=self.step, last_loss=self._loss_of_step(), tok_s=self._tok_s, micro=self.micro,
                        accum=self.accum, oom_events=tuple(self.oom_events),
                        micro_batches_computed=self.micro_batches_computed)
+
+    def _loss_of_step(self) -> float:
+        """The loss of step ``self.step``: this attempt's, or its checkpoint's when it computed none (a resume at the
+        last step trains nothing, and its result still says the final loss). The heartbeat posts only this
+        attempt's: a resume's first line has no loss, so ``orch plot`` draws no point twice."""
+        return self._last_loss if self.step > self.start_step else self._resumed_loss
 
     # ============================ one step ========================================================
     def _compute_step_with_oom_retry(self, s: int) -> torch.Tensor | None:
@@ -397,7 +404,7 @@ class TrainLoop:
         rng = rng if rng is not None else capture_rng(self._cuda)
         meta = checkpoint_meta(self.args, step=step, micro=self.micro, accum=self.accum,
                                data_sha256=self.data_sha256, oom_events=self.oom_events, attempt=self.attempt.n,
-                               world=self.world, loss=self._last_loss if step == self.step else float("nan"))
+                               world=self.world, loss=self._loss_of_step() if step == self.step else float("nan"))
         files = state_files(self.model, self.optimizer, self.scheduler, rng, meta)
         t0 = time.monotonic()
         try:
