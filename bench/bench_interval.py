@@ -39,8 +39,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import _common as C  # noqa: E402
 
+from orchestrator.decide.mtbf import estimate_mtbf  # noqa: E402
 from orchestrator.kit.interval import PRIOR_MTBF_S, AutoSaveInterval, daly_interval  # noqa: E402
-from orchestrator.mtbf import estimate_mtbf  # noqa: E402
 
 TITLE = "Checkpoint interval chosen by orch (P7d)"
 STEP_S = 2.0
@@ -188,7 +188,7 @@ def main() -> int:
                f"{g['learnt_min']:.1f}–{g['learnt_max']:.1f} pp more; the fixed defaults lose up to "
                f"{g['d10']:.0f} pp (10 steps), {g['d100']:.0f} pp (100 steps) and {g['d600']:.0f} pp (10 min) "
                "against the best. The 24 h prior alone is far too optimistic when failures are frequent, which is why "
-               "orch weights it as a quarter of a failure (orchestrator/mtbf.py: weighted as a whole one, an "
+               "orch weights it as a quarter of a failure (orchestrator/decide/mtbf.py: weighted as a whole one, an "
                "exploratory run kept M near 24 h for a day at 4/h and lost 3.5–5.7 pp there). The real run with "
                "injected kills is the next section (bench/bench_interval_real.py).")
     if not a.no_write:

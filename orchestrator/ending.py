@@ -17,18 +17,18 @@ from sqlalchemy.orm import selectinload
 
 from orchestrator import protocol, testhooks
 from orchestrator.backends.base import AttemptRef, Outcome
-from orchestrator.classify import classify
 from orchestrator.config import Config
 from orchestrator.db import Database
+from orchestrator.decide.classify import classify
+from orchestrator.decide.policy import decide
+from orchestrator.decide.retryplan import Action, RetryPlan
+from orchestrator.decide.staleness import Stale
 from orchestrator.jobside import rankend
 from orchestrator.jobside.ballast import give_back
 from orchestrator.lifecycle import AttemptState, JobState, move_attempt, move_job
 from orchestrator.models import Attempt, Job
 from orchestrator.passreport import Change, PassReport
-from orchestrator.plan import Action, RetryPlan
-from orchestrator.policy import decide
 from orchestrator.protocol import FailureClass
-from orchestrator.staleness import Stale
 
 A, J = AttemptState, JobState
 

@@ -42,6 +42,9 @@ from orchestrator.backends.base import AttemptRef, Backend, BackendError, Submit
 from orchestrator.claimkeeper import ClaimKeeper, launch_grace_s
 from orchestrator.config import Config
 from orchestrator.db import Database
+from orchestrator.decide.mtbf import mtbf_env
+from orchestrator.decide.policy import command_for
+from orchestrator.decide.suspects import exclusion_for, with_exclusion
 from orchestrator.errors import IllegalTransition, OrchError, Refused
 from orchestrator.jobs import attempt_ref, get_job
 from orchestrator.jobside.ballast import give_back
@@ -58,11 +61,8 @@ from orchestrator.lifecycle import (
     utcnow,
 )
 from orchestrator.models import Attempt, Job
-from orchestrator.mtbf import mtbf_env
-from orchestrator.policy import command_for
 from orchestrator.protocol import FailureClass
 from orchestrator.resumestate import keep_globs
-from orchestrator.suspects import exclusion_for, with_exclusion
 
 __all__ = ["launch_grace_s", "new_batch_token", "sweep_env"]  # re-exported (their home: claimkeeper, launchprep)
 

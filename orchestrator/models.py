@@ -10,14 +10,16 @@ Who may create a row or change ``state``: only ``orchestrator.lifecycle`` (``cre
 
 from __future__ import annotations
 
+import json
 from datetime import datetime
 from typing import Any
 
 from sqlalchemy import Enum, Float, ForeignKey, Index, MetaData, String, Text, UniqueConstraint, false, text
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column, relationship
 from sqlalchemy.sql.elements import ColumnElement
+from sqlalchemy.types import TypeDecorator
 
-from orchestrator.plan import JSONType, PlanType, RetryPlan
+from orchestrator.decide.retryplan import RetryPlan
 from orchestrator.protocol import FailureClass
 from orchestrator.states import AttemptState, JobState, StopReason, utcnow
 
@@ -46,6 +48,34 @@ def _enum(cls: type, length: int) -> Enum:
     """A str enum stored as its value in a VARCHAR: no native type, no CHECK (migrations stay plain)."""
     return Enum(cls, native_enum=False, create_constraint=False, length=length,
                 values_callable=lambda e: [m.value for m in e], validate_strings=True)
+
+
+class PlanType(TypeDecorator):
+    """A ``RetryPlan`` stored as JSON text (any SQL database)."""
+
+    impl = Text
+    cache_ok = True
+
+    def process_bind_param(self, value: RetryPlan | None, dialect: Any) -> str | None:
+        if value is None:
+            return None
+        return json.dumps(value.as_dict(), sort_keys=True, default=str)
+
+    def process_result_value(self, value: str | None, dialect: Any) -> RetryPlan | None:
+        return RetryPlan.from_dict(json.loads(value)) if value else None
+
+
+class JSONType(TypeDecorator):
+    """A JSON value (dict or list) stored as text."""
+
+    impl = Text
+    cache_ok = True
+
+    def process_bind_param(self, value: Any, dialect: Any) -> str | None:
+        return None if value is None else json.dumps(value, sort_keys=True, default=str)
+
+    def process_result_value(self, value: str | None, dialect: Any) -> Any:
+        return None if value is None else json.loads(value)
 
 
 class Base(DeclarativeBase):
@@ -222,7 +252,7 @@ class PassStats(Base):
 
 class NodeClear(Base):
     """``orch nodes --clear NAME``: the failures on ``node`` that ended before ``cleared_at`` no longer count
-    (issue 20, orchestrator/suspects.py; the evidence itself is the attempts table)."""
+    (issue 20, orchestrator/decide/suspects.py; the evidence itself is the attempts table)."""
 
     __tablename__ = "node_clears"
 

@@ -24,6 +24,7 @@ from orchestrator import protocol
 from orchestrator.backends.base import AttemptRef, Backend, Outcome, Phase
 from orchestrator.config import Config
 from orchestrator.db import Database
+from orchestrator.decide.staleness import Stale, judge
 from orchestrator.ending import evidence_of_end, finish
 from orchestrator.errors import DatabaseProblem, IllegalTransition
 from orchestrator.lifecycle import (
@@ -38,7 +39,6 @@ from orchestrator.lifecycle import (
 )
 from orchestrator.models import Attempt, Job, open_attempt
 from orchestrator.passreport import Change, PassReport
-from orchestrator.staleness import Stale, judge
 from orchestrator.states import STOP_GRACE_S
 
 A, J = AttemptState, JobState

@@ -27,16 +27,16 @@ from orchestrator.backends import get_backend
 from orchestrator.backends.base import Backend, BackendError
 from orchestrator.claimkeeper import ClaimKeeper
 from orchestrator.config import Config
+from orchestrator.decide.mtbf import mtbf_env_from
+from orchestrator.decide.suspects import SUSPECT_CLASSES, excludes_nodes, exclusion_among, failures_of, suspects_from
 from orchestrator.errors import AlreadyVerified, Refused
 from orchestrator.launchprep import Held, check_and_prepare, dumps, environment_record, make_spec
 from orchestrator.liveness import live_processes
-from orchestrator.mtbf import mtbf_env_from
 from orchestrator.protocol import FailureClass
 from orchestrator.quickdb import QuickDB, read_time, stored_time
 from orchestrator.resumestate import keep_globs
 from orchestrator.rundir import check_run_dir, ensure_runs_root, run_dir_for
 from orchestrator.states import AttemptState, JobState, utcnow
-from orchestrator.suspects import SUSPECT_CLASSES, excludes_nodes, exclusion_among, failures_of, suspects_from
 from orchestrator.tokens import new_token
 
 A, J = AttemptState, JobState

@@ -28,6 +28,7 @@ from orchestrator.backends import get_backend
 from orchestrator.backends.base import Backend, BackendError
 from orchestrator.claimkeeper import ClaimKeeper
 from orchestrator.config import Config
+from orchestrator.decide.mtbf import mtbf_env_from
 from orchestrator.errors import OrchError, Refused
 from orchestrator.launchprep import (
     BatchRecords,
@@ -41,7 +42,6 @@ from orchestrator.launchprep import (
     sweep_env,
     write_batch_records,
 )
-from orchestrator.mtbf import mtbf_env_from
 from orchestrator.quickdb import QuickDB, stored_time
 from orchestrator.quicksubmit import SQL, event, exclusion, history, renew, slow_db, stop_overtaken
 from orchestrator.resumestate import keep_globs

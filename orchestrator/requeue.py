@@ -22,6 +22,7 @@ from orchestrator import protocol, resumestate
 from orchestrator.backends import get_backend
 from orchestrator.config import Config
 from orchestrator.db import Database
+from orchestrator.decide.retryplan import Action
 from orchestrator.errors import DatabaseProblem, IllegalTransition, OrchError, Refused
 from orchestrator.filelock import LockTimeout
 from orchestrator.jobs import expand_names, get_job
@@ -41,7 +42,6 @@ from orchestrator.liveness import host_processes
 from orchestrator.models import Attempt, Job
 from orchestrator.observe import observe, polled_rows
 from orchestrator.passreport import PassReport
-from orchestrator.plan import Action
 from orchestrator.protocol import FailureClass
 from orchestrator.resumestate import keep_globs
 from orchestrator.rundir import check_run_dir

@@ -23,9 +23,9 @@ from typing import Any, TypeVar
 
 from orchestrator import protocol
 from orchestrator.config import Config
+from orchestrator.decide.staleness import judge
 from orchestrator.progressvalues import plausible
 from orchestrator.quickdb import QUICK_REVISION, at_revision, connect
-from orchestrator.staleness import judge
 from orchestrator.states import JobState
 
 T = TypeVar("T")

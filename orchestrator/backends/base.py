@@ -92,7 +92,7 @@ class SubmitSpec:
     # SIGTERM -> SIGKILL that torchrun gives the ranks of a multi-rank job (its --shutdown-timeout): orch's stop
     # grace, never torchrun's fixed 30 s. None: ranks.DEFAULT_GRACE_S.
     grace_s: float | None = None
-    # Nodes this attempt must not run on (suspect nodes, orchestrator/suspects.py); only a backend whose
+    # Nodes this attempt must not run on (suspect nodes, orchestrator/decide/suspects.py); only a backend whose
     # ``Capabilities.node_exclusion`` is set is ever given any.
     exclude_nodes: tuple[str, ...] = ()
     # The group submission (a Slurm array) this launch goes out in, chosen before the run dir is prepared: the
@@ -218,7 +218,7 @@ class Capabilities:
     multi_node: bool = False
     # The scheduler can keep an attempt off named nodes (``SubmitSpec.exclude_nodes``, Slurm's --exclude) and
     # list a partition's usable nodes (``usable_nodes``): orch then steers new attempts around suspect nodes
-    # (orchestrator/suspects.py). False: suspects are never computed for it.
+    # (orchestrator/decide/suspects.py). False: suspects are never computed for it.
     node_exclusion: bool = False
 
 

@@ -1,5 +1,5 @@
 """``orch nodes``: suspect nodes and the evidence against them; ``--clear NAME`` ends one's exclusion
-(issue 20; the rule is in orchestrator/suspects.py)."""
+(issue 20; the rule is in orchestrator/decide/suspects.py)."""
 
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ def nodes(as_json: bool, clear_node: str | None) -> None:
     hang, killed) within the window; each is excluded until EXCLUDED_UNTIL. ``[nodes]`` in orch.toml sets
     K, the window and how long. Exit 2 for --clear of a name that is not an excluded node (nothing written).
     """
-    from orchestrator.suspects import NODE_NAME_RE, all_suspects, clear_anywhere
+    from orchestrator.decide.suspects import NODE_NAME_RE, all_suspects, clear_anywhere
 
     if clear_node is not None:
         from orchestrator.errors import UsageError

@@ -127,7 +127,7 @@ def show(name: str, as_json: bool, events: bool) -> None:
             _say(f"    trained again: steps {first}..{last} at least (attempt {a['n'] - 1} had reached them; W&B keeps "
                  "its values for them)")
         if a.get("stale_age_s") is not None:
-            from orchestrator.staleness import Stale
+            from orchestrator.decide.staleness import Stale
 
             stale = Stale(a.get("stale_rank"), a["stale_age_s"], a.get("stale_step"))
             _say(f"    hang stop: {stale.describe()}")

@@ -10,7 +10,7 @@ failures that lose work::
 τ is compute time between the end of one save and the start of the next. Only failures with no warning
 count in M (kill -9, node failures, OOM kills): a signalled preemption saves on the signal and needs no
 periodic save. orch hands the job M for its backend/partition from the job table (``ORCH_MTBF_S``, see
-``orchestrator/mtbf.py``); without it the prior ``PRIOR_MTBF_S`` is used. δ is measured by the job, save by
+``orchestrator/decide/mtbf.py``); without it the prior ``PRIOR_MTBF_S`` is used. δ is measured by the job, save by
 save: the blocking part (what the loop waits: the whole save when synchronous, the snapshot when in the
 background), smoothed, so the interval follows δ as saves get slower or faster. A later attempt starts from
 the δ its predecessor's last heartbeat reports; in a first attempt δ is unknown, so the first save comes at

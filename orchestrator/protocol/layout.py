@@ -124,7 +124,7 @@ ENV_SWEEP_PARAMS = "ORCH_SWEEP_PARAMS"  # ... and its argument set, as a JSON ob
 # --- failure classes (contract, exact strings) ---------------------------------------------
 class FailureClass(enum.StrEnum):
     """Why an attempt ended without a verified marker. The job writes it (failure.json), or
-    ``orchestrator.classify`` infers it; ``policy`` decides what happens next from it."""
+    ``orchestrator.decide.classify`` infers it; ``policy`` decides what happens next from it."""
 
     PREEMPTED = "preempted"
     TIMEOUT = "timeout"

@@ -27,7 +27,8 @@ import pytest
 import torch
 from intkit import DONE, quiet_env, state_dicts_equal, wait_for
 
-from orchestrator import policy, protocol
+from orchestrator import protocol
+from orchestrator.decide import policy
 
 FORMAT = "orch-sharded-1"  # the manifest format a multi-rank commit writes
 

@@ -29,7 +29,7 @@ from slurmkit import SIGNALLED, STATE, SlurmKit, cluster_up, events, node_idle, 
 from orchestrator import protocol
 from orchestrator.backends.base import AttemptRef, Phase
 from orchestrator.backends.slurm import SlurmBackend, warning_lead_s
-from orchestrator.classify import classify
+from orchestrator.decide.classify import classify
 from orchestrator.protocol import read_exit
 
 ABSENT = protocol.Verification(protocol.MarkerStatus.ABSENT, "no done.json")

@@ -21,7 +21,7 @@ from slurmkit import SlurmKit, cancel_all_of, node_idle, phases, run
 
 from orchestrator import protocol
 from orchestrator.backends.base import Phase
-from orchestrator.classify import classify
+from orchestrator.decide.classify import classify
 
 ABSENT = protocol.Verification(protocol.MarkerStatus.ABSENT, "no done.json")
 HOST = socket.gethostname().split(".")[0]

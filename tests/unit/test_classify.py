@@ -15,7 +15,8 @@ import pytest
 
 from orchestrator.backends.base import Outcome, Phase
 from orchestrator.backends.slurm.states import STATE_CAUSE
-from orchestrator.classify import classify
+from orchestrator.decide.classify import classify
+from orchestrator.decide.staleness import Stale
 from orchestrator.protocol import (
     FAILURE_CLASSES,
     ExitRecord,
@@ -25,7 +26,6 @@ from orchestrator.protocol import (
     StopRecord,
     Verification,
 )
-from orchestrator.staleness import Stale
 
 ABSENT = Verification(MarkerStatus.ABSENT, "no done.json")
 CORRUPT = Verification(MarkerStatus.CORRUPT, "result/model.pt sha256 mismatch")

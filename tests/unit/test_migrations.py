@@ -265,7 +265,7 @@ def test_migration_0002_turns_a_hang_stop_in_backend_state_into_a_stopping_attem
 
 
 def test_migration_0002_flattens_an_action_dict_into_a_retry_plan(tmp_path, monkeypatch):
-    from orchestrator.plan import RetryPlan
+    from orchestrator.decide.retryplan import RetryPlan
 
     action = {"action": "resume", "why": "oom: micro-batch halved", "auto": True,
               "retry_not_before": "2026-11-30T12:05:00",
@@ -289,7 +289,7 @@ def test_migration_0002_flattens_an_action_dict_into_a_retry_plan(tmp_path, monk
 
 
 def test_migration_0002_flattens_a_new_attempts_plan_dict_into_a_retry_plan(tmp_path, monkeypatch):
-    from orchestrator.plan import RetryPlan
+    from orchestrator.decide.retryplan import RetryPlan
 
     old_plan = {"one_shot": {"resume": "checkpoints/step-00000010"}, "quarantine": ["checkpoints/step-00000012"],
                 "prune": [], "empty_trash": False}

@@ -1,4 +1,4 @@
-"""The history behind ORCH_MTBF_S (orchestrator/mtbf.py): which ended attempts count for a partition."""
+"""The history behind ORCH_MTBF_S (orchestrator/decide/mtbf.py): which ended attempts count for a partition."""
 
 from __future__ import annotations
 
@@ -29,7 +29,7 @@ def _ended(db, name: str, backend: str, resources: object, cls: str | None, held
 def _history(s, backend: str, part: str) -> tuple[float, int]:
     from datetime import UTC, datetime
 
-    from orchestrator import mtbf
+    from orchestrator.decide import mtbf
 
     cutoff = datetime.now(UTC).replace(tzinfo=None) - mtbf.WINDOW
     return mtbf.fold_history(s.connection().execute(mtbf.history_select(backend, cutoff)), backend, part)
@@ -41,7 +41,7 @@ def test_only_the_partitions_attempts_of_the_window_count_whatever_else_their_re
     for 10,000 attempts); each distinct resources text is decoded once now. Same-partition rows with different
     resources, with the same text, rows of other partitions / backends / no partition, a
     failure never seen running (no started_at) and one outside the window."""
-    from orchestrator import mtbf
+    from orchestrator.decide import mtbf
 
     spot, spot_big = json.dumps({"partition": "spot"}), json.dumps({"partition": "spot", "gpus": 8})
     _ended(db, "a", "slurm", spot, "killed", 100, 60)

@@ -80,7 +80,7 @@ def test_the_quick_reads_are_what_the_models_queries_compile_to():
     """Change models.py or one of these queries and this prints the new text to paste into quicksubmit.SQL."""
     from datetime import datetime
 
-    from orchestrator import mtbf, suspects
+    from orchestrator.decide import mtbf, suspects
 
     def text(q) -> str:  # noqa: ANN001
         return str(q.compile(dialect=sqlite.dialect()))
@@ -97,7 +97,7 @@ def test_the_mtbf_and_suspect_evidence_read_quickly_equal_the_slow_reads(db, cfg
     """Ended attempts with nodes and classes, read by both paths: the same M and the same suspects."""
     from datetime import timedelta
 
-    from orchestrator import mtbf, suspects
+    from orchestrator.decide import mtbf, suspects
     from orchestrator.lifecycle import utcnow
     from orchestrator.quickdb import QuickDB
 

@@ -17,7 +17,7 @@ from orchkit import wait_for
 
 from orchestrator import protocol
 from orchestrator.backends.base import Outcome, Phase
-from orchestrator.classify import classify
+from orchestrator.decide.classify import classify
 from orchestrator.jobside import rankend
 from orchestrator.jobside.rankend import RankEnd, first_own_end, parse_rank_end, read_rank_ends
 from orchestrator.protocol import ExitRecord, MarkerStatus, Verification

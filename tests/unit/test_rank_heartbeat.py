@@ -134,7 +134,7 @@ def _armed(run_dir, rank: int, at: float) -> None:  # noqa: ANN001
 def test_a_rank_that_never_arms_is_hung_after_the_timeout_from_the_first_arming_and_named(tmp_path):
     """Issue 41: rank 1 stopped before the process group formed; rank 0 waited in init_process_group and never beat:
     no heartbeat at all, so nothing was judged. Armed, the start is judged: rank 1 never even armed."""
-    from orchestrator.staleness import judge
+    from orchestrator.decide.staleness import judge
 
     now = 10_000.0
     _started(tmp_path, now - 3600)
@@ -154,7 +154,7 @@ def test_a_rank_that_never_arms_is_hung_after_the_timeout_from_the_first_arming_
 def test_an_armed_rank_whose_record_is_no_longer_refreshed_is_hung_and_named(tmp_path):
     """A rank stopped (SIGSTOP) after it armed, before its group formed: its refresher stopped with it, while rank 0,
     waiting in init_process_group, still refreshes. The rank whose record is oldest is named."""
-    from orchestrator.staleness import judge
+    from orchestrator.decide.staleness import judge
 
     now = 10_000.0
     _started(tmp_path, now - 3600)
@@ -173,7 +173,7 @@ def test_a_slow_start_of_ranks_that_all_armed_is_never_judged_before_a_beat(tmp_
     """CI: a healthy resume was stopped as hung. Its ranks' torch imports and restore took longer than the timeout
     counted from the attempt's start (wrapper.json). Counted from the first arming, and an armed rank alive in its
     restore (its record refreshed) is never hung, however long the restore."""
-    from orchestrator.staleness import judge
+    from orchestrator.decide.staleness import judge
 
     now = 10_000.0
     _started(tmp_path, now - 3600)  # an hour since the start: a slow import is not a rank that never arms
@@ -188,7 +188,7 @@ def test_a_slow_start_of_ranks_that_all_armed_is_never_judged_before_a_beat(tmp_
 def test_armed_records_of_a_previous_run_of_the_attempt_are_ignored(tmp_path):
     """A Slurm in-place requeue restarts the attempt (wrapper.json rewritten): the last run's records, long
     unrefreshed, would make the new run hung at once."""
-    from orchestrator.staleness import judge
+    from orchestrator.decide.staleness import judge
 
     now = 10_000.0
     _armed(tmp_path, 0, now - 500)
@@ -200,7 +200,7 @@ def test_a_program_its_wrapper_saw_stopped_for_the_timeout_is_hung_whatever_it_w
     """Issue 41's hostile pass: a program stopped before its first heartbeat (or torchrun before any rank started)
     was never judged. The wrapper's record (program-stopped.json, dated when it first saw the program stopped)
     decides; a record older than the attempt's (re)start is a previous run's."""
-    from orchestrator.staleness import judge
+    from orchestrator.decide.staleness import judge
 
     now = 10_000.0
     _started(tmp_path, now - 3600)
@@ -218,7 +218,7 @@ def test_a_program_its_wrapper_saw_stopped_for_the_timeout_is_hung_whatever_it_w
 def test_a_non_regular_file_at_the_stopped_record_never_makes_a_job_hung(tmp_path, kind):
     """Hostile pass 3: a FIFO at program-stopped.json (mtime older than the timeout) got a job that beat every
     second stopped as hung, "no heartbeat for 23 s", on every attempt. Only the wrapper's regular file counts."""
-    from orchestrator.staleness import judge
+    from orchestrator.decide.staleness import judge
 
     now = 10_000.0
     _started(tmp_path, now - 3600)

@@ -97,8 +97,8 @@ def test_the_partition_is_read_where_each_orch_version_wrote_it():
     # partition under extras) was partition "-" in `orch report` over the dev cluster's real trials.
     from types import SimpleNamespace
 
+    from orchestrator.decide.mtbf import partition_key
     from orchestrator.goodputview import group_of
-    from orchestrator.mtbf import partition_key
     from orchestrator.resources import partition_of, resources_dict
 
     new = resources_dict(Resources(extras={"partition": "spot"}))

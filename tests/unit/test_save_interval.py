@@ -82,7 +82,7 @@ def test_a_resumed_attempt_starts_from_the_cost_its_predecessor_measured(tmp_pat
 
 
 def test_orchs_mtbf_estimate_starts_at_the_prior_and_follows_the_failures():
-    from orchestrator.mtbf import estimate_mtbf
+    from orchestrator.decide.mtbf import estimate_mtbf
 
     assert estimate_mtbf(0, 0) == PRIOR_MTBF_S  # no history: the prior
     assert estimate_mtbf(10 * 24 * 3600, 0) > PRIOR_MTBF_S  # a clean history: longer

@@ -12,7 +12,7 @@ from orchkit import wait_for
 
 from orchestrator import protocol
 from orchestrator.backends.base import Outcome, Phase
-from orchestrator.classify import classify
+from orchestrator.decide.classify import classify
 from orchestrator.kit.preemption import PreemptionFlag
 from orchestrator.protocol import ExitRecord, FailureClass, FailureReport, MarkerStatus, StopRecord, Verification
 

@@ -34,9 +34,9 @@ def test_orch_toml_policy_classes_load_as_failure_classes(tmp_path):
 
 
 def test_a_pass_reports_typed_changes_and_its_json_keeps_the_old_keys():
+    from orchestrator.decide.retryplan import Action
     from orchestrator.lifecycle import AttemptState, JobState
     from orchestrator.passreport import Change, PassReport
-    from orchestrator.plan import Action
 
     rep = PassReport()
     rep.changed += [Change("a", JobState.RETRYABLE_FAILED, cls=C.OOM, action=Action.MORE_MEMORY),
@@ -78,7 +78,7 @@ def test_stop_sources_and_failure_reports_parse_into_types(tmp_path):
 def test_a_plan_without_an_action_or_with_an_unknown_one_is_refused_not_resumed():
     import pytest
 
-    from orchestrator.plan import Action, RetryPlan
+    from orchestrator.decide.retryplan import Action, RetryPlan
 
     # from_dict used to turn a missing action into "resume": a damaged plan silently became a retry.
     with pytest.raises(ValueError, match="without an action"):

@@ -7,8 +7,8 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
+from orchestrator.decide.suspects import Failure, Rule, choose_exclusion, expand_hostlist, find_suspects
 from orchestrator.protocol import FailureClass as F
-from orchestrator.suspects import Failure, Rule, choose_exclusion, expand_hostlist, find_suspects
 
 T0 = datetime(2026, 12, 1, 12, 0, tzinfo=UTC)
 RULE = Rule(failures=3, window_s=3600, exclusion_s=7200)
@@ -175,9 +175,9 @@ def test_a_node_list_from_the_scheduler_is_recorded_when_no_exit_record_says_whe
 
 
 def test_new_attempts_exclude_the_suspects_and_a_clear_ends_it(db, cfg, monkeypatch):
+    from orchestrator.decide.suspects import clear, current_suspects
     from orchestrator.errors import UsageError
     from orchestrator.models import NodeClear
-    from orchestrator.suspects import clear, current_suspects
 
     sched = _node_scheduler(monkeypatch, frozenset({"gpu01", "gpu02", "gpu03"}))
     _three_jobs_crash(db, cfg, sched)

@@ -289,7 +289,7 @@ class SlurmBackend(Backend):
     def usable_nodes(self, resources: Resources) -> frozenset[str] | None:
         """The nodes of the job's partition (the default one, marked ``*``, when it names none) that can run a
         job: idle, mixed, allocated or completing, not down, drained or reserved. One ``sinfo -N`` call; None
-        when sinfo fails (then suspect nodes are not excluded: never unschedulable, orchestrator/suspects.py)."""
+        when sinfo fails (then suspect nodes are not excluded: never unschedulable, orchestrator/decide/suspects.py)."""
         try:
             p = _run(["sinfo", "-h", "-N", "-o", "%N|%P|%t"], self.query_timeout_s)
         except (OSError, subprocess.TimeoutExpired):

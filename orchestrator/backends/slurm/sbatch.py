@@ -202,7 +202,7 @@ _NODE_CHOICE_OPTIONS = ("exclude", "nodelist")
 
 
 def exclude_options(exclude: Sequence[str], r: Resources) -> list[str]:
-    """``--exclude=`` for suspect nodes (orchestrator/suspects.py), every name validated; nothing when the job's
+    """``--exclude=`` for suspect nodes (orchestrator/decide/suspects.py), every name validated; nothing when the job's
     own --sbatch-arg chooses nodes (--exclude/--nodelist, or a getopt prefix of one): the user's choice wins."""
     if not exclude:
         return []

@@ -51,7 +51,7 @@ OVER_MEMORY_MARKERS = ("exceeded memory limit", "exceeded job memory limit")
 OOM_STATE = "OUT_OF_MEMORY"
 
 # Terminal states that say WHY a job ended, whatever its exit code: Slurm's vocabulary ends here,
-# as the ``cause`` of an Outcome (orchestrator.classify never sees a Slurm state name).
+# as the ``cause`` of an Outcome (orchestrator.decide.classify never sees a Slurm state name).
 STATE_CAUSE = {
     "PREEMPTED": FailureClass.PREEMPTED,
     "TIMEOUT": FailureClass.TIMEOUT,

@@ -25,6 +25,7 @@ from dataclasses import dataclass
 from datetime import datetime
 
 from orchestrator.backends.base import Outcome, Phase
+from orchestrator.decide.staleness import Stale
 from orchestrator.protocol import (
     EXIT_PREEMPTED,
     TIME_LIMIT_SOURCES,
@@ -35,7 +36,6 @@ from orchestrator.protocol import (
     StopRecord,
     Verification,
 )
-from orchestrator.staleness import Stale
 from orchestrator.states import StopReason
 
 C = FailureClass

@@ -24,9 +24,9 @@ from typing import Any
 
 from orchestrator import protocol
 from orchestrator.config import Config
+from orchestrator.decide.retryplan import Action, RetryPlan
 from orchestrator.lifecycle import JobState, utcnow
 from orchestrator.models import Attempt, Job
-from orchestrator.plan import Action, RetryPlan
 from orchestrator.protocol import FailureClass, FailureReport, Fault, finite_number
 
 C = FailureClass

@@ -18,14 +18,10 @@ Who reads what:
 from __future__ import annotations
 
 import enum
-import json
 from collections.abc import Mapping
 from dataclasses import dataclass, field, fields, replace
 from datetime import datetime
 from typing import Any
-
-from sqlalchemy import Text
-from sqlalchemy.types import TypeDecorator
 
 
 class Action(enum.StrEnum):
@@ -122,31 +118,3 @@ class RetryPlan:
             overrides=d.get("overrides") or {}, resources=d.get("resources") or {},
             details=d.get("details") or {}, quarantine=tuple(d.get("quarantine") or ()),
             prune=tuple(d.get("prune") or ()), empty_trash=bool(d.get("empty_trash")))
-
-
-class PlanType(TypeDecorator):
-    """A ``RetryPlan`` stored as JSON text (any SQL database)."""
-
-    impl = Text
-    cache_ok = True
-
-    def process_bind_param(self, value: RetryPlan | None, dialect: Any) -> str | None:
-        if value is None:
-            return None
-        return json.dumps(value.as_dict(), sort_keys=True, default=str)
-
-    def process_result_value(self, value: str | None, dialect: Any) -> RetryPlan | None:
-        return RetryPlan.from_dict(json.loads(value)) if value else None
-
-
-class JSONType(TypeDecorator):
-    """A JSON value (dict or list) stored as text."""
-
-    impl = Text
-    cache_ok = True
-
-    def process_bind_param(self, value: Any, dialect: Any) -> str | None:
-        return None if value is None else json.dumps(value, sort_keys=True, default=str)
-
-    def process_result_value(self, value: str | None, dialect: Any) -> Any:
-        return None if value is None else json.loads(value)
