@@ -317,7 +317,7 @@ class OrchJob:
         return f"OrchJob<{self.job_id}>"
 
     def _show(self) -> dict[str, Any]:
-        from orchestrator.views import show_job
+        from orchestrator.views.show import show_job
 
         return show_job(self.executor._ctx()[1], self.job_id)
 

@@ -4,7 +4,7 @@ A pass: take the lease (a second overlapping pass exits quietly), settle launche
 doubt (by token), poll every open attempt with ONE backend call per backend and apply what it says
 (``observe``), and requeue what the policy requeues by itself. Releasing the lease also stores the
 pass's duration and failed scheduler queries (``pass_stats``); with ``[metrics] textfile_dir`` set,
-the pass then rewrites node_exporter's ``orch.prom`` (``orchestrator.metrics``).
+the pass then rewrites node_exporter's ``orch.prom`` (``orchestrator.views.metrics``).
 
 A pass reads only open attempts (an index on attempts.state), so its cost does not grow with
 history. Every state a job can enter has a way out that a pass takes by itself: a ``pending``
@@ -33,12 +33,12 @@ from orchestrator.errors import DatabaseProblem, IllegalTransition, OrchError
 from orchestrator.filelock import LockTimeout, lock_timeout_s
 from orchestrator.launch import LaunchOutcome, launch, launch_grace_s, launch_group, record_submitted
 from orchestrator.lifecycle import AttemptState, JobState, move_attempt, set_attempt_fields, utcnow
-from orchestrator.metrics import export_after_pass, record_pass
 from orchestrator.models import Attempt, Job, Lease, Sweep
 from orchestrator.observe import observe, polled_rows
 from orchestrator.passreport import Change, PassReport
 from orchestrator.requeue import RequeueOutcome, RequeueTarget, requeue
 from orchestrator.sweep import launch_queued
+from orchestrator.views.metrics import export_after_pass, record_pass
 
 __all__ = ["PassReport", "reconcile_pass", "acquire_lease", "release_lease"]
 

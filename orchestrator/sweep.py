@@ -19,7 +19,6 @@ from __future__ import annotations
 import contextlib
 import os
 from pathlib import Path
-from typing import Any
 
 from sqlalchemy import func, select
 
@@ -153,21 +152,3 @@ def _escaped(db: Database, sweep_id: int, backend: Backend) -> int:
 def _local_launch_lock(cfg: Config, wait_s: float | None = None) -> contextlib.AbstractContextManager[None]:
     """One local sweep launcher at a time on this ORCH_HOME (the local backend's tasks run here)."""
     return filelock.exclusive(cfg.home / "sweep-launch.lock", OrchError, "the sweep launch lock ", timeout_s=wait_s)
-
-
-def sweep_of(db: Database, name: str) -> Sweep | None:
-    with db.read() as s:
-        sweep = s.scalar(select(Sweep).where(Sweep.name == name))
-        if sweep is not None:
-            sweep.tasks  # noqa: B018
-        return sweep
-
-
-def sweep_summary(sweep: Sweep) -> dict[str, Any]:
-    """Counts per state and the tasks (``orch status`` groups by this, ``orch show SWEEP`` prints it)."""
-    counts: dict[str, int] = {}
-    for t in sweep.tasks:
-        counts[t.state.value] = counts.get(t.state.value, 0) + 1
-    return {"name": sweep.name, "kind": "sweep", "backend": sweep.backend, "throttle": sweep.throttle,
-            "tasks": len(sweep.tasks), "states": dict(sorted(counts.items())),
-            "created_at": sweep.created_at.isoformat(timespec="seconds") + "Z"}

@@ -165,7 +165,7 @@ def _emit(obj: Any) -> None:
 
 
 def _show(db: Any, name: str, events: bool = False) -> dict[str, Any]:
-    from orchestrator.views import show_job
+    from orchestrator.views.show import show_job
 
     return show_job(db, name, events=events)
 

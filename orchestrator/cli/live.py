@@ -11,7 +11,7 @@ import os
 import time
 from typing import IO, Any
 
-from orchestrator.progressview import JobProgress, View, measures, state_line, stats_text
+from orchestrator.views.progressview import JobProgress, View, measures, state_line, stats_text
 
 PLAIN_EVERY_S = 5.0  # plain mode: a progress-only line at most this often (state changes at once)
 

@@ -21,7 +21,7 @@ def metrics(textfile_dir: Path | None) -> None:
     Set ``[metrics] textfile_dir`` in orch.toml (or ORCH_METRICS_TEXTFILE_DIR) to have every
     reconcile pass rewrite the file.
     """
-    from orchestrator.metrics import collect, render, write_textfile
+    from orchestrator.views.metrics import collect, render, write_textfile
 
     _cfg, db = _ctx()
     text = render(collect(db))

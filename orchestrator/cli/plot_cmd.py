@@ -27,7 +27,7 @@ def _size(_ctx: click.Context, _param: click.Parameter, value: str) -> tuple[int
 def plot(name: str, output: Path | None, size: tuple[int, int], as_json: bool) -> None:
     """Draw the loss of job NAME over all its attempts (from their progress history), with each
     resume, NaN rollback and preemption marked. Needs the plot extra (matplotlib) unless --json."""
-    from orchestrator.losscurve import loss_curve
+    from orchestrator.views.losscurve import loss_curve
 
     _cfg, db = _ctx()
     curve = loss_curve(db, name)
@@ -35,7 +35,7 @@ def plot(name: str, output: Path | None, size: tuple[int, int], as_json: bool) -
         _emit(curve)
         return
     from orchestrator.errors import UsageError
-    from orchestrator.plot import draw
+    from orchestrator.views.plot import draw
 
     path = output if output is not None else Path(f"{name}-loss.png")
     if not path.parent.is_dir():

@@ -20,7 +20,7 @@ from orchestrator.cli.app import EXIT_NOT_VERIFIED, STATES, _ctx, _emit, _show, 
 def status(state: str | None, tasks: bool, as_json: bool) -> None:
     """One row per job (and per sweep): state, attempts, backend id of the latest attempt, progress."""
     from orchestrator.config import load_config
-    from orchestrator.statusview import fast_status_rows, group_by_sweep
+    from orchestrator.views.status import fast_status_rows, group_by_sweep
 
     rows = fast_status_rows(load_config(), state)  # no SQLAlchemy import (login-node latency)
     if rows is None:
@@ -45,8 +45,8 @@ def status(state: str | None, tasks: bool, as_json: bool) -> None:
 def _status_slow_path(state: str | None) -> list[dict[str, Any]]:
     """Through SQLAlchemy (creates or upgrades the DB, tightens ORCH_HOME, names any problem), after
     which the next ``orch status`` can take the fast path."""
-    from orchestrator.statusview import drop_legacy_cache
-    from orchestrator.views import status_rows
+    from orchestrator.views.show import status_rows
+    from orchestrator.views.status import drop_legacy_cache
 
     cfg, db = _ctx()
     rows = status_rows(db, cfg, state)
@@ -74,7 +74,7 @@ def _cell(v: Any) -> str:
 def show(name: str, as_json: bool, events: bool) -> None:
     """A job and every attempt: backend id, state, failure class, action taken, times (or a sweep:
     its counts and tasks). ``--events``: also every move of the job and its attempts, oldest first."""
-    from orchestrator.views import show_sweep
+    from orchestrator.views.show import show_sweep
 
     _cfg, db = _ctx()
     sw = show_sweep(db, name, events=events)
@@ -164,7 +164,7 @@ def _goodput_lines(g: dict[str, Any] | None) -> list[Any]:
     """[job's summary lines, then one line per attempt]: where the held time went (README: Goodput)."""
     if not g:
         return []
-    from orchestrator.goodputview import dur, split_line, summary_lines
+    from orchestrator.views.goodputview import dur, split_line, summary_lines
 
     out: list[Any] = [summary_lines(g)]
     for a in g["attempts"]:
@@ -240,7 +240,7 @@ def _run_dir_of(name: str) -> Path:
 @click.option("-f", "--follow", is_flag=True, help="Keep printing new output until the attempt ends.")
 def logs(name: str, attempt: int | None, follow: bool) -> None:
     """The stdout and stderr of one attempt of NAME."""
-    from orchestrator.views import log_paths
+    from orchestrator.views.show import log_paths
 
     cfg, db = _ctx()
     paths, live = log_paths(db, name, attempt)
@@ -297,14 +297,14 @@ def report(since: str, as_json: bool) -> None:
     """Goodput of the fleet: where held machine time went (useful, lost work, startup, save stall, hang
     detection, teardown, failed attempts; waiting between attempts), by partition and by sweep, with
     preemptions per held hour, mean time between unsignalled failures and the largest badput causes."""
-    from orchestrator.goodputview import dur, parse_since, summary_lines
-    from orchestrator.goodputview import report as build
+    from orchestrator.views.goodputview import dur, parse_since, summary_lines
+    from orchestrator.views.goodputview import report as build
 
     window = None if since == "all" else parse_since(since)  # checked before the DB is opened
     from orchestrator.config import load_config
-    from orchestrator.goodputfast import fast_report
+    from orchestrator.views.goodputfast import fast_report
 
-    rep = fast_report(load_config(), window)  # no SQLAlchemy import, as `orch status` (statusview)
+    rep = fast_report(load_config(), window)  # no SQLAlchemy import, as `orch status` (views.status)
     if rep is None:
         _cfg, db = _ctx()
         rep = build(db, window)
@@ -329,7 +329,7 @@ def report(since: str, as_json: bool) -> None:
 
 
 def _rates(g: dict[str, Any]) -> str:
-    from orchestrator.goodputview import dur
+    from orchestrator.views.goodputview import dur
 
     pph = g["preemptions_per_hour"]
     return (f"preemptions {g['preemptions']} ({pph:.2f}/held h)" if pph is not None else "preemptions 0") + \

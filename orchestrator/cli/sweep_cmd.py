@@ -59,7 +59,7 @@ def sweep(name: str, grid: tuple[str, ...], from_file: str | None, throttle: int
     else:
         quick = None
     from orchestrator.db import Database
-    from orchestrator.views import show_sweep
+    from orchestrator.views.show import show_sweep
 
     db = Database(cfg)
     if quick is None:

@@ -51,12 +51,13 @@ def follow_job(cfg, db, name: str, stream: IO[str], *, quiet: bool = False, plai
     Raises JobNotFound (exit 2) before drawing anything for an unknown name.
     """
     from orchestrator.cli.live import make_view
-    from orchestrator.progressview import QuietView, follow, snapshot
+    from orchestrator.reconcile import reconcile_pass
+    from orchestrator.views.progressview import QuietView, follow, snapshot
 
     snapshot(db, name)  # an unknown job fails here, before a bar is drawn
     view = QuietView() if quiet else make_view(stream, plain)
     with _ctrl_c() as stop:
-        last = follow(db, cfg, name, view, poll_s=poll_s, reconcile=reconcile, stop=stop)
+        last = follow(db, cfg, name, view, poll_s=poll_s, stop=stop, pass_fn=reconcile_pass if reconcile else None)
     return None if last is None else last.state
 
 

@@ -18,11 +18,11 @@ from orchkit import wait_for, wait_for_file
 from orchestrator import protocol
 from orchestrator.config import load_config
 from orchestrator.db import Database
-from orchestrator.goodputview import report as goodput_report
 from orchestrator.lifecycle import AttemptState, JobState
-from orchestrator.metrics import collect, render
 from orchestrator.models import Attempt, Job
-from orchestrator.views import show_job
+from orchestrator.views.goodputview import report as goodput_report
+from orchestrator.views.metrics import collect, render
+from orchestrator.views.show import show_job
 
 TOKEN = "a1b2c3d4e5f60718"
 TRAINER = [sys.executable, "-m", "orch_trainer", "--preset", "tiny", "--max-steps", "150", "--save-interval",

@@ -195,7 +195,7 @@ def _attempt_files(tmp_path, started_at: str, ended_at: str):
 def test_the_held_time_takes_the_wrappers_times_only_inside_what_the_db_saw(tmp_path):
     """wrapper.json and exit.json are the job's to write: forged a year apart, `orch report` held a year. A
     time outside submission .. observed start (or start .. observed end) is ignored; one inside is used."""
-    from orchestrator.goodputview import held_interval
+    from orchestrator.views.goodputview import held_interval
 
     db_start, db_end = 1780315260.0, 1780318800.0  # 2026-06-01 12:01:00 and 13:00:00 UTC
     forged = _attempt_files(tmp_path / "forged", "2025-06-01T12:00:30+00:00", "2027-06-01T13:00:00+00:00")
@@ -214,7 +214,7 @@ def test_a_wrapper_time_within_the_clock_slack_past_what_the_db_saw_is_clamped_t
     """CLOCK_SLACK_S lets a node's clock run a little ahead of the controller's: a wrapper start up to 5 s after the
     observed start, or an exit up to 5 s after the observed end, is accepted, but never stretches the hold past
     what the DB saw (the start is the earlier of the two, the end the earlier of the two)."""
-    from orchestrator.goodputview import CLOCK_SLACK_S, held_interval
+    from orchestrator.views.goodputview import CLOCK_SLACK_S, held_interval
 
     db_start, db_end = 1780315260.0, 1780318800.0  # 2026-06-01 12:01:00 and 13:00:00 UTC
     assert CLOCK_SLACK_S > 3
@@ -227,7 +227,7 @@ def test_an_attempt_killed_with_its_wrapper_is_held_until_its_last_heartbeat(tmp
     noticed (up to a cron interval of held `teardown` per kill). It ends at the newest heartbeat, inside what the DB
     saw: a heartbeat time after the observed end, or before the start, is ignored."""
     from orchestrator import protocol
-    from orchestrator.goodputview import held_interval
+    from orchestrator.views.goodputview import held_interval
 
     db_start, db_end = 1780315260.0, 1780318800.0  # 2026-06-01 12:01:00 and 13:00:00 UTC
     for name, beat, want in (("killed", db_end - 42.5, db_end - 42.5), ("forged-late", db_end + 3600, db_end),

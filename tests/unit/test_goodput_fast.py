@@ -7,11 +7,11 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
-from orchestrator import goodputfast, goodputrows
-from orchestrator.goodputview import report
 from orchestrator.lifecycle import AttemptState, JobState
 from orchestrator.models import Attempt, Job, Sweep
 from orchestrator.protocol import FailureClass
+from orchestrator.views import goodputfast, goodputrows
+from orchestrator.views.goodputview import report
 
 
 def test_the_report_sql_in_the_source_is_what_the_models_compile_today():

@@ -1,5 +1,8 @@
 """What each part of orchestrator may import: the tree says where code runs, this test holds it to that.
 
+On the controller, the decisions (``decide``) and the read-only views (``views``) import no operation and no CLI:
+an operation carries out a decision and a view shows its result, never the other way round.
+
 The in-job parts run on the compute node, in the user's training environment: the job wrapper (``jobside``), the
 in-job kit (``kit``), the on-disk formats (``protocol``) and the framework integrations (``integrations``). They
 import none of the controller's code, nor SQLAlchemy, Alembic, click or rich: a node that installs only them starts
@@ -22,6 +25,16 @@ IN_JOB = {
     "orchestrator.kit": {"orchestrator", "orchestrator.protocol"},
     "orchestrator.jobside": {*SHARED, "orchestrator.protocol", "orchestrator.kit"},
     "orchestrator.integrations": {"orchestrator", "orchestrator.protocol", "orchestrator.kit"},
+}
+# The operations: what changes the job table and the run dirs (submit, launch, the reconcile pass, requeue, cancel).
+# They move to orchestrator/ops/ next; until then each is named.
+OPS = {f"orchestrator.{m}" for m in ("claimkeeper", "ending", "executor", "launch", "launchprep", "liveness", "observe",
+                                     "quicksubmit", "quicksweep", "reconcile", "requeue", "stop", "submit", "sweep",
+                                     "sweepspec", "trackerend", "trash")}
+# Controller package -> what it may not import (at any depth).
+CONTROLLER_MAY_NOT = {
+    "orchestrator.decide": {*OPS, "orchestrator.views", "orchestrator.cli"},
+    "orchestrator.views": {*OPS, "orchestrator.cli"},
 }
 # (module, import) pairs allowed across the line, each for a reason:
 CROSSINGS = {
@@ -67,6 +80,17 @@ def violations(package_imports: dict[str, set[str]]) -> dict[str, list[str]]:
     return out
 
 
+def controller_violations(package_imports: dict[str, set[str]]) -> dict[str, list[str]]:
+    out: dict[str, list[str]] = {}
+    for module, imported in package_imports.items():
+        for package, banned in CONTROLLER_MAY_NOT.items():
+            if module == package or module.startswith(package + "."):
+                bad = sorted(i for i in imported if any(i == b or i.startswith(b + ".") for b in banned))
+                if bad:
+                    out[module] = bad
+    return out
+
+
 def source_imports() -> dict[str, set[str]]:
     files = [p for p in (ROOT / "orchestrator").rglob("*.py") if "migrations" not in p.parts]
     modules = {module_name(p) for p in files}
@@ -77,6 +101,15 @@ def test_the_in_job_parts_import_no_controller_code_and_no_controller_dependency
     graph = source_imports()
     assert {"orchestrator.jobside.wrapper", "orchestrator.kit.run", "orchestrator.integrations.hf"} <= set(graph)
     assert violations(graph) == {}
+
+
+def test_decisions_and_views_import_no_operation_and_no_cli() -> None:
+    graph = source_imports()
+    assert all(m in graph for m in OPS), sorted(m for m in OPS if m not in graph)  # the list names real modules
+    assert {"orchestrator.decide.policy", "orchestrator.views.show"} <= set(graph)
+    assert controller_violations(graph) == {}
+    assert controller_violations({"orchestrator.views.status": {"orchestrator.reconcile", "orchestrator.db"}}) == {
+        "orchestrator.views.status": ["orchestrator.reconcile"]}
 
 
 def test_every_crossing_still_exists() -> None:

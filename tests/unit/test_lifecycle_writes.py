@@ -156,7 +156,7 @@ def test_a_row_is_born_only_in_a_declared_state(db):
     with db.write() as s:
         create_job(s, J.DONE, "its run dir's marker verified at sweep submission", name="d", backend="local",
                    run_dir="/nowhere/d", command=["true"])
-    from orchestrator.views import history
+    from orchestrator.views.show import history
     with db.read() as s:
         job = get_job(s, "d")
         assert [(e["from"], e["to"], e["reason"]) for e in history(s, job)] == [

@@ -350,7 +350,7 @@ def test_a_0005_db_with_history_upgrades_to_attempt_events_and_shows_it(tmp_path
 
     from orchestrator.jobs import get_job
     from orchestrator.lifecycle import AttemptState, move_attempt
-    from orchestrator.views import history
+    from orchestrator.views.show import history
 
     cfg = _sqlite_db_at(tmp_path, monkeypatch, "0005")
     ts = "2026-11-30 12:00:00"

@@ -8,7 +8,7 @@ import io
 import pytest
 
 from orchestrator.cli.live import PlainView, bar_stats, make_view
-from orchestrator.progressview import JobProgress, RateMeter, clock, human, state_line, stats_text
+from orchestrator.views.progressview import JobProgress, RateMeter, clock, human, state_line, stats_text
 
 
 def snap(**kw) -> JobProgress:

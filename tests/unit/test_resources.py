@@ -98,8 +98,8 @@ def test_the_partition_is_read_where_each_orch_version_wrote_it():
     from types import SimpleNamespace
 
     from orchestrator.decide.mtbf import partition_key
-    from orchestrator.goodputview import group_of
     from orchestrator.resources import partition_of, resources_dict
+    from orchestrator.views.goodputview import group_of
 
     new = resources_dict(Resources(extras={"partition": "spot"}))
     assert partition_of(new) == "spot" and partition_of({"partition": "old"}) == "old"

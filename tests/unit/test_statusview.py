@@ -1,4 +1,4 @@
-"""orchestrator.statusview: `orch status`'s rows -- the query kept in the source (the fast path) equal to what
+"""orchestrator.views.status: `orch status`'s rows -- the query kept in the source (the fast path) equal to what
 the models compile, the slow/hung flags of a running job, the sweep grouping."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ import time
 from orchestrator import protocol
 from orchestrator.kit.heartbeat import Heartbeat
 from orchestrator.models import Attempt, Job
-from orchestrator.views import status_rows
+from orchestrator.views.show import status_rows
 
 
 def _running_job(db, cfg, name: str) -> None:  # noqa: ANN001
@@ -95,8 +95,8 @@ def test_the_status_sql_in_the_source_is_what_the_models_compile_today():
     from the models now, for the schema revision the DB layer creates. On failure, paste the printed text."""
     from sqlalchemy.dialects import sqlite
 
-    from orchestrator import statusview
     from orchestrator.db import SCHEMA_HEAD
+    from orchestrator.views import status as statusview
 
     assert statusview.STATUS_REVISION == SCHEMA_HEAD
     for variant, state in (("all", None), ("state", "running")):
@@ -108,7 +108,7 @@ def test_the_status_sql_in_the_source_is_what_the_models_compile_today():
 
 
 def test_a_sweeps_tasks_are_one_row_counting_their_states_and_att_is_the_furthest_task():
-    from orchestrator.statusview import group_by_sweep
+    from orchestrator.views.status import group_by_sweep
 
     def row(name: str, state: str, attempts: int, sweep: str | None = None, flags: tuple = ()) -> dict:
         return {"name": name, "state": state, "attempts": attempts, "backend": "local", "sweep": sweep,

@@ -107,7 +107,7 @@ def test_the_wrappers_outputs_listing_skips_orch_owned_files(tmp_path: Path):
 # displays: no crash on any job-written value
 # ------------------------------------------------------------------------------------------
 def test_plausible_drops_extreme_fields_one_by_one():
-    from orchestrator.progressvalues import plausible
+    from orchestrator.views.progressbounds import plausible
 
     got = plausible({"step": 2**63 - 1, "max_steps": 100, "loss": 1e308, "time": -1e308, "tokens_per_s": 5.0,
                      "eval_loss": -1e300, "note": "x"})
@@ -118,13 +118,13 @@ def test_plausible_drops_extreme_fields_one_by_one():
 @pytest.mark.parametrize("seconds, text", [(math.inf, ">999d"), (1e308, ">999d"), (-5.0, "0:00:00"),
                                            (3725.0, "1:02:05")])
 def test_clock_never_raises(seconds, text):
-    from orchestrator.progressview import clock
+    from orchestrator.views.progressview import clock
 
     assert clock(seconds) == text
 
 
 def test_an_eta_from_extreme_heartbeats_is_finite_or_none():
-    from orchestrator.progressview import JobProgress, RateMeter, stats_text
+    from orchestrator.views.progressview import JobProgress, RateMeter, stats_text
 
     meter = RateMeter()
     base = dict(name="x", state="running", attempt=1, attempt_state="running", restarts=0, settled=False)
@@ -145,7 +145,7 @@ def test_show_text_escapes_control_characters():
 def test_status_flags_ignore_extreme_heartbeat_fields(tmp_path: Path):
     """A running job's heartbeat of time -1e308 flagged it hung, and 1e308 tok/s was shown as measured."""
     from orchestrator.config import Config
-    from orchestrator.statusview import _progress_flags
+    from orchestrator.views.status import _progress_flags
 
     protocol.write_progress(tmp_path, 1, step=5, time=-1e308, tokens_per_s=1e308)
     cfg = Config(home=tmp_path, runs_root=tmp_path, trash=tmp_path, db_url="")

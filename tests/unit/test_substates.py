@@ -98,7 +98,7 @@ def test_a_held_note_has_one_typed_home_and_is_written_once_per_reason(db):
     from orchestrator.jobs import get_job
     from orchestrator.lifecycle import JobState, Note, create_job, held_reason, note_held
     from orchestrator.models import Event
-    from orchestrator.views import _held
+    from orchestrator.views.show import _held
 
     with db.write() as s:
         create_job(s, JobState.PENDING, name="j", backend="local", run_dir="/nowhere/j", command=["true"])

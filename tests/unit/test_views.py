@@ -1,4 +1,4 @@
-"""orchestrator.views: the read-only views behind status/show/logs. `orch status` has two paths to one set of
+"""orchestrator.views.show: the read-only views behind status/show/logs. `orch status` has two paths to one set of
 rows (SQLAlchemy on any DB; stdlib sqlite3 on SQLite): they must agree row for row. `orch show` is the DB
 plus what the run dir holds; `orch logs` names the attempt's files or refuses a number that does not exist."""
 
@@ -9,10 +9,10 @@ import pytest
 from orchestrator import protocol
 from orchestrator.errors import UsageError
 from orchestrator.reconcile import reconcile_pass
-from orchestrator.statusview import fast_status_rows
 from orchestrator.submit import SubmitRequest, submit
 from orchestrator.sweep import SweepRequest, submit_sweep
-from orchestrator.views import log_paths, show_job, show_sweep, status_rows
+from orchestrator.views.show import log_paths, show_job, show_sweep, status_rows
+from orchestrator.views.status import fast_status_rows
 
 
 def _jobs_in_every_state(db, cfg, sched) -> None:  # noqa: ANN001

@@ -1,6 +1,6 @@
 """The loss curve of a job across all its attempts, and the points where an attempt ended or began.
 
-Data only (stdlib + DB): ``orch plot --json`` prints it, ``orchestrator.plot`` draws it. The curve
+Data only (stdlib + DB): ``orch plot --json`` prints it, ``orchestrator.views.plot`` draws it. The curve
 comes from each attempt's heartbeat history (``attempts/<n>/progress.jsonl``, read through the
 protocol's checked reader); why an attempt ended comes from the DB (its failure class, which orch
 derived from the job's failure report, the wrapper's exit record and the scheduler).
@@ -21,8 +21,8 @@ from typing import Any
 from orchestrator import protocol
 from orchestrator.db import Database
 from orchestrator.jobs import get_job
-from orchestrator.progressvalues import plausible
 from orchestrator.protocol import FailureClass
+from orchestrator.views.progressbounds import plausible
 
 MARK_KINDS = ("resume", "rollback", "preemption", "failure")
 Point = tuple[int, float]

@@ -2,8 +2,8 @@
 
 A ``JobProgress`` is everything a progress display needs (job and attempt state from the DB, the latest
 heartbeat from ``attempts/<n>/progress.json`` through the protocol's checked reader); ``follow`` runs
-reconcile passes, as ``submit --wait`` always did, so a job progresses without cron, and hands each
-snapshot to a view. No click, no terminal library: the renderers live in ``orchestrator.cli.live``.
+the reconcile pass the CLI hands it, as ``submit --wait`` always did, so a job progresses without cron, and hands
+each snapshot to a view. No click, no terminal library: the renderers live in ``orchestrator.cli.live``.
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ from orchestrator.config import Config
 from orchestrator.db import Database
 from orchestrator.jobs import get_job
 from orchestrator.lifecycle import JOB_SETTLED, JobState
-from orchestrator.progressvalues import plausible
+from orchestrator.views.progressbounds import plausible
 
 VERIFIED = JobState.DONE.value
 CLOCK_MAX_S = 999 * 86400  # an ETA beyond this shows as ">999d"
@@ -123,25 +123,22 @@ class QuietView(View):
         pass
 
 
-def follow(db: Database, cfg: Config, name: str, view: View, *, poll_s: float = 1.0, reconcile: bool = True,
+def follow(db: Database, cfg: Config, name: str, view: View, *, poll_s: float = 1.0,
            stop: threading.Event | None = None,
            pass_fn: Callable[[Database, Config], Any] | None = None) -> JobProgress | None:
     """Reconcile and redraw until the job settles (returns its last snapshot) or ``stop`` is set
     (returns None). The view is closed either way.
 
-    ``reconcile``: run a pass before every look (the default, so nothing else needs to run); without
-    it the watcher only reads, for a job another host's reconciler moves.
+    ``pass_fn``: a reconcile pass run before every look (the CLI hands ``reconcile_pass``, so nothing else needs
+    to run); None only reads, for a job another host's reconciler moves. Handed in: a view runs no operation of
+    its own.
     """
-    if pass_fn is None and reconcile:
-        from orchestrator.reconcile import reconcile_pass
-
-        pass_fn = reconcile_pass
     stop = stop or threading.Event()
     meter = RateMeter()
     last: JobProgress | None = None
     try:
         while not stop.is_set():
-            if reconcile and pass_fn is not None:
+            if pass_fn is not None:
                 pass_fn(db, cfg)
             snap = snapshot(db, name)
             last = _with_eta(snap, meter.eta_s(snap))

@@ -24,9 +24,9 @@ from typing import Any, TypeVar
 from orchestrator import protocol
 from orchestrator.config import Config
 from orchestrator.decide.staleness import judge
-from orchestrator.progressvalues import plausible
 from orchestrator.quickdb import QUICK_REVISION, at_revision, connect
 from orchestrator.states import JobState
+from orchestrator.views.progressbounds import plausible
 
 T = TypeVar("T")
 

@@ -24,11 +24,11 @@ from orchestrator import protocol
 from orchestrator.config import Config
 from orchestrator.db import Database
 from orchestrator.errors import OrchError
-from orchestrator.goodputview import fleet_gauges, goodput_families
 from orchestrator.lifecycle import JobState, utcnow
 from orchestrator.models import Attempt, Job, PassStats
 from orchestrator.passreport import PassReport
 from orchestrator.protocol import FailureClass
+from orchestrator.views.goodputview import fleet_gauges, goodput_families
 
 TEXTFILE_NAME = "orch.prom"
 PASS = "reconcile"  # the pass_stats row the reconciler writes

@@ -1,9 +1,9 @@
 """``orch report``'s fast path: the same rows through stdlib sqlite3, without importing SQLAlchemy.
 
-As ``orch status`` does (statusview): the queries are written once with the models' columns
+As ``orch status`` does (views.status): the queries are written once with the models' columns
 (``goodputrows.report_selects``); the fast path runs ``goodputrows.REPORT_SQL``, the text they compile to for
 SQLite (tests/unit/test_goodput_fast.py asserts both are equal and that both paths give the same report), and only
-while the DB is at ``statusview.STATUS_REVISION``; anything else takes the slow path. Importing
+while the DB is at ``status.STATUS_REVISION``; anything else takes the slow path. Importing
 SQLAlchemy alone took ~0.3 s of `orch report`'s 0.5 s on an empty DB.
 """
 
@@ -14,13 +14,13 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from orchestrator.config import Config
-from orchestrator.goodputrows import REPORT_SQL, JobRow, jobs_from_rows
-from orchestrator.goodputview import job_split, report_of
-from orchestrator.statusview import fast_read
+from orchestrator.views.goodputrows import REPORT_SQL, JobRow, jobs_from_rows
+from orchestrator.views.goodputview import job_split, report_of
+from orchestrator.views.status import fast_read
 
 
 def fast_jobs(cfg: Config, since: timedelta | None, now: float) -> list[JobRow] | None:
-    """The report's jobs through sqlite3 (``statusview.fast_read``), or None: take the slow path."""
+    """The report's jobs through sqlite3 (``status.fast_read``), or None: take the slow path."""
     if not REPORT_SQL:
         return None
     sql = REPORT_SQL["window" if since is not None else "all"]

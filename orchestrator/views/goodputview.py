@@ -16,8 +16,8 @@ from typing import Any
 from orchestrator import protocol
 from orchestrator.errors import UsageError
 from orchestrator.goodput import AttemptFacts, Beat, JobSplit, split_job, summarize
-from orchestrator.goodputrows import jobs_from_rows, report_selects
 from orchestrator.resources import partition_of
+from orchestrator.views.goodputrows import jobs_from_rows, report_selects
 
 _SINCE_RE = re.compile(r"^([0-9]{1,6})([smhdw])$")
 _UNIT_S = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400}

@@ -11,12 +11,12 @@ from sqlalchemy import select
 from orchestrator import protocol
 from orchestrator.config import Config
 from orchestrator.db import Database
-from orchestrator.goodputview import show_goodput
 from orchestrator.jobs import attempt_ref, attempt_view, get_job
 from orchestrator.lifecycle import ATTEMPT_LIVE, AttemptState, JobState, held_reason
-from orchestrator.models import Attempt, Event, Job
+from orchestrator.models import Attempt, Event, Job, Sweep
 from orchestrator.resumestate import launch_record
-from orchestrator.statusview import group_by_sweep, make_row, status_select
+from orchestrator.views.goodputview import show_goodput
+from orchestrator.views.status import group_by_sweep, make_row, status_select
 
 __all__ = ["status_rows", "group_by_sweep", "show_job", "show_sweep", "log_paths"]
 
@@ -25,7 +25,7 @@ def status_rows(db: Database, cfg: Config, state: str | None = None) -> list[dic
     """One row per job with its latest attempt; one query, plus heartbeats of running jobs only.
 
     Any database, through SQLAlchemy; ``orch status`` on SQLite usually takes
-    ``statusview.fast_status_rows`` instead (same query, same rows, no SQLAlchemy import).
+    ``status.fast_status_rows`` instead (same query, same rows, no SQLAlchemy import).
     """
     with db.read() as s:
         return [make_row(r._mapping, cfg) for r in s.execute(status_select(state))]
@@ -184,8 +184,6 @@ def log_paths(db: Database, name: str, n: int | None) -> tuple[list[Path], Calla
 def show_sweep(db: Database, name: str, events: bool = False) -> dict[str, Any] | None:
     """A sweep, its counts and one line per task; None when ``name`` is no sweep. ``events``: every task's
     history, oldest first, each event naming its task (``orch show SWEEP --events`` printed none)."""
-    from orchestrator.sweep import sweep_of, sweep_summary
-
     sweep = sweep_of(db, name)
     if sweep is None:
         return None
@@ -204,3 +202,21 @@ def _tasks_history(db: Database, names: dict[int, str]) -> list[dict[str, Any]]:
         return []
     with db.read() as s:
         return _events(s, names, dict(s.execute(select(Attempt.id, Attempt.n).where(Attempt.job_id.in_(names))).all()))
+
+
+def sweep_of(db: Database, name: str) -> Sweep | None:
+    with db.read() as s:
+        sweep = s.scalar(select(Sweep).where(Sweep.name == name))
+        if sweep is not None:
+            sweep.tasks  # noqa: B018
+        return sweep
+
+
+def sweep_summary(sweep: Sweep) -> dict[str, Any]:
+    """Counts per state and the tasks (``orch status`` groups by this, ``orch show SWEEP`` prints it)."""
+    counts: dict[str, int] = {}
+    for t in sweep.tasks:
+        counts[t.state.value] = counts.get(t.state.value, 0) + 1
+    return {"name": sweep.name, "kind": "sweep", "backend": sweep.backend, "throttle": sweep.throttle,
+            "tasks": len(sweep.tasks), "states": dict(sorted(counts.items())),
+            "created_at": sweep.created_at.isoformat(timespec="seconds") + "Z"}
