@@ -41,13 +41,14 @@ def populate(home: Path, n: int) -> None:
     heartbeat (what ``orch status`` reads for each running job). No process is started: 1,000 real
     local attempts would be 1,000 job wrappers on a 2-core machine."""
     os.environ["ORCH_HOME"] = str(home)
-    from orchestrator import liveness, protocol
-    from orchestrator import submit as submit_mod
+    from orchestrator import protocol
     from orchestrator.backends.base import AttemptRef, Backend, Outcome, Phase, SubmitSpec
     from orchestrator.config import load_config
     from orchestrator.db import Database
-    from orchestrator.reconcile import reconcile_pass
-    from orchestrator.submit import SubmitRequest, submit
+    from orchestrator.ops import liveness
+    from orchestrator.ops import submit as submit_mod
+    from orchestrator.ops.reconcile import reconcile_pass
+    from orchestrator.ops.submit import SubmitRequest, submit
 
     class Scripted(Backend):
         name = "local"

@@ -47,7 +47,7 @@ from orchestrator.backends.local import LocalBackend, format_id  # noqa: E402
 from orchestrator.config import load_config  # noqa: E402
 from orchestrator.db import SCHEMA_HEAD, Database  # noqa: E402
 from orchestrator.jobside import proctable  # noqa: E402
-from orchestrator.reconcile import reconcile_pass  # noqa: E402
+from orchestrator.ops.reconcile import reconcile_pass  # noqa: E402
 
 CACHE = Path(os.environ.get("ORCH_BENCH_CACHE", "/tmp/orch-bench"))
 GEN_VERSION = 2  # bump when the generated content changes

@@ -346,7 +346,7 @@ def profile_section(plain: float, total: float, rows: list[tuple[str, float]], t
              "`records.json` (flushed once: written under a tmp name, flushed, renamed, flushed) and its ballast "
              "into the batch's one pool, and its wrapper puts them in place when the task starts; the launch "
              "once took five write transactions and six fsyncs per task. The steps run on stdlib `sqlite3` "
-             "(`orchestrator/quicksweep.py`): SQLAlchemy is not imported.")
+             "(`orchestrator/ops/quicksweep.py`): SQLAlchemy is not imported.")
     return notes, tbl
 
 

@@ -78,7 +78,7 @@ def environment_id(s: Session, environ: Mapping[str, str]) -> int:
     the same shell share one row."""
     from sqlalchemy.exc import IntegrityError
 
-    from orchestrator.launchprep import environment_record
+    from orchestrator.environments import environment_record
     from orchestrator.models import Environment
 
     digest, data = environment_record(environ)

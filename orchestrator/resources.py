@@ -1,6 +1,6 @@
 """What a job asks of its backend, generic across backends, and the bounds every entry point checks it against.
 
-The CLI (``orch submit``/``orch sweep``), ``orch.toml`` and the Python API (``orchestrator.executor``) all
+The CLI (``orch submit``/``orch sweep``), ``orch.toml`` and the Python API (``orchestrator.ops.executor``) all
 build a ``Resources`` through the same bounds, so a value one of them accepts is never refused by another
 after the job row exists.
 """

@@ -3,7 +3,7 @@
 orch never writes or deletes outside its runs root, its trash and its DB: every path here is
 checked to be inside one of them, directories are created and entered without following symlinks
 (issue 9: a symlinked ``trash/`` made requeue write outside ORCH_HOME), and a run dir that is a
-symlink is refused (it could point anywhere). What goes to the trash, and how: ``orchestrator.trash``.
+symlink is refused (it could point anywhere). What goes to the trash, and how: ``orchestrator.ops.trash``.
 """
 
 from __future__ import annotations

@@ -74,15 +74,15 @@ def make_checkpoint(run_dir: Path, step: int, files: dict[str, bytes] | None = N
 def use_backend(monkeypatch, backend) -> None:  # noqa: ANN001
     """Make every orch service that looks a backend up by name get ``backend`` (a fake at the
     scheduler boundary, for in-process tests)."""
-    import orchestrator.launch
-    import orchestrator.liveness
-    import orchestrator.quicksubmit
-    import orchestrator.requeue
-    import orchestrator.stop
-    import orchestrator.submit
+    import orchestrator.ops.cancel
+    import orchestrator.ops.launch
+    import orchestrator.ops.liveness
+    import orchestrator.ops.quicksubmit
+    import orchestrator.ops.requeue
+    import orchestrator.ops.submit
 
-    for mod in (orchestrator.launch, orchestrator.liveness, orchestrator.requeue, orchestrator.stop,
-                orchestrator.submit, orchestrator.quicksubmit):
+    for mod in (orchestrator.ops.launch, orchestrator.ops.liveness, orchestrator.ops.requeue, orchestrator.ops.cancel,
+                orchestrator.ops.submit, orchestrator.ops.quicksubmit):
         monkeypatch.setattr(mod, "get_backend", lambda _name: backend)
 
 

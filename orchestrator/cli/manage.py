@@ -21,7 +21,7 @@ def reconcile(watch: float | None, as_json: bool) -> None:
     the policy and requeues what it requeues by itself. An overlapping pass exits quietly.
     """
     from orchestrator.errors import DatabaseInterrupted
-    from orchestrator.reconcile import reconcile_pass
+    from orchestrator.ops.reconcile import reconcile_pass
 
     cfg, db = _ctx()
     delay = watch
@@ -78,8 +78,8 @@ def requeue(names: tuple[str, ...], failed: bool, dry_run: bool, as_json: bool) 
     if bool(names) == failed:
         raise click.UsageError("give job NAMEs or --failed (not both)")
     from orchestrator.errors import OrchError, Refused
-    from orchestrator.requeue import RequeueOutcome, RequeueTarget
-    from orchestrator.requeue import requeue as do_requeue
+    from orchestrator.ops.requeue import RequeueOutcome, RequeueTarget
+    from orchestrator.ops.requeue import requeue as do_requeue
 
     cfg, db = _ctx()
     target = RequeueTarget.named(names) if names else RequeueTarget.failed()
@@ -109,7 +109,7 @@ def requeue(names: tuple[str, ...], failed: bool, dry_run: bool, as_json: bool) 
 @click.argument("names", nargs=-1, required=True)
 def cancel(names: tuple[str, ...]) -> None:
     """Cancel jobs: SIGTERM first (the job checkpoints), state cancelled."""
-    from orchestrator.stop import cancel as do_cancel
+    from orchestrator.ops.cancel import cancel as do_cancel
 
     cfg, db = _ctx()
     results = do_cancel(db, cfg, list(names))
@@ -124,7 +124,7 @@ def cancel(names: tuple[str, ...]) -> None:
 @main.command()
 def gc() -> None:
     """Empty the trash (what requeue and policy moved aside). Verified runs are never touched."""
-    from orchestrator.trash import empty_trash
+    from orchestrator.ops.trash import empty_trash
 
     cfg, _db = _ctx()
     click.echo(f"removed {empty_trash(cfg)} trashed entries")

@@ -1,4 +1,4 @@
-"""``orch submit``: parse, call ``orchestrator.submit.submit``, render; ``--wait`` follows the job."""
+"""``orch submit``: parse, call ``orchestrator.ops.submit.submit``, render; ``--wait`` follows the job."""
 
 from __future__ import annotations
 
@@ -36,8 +36,8 @@ def submit(name: str | None, wait: bool, as_json: bool, command: tuple[str, ...]
     cfg = _cfg()
     max_attempts = cfg.max_attempts if max_attempts is None else (max_attempts or 3)
     quick = None
-    if not (wait or as_json):  # issue 20: no SQLAlchemy import where the DB allows (orchestrator/quicksubmit.py)
-        from orchestrator import quicksubmit
+    if not (wait or as_json):  # issue 20: no SQLAlchemy import where the DB allows (orchestrator/ops/quicksubmit.py)
+        from orchestrator.ops import quicksubmit
 
         quick = quicksubmit.submit(cfg, name, list(command), backend, resources, max_attempts, list(outputs))
         if quick is not None and quick.external_id is not None:
@@ -45,8 +45,8 @@ def submit(name: str | None, wait: bool, as_json: bool, command: tuple[str, ...]
             return
     from orchestrator.db import Database
     from orchestrator.jobs import get_job
-    from orchestrator.submit import SubmitRequest
-    from orchestrator.submit import submit as do_submit
+    from orchestrator.ops.submit import SubmitRequest
+    from orchestrator.ops.submit import submit as do_submit
 
     db = Database(cfg)
     if quick is None:
@@ -74,7 +74,7 @@ def submit(name: str | None, wait: bool, as_json: bool, command: tuple[str, ...]
 
 
 def _said_submitted(job: Any, launched: Any, as_json: bool) -> None:
-    from orchestrator.launch import LaunchOutcome
+    from orchestrator.ops.launch import LaunchOutcome
 
     lost = launched is not None and launched.outcome is LaunchOutcome.LOST_CLAIM
     if lost:

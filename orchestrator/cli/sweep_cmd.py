@@ -34,7 +34,7 @@ def sweep(name: str, grid: tuple[str, ...], from_file: str | None, throttle: int
     sweep (--tasks for every task); `orch cancel NAME` and `orch requeue NAME` act on its tasks.
     """
     from orchestrator.errors import UsageError
-    from orchestrator.sweepspec import SweepRequest, check_argv_size, parse_grid, parse_params_file, render
+    from orchestrator.ops.sweepspec import SweepRequest, check_argv_size, parse_grid, parse_params_file, render
 
     if bool(grid) == bool(from_file):
         raise click.UsageError("give --grid KEY=V1,V2 (repeatable) or --from FILE (not both)")
@@ -49,8 +49,8 @@ def sweep(name: str, grid: tuple[str, ...], from_file: str | None, throttle: int
     cfg = _cfg()
     req = SweepRequest(name=name, command=list(command), params=params, backend=backend, resources=resources,
                        max_attempts=max_attempts or cfg.max_attempts, outputs=list(outputs), throttle=throttle)
-    if not as_json:  # issue 20: no SQLAlchemy import where the DB and the scheduler allow (orchestrator/quicksweep.py)
-        from orchestrator import quicksweep
+    if not as_json:  # no SQLAlchemy import where the DB and the scheduler allow (ops/quicksweep.py)
+        from orchestrator.ops import quicksweep
 
         quick = quicksweep.sweep(cfg, req)
         if quick is not None and quick.all_submitted:
@@ -63,7 +63,7 @@ def sweep(name: str, grid: tuple[str, ...], from_file: str | None, throttle: int
 
     db = Database(cfg)
     if quick is None:
-        from orchestrator.sweep import submit_sweep
+        from orchestrator.ops.sweep import submit_sweep
 
         submit_sweep(db, cfg, req)
     if req.launch_deferred:

@@ -51,7 +51,7 @@ def follow_job(cfg, db, name: str, stream: IO[str], *, quiet: bool = False, plai
     Raises JobNotFound (exit 2) before drawing anything for an unknown name.
     """
     from orchestrator.cli.live import make_view
-    from orchestrator.reconcile import reconcile_pass
+    from orchestrator.ops.reconcile import reconcile_pass
     from orchestrator.views.progressview import QuietView, follow, snapshot
 
     snapshot(db, name)  # an unknown job fails here, before a bar is drawn

@@ -2,7 +2,7 @@
 
 It loads the ``DelayedSubmission`` (the newest verified checkpoint's, else the original whose sha256 the
 command names), installs the stop handlers and calls it; :func:`safe_point` is where a requested stop takes the
-callable's ``checkpoint()``. Kept apart from the executor (orchestrator/executor.py, the submitting side,
+callable's ``checkpoint()``. Kept apart from the executor (orchestrator/ops/executor.py, the submitting side,
 which also documents the behaviour) because the two run on different machines: this one in the job.
 """
 

@@ -289,7 +289,7 @@ def test_ctrl_z_inside_a_write_transaction_stops_the_command_after_its_commit(or
 
 
 HOLD_LEASE = ("import os, socket, sys, time; from orchestrator.config import load_config; "
-              "from orchestrator.db import Database; from orchestrator.reconcile import acquire_lease\n"
+              "from orchestrator.db import Database; from orchestrator.ops.reconcile import acquire_lease\n"
               "assert acquire_lease(Database(load_config()), load_config(), f'{socket.gethostname()}:{os.getpid()}')\n"
               "open(sys.argv[1], 'w').close(); time.sleep(300)\n")
 

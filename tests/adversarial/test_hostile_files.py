@@ -37,8 +37,8 @@ from orchkit import Orch, fake_scheduler, use_backend, wait_for
 from orchestrator import protocol
 from orchestrator.config import load_config
 from orchestrator.db import Database
-from orchestrator.reconcile import reconcile_pass
-from orchestrator.submit import SubmitRequest, submit
+from orchestrator.ops.reconcile import reconcile_pass
+from orchestrator.ops.submit import SubmitRequest, submit
 
 CONFIG = "[policy]\nauto_requeue = []\n"
 # wrong_type: a string where a number belongs (progress.json's "samples" made `orch status` raise).

@@ -20,8 +20,8 @@ from orchestrator import protocol
 from orchestrator.backends.base import AttemptRef, Backend, Outcome, Phase, SubmitSpec
 from orchestrator.config import load_config
 from orchestrator.db import Database
-from orchestrator.reconcile import reconcile_pass
-from orchestrator.submit import SubmitRequest, submit
+from orchestrator.ops.reconcile import reconcile_pass
+from orchestrator.ops.submit import SubmitRequest, submit
 
 pytestmark = pytest.mark.each_db
 

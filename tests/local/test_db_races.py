@@ -27,7 +27,7 @@ from orchestrator.config import load_config
 from orchestrator.db import SCHEMA_HEAD, Database
 from orchestrator.lifecycle import utcnow
 from orchestrator.models import Lease
-from orchestrator.reconcile import LEASE, acquire_lease, release_lease
+from orchestrator.ops.reconcile import LEASE, acquire_lease, release_lease
 
 
 def _sessions(url: str, where: str) -> int:

@@ -525,8 +525,8 @@ def test_reconcile_survives_a_hostile_failure_json(tmp_path: Path, case: str, cl
     SQLite or PostgreSQL (each refuses other values: a 64-bit step, a NUL in text)."""
     import orchkit
 
-    from orchestrator.reconcile import reconcile_pass
-    from orchestrator.submit import SubmitRequest, submit
+    from orchestrator.ops.reconcile import reconcile_pass
+    from orchestrator.ops.submit import SubmitRequest, submit
 
     outside = sentinel(tmp_path)
     before_out = tree_hash(outside)

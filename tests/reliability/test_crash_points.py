@@ -39,11 +39,11 @@ from orchestrator.config import load_config
 from orchestrator.db import Database
 from orchestrator.jobs import get_job
 from orchestrator.kit.checkpoint import CheckpointManager
+from orchestrator.ops.requeue import RequeueTarget
+from orchestrator.ops.requeue import requeue as requeue_jobs
+from orchestrator.ops.submit import SubmitRequest, submit
+from orchestrator.ops.trash import move_to_trash, unverified_leftovers
 from orchestrator.protocol import MarkerStatus
-from orchestrator.requeue import RequeueTarget
-from orchestrator.requeue import requeue as requeue_jobs
-from orchestrator.submit import SubmitRequest, submit
-from orchestrator.trash import move_to_trash, unverified_leftovers
 
 ARTIFACTS = ["result/model.pt", "result/metrics.json"]
 
@@ -250,7 +250,7 @@ class RecordingBackend(Backend):
 
 def _failed_job(home: Path, backend: RecordingBackend, outside: Path) -> None:
     """A job whose attempt 1 crashed, leaving what a crash leaves (and a verified checkpoint to keep)."""
-    from orchestrator.reconcile import reconcile_pass
+    from orchestrator.ops.reconcile import reconcile_pass
 
     cfg = load_config(home)
     db = Database(cfg)
@@ -277,7 +277,7 @@ def _failed_job(home: Path, backend: RecordingBackend, outside: Path) -> None:
 
 def test_requeue_clearing_killed_at_every_step(tmp_path: Path, clean_env: None, monkeypatch: pytest.MonkeyPatch,
                                                record_property) -> None:  # noqa: ANN001
-    from orchestrator.reconcile import reconcile_pass
+    from orchestrator.ops.reconcile import reconcile_pass
 
     outside = sentinel(tmp_path)
     before_outside = tree_hash(outside)

@@ -235,7 +235,7 @@ def test_lock_taken_in_the_middle_of_a_pass(tmp_path: Path, clean_env: None) -> 
     (after the lease TTL) finishes the job; no job is left half-transitioned."""
     from orchestrator.backends.local import LocalBackend
     from orchestrator.errors import DatabaseProblem
-    from orchestrator.reconcile import reconcile_pass
+    from orchestrator.ops.reconcile import reconcile_pass
 
     home = tmp_path / "home"
     home.mkdir()

@@ -86,7 +86,7 @@ def test_a_twenty_task_array_recovers_each_task_on_its_own(orch, cleanup, tmp_pa
     script = tmp_path / "task.py"
     script.write_text(f"PREEMPTED, CRASH_ONCE, INVALID = {PREEMPTED}, {CRASH_ONCE}, {INVALID}\n" + TASK)
     log = tmp_path / "sweep.log"
-    # The DB exists, as after a home's first command: the sweep takes the quick path (orchestrator/quicksweep.py).
+    # The DB exists, as after a home's first command: the sweep takes the quick path (orchestrator/ops/quicksweep.py).
     assert orch("status").returncode == 0
     p = orch("sweep", "--name", "sw", "--backend", "slurm", "--partition", "spot", "--cpus-per-task", "1",
              "--mem", "100M", "--grid", "i=" + ",".join(map(str, range(N))), "--throttle", "3",

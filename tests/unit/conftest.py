@@ -33,7 +33,7 @@ def sched(monkeypatch: pytest.MonkeyPatch):  # noqa: ANN201 - orchkit's FakeSche
 
     s = fake_scheduler()
     use_backend(monkeypatch, s)
-    monkeypatch.setattr("orchestrator.sweep.get_backend", lambda _name: s)
+    monkeypatch.setattr("orchestrator.ops.sweep.get_backend", lambda _name: s)
     monkeypatch.setattr("orchestrator.backends.get_backend", lambda _name: s)  # show.log_paths' live probe
     return s
 

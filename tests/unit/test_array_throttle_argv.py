@@ -22,7 +22,7 @@ def _sweep(tmp_path: Path, *args: str, db_first: bool) -> list[str]:
     (shim / "sbatch").chmod(0o755)
     env = {k: v for k, v in os.environ.items() if not k.startswith(("ORCH_", "SLURM_"))}
     env.update(ORCH_HOME=str(tmp_path / "home"), PYTHONPATH=str(ROOT), PATH=f"{shim}:{env['PATH']}")
-    if db_first:  # the DB exists: orch sweep takes its quick path (orchestrator/quicksweep.py)
+    if db_first:  # the DB exists: orch sweep takes its quick path (orchestrator/ops/quicksweep.py)
         subprocess.run([sys.executable, "-m", "orchestrator.cli", "status"], env=env, check=True, capture_output=True)
     p = subprocess.run([sys.executable, "-m", "orchestrator.cli", "sweep", "--name", "s", "--grid", "i=1,2,3",
                         "--backend", "slurm", *args, "--", "echo", "{i}"], env=env, capture_output=True, text=True,

@@ -10,13 +10,13 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator import liveness
 from orchestrator.backends import BACKENDS, get_backend
 from orchestrator.backends.base import AttemptRef, Backend, Capabilities, Outcome, Phase, SubmitSpec
 from orchestrator.lifecycle import utcnow
 from orchestrator.models import Attempt, Job, Sweep
-from orchestrator.reconcile import reconcile_pass
-from orchestrator.sweep import SweepRequest, submit_sweep
+from orchestrator.ops import liveness
+from orchestrator.ops.reconcile import reconcile_pass
+from orchestrator.ops.sweep import SweepRequest, submit_sweep
 
 ROOT = Path(__file__).resolve().parents[2]
 CORE = ROOT / "orchestrator"
@@ -132,7 +132,7 @@ def test_a_requeue_scans_only_backends_whose_liveness_is_this_hosts(tmp_path: Pa
 def test_a_sweep_is_one_group_submission_only_where_the_scheduler_keeps_the_queue(
         db, cfg, monkeypatch: pytest.MonkeyPatch, group_queue: bool) -> None:  # noqa: ANN001
     fake = Fake(Capabilities(group_queue=group_queue))
-    monkeypatch.setattr("orchestrator.sweep.get_backend", lambda _name: fake)
+    monkeypatch.setattr("orchestrator.ops.sweep.get_backend", lambda _name: fake)
     submit_sweep(db, cfg, SweepRequest(name="sw", command=["true", "{x}"], params=[{"x": 1}, {"x": 2}, {"x": 3}],
                                        backend="fake", throttle=2))
     if group_queue:  # the scheduler queues all three and keeps the throttle

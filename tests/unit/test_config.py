@@ -107,7 +107,7 @@ def test_every_numeric_setting_is_a_known_key_of_its_table():
 @pytest.mark.parametrize("value", [0, 1001, 10**12, True])
 def test_the_submitit_executor_checks_orch_max_attempts_against_the_same_schema(value):
     # orch_max_attempts=10**12 passed (only a minimum was checked) and reached the DB row.
-    from orchestrator.executor import OrchExecutor
+    from orchestrator.ops.executor import OrchExecutor
 
     with pytest.raises(ValueError) as e:
         OrchExecutor(backend="local").update_parameters(orch_max_attempts=value)

@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 from orchestrator.backends.base import Backend, BackendError, Outcome, Phase
-from orchestrator.launch import launch
 from orchestrator.lifecycle import utcnow
 from orchestrator.models import Attempt, Job
-from orchestrator.reconcile import reconcile_pass
+from orchestrator.ops.launch import launch
+from orchestrator.ops.reconcile import reconcile_pass
 
 
 class CountingBackend(Backend):

@@ -10,9 +10,9 @@ import pytest
 from orchestrator.errors import JobNotFound
 from orchestrator.jobs import attempt_view, environment_id, expand_names, get_job, names_taken
 from orchestrator.lifecycle import JobState
-from orchestrator.stop import cancel
-from orchestrator.submit import SubmitRequest, submit
-from orchestrator.sweep import SweepRequest, submit_sweep
+from orchestrator.ops.cancel import cancel
+from orchestrator.ops.submit import SubmitRequest, submit
+from orchestrator.ops.sweep import SweepRequest, submit_sweep
 
 
 def test_get_job_finds_a_job_and_names_an_unknown_one(db, cfg, sched):

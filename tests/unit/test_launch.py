@@ -1,4 +1,4 @@
-"""orchestrator.launch: a pending attempt is claimed, its run dir checked and prepared, and submitted once; a run
+"""orchestrator.ops.launch: a pending attempt is claimed, its run dir checked and prepared, and submitted once; a run
 dir that verified before the backend call closes the attempt unlaunched. Races between launchers:
 tests/adversarial/test_launch_races.py and tests/unit/test_exactly_once_guards.py."""
 
@@ -10,8 +10,8 @@ from orchkit import pending_job
 
 from orchestrator import protocol
 from orchestrator.jobs import get_job
-from orchestrator.launch import LaunchOutcome, launch
 from orchestrator.lifecycle import AttemptState, JobState
+from orchestrator.ops.launch import LaunchOutcome, launch
 
 
 def _states(db, name: str):  # noqa: ANN001, ANN202
@@ -50,8 +50,8 @@ def test_an_io_error_while_the_run_dir_is_prepared_is_a_storage_fault_requeued_b
 
     import pytest
 
-    from orchestrator import launch as launch_mod
     from orchestrator.errors import OrchError
+    from orchestrator.ops import launch as launch_mod
 
     for name, code, cls, auto in (("eio", errno.EIO, "storage", True), ("eacces", errno.EACCES, "unknown", False)):
         pending_job(db, cfg, name)

@@ -138,7 +138,7 @@ def test_every_function_that_moves_or_creates_a_row_is_a_declared_taker_of_what_
 
 def test_every_taker_names_a_real_function():
     for e in (*JOB_EDGES, *ATTEMPT_EDGES, *JOB_BIRTHS, *ATTEMPT_BIRTHS):
-        module, _, func = e.taker.partition(".")
+        module, _, func = e.taker.rpartition(".")
         assert callable(getattr(importlib.import_module(f"orchestrator.{module}"), func)), e.taker
 
 

@@ -82,7 +82,7 @@ def test_unverifying_a_done_job_leaves_its_succeeded_attempt_unclassified(db):
     # A succeeded attempt did succeed: its result broke later. Stamped marker_corrupt, it read as a failed
     # attempt in orch show and in the policy's history (issue 18).
     from orchestrator import protocol
-    from orchestrator.requeue import _unverify
+    from orchestrator.ops.requeue import _unverify
 
     _job_with_attempt(db)
     with db.write() as s:
@@ -105,7 +105,7 @@ def test_a_transient_submission_failure_notes_its_detail_only_under_its_own_clai
 
     from orchestrator.backends.base import BackendError
     from orchestrator.errors import OrchError
-    from orchestrator.launch import _submission_failed
+    from orchestrator.ops.launch import _submission_failed
 
     _job_with_attempt(db)
     with db.write() as s:
@@ -129,7 +129,7 @@ def test_a_transient_submission_failure_notes_its_detail_only_under_its_own_clai
 def test_ending_an_attempt_is_one_guarded_update_of_the_attempt_and_one_of_its_job(db, cfg):
     # finish() carries the policy's decision (auto_requeue, retry_not_before) to the job: set as ORM
     # attributes beside the move, they flushed as a second, unguarded UPDATE of the job.
-    from orchestrator.ending import finish
+    from orchestrator.ops.attemptend import finish
     from orchestrator.protocol import FailureClass
 
     _job_with_attempt(db)
@@ -169,7 +169,7 @@ def test_an_attempt_cancelled_outside_orch_ends_instead_of_staying_running_for_e
     # IllegalTransition, the pass swallowed it, and every later pass did the same: running for ever.
     from orchestrator import protocol
     from orchestrator.backends.base import Outcome, Phase
-    from orchestrator.ending import Evidence, finish
+    from orchestrator.ops.attemptend import Evidence, finish
     from orchestrator.protocol import FailureClass, FailureReport
 
     _job_with_attempt(db)

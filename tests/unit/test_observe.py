@@ -1,4 +1,4 @@
-"""orchestrator.observe (the part of a pass that polls attempts; ending.finish ends them): the scheduler is
+"""orchestrator.ops.attemptpoll (the part of a pass that polls attempts; ending.finish ends them): the scheduler is
 asked once per backend for every polled attempt; an answer it could not give changes nothing; a job's own
 surprise is that job's error, never the pass's; an exit ends the attempt with its class and the policy's plan.
 In-process on a real DB, the shared fake at the scheduler boundary."""
@@ -14,9 +14,9 @@ from orchestrator import protocol
 from orchestrator.backends.base import Outcome, Phase
 from orchestrator.jobs import get_job
 from orchestrator.lifecycle import AttemptState, JobState
-from orchestrator.observe import observe, polled_rows
+from orchestrator.ops.attemptpoll import observe, polled_rows
+from orchestrator.ops.submit import SubmitRequest, submit
 from orchestrator.passreport import PassReport
-from orchestrator.submit import SubmitRequest, submit
 
 
 def _state(db, name: str):  # noqa: ANN001, ANN202
@@ -68,7 +68,7 @@ def test_one_jobs_surprise_is_its_own_error_and_the_other_jobs_are_still_observe
     for n in ("bad", "good"):
         submit(db, cfg, SubmitRequest(name=n, command=["true"]))
     sched.ended.update(bad=1, good=1)
-    import orchestrator.observe as obs
+    import orchestrator.ops.attemptpoll as obs
 
     real = obs.evidence_of_end
 

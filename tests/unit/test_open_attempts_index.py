@@ -14,10 +14,10 @@ from pathlib import Path
 from orchkit import pending_job
 from sqlalchemy import event
 
-from orchestrator.launch import launch
 from orchestrator.lifecycle import ATTEMPT_OPEN
 from orchestrator.models import OPEN_ATTEMPT_SQL, OPEN_ATTEMPT_STATES
-from orchestrator.reconcile import reconcile_pass
+from orchestrator.ops.launch import launch
+from orchestrator.ops.reconcile import reconcile_pass
 
 MIGRATION = Path(__file__).resolve().parents[2] / "alembic" / "versions" / "0009_open_attempts_index.py"
 

@@ -1,4 +1,4 @@
-"""orchestrator.quicksubmit: ``orch submit`` without SQLAlchemy (issue 20: <= 250 ms per call) writes what the
+"""orchestrator.ops.quicksubmit: ``orch submit`` without SQLAlchemy (issue 20: <= 250 ms per call) writes what the
 SQLAlchemy path writes, runs only where the gate lets it, and hands every deviation to launch's own handler.
 
 The rows of a quick submission are compared with a slow one's column by column; its read SQL is pinned to what
@@ -19,13 +19,13 @@ from orchkit import assert_launch_times, at_site
 from sqlalchemy import select, update
 from sqlalchemy.dialects import sqlite
 
-from orchestrator import quicksubmit
 from orchestrator.backends.base import BackendError, SubmissionRefused
 from orchestrator.errors import OrchError, Refused
 from orchestrator.jobs import get_job
 from orchestrator.lifecycle import AttemptState, JobState, utcnow
 from orchestrator.models import Attempt, Environment, Event, Job
-from orchestrator.submit import SubmitRequest, submit
+from orchestrator.ops import quicksubmit
+from orchestrator.ops.submit import SubmitRequest, submit
 
 ROOT = Path(__file__).resolve().parents[2]
 # Differ by design between two submissions: identities, times, the token, and the backend's id.
@@ -163,8 +163,8 @@ def test_the_gate_sends_a_db_it_would_have_to_change_to_the_slow_path_and_writes
 
 
 def test_a_cancel_during_the_quick_launch_closes_the_attempt_unlaunched(db, cfg, sched, monkeypatch):
-    from orchestrator.launch import LaunchOutcome
-    from orchestrator.stop import cancel
+    from orchestrator.ops.cancel import cancel
+    from orchestrator.ops.launch import LaunchOutcome
 
     at_site(monkeypatch, "before_backend_submit", lambda: cancel(db, cfg, ["c"]))
     out = _quick(cfg, "c")
@@ -176,7 +176,7 @@ def test_a_cancel_during_the_quick_launch_closes_the_attempt_unlaunched(db, cfg,
 
 
 def test_a_claim_lost_before_the_backend_call_submits_nothing(db, cfg, sched, monkeypatch):
-    from orchestrator.launch import LaunchOutcome
+    from orchestrator.ops.launch import LaunchOutcome
 
     def reclaimed() -> None:  # a reconciler re-claimed the launch (this one stalled past the grace)
         with db.write() as s:
@@ -191,8 +191,8 @@ def test_a_claim_lost_before_the_backend_call_submits_nothing(db, cfg, sched, mo
 
 
 def test_a_claim_taken_between_the_rows_and_the_claim_is_left_to_its_taker(db, cfg, sched, monkeypatch):
-    from orchestrator import launch
-    from orchestrator.launch import LaunchOutcome
+    from orchestrator.ops import launch
+    from orchestrator.ops.launch import LaunchOutcome
 
     real = quicksubmit.mtbf_env_from
 
@@ -208,7 +208,7 @@ def test_a_claim_taken_between_the_rows_and_the_claim_is_left_to_its_taker(db, c
 
 
 def test_a_claim_lost_during_the_backend_call_is_not_recorded_over_the_reclaimer(db, cfg, sched, monkeypatch):
-    from orchestrator.launch import LaunchOutcome
+    from orchestrator.ops.launch import LaunchOutcome
 
     def reclaimed() -> None:
         with db.write() as s:
@@ -261,7 +261,7 @@ def test_orch_submit_imports_no_sqlalchemy_and_says_what_it_submitted(tmp_path):
     assert p.returncode == 0, p.stderr[-2000:]
     assert p.stdout.startswith("submitted q (local ") and f"run dir {tmp_path / 'home' / 'runs' / 'q'}" in p.stdout
     imported = [ln.rsplit("|", 1)[-1].strip() for ln in p.stderr.splitlines() if ln.startswith("import time:")]
-    assert "orchestrator.quicksubmit" in imported
+    assert "orchestrator.ops.quicksubmit" in imported
     assert not [m for m in imported if m.startswith(("sqlalchemy", "orchestrator.models", "alembic"))]
 
 
@@ -269,8 +269,8 @@ def test_a_submission_overtaken_by_a_cancel_is_stopped_before_the_slow_path_reco
     """Hostile test: the record of a launch that a cancel overtook waited for SQLAlchemy's import (~0.25 s)
     before its submission was stopped, and a short program ran to a verified end meanwhile. The quick path stops
     it itself, as launch._record_in decides, and the slow record then only writes the DB."""
-    from orchestrator import launch
-    from orchestrator.stop import cancel
+    from orchestrator.ops import launch
+    from orchestrator.ops.cancel import cancel
 
     at_site(monkeypatch, "fence_checked", lambda: cancel(db, cfg, ["o"]))
     recorded_after: list[list[list[str]]] = []

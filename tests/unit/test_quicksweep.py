@@ -1,4 +1,4 @@
-"""orchestrator.quicksweep: ``orch sweep`` on a group-queue scheduler without SQLAlchemy (issue 20) writes what the
+"""orchestrator.ops.quicksweep: ``orch sweep`` on a group-queue scheduler without SQLAlchemy (issue 20) writes what the
 SQLAlchemy path writes, and a batched step that does not match every task is rolled back whole and decided task by
 task by ``launch``'s own function (each such deviation made to happen for real in the DB here)."""
 
@@ -14,13 +14,13 @@ import pytest
 from orchkit import assert_launch_times, at_site
 from sqlalchemy import select, update
 
-from orchestrator import quicksweep
 from orchestrator.backends.base import Backend, BackendError, Capabilities, SubmissionRefused
 from orchestrator.errors import Refused
 from orchestrator.jobs import get_job
 from orchestrator.lifecycle import AttemptState, JobState, utcnow
 from orchestrator.models import Attempt, Event, Job, Sweep
-from orchestrator.sweep import SweepRequest, submit_sweep
+from orchestrator.ops import quicksweep
+from orchestrator.ops.sweep import SweepRequest, submit_sweep
 
 ROOT = Path(__file__).resolve().parents[2]
 PER_ROW = {"id", "job_id", "name", "run_dir", "token", "created_at", "updated_at", "claimed_at", "submitted_at",
@@ -74,7 +74,7 @@ def arrays(monkeypatch, tmp_path) -> Arrays:  # noqa: ANN001
     (shim / "squeue").write_text("#!/bin/sh\nexit 0\n")
     (shim / "squeue").chmod(0o755)
     monkeypatch.setenv("PATH", f"{shim}{os.pathsep}{os.environ['PATH']}")
-    for mod in ("orchestrator.sweep", "orchestrator.quicksweep", "orchestrator.launch"):
+    for mod in ("orchestrator.ops.sweep", "orchestrator.ops.quicksweep", "orchestrator.ops.launch"):
         monkeypatch.setattr(f"{mod}.get_backend", lambda _name: b)
     return b
 
@@ -168,7 +168,7 @@ def test_a_reclaimed_task_whose_old_array_turns_up_is_adopted_under_that_arrays_
     # adopted, its fence record restored to generation 1 AND to the old array (the pointer live_in_run_dir
     # follows), not left naming a batch that was never submitted.
     from orchestrator import protocol
-    from orchestrator.reconcile import reconcile_pass
+    from orchestrator.ops.reconcile import reconcile_pass
 
     _launcher_dies_after_sbatch(db, cfg, monkeypatch, _req("a"))
     (old,) = arrays.batches
@@ -179,7 +179,7 @@ def test_a_reclaimed_task_whose_old_array_turns_up_is_adopted_under_that_arrays_
         return {} if len(looks) == 1 else {old: "1"}
 
     arrays.find_by_token = find_by_token
-    for mod in ("orchestrator.sweep", "orchestrator.launch"):
+    for mod in ("orchestrator.ops.sweep", "orchestrator.ops.launch"):
         monkeypatch.setattr(f"{mod}.get_backend", lambda _name: arrays)
     reconcile_pass(db, cfg, backend_for=lambda _name: arrays)
     assert len(arrays.batches) == 1  # adopted: nothing submitted a second time
@@ -196,7 +196,7 @@ def test_it_leaves_to_the_sqlalchemy_path_what_it_does_not_do_and_writes_nothing
     from orchestrator.backends import get_backend
 
     # the local backend keeps its own queue (a throttle under a lock): not this path
-    monkeypatch.setattr("orchestrator.quicksweep.get_backend", lambda n: get_backend(n) if n == "local" else arrays)
+    monkeypatch.setattr("orchestrator.ops.quicksweep.get_backend", lambda n: get_backend(n) if n == "local" else arrays)
     assert quicksweep.sweep(cfg, SweepRequest(name="loc", command=["true"], params=[{}], backend="local")) is None
     # a task whose run dir holds a verified result is recorded done by the SQLAlchemy path
     from orchestrator import protocol
@@ -213,7 +213,7 @@ def test_it_leaves_to_the_sqlalchemy_path_what_it_does_not_do_and_writes_nothing
 
 
 def test_a_task_claimed_by_another_launcher_first_is_left_to_it(db, cfg, arrays, monkeypatch):
-    from orchestrator import launch
+    from orchestrator.ops import launch
 
     real = quicksweep.mtbf_env_from
 
@@ -232,7 +232,7 @@ def test_a_task_claimed_by_another_launcher_first_is_left_to_it(db, cfg, arrays,
 
 def test_a_task_cancelled_while_the_group_prepared_is_closed_unlaunched_and_the_rest_go(db, cfg, arrays,
                                                                                         monkeypatch):
-    from orchestrator.stop import cancel
+    from orchestrator.ops.cancel import cancel
 
     at_site(monkeypatch, "before_backend_submit", lambda: cancel(db, cfg, ["k.0002"]))
     out = quicksweep.sweep(cfg, _req("k"))
@@ -330,7 +330,7 @@ def test_orch_sweep_on_slurm_imports_no_sqlalchemy(tmp_path):
     assert p.returncode == 0, p.stderr[-2000:]
     assert p.stdout == "sweep s: 3 tasks on slurm; 3 submitted\n"
     imported = [ln.rsplit("|", 1)[-1].strip() for ln in p.stderr.splitlines() if ln.startswith("import time:")]
-    assert "orchestrator.quicksweep" in imported
+    assert "orchestrator.ops.quicksweep" in imported
     assert not [m for m in imported if m.startswith(("sqlalchemy", "orchestrator.models", "alembic"))]
 
 
@@ -338,8 +338,8 @@ def test_a_task_cancelled_during_the_group_submission_is_stopped_before_the_slow
         db, cfg, arrays, monkeypatch):
     """Its array task was submitted with the others; the quick record misses it, and it is stopped at once (as
     launch._record_in decides), not after SQLAlchemy's import: a short task ran to a verified end meanwhile."""
-    from orchestrator import launch
-    from orchestrator.stop import cancel
+    from orchestrator.ops import launch
+    from orchestrator.ops.cancel import cancel
 
     at_site(monkeypatch, "after_backend_submit", lambda: cancel(db, cfg, ["g.0001"]))
     seen: list = []
@@ -409,7 +409,7 @@ def test_a_task_cancelled_before_its_wrapper_started_runs_nothing_when_it_does(d
     # The array task may start before the launcher's record stops it: the cancel's fence (generation 0) must be in
     # place before the wrapper's own, although the launch made no attempt dir (stop.revoke_launch makes it).
     from orchestrator import protocol
-    from orchestrator.stop import cancel
+    from orchestrator.ops.cancel import cancel
 
     at_site(monkeypatch, "after_backend_submit", lambda: cancel(db, cfg, ["g.0001"]))
     quicksweep.sweep(cfg, _writes("g"))
@@ -425,10 +425,10 @@ def test_a_task_relaunched_by_a_reclaimer_runs_once_whichever_array_starts_it(db
     # The sweep's launcher dies right after sbatch; the reconciler does not find that array and relaunches each
     # task in a new one. Both arrays exist: the first one's wrappers must run nothing, the second one's run.
     from orchestrator import protocol
-    from orchestrator.reconcile import reconcile_pass
+    from orchestrator.ops.reconcile import reconcile_pass
 
     _launcher_dies_after_sbatch(db, cfg, monkeypatch, _writes("a"))
-    for mod in ("orchestrator.sweep", "orchestrator.launch"):
+    for mod in ("orchestrator.ops.sweep", "orchestrator.ops.launch"):
         monkeypatch.setattr(f"{mod}.get_backend", lambda _name: arrays)
     reconcile_pass(db, cfg, backend_for=lambda _name: arrays)
     old, new = arrays.batches

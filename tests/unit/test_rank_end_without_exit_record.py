@@ -12,8 +12,8 @@ from orchestrator import protocol
 from orchestrator.backends.base import AttemptRef, Outcome, Phase
 from orchestrator.decide.classify import classify
 from orchestrator.decide.staleness import Stale
-from orchestrator.ending import evidence_of_end
 from orchestrator.jobside import rankend
+from orchestrator.ops.attemptend import evidence_of_end
 
 TOKEN, LAUNCH = "tok-1", "launch-a"
 SELF_KILL = "import os, signal; os.kill(os.getpid(), signal.SIGKILL)"

@@ -1,4 +1,4 @@
-"""orchestrator.reconcile: one pass at a time through the DB lease (fencing, not timers: a second reconciler
+"""orchestrator.ops.reconcile: one pass at a time through the DB lease (fencing, not timers: a second reconciler
 skips, a dead holder's lease expires), and a pass stores its stats for ``orch metrics`` as it releases it.
 Concurrent reconcilers end to end: tests/local/test_concurrency.py."""
 
@@ -9,7 +9,7 @@ from datetime import timedelta
 
 from orchestrator.lifecycle import utcnow
 from orchestrator.models import Lease
-from orchestrator.reconcile import LEASE, acquire_lease, reconcile_pass, release_lease
+from orchestrator.ops.reconcile import LEASE, acquire_lease, reconcile_pass, release_lease
 
 
 def test_the_lease_has_one_holder_until_released_then_the_next_takes_it(db, cfg):

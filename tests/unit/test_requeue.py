@@ -1,4 +1,4 @@
-"""orchestrator.requeue: the marker is verified before anything is cleared; only a requeueable job whose
+"""orchestrator.ops.requeue: the marker is verified before anything is cleared; only a requeueable job whose
 attempts all ended gets a next attempt, and only one requeuer makes it (compare-and-set); ``--dry-run``
 writes nothing. End to end with real processes and run dirs: tests/local/test_requeue_local.py."""
 
@@ -11,11 +11,11 @@ from orchkit import pending_job
 
 from orchestrator import protocol
 from orchestrator.jobs import get_job
-from orchestrator.launch import launch
 from orchestrator.lifecycle import AttemptState, JobState, utcnow
 from orchestrator.models import Job
-from orchestrator.reconcile import reconcile_pass
-from orchestrator.requeue import RequeueOutcome, RequeueTarget, _own_reason, requeue
+from orchestrator.ops.launch import launch
+from orchestrator.ops.reconcile import reconcile_pass
+from orchestrator.ops.requeue import RequeueOutcome, RequeueTarget, _own_reason, requeue
 
 J, A, R = JobState, AttemptState, RequeueOutcome
 
@@ -49,7 +49,7 @@ def _verified(cfg, name: str) -> None:  # noqa: ANN001
 @pytest.fixture
 def no_auto(monkeypatch):  # noqa: ANN001, ANN201
     """Reconcile passes that end attempts but requeue nothing by themselves: requeue's own calls are tested."""
-    monkeypatch.setattr("orchestrator.reconcile.requeue", lambda *a, **k: [])
+    monkeypatch.setattr("orchestrator.ops.reconcile.requeue", lambda *a, **k: [])
 
 
 def test_a_failed_job_gets_one_next_attempt_and_it_is_launched(db, cfg, sched, no_auto):
@@ -63,7 +63,7 @@ def test_a_failed_job_gets_one_next_attempt_and_it_is_launched(db, cfg, sched, n
 
 
 def test_a_cancelled_job_whose_attempt_still_runs_is_refused_until_it_exited(db, cfg, sched, no_auto):
-    from orchestrator.stop import cancel
+    from orchestrator.ops.cancel import cancel
 
     _submitted(db, cfg, sched, "c")
     cancel(db, cfg, ["c"])  # SIGTERM sent; the program is still checkpointing
@@ -125,7 +125,7 @@ def test_the_reconcilers_target_is_only_auto_requeue_jobs_whose_backoff_is_over(
 def test_a_job_changed_by_another_requeuer_first_is_skipped_not_requeued_twice(db, cfg, sched, no_auto,
                                                                               monkeypatch):
     _failed(db, cfg, sched, "race")
-    from orchestrator import requeue as rq
+    from orchestrator.ops import requeue as rq
 
     real = rq._LiveScan.in_run_dir
 
@@ -147,8 +147,8 @@ def test_a_launchers_refusal_reads_as_this_jobs_reason_once():
 def test_a_job_cancelled_while_the_reconciler_requeues_it_stays_cancelled(db, cfg, sched, no_auto, monkeypatch):
     # cancelled -> pending is an edge (a named requeue takes it), so the move's own compare-and-set would
     # let the reconciler's auto-requeue undo a user's `orch cancel` that landed between its read and write.
-    from orchestrator import requeue as rq
-    from orchestrator.stop import cancel
+    from orchestrator.ops import requeue as rq
+    from orchestrator.ops.cancel import cancel
 
     _failed(db, cfg, sched, "cx")
     with db.write() as s:

@@ -14,8 +14,8 @@ from sqlalchemy import text
 from orchestrator.backends import get_backend
 from orchestrator.backends.base import BackendError, Resources, SubmitSpec
 from orchestrator.cli.args import job_settings
-from orchestrator.executor import OrchExecutor
 from orchestrator.jobs import get_job
+from orchestrator.ops.executor import OrchExecutor
 from orchestrator.resources import resources_dict, resources_of
 
 

@@ -321,7 +321,7 @@ def test_poll_of_a_completed_task_still_in_squeue_counts_no_restart(fake: FakeSl
 
 def test_the_end_of_an_attempt_counts_restarts_from_sacct_and_the_wrappers_record_only(tmp_path: Path) -> None:
     from orchestrator import protocol
-    from orchestrator.ending import Evidence, _restarts_at_end
+    from orchestrator.ops.attemptend import Evidence, _restarts_at_end
 
     absent = protocol.Verification(protocol.MarkerStatus.ABSENT, "no done.json")
     done = Outcome(Phase.EXITED, exit_code=0, backend_state="COMPLETED", restart_count=0)
@@ -377,7 +377,7 @@ def test_poll_carries_each_runs_cause_and_sacct_failing_carries_none(fake: FakeS
 
 def test_reconcile_records_the_schedulers_causes_where_show_reads_them(tmp_path: Path) -> None:
     from orchestrator import protocol
-    from orchestrator.observe import _record_restart_causes
+    from orchestrator.ops.attemptpoll import _record_restart_causes
 
     r = ref(tmp_path)
     oc = Outcome(Phase.RUNNING, restart_count=2, restart_causes=(FailureClass.NODE_FAIL, None))

@@ -1,4 +1,4 @@
-"""orchestrator.stop (``orch cancel``): the job is cancelled at once; a launched attempt enters the stop
+"""orchestrator.ops.cancel (``orch cancel``): the job is cancelled at once; a launched attempt enters the stop
 sequence (stopping, reason cancel, its time) and the backend is told once per backend; an attempt that never
 launched ends cancelled; unknown names change nothing; a backend that cannot be told is said, not hidden.
 In-process on a real DB, a fake only at the scheduler boundary."""
@@ -11,9 +11,9 @@ from orchestrator.backends.base import BackendError
 from orchestrator.errors import JobNotFound
 from orchestrator.jobs import get_job
 from orchestrator.lifecycle import AttemptState, JobState
-from orchestrator.reconcile import reconcile_pass
-from orchestrator.stop import cancel
-from orchestrator.submit import SubmitRequest, submit
+from orchestrator.ops.cancel import cancel
+from orchestrator.ops.reconcile import reconcile_pass
+from orchestrator.ops.submit import SubmitRequest, submit
 
 
 def _running(db, cfg, sched, *names: str) -> None:  # noqa: ANN001
@@ -41,7 +41,7 @@ def test_cancel_moves_the_job_at_once_and_its_running_attempt_into_the_stop_sequ
 
 def test_cancel_of_an_attempt_that_never_launched_ends_it_cancelled_without_the_backend(db, cfg, sched,
                                                                                         monkeypatch):
-    monkeypatch.setattr("orchestrator.submit.launch", lambda *a, **k: None)  # the attempt row, no launch yet
+    monkeypatch.setattr("orchestrator.ops.submit.launch", lambda *a, **k: None)  # the attempt row, no launch yet
     submit(db, cfg, SubmitRequest(name="p", command=["true"]))
     assert _attempt(db, "p")[0] is AttemptState.PENDING
     assert cancel(db, cfg, ["p"]) == [("p", "cancelled")]
@@ -85,7 +85,7 @@ def test_a_cancel_of_a_launching_attempt_revokes_its_fence_and_writes_nowhere_el
     from orchestrator import protocol
     from orchestrator.lifecycle import AttemptState
     from orchestrator.models import Attempt
-    from orchestrator.stop import cancel
+    from orchestrator.ops.cancel import cancel
 
     for name in ("l", "p", "s"):
         pending_job(db, cfg, name)

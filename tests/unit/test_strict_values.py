@@ -11,7 +11,7 @@ import pytest
 
 from orchestrator import protocol
 from orchestrator.errors import UsageError
-from orchestrator.sweep import MAX_VALUE_BYTES, load_params, parse_grid
+from orchestrator.ops.sweep import MAX_VALUE_BYTES, load_params, parse_grid
 
 
 # ------------------------------------------------------------------------------------------

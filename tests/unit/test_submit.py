@@ -1,4 +1,4 @@
-"""orchestrator.submit: a job is created with its first attempt and launched, or refused with nothing written
+"""orchestrator.ops.submit: a job is created with its first attempt and launched, or refused with nothing written
 (a verified run dir is never rerun; a name is never taken twice). The CLI's refusals end to end:
 tests/adversarial/test_strict_cli.py, tests/local/test_wrapper_guard.py."""
 
@@ -11,7 +11,7 @@ from orchestrator import protocol
 from orchestrator.errors import AlreadyVerified, Refused
 from orchestrator.lifecycle import AttemptState, JobState
 from orchestrator.models import Attempt, Job
-from orchestrator.submit import SubmitRequest, submit
+from orchestrator.ops.submit import SubmitRequest, submit
 
 
 def _rows(db) -> tuple[int, int]:  # noqa: ANN001

@@ -49,8 +49,8 @@ def test_a_pass_reports_typed_changes_and_its_json_keeps_the_old_keys():
 
 
 def test_launch_and_requeue_outcomes_are_enums_with_the_printed_words():
-    from orchestrator.launch import LaunchOutcome
-    from orchestrator.requeue import RequeueOutcome
+    from orchestrator.ops.launch import LaunchOutcome
+    from orchestrator.ops.requeue import RequeueOutcome
 
     assert {o.value for o in LaunchOutcome} == {"submitted", "adopted", "lost_claim", "verified", "stopped"}
     assert {o.value for o in RequeueOutcome} == {"requeued", "would_requeue", "refused", "skipped", "error"}

@@ -148,8 +148,8 @@ def _node_scheduler(monkeypatch, usable, exclusion=True):  # noqa: ANN001, ANN20
 
 
 def _three_jobs_crash(db, cfg, sched) -> None:  # noqa: ANN001
-    from orchestrator.reconcile import reconcile_pass
-    from orchestrator.submit import SubmitRequest, submit
+    from orchestrator.ops.reconcile import reconcile_pass
+    from orchestrator.ops.submit import SubmitRequest, submit
 
     for n in ("a", "b", "c"):
         submit(db, cfg, SubmitRequest(name=n, command=["true"], backend="fakeslurm"))
@@ -158,7 +158,7 @@ def _three_jobs_crash(db, cfg, sched) -> None:  # noqa: ANN001
 
 
 def _submit_d(db, cfg, sched, **kw):  # noqa: ANN001, ANN202
-    from orchestrator.submit import SubmitRequest, submit
+    from orchestrator.ops.submit import SubmitRequest, submit
 
     submit(db, cfg, SubmitRequest(name="d", command=["true"], backend="fakeslurm", **kw))
     return next(sp for sp in sched.specs if sp.job == "d").exclude_nodes
@@ -195,12 +195,12 @@ def test_new_attempts_exclude_the_suspects_and_a_clear_ends_it(db, cfg, monkeypa
 def test_a_sweeps_group_submission_excludes_the_suspects_too(db, cfg, monkeypatch):
     import dataclasses
 
-    from orchestrator.sweep import SweepRequest, submit_sweep
+    from orchestrator.ops.sweep import SweepRequest, submit_sweep
 
     sched = _node_scheduler(monkeypatch, frozenset({"gpu01", "gpu02", "gpu03"}))
     _three_jobs_crash(db, cfg, sched)
     sched.capabilities = dataclasses.replace(sched.capabilities, group_queue=True)  # launch_group's path
-    monkeypatch.setattr("orchestrator.sweep.get_backend", lambda _name: sched)
+    monkeypatch.setattr("orchestrator.ops.sweep.get_backend", lambda _name: sched)
     submit_sweep(db, cfg, SweepRequest(name="sw", command=["echo", "{x}"], params=[{"x": 1}, {"x": 2}],
                                        backend="fakeslurm"))
     tasks = [sp for sp in sched.specs if sp.job.startswith("sw")]
@@ -234,8 +234,8 @@ def _home_with_suspects(orch, monkeypatch) -> None:  # noqa: ANN001
     """Three jobs crashed on gpu[01-02] under a fake named slurm, in the CLI's own ORCH_HOME."""
     from orchestrator.config import load_config
     from orchestrator.db import Database
-    from orchestrator.reconcile import reconcile_pass
-    from orchestrator.submit import SubmitRequest, submit
+    from orchestrator.ops.reconcile import reconcile_pass
+    from orchestrator.ops.submit import SubmitRequest, submit
 
     sched = _node_scheduler(monkeypatch, frozenset({"gpu01", "gpu02", "gpu03"}))
     sched.name = "slurm"

@@ -6,7 +6,7 @@ import pytest
 
 from orchestrator.backends.slurm import states as st
 from orchestrator.errors import UsageError
-from orchestrator.sweep import load_params, parse_grid, render, task_name
+from orchestrator.ops.sweep import load_params, parse_grid, render, task_name
 
 
 def test_grid_is_the_cartesian_product_first_axis_slowest():

@@ -1,4 +1,4 @@
-"""orchestrator.trash: what requeue sets aside is renamed into the trash (undoable until `orch gc`), never deleted
+"""orchestrator.ops.trash: what requeue sets aside is renamed into the trash (undoable until `orch gc`), never deleted
 or written through a link (issue 9: a symlinked trash/ made requeue write outside ORCH_HOME)."""
 
 from __future__ import annotations
@@ -8,9 +8,9 @@ import os
 import pytest
 from orchkit import tree_hash
 
+from orchestrator.ops.trash import empty_trash, move_to_trash
 from orchestrator.protocol import UnsafePath
 from orchestrator.rundir import ensure_runs_root
-from orchestrator.trash import empty_trash, move_to_trash
 
 
 def test_move_to_trash_renames_what_it_is_given_skips_what_is_gone_and_moves_a_link_not_its_target(cfg, outside):

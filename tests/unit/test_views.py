@@ -8,9 +8,9 @@ import pytest
 
 from orchestrator import protocol
 from orchestrator.errors import UsageError
-from orchestrator.reconcile import reconcile_pass
-from orchestrator.submit import SubmitRequest, submit
-from orchestrator.sweep import SweepRequest, submit_sweep
+from orchestrator.ops.reconcile import reconcile_pass
+from orchestrator.ops.submit import SubmitRequest, submit
+from orchestrator.ops.sweep import SweepRequest, submit_sweep
 from orchestrator.views.show import log_paths, show_job, show_sweep, status_rows
 from orchestrator.views.status import fast_status_rows
 

@@ -26,7 +26,6 @@ from orchestrator.decide.retryplan import Action
 from orchestrator.errors import DatabaseProblem, IllegalTransition, OrchError, Refused
 from orchestrator.filelock import LockTimeout
 from orchestrator.jobs import expand_names, get_job
-from orchestrator.launch import launch
 from orchestrator.lifecycle import (
     ATTEMPT_LIVE,
     AttemptState,
@@ -38,15 +37,16 @@ from orchestrator.lifecycle import (
     open_attempt,
     utcnow,
 )
-from orchestrator.liveness import host_processes
 from orchestrator.models import Attempt, Job
-from orchestrator.observe import observe, polled_rows
+from orchestrator.ops.attemptpoll import observe, polled_rows
+from orchestrator.ops.launch import launch
+from orchestrator.ops.liveness import host_processes
+from orchestrator.ops.trash import unverified_leftovers
 from orchestrator.passreport import PassReport
 from orchestrator.protocol import FailureClass
 from orchestrator.resumestate import keep_globs
 from orchestrator.rundir import check_run_dir
 from orchestrator.tokens import new_token
-from orchestrator.trash import unverified_leftovers
 
 A, J = AttemptState, JobState
 REQUEUEABLE = frozenset({J.RETRYABLE_FAILED, J.FAILED, J.CANCELLED})
@@ -150,7 +150,7 @@ def _launch_created(db: Database, cfg: Config, created: list[RequeueResult]) -> 
     """Launch the attempts requeue created; a launch failure becomes that job's result."""
     if not created:
         return
-    from orchestrator.sweep import launch_queued  # sweep builds on requeue's neighbours; imported late
+    from orchestrator.ops.sweep import launch_queued  # sweep builds on requeue's neighbours; imported late
 
     with db.read() as s:
         rows = {r.name: (r.sweep_id, r.backend) for r in s.execute(

@@ -25,7 +25,6 @@ from orchestrator.backends.base import AttemptRef, Backend, Outcome, Phase
 from orchestrator.config import Config
 from orchestrator.db import Database
 from orchestrator.decide.staleness import Stale, judge
-from orchestrator.ending import evidence_of_end, finish
 from orchestrator.errors import DatabaseProblem, IllegalTransition
 from orchestrator.lifecycle import (
     ATTEMPT_POLLED,
@@ -38,6 +37,7 @@ from orchestrator.lifecycle import (
     utcnow,
 )
 from orchestrator.models import Attempt, Job, open_attempt
+from orchestrator.ops.attemptend import evidence_of_end, finish
 from orchestrator.passreport import Change, PassReport
 from orchestrator.states import STOP_GRACE_S
 

@@ -1,5 +1,5 @@
 """The renewal of a launcher's claims while it prepares: stdlib only, so that ``orch submit``'s quick path
-(``orchestrator/quicksubmit.py``, no SQLAlchemy) and ``launch`` keep claims alike."""
+(``orchestrator/ops/quicksubmit.py``, no SQLAlchemy) and ``launch`` keep claims alike."""
 
 from __future__ import annotations
 

@@ -39,7 +39,6 @@ from sqlalchemy import update
 from orchestrator import protocol, testhooks
 from orchestrator.backends import get_backend
 from orchestrator.backends.base import AttemptRef, Backend, BackendError, SubmitSpec
-from orchestrator.claimkeeper import ClaimKeeper, launch_grace_s
 from orchestrator.config import Config
 from orchestrator.db import Database
 from orchestrator.decide.mtbf import mtbf_env
@@ -48,7 +47,6 @@ from orchestrator.decide.suspects import exclusion_for, with_exclusion
 from orchestrator.errors import IllegalTransition, OrchError, Refused
 from orchestrator.jobs import attempt_ref, get_job
 from orchestrator.jobside.ballast import give_back
-from orchestrator.launchprep import Held, check_and_prepare, dumps, make_spec, new_batch_token, sweep_env
 from orchestrator.lifecycle import (
     AttemptState,
     JobState,
@@ -61,6 +59,8 @@ from orchestrator.lifecycle import (
     utcnow,
 )
 from orchestrator.models import Attempt, Job
+from orchestrator.ops.claimkeeper import ClaimKeeper, launch_grace_s
+from orchestrator.ops.launchprep import Held, check_and_prepare, dumps, make_spec, new_batch_token, sweep_env
 from orchestrator.protocol import FailureClass
 from orchestrator.resumestate import keep_globs
 
@@ -573,7 +573,7 @@ def _close_verified(db: Database, attempt_id: int, job_id: int) -> None:
 def _fail(db: Database, cfg: Config, attempt_id: int, cls: FailureClass, detail: str) -> None:
     # Imported here: a launch that goes well never ends an attempt, and ending (with observe, which held
     # STOP_GRACE_S) was ~3 ms of every `orch submit`'s imports (issue 20).
-    from orchestrator.ending import finish
+    from orchestrator.ops.attemptend import finish
 
     finish(db, cfg, attempt_id, None, launch_failure=(cls, detail))
 

@@ -20,10 +20,10 @@ from orchestrator.backends import get_backend
 from orchestrator.config import Config
 from orchestrator.db import Database
 from orchestrator.jobs import environment_id, get_job, names_taken
-from orchestrator.launch import Launched, launch
 from orchestrator.lifecycle import JobState, create_attempt, create_job
 from orchestrator.models import Job
-from orchestrator.quicksubmit import name_taken, preflight
+from orchestrator.ops.launch import Launched, launch
+from orchestrator.ops.quicksubmit import name_taken, preflight
 from orchestrator.tokens import new_token
 
 

@@ -4,7 +4,7 @@ Runs where ``orch submit`` runs (a login node), through the same services as the
 ``reconcile_pass``, ``show_job``); the job side is ``orchestrator.integrations.submitit_runner``. Submitting
 (the lines marked ``# orch`` are what changes in submitit code)::
 
-    from orchestrator.integrations.submitit import OrchExecutor          # orch (= orchestrator.executor)
+    from orchestrator.integrations.submitit import OrchExecutor          # orch (= orchestrator.ops.executor)
     executor = OrchExecutor(backend="slurm")                             # orch (was: submitit.AutoExecutor(folder=...))
     executor.update_parameters(timeout_min=240, mem_gb=16, gpus_per_node=1, slurm_partition="spot")
     job = executor.submit(Trainer(), "data/")    # an orch job; job.job_id is its orch name
@@ -236,8 +236,8 @@ class OrchExecutor:
 
         from orchestrator.errors import AlreadyVerified, Refused
         from orchestrator.models import Job
+        from orchestrator.ops.submit import SubmitRequest, submit
         from orchestrator.rundir import check_run_dir, ensure_runs_root, make_dir_nofollow, run_dir_for
-        from orchestrator.submit import SubmitRequest, submit
 
         resources = self._resources(self.parameters)
         delayed = DelayedSubmission(fn, *args, **kwargs)
@@ -340,7 +340,7 @@ class OrchJob:
 
         cfg, db = self.executor._ctx()
         if self.executor.reconcile:
-            from orchestrator.reconcile import reconcile_pass
+            from orchestrator.ops.reconcile import reconcile_pass
 
             reconcile_pass(db, cfg)
         d = self._show()
@@ -394,7 +394,7 @@ class OrchJob:
         return UncompletedJobError(f"{why}: {last.get('detail') or ''}")
 
     def cancel(self, check: bool = True) -> None:
-        from orchestrator.stop import cancel
+        from orchestrator.ops.cancel import cancel
 
         cfg, db = self.executor._ctx()
         cancel(db, cfg, [self.job_id])

@@ -26,28 +26,28 @@ from typing import Any
 from orchestrator import protocol, testhooks
 from orchestrator.backends import get_backend
 from orchestrator.backends.base import Backend, BackendError
-from orchestrator.claimkeeper import ClaimKeeper
 from orchestrator.config import Config
 from orchestrator.decide.mtbf import mtbf_env_from
+from orchestrator.environments import environment_record
 from orchestrator.errors import OrchError, Refused
-from orchestrator.launchprep import (
+from orchestrator.ops.claimkeeper import ClaimKeeper
+from orchestrator.ops.launchprep import (
     BatchRecords,
     Held,
     check_and_prepare,
     dumps,
-    environment_record,
     make_spec,
     new_batch_token,
     reserve_batch_ballast,
     sweep_env,
     write_batch_records,
 )
+from orchestrator.ops.quicksubmit import SQL, event, exclusion, history, renew, slow_db, stop_overtaken
+from orchestrator.ops.sweepspec import SweepRequest, names_exist, preflight_sweep
 from orchestrator.quickdb import QuickDB, stored_time
-from orchestrator.quicksubmit import SQL, event, exclusion, history, renew, slow_db, stop_overtaken
 from orchestrator.resumestate import keep_globs
 from orchestrator.rundir import run_dir_for
 from orchestrator.states import AttemptState, JobState, utcnow
-from orchestrator.sweepspec import SweepRequest, names_exist, preflight_sweep
 from orchestrator.tokens import new_token
 
 A, J = AttemptState, JobState
@@ -119,7 +119,7 @@ def _sweep(db: QuickDB, cfg: Config, req: SweepRequest, backend: Backend, names:
     try:
         _claim_all(db, held, [ids[i][0] for i in range(len(names))])
     except _Mismatch:  # a reconcile pass launches some of them already: launch decides task by task
-        from orchestrator.sweep import launch_queued
+        from orchestrator.ops.sweep import launch_queued
 
         launch_queued(slow_db(cfg), cfg, backend, sweep_id)
         return SweepSubmitted(req.name, len(names), False)
@@ -277,6 +277,6 @@ def _handled(handler: Any) -> OrchError:
 
 
 def _slow() -> Any:
-    from orchestrator import launch
+    from orchestrator.ops import launch
 
     return launch

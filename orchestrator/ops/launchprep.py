@@ -1,12 +1,11 @@
 """An attempt's launch, the parts without the job table: its submission spec, its run dir made ready, its
 records (stdlib and orch's own file modules only, so that ``orch submit``'s quick path,
-``orchestrator/quicksubmit.py``, and ``orchestrator/launch.py`` share them)."""
+``orchestrator/ops/quicksubmit.py``, and ``orchestrator/ops/launch.py`` share them)."""
 
 from __future__ import annotations
 
 import json
 import os
-from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -16,12 +15,12 @@ from orchestrator.backends.base import SubmissionRefused, SubmitSpec
 from orchestrator.config import Config
 from orchestrator.jobside.ballast import allocate as allocate_ballast
 from orchestrator.jobside.ballast import reserve_pool
+from orchestrator.ops.trash import empty_trash, leftovers_why, move_to_trash
 from orchestrator.protocol import ENV_SWEEP, ENV_SWEEP_PARAMS, ENV_TASK_INDEX
 from orchestrator.resources import resources_dict, resources_of
 from orchestrator.resumestate import SET_ASIDE_KEY, TRASHED_KEY
 from orchestrator.rundir import check_run_dir
 from orchestrator.states import STOP_GRACE_S
-from orchestrator.trash import empty_trash, leftovers_why, move_to_trash
 
 
 @dataclass
@@ -58,15 +57,6 @@ def new_batch_token() -> str:
     import secrets
 
     return "b" + secrets.token_hex(8)
-
-
-def environment_record(environ: Mapping[str, str]) -> tuple[str, dict[str, str]]:
-    """(sha256, vars) of the environment a job is submitted from, as table ``environments`` stores it once per
-    distinct content (every attempt runs with it, whoever launches it)."""
-    import hashlib
-
-    data = dict(sorted(environ.items()))
-    return hashlib.sha256(json.dumps(data, sort_keys=True).encode()).hexdigest(), data
 
 
 def check_and_prepare(cfg: Config, spec: SubmitSpec, plan: Any, outputs: list[str], backend_name: str,

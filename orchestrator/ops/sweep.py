@@ -30,11 +30,10 @@ from orchestrator.db import Database
 from orchestrator.errors import DatabaseProblem, OrchError
 from orchestrator.filelock import LockTimeout
 from orchestrator.jobs import environment_id, names_taken
-from orchestrator.launch import Launched, launch, launch_group
 from orchestrator.lifecycle import ATTEMPT_LIVE, AttemptState, JobState, create_attempt, create_job
 from orchestrator.models import Attempt, Job, Sweep
-from orchestrator.rundir import run_dir_for
-from orchestrator.sweepspec import (  # noqa: F401 - re-exported: the sweep's argument work lives there
+from orchestrator.ops.launch import Launched, launch, launch_group
+from orchestrator.ops.sweepspec import (  # noqa: F401 - re-exported: the sweep's argument work lives there
     MAX_TASKS,
     MAX_VALUE_BYTES,
     SweepRequest,
@@ -49,6 +48,7 @@ from orchestrator.sweepspec import (  # noqa: F401 - re-exported: the sweep's ar
     render,
     task_name,
 )
+from orchestrator.rundir import run_dir_for
 from orchestrator.tokens import new_token
 
 

@@ -25,13 +25,14 @@ from typing import Any
 from orchestrator import protocol, testhooks
 from orchestrator.backends import get_backend
 from orchestrator.backends.base import Backend, BackendError
-from orchestrator.claimkeeper import ClaimKeeper
 from orchestrator.config import Config
 from orchestrator.decide.mtbf import mtbf_env_from
 from orchestrator.decide.suspects import SUSPECT_CLASSES, excludes_nodes, exclusion_among, failures_of, suspects_from
+from orchestrator.environments import environment_record
 from orchestrator.errors import AlreadyVerified, Refused
-from orchestrator.launchprep import Held, check_and_prepare, dumps, environment_record, make_spec
-from orchestrator.liveness import live_processes
+from orchestrator.ops.claimkeeper import ClaimKeeper
+from orchestrator.ops.launchprep import Held, check_and_prepare, dumps, make_spec
+from orchestrator.ops.liveness import live_processes
 from orchestrator.protocol import FailureClass
 from orchestrator.quickdb import QuickDB, read_time, stored_time
 from orchestrator.resumestate import keep_globs
@@ -193,11 +194,11 @@ def _launch(db: QuickDB, cfg: Config, backend: Backend, held: Held, job_id: int,
         try:
             moved = check_and_prepare(cfg, spec, None, outputs, backend.name, keep_globs(resources))
         except (Refused, protocol.UnsafePath, OSError) as e:
-            from orchestrator.launch import prepare_failed
+            from orchestrator.ops.launch import prepare_failed
 
             prepare_failed(slow_db(cfg), cfg, held.name, held.attempt_id, e)
         if moved is None:  # the marker verifies after all (a racing finish)
-            from orchestrator.launch import _close_verified
+            from orchestrator.ops.launch import _close_verified
 
             _close_verified(slow_db(cfg), held.attempt_id, job_id)
             return _deviated(held, run_dir, "verified")
@@ -207,7 +208,7 @@ def _launch(db: QuickDB, cfg: Config, backend: Backend, held: Held, job_id: int,
         still = c.execute(SQL["check_claim"], (stored_time(utcnow()), held.fence, held.attempt_id,
                                                held.fence)).rowcount == 1
     if not still:  # a cancel came first (closed unlaunched), or a re-claimer has it: decided as launch decides
-        from orchestrator.launch import _check_claim
+        from orchestrator.ops.launch import _check_claim
 
         outcome = _check_claim(slow_db(cfg), held.attempt_id, held.fence)
         if outcome is not None:
@@ -216,7 +217,7 @@ def _launch(db: QuickDB, cfg: Config, backend: Backend, held: Held, job_id: int,
     try:
         external_id = backend.submit(_with_exclusion(db, cfg, backend, spec))
     except (BackendError, OSError) as e:
-        from orchestrator.launch import _submission_failed
+        from orchestrator.ops.launch import _submission_failed
 
         _submission_failed(slow_db(cfg), cfg, [held], e)
     testhooks.site("after_backend_submit")
@@ -238,7 +239,7 @@ def _record(db: QuickDB, cfg: Config, backend: Backend, held: Held, job_id: int,
     if ok:
         return Submitted(held.name, run_dir, external_id, moved=held.moved)
     stop_overtaken(db, backend, [(held, external_id)])
-    from orchestrator.launch import _record_own
+    from orchestrator.ops.launch import _record_own
 
     return Submitted(held.name, run_dir, launched=_record_own(slow_db(cfg), backend, held, external_id,
                                                               cancel=False))
@@ -267,7 +268,7 @@ def stop_overtaken(db: QuickDB, backend: Backend, submitted: list[tuple[Held, st
 
 
 def _deviated(held: Held, run_dir: Path, outcome: str) -> Submitted:
-    from orchestrator.launch import Launched, LaunchOutcome
+    from orchestrator.ops.launch import Launched, LaunchOutcome
 
     return Submitted(held.name, run_dir, launched=Launched(moved=held.moved, outcome=LaunchOutcome(outcome)))
 

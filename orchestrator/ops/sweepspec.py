@@ -1,5 +1,5 @@
 """A sweep's argument sets, commands and task names, and the checks before anything is written (stdlib only:
-``orch sweep``'s quick path, ``orchestrator/quicksweep.py``, and ``orchestrator/sweep.py`` share them)."""
+``orch sweep``'s quick path, ``orchestrator/ops/quicksweep.py``, and ``orchestrator/ops/sweep.py`` share them)."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ from orchestrator import protocol
 from orchestrator.backends.base import Backend
 from orchestrator.config import Config
 from orchestrator.errors import AlreadyVerified, Refused, UsageError
-from orchestrator.liveness import live_processes
+from orchestrator.ops.liveness import live_processes
 from orchestrator.rundir import check_run_dir, ensure_runs_root, run_dir_for
 
 MAX_TASKS = 100_000
