@@ -3,7 +3,7 @@
 from sqlalchemy import engine_from_config, pool
 
 from alembic import context
-from orchestrator.models import Base
+from orchestrator.core.models import Base
 
 config = context.config
 target_metadata = Base.metadata

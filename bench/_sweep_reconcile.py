@@ -23,7 +23,7 @@ import bench_reconcile as R
 
 from orchestrator.backends.slurm import backend as slurm_backend_mod
 from orchestrator.backends.slurm.backend import SlurmBackend
-from orchestrator.db import Database
+from orchestrator.core.db import Database
 from orchestrator.ops.reconcile import reconcile_pass
 
 ARRAY_BASE, SINGLE_BASE = 700_000, 100_000  # Slurm ids of the scripted jobs (arrays / singles)

@@ -43,8 +43,8 @@ def populate(home: Path, n: int) -> None:
     os.environ["ORCH_HOME"] = str(home)
     from orchestrator import protocol
     from orchestrator.backends.base import AttemptRef, Backend, Outcome, Phase, SubmitSpec
-    from orchestrator.config import load_config
-    from orchestrator.db import Database
+    from orchestrator.core.config import load_config
+    from orchestrator.core.db import Database
     from orchestrator.ops import liveness
     from orchestrator.ops import submit as submit_mod
     from orchestrator.ops.reconcile import reconcile_pass

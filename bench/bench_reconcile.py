@@ -44,8 +44,8 @@ from sqlalchemy import event  # noqa: E402
 from orchestrator import protocol  # noqa: E402
 from orchestrator.backends.base import AttemptRef, Backend, Outcome, Phase, SubmitSpec  # noqa: E402
 from orchestrator.backends.local import LocalBackend, format_id  # noqa: E402
-from orchestrator.config import load_config  # noqa: E402
-from orchestrator.db import SCHEMA_HEAD, Database  # noqa: E402
+from orchestrator.core.config import load_config  # noqa: E402
+from orchestrator.core.db import SCHEMA_HEAD, Database  # noqa: E402
 from orchestrator.jobside import proctable  # noqa: E402
 from orchestrator.ops.reconcile import reconcile_pass  # noqa: E402
 

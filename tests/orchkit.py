@@ -221,8 +221,8 @@ def orch_for(home: Path, db_url: str | None = None) -> Orch:
 
 def pending_job(db, cfg, name: str, max_attempts: int = 3) -> None:  # noqa: ANN001
     """A job whose attempt 1 was written but not yet launched (as submit leaves it just before launching)."""
-    from orchestrator.lifecycle import JobState, create_attempt, create_job
-    from orchestrator.tokens import new_token
+    from orchestrator.core.lifecycle import JobState, create_attempt, create_job
+    from orchestrator.core.tokens import new_token
 
     run_dir = cfg.runs_root / name
     run_dir.mkdir(parents=True, exist_ok=True)

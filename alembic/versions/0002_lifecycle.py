@@ -14,7 +14,7 @@ Data: every row is rewritten into the new shape, so the code reads one shape onl
 - a running attempt with a hang stop in flight: ``stopping`` / ``hang`` with its time;
 - action dicts ``{"action", "why", "auto", "plan": {"one_shot", "quarantine", "prune",
   "empty_trash"}, "retry_not_before", <details>}`` and plan dicts ``{"one_shot", ...}`` become the
-  flat ``RetryPlan`` JSON (see ``orchestrator/decide/retryplan.py``); a retryable_failed job's ``auto`` and backoff
+  flat ``RetryPlan`` JSON (see ``orchestrator/core/retryplan.py``); a retryable_failed job's ``auto`` and backoff
   move to ``jobs.auto_requeue`` / ``jobs.retry_not_before``.
 The conversion is written out here (not imported from the code) so that this revision keeps doing
 what it did when later code changes.

@@ -145,7 +145,7 @@ def _quiet_stdout() -> None:
 
 def _ctx():
     """Config + DB, created on first use (ORCH_HOME 0700, DB 0600, schema at head)."""
-    from orchestrator.db import Database
+    from orchestrator.core.db import Database
 
     cfg = _cfg()
     return cfg, Database(cfg)
@@ -153,7 +153,7 @@ def _ctx():
 
 def _cfg():
     """The config, with orch's umask set (the quick paths that open no ``Database``)."""
-    from orchestrator.config import load_config
+    from orchestrator.core.config import load_config
 
     cfg = load_config()
     os.umask(cfg.umask)  # run dirs, logs and records are private unless orch.toml shares them

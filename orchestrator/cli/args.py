@@ -14,9 +14,9 @@ from typing import Any
 
 import click
 
+from orchestrator.core.settings import setting
 from orchestrator.jobside.spotnotice import CHOICES as SPOT_CHOICES
 from orchestrator.protocol import layout
-from orchestrator.settings import setting
 
 # ------------------------------------------------------------------------------------------
 # argument-only validation (before any row or directory exists)
@@ -25,7 +25,7 @@ from orchestrator.settings import setting
 # ASCII only: under re.I the Kelvin sign (U+212A) matched [K] and then missed the unit table (a
 # KeyError, exit 1); \d also matched other scripts' digits.
 _MEM_RE = re.compile(r"^(\d{1,20})([KMGT]?)B?$", re.I | re.ASCII)
-from orchestrator.resources import EXTRAS_KEY, MAX_MEM_MB, MAX_TIME_S  # noqa: E402 - the bounds every entry point shares
+from orchestrator.core.resources import EXTRAS_KEY, MAX_MEM_MB, MAX_TIME_S  # noqa: E402 - the bounds every entry point shares
 
 _TIME_RE = re.compile(r"^(?:(\d{1,12})-)?(\d{1,12})(?::(\d{1,12}))?(?::(\d{1,12}))?$", re.ASCII)
 
@@ -190,7 +190,7 @@ def job_options(f: Any) -> Any:
                      help="GPUs on each node (Slurm: --gpus-per-node)."),
         click.option("--mem", help="Memory, Slurm style: 500M, 16G."),
         click.option("--time", "time_", help="Time limit, Slurm style: 30, 4:00:00, 2-00:00:00."),
-        # One schema with orch.toml's policy.max_attempts (orchestrator.settings): orch.toml accepted 0.
+        # One schema with orch.toml's policy.max_attempts (orchestrator.core.settings): orch.toml accepted 0.
         click.option("--max-attempts", type=click.IntRange(int(_MAX_ATTEMPTS.lo), int(_MAX_ATTEMPTS.hi)), default=None,
                      help=_MAX_ATTEMPTS.help),
         click.option("--outputs", multiple=True, callback=_outputs_cb,

@@ -19,7 +19,7 @@ from orchestrator.cli.app import EXIT_NOT_VERIFIED, STATES, _ctx, _emit, _show, 
 @click.option("--json", "as_json", is_flag=True, help="Every job (sweep tasks too) as a JSON list.")
 def status(state: str | None, tasks: bool, as_json: bool) -> None:
     """One row per job (and per sweep): state, attempts, backend id of the latest attempt, progress."""
-    from orchestrator.config import load_config
+    from orchestrator.core.config import load_config
     from orchestrator.views.status import fast_status_rows, group_by_sweep
 
     rows = fast_status_rows(load_config(), state)  # no SQLAlchemy import (login-node latency)
@@ -214,16 +214,16 @@ def verify(target: str) -> None:
 
 
 def _run_dir_of(name: str) -> Path:
+    from orchestrator.core.jobqueries import get_job
     from orchestrator.errors import JobNotFound
-    from orchestrator.jobs import get_job
 
     cfg, db = _ctx()
     try:
         with db.read() as s:
             return Path(get_job(s, name).run_dir)
     except JobNotFound as e:
+        from orchestrator.core.rundir import run_dir_for
         from orchestrator.protocol import UnsafePath
-        from orchestrator.rundir import run_dir_for
 
         try:
             p = run_dir_for(cfg, name)
@@ -301,7 +301,7 @@ def report(since: str, as_json: bool) -> None:
     from orchestrator.views.goodputview import report as build
 
     window = None if since == "all" else parse_since(since)  # checked before the DB is opened
-    from orchestrator.config import load_config
+    from orchestrator.core.config import load_config
     from orchestrator.views.goodputfast import fast_report
 
     rep = fast_report(load_config(), window)  # no SQLAlchemy import, as `orch status` (views.status)

@@ -43,8 +43,8 @@ def submit(name: str | None, wait: bool, as_json: bool, command: tuple[str, ...]
         if quick is not None and quick.external_id is not None:
             click.echo(f"submitted {name} ({backend} {quick.external_id}); run dir {quick.run_dir}")
             return
-    from orchestrator.db import Database
-    from orchestrator.jobs import get_job
+    from orchestrator.core.db import Database
+    from orchestrator.core.jobqueries import get_job
     from orchestrator.ops.submit import SubmitRequest
     from orchestrator.ops.submit import submit as do_submit
 

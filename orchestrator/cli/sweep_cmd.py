@@ -58,7 +58,7 @@ def sweep(name: str, grid: tuple[str, ...], from_file: str | None, throttle: int
             return
     else:
         quick = None
-    from orchestrator.db import Database
+    from orchestrator.core.db import Database
     from orchestrator.views.show import show_sweep
 
     db = Database(cfg)

@@ -25,6 +25,7 @@ from dataclasses import dataclass
 from datetime import datetime
 
 from orchestrator.backends.base import Outcome, Phase
+from orchestrator.core.states import StopReason
 from orchestrator.decide.staleness import Stale
 from orchestrator.protocol import (
     EXIT_PREEMPTED,
@@ -36,7 +37,6 @@ from orchestrator.protocol import (
     StopRecord,
     Verification,
 )
-from orchestrator.states import StopReason
 
 C = FailureClass
 

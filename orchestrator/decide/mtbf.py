@@ -24,9 +24,9 @@ from collections.abc import Callable, Iterable
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from orchestrator.goodput import UNSIGNALLED
+from orchestrator.core.goodput import UNSIGNALLED
+from orchestrator.core.resources import partition_of
 from orchestrator.kit.interval import ENV_MTBF, ENV_MTBF_SOURCE, PRIOR_MTBF_S
-from orchestrator.resources import partition_of
 
 WINDOW = timedelta(days=30)
 CACHE_S = 60.0  # a sweep's 1,000 launches in one process ask once per partition, not 1,000 times
@@ -80,7 +80,7 @@ def history_select(backend: str, cutoff: datetime):  # noqa: ANN201 - a sqlalche
     """The attempts of ``backend`` that ended at or after ``cutoff``, with their job's stored resources."""
     from sqlalchemy import Text, select, type_coerce
 
-    from orchestrator.models import Attempt, Job
+    from orchestrator.core.models import Attempt, Job
 
     # Issue 20: every submit reads this, and 10,000 ended attempts took 50 ms: decoding each row's resources was
     # 60 % of it (now each distinct JSON text is decoded once; a sweep's tasks share one) and the ORM's row

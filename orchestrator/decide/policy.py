@@ -23,10 +23,10 @@ from pathlib import Path
 from typing import Any
 
 from orchestrator import protocol
-from orchestrator.config import Config
-from orchestrator.decide.retryplan import Action, RetryPlan
-from orchestrator.lifecycle import JobState, utcnow
-from orchestrator.models import Attempt, Job
+from orchestrator.core.config import Config
+from orchestrator.core.lifecycle import JobState, utcnow
+from orchestrator.core.models import Attempt, Job
+from orchestrator.core.retryplan import Action, RetryPlan
 from orchestrator.protocol import FailureClass, FailureReport, Fault, finite_number
 
 C = FailureClass

@@ -1,7 +1,7 @@
 """Suspect nodes (issue 20): a node on which several different jobs failed in a short time is kept out
 of new attempts for a while (``sbatch --exclude``), on backends that can exclude nodes.
 
-The rule (defaults in orchestrator/settings.py, table ``[nodes]`` of orch.toml):
+The rule (defaults in orchestrator/core/settings.py, table ``[nodes]`` of orch.toml):
 
 * a *failure* is an attempt that ended ``crash``, ``node_fail``, ``hang`` or ``killed`` (the classes a bad
   node causes); preemptions, time limits, OOM, NaN, cancels and the program's own invalid input never count;
@@ -32,8 +32,8 @@ from orchestrator.protocol import FailureClass
 
 if TYPE_CHECKING:
     from orchestrator.backends.base import Backend, Resources, SubmitSpec
-    from orchestrator.config import Config
-    from orchestrator.db import Database
+    from orchestrator.core.config import Config
+    from orchestrator.core.db import Database
 
 # The classes a bad node causes. Not PREEMPTED/TIMEOUT/CANCELLED (the scheduler's decision), not OOM/NAN/
 # INVALID/INPUT_MISSING (the program's own), not UNKNOWN (too little is known to blame a node).
@@ -203,7 +203,7 @@ def failures_select(backend: str, since: datetime):  # noqa: ANN201 - a sqlalche
     """The attempts of ``backend`` that ended in a suspect class at or after ``since`` with a node list."""
     from sqlalchemy import select
 
-    from orchestrator.models import Attempt, Job, Sweep
+    from orchestrator.core.models import Attempt, Job, Sweep
 
     return (select(Job.name, Job.sweep_id, Sweep.name, Attempt.n, Attempt.failure_class, Attempt.ended_at,
                    Attempt.nodes)
@@ -228,7 +228,7 @@ def clears_select(backend: str):  # noqa: ANN201 - a sqlalchemy Select, imported
     """node -> its latest clear, on ``backend``."""
     from sqlalchemy import func, select
 
-    from orchestrator.models import NodeClear
+    from orchestrator.core.models import NodeClear
 
     return (select(NodeClear.node, func.max(NodeClear.cleared_at))
             .where(NodeClear.backend == backend).group_by(NodeClear.node))
@@ -262,8 +262,8 @@ def suspects_from(cfg: Config, failures_since: Callable[[datetime], list[Failure
 
 def clear(db: Database, cfg: Config, backend: str, node: str) -> Suspect:
     """End ``node``'s exclusion now. UsageError (nothing written) for a name that is not a suspect."""
+    from orchestrator.core.models import NodeClear, utcnow
     from orchestrator.errors import UsageError
-    from orchestrator.models import NodeClear, utcnow
 
     if not NODE_NAME_RE.match(node or ""):
         raise UsageError(f"--clear {node!r}: not a node name")
@@ -334,7 +334,7 @@ def with_exclusion(db: Database, cfg: Config, backend: Backend, spec: SubmitSpec
 
 
 def _now() -> datetime:
-    from orchestrator.states import utcnow
+    from orchestrator.core.states import utcnow
 
     return _aware(utcnow())
 

@@ -1,6 +1,6 @@
 """Seconds the training loop was blocked saving checkpoints, cumulative for this process (stdlib only).
 
-orch's goodput accounting (orchestrator/goodput.py) subtracts this from the step spans it sees in the
+orch's goodput accounting (orchestrator/core/goodput.py) subtracts this from the step spans it sees in the
 heartbeat history: the heartbeat records it as ``save_stall_s``, relative to the heartbeat's creation (one
 attempt). Only the caller's blocked time counts: a background save's writer thread is not a stall, its
 snapshot and the wait for the previous save are. Google's goodput tooling subtracts the blocking save time

@@ -17,17 +17,17 @@ from sqlalchemy.orm import selectinload
 
 from orchestrator import protocol, testhooks
 from orchestrator.backends.base import AttemptRef, Outcome
-from orchestrator.config import Config
-from orchestrator.db import Database
+from orchestrator.core.config import Config
+from orchestrator.core.db import Database
+from orchestrator.core.lifecycle import AttemptState, JobState, move_attempt, move_job
+from orchestrator.core.models import Attempt, Job
+from orchestrator.core.passchanges import Change, PassReport
+from orchestrator.core.retryplan import Action, RetryPlan
 from orchestrator.decide.classify import classify
 from orchestrator.decide.policy import decide
-from orchestrator.decide.retryplan import Action, RetryPlan
 from orchestrator.decide.staleness import Stale
 from orchestrator.jobside import rankend
 from orchestrator.jobside.ballast import give_back
-from orchestrator.lifecycle import AttemptState, JobState, move_attempt, move_job
-from orchestrator.models import Attempt, Job
-from orchestrator.passreport import Change, PassReport
 from orchestrator.protocol import FailureClass
 
 A, J = AttemptState, JobState

@@ -22,11 +22,9 @@ from sqlalchemy import select
 
 from orchestrator import protocol
 from orchestrator.backends.base import AttemptRef, Backend, Outcome, Phase
-from orchestrator.config import Config
-from orchestrator.db import Database
-from orchestrator.decide.staleness import Stale, judge
-from orchestrator.errors import DatabaseProblem, IllegalTransition
-from orchestrator.lifecycle import (
+from orchestrator.core.config import Config
+from orchestrator.core.db import Database
+from orchestrator.core.lifecycle import (
     ATTEMPT_POLLED,
     AttemptState,
     JobState,
@@ -36,10 +34,12 @@ from orchestrator.lifecycle import (
     set_attempt_fields,
     utcnow,
 )
-from orchestrator.models import Attempt, Job, open_attempt
+from orchestrator.core.models import Attempt, Job, open_attempt
+from orchestrator.core.passchanges import Change, PassReport
+from orchestrator.core.states import STOP_GRACE_S
+from orchestrator.decide.staleness import Stale, judge
+from orchestrator.errors import DatabaseProblem, IllegalTransition
 from orchestrator.ops.attemptend import evidence_of_end, finish
-from orchestrator.passreport import Change, PassReport
-from orchestrator.states import STOP_GRACE_S
 
 A, J = AttemptState, JobState
 HANG_KILL_GRACE_S = 30.0

@@ -16,10 +16,10 @@ from pathlib import Path
 
 from orchestrator.backends import get_backend
 from orchestrator.backends.base import AttemptRef, BackendError
-from orchestrator.config import Config
-from orchestrator.db import Database
-from orchestrator.jobs import attempt_ref, expand_names, get_job
-from orchestrator.lifecycle import (
+from orchestrator.core.config import Config
+from orchestrator.core.db import Database
+from orchestrator.core.jobqueries import attempt_ref, expand_names, get_job
+from orchestrator.core.lifecycle import (
     AttemptState,
     JobState,
     StopReason,

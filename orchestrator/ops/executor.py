@@ -65,8 +65,8 @@ from pathlib import Path
 from typing import Any
 
 from orchestrator import protocol
+from orchestrator.core.settings import setting
 from orchestrator.integrations.submitit_runner import DEFAULT_CHECKPOINT_EVERY_S, RESULT_FILE, SUBMISSION_DIR
-from orchestrator.settings import setting
 
 __all__ = ["OrchExecutor", "OrchJob"]
 
@@ -135,7 +135,7 @@ class OrchExecutor:
         self.parameters = merged
 
     def _resources(self, p: dict[str, Any]) -> dict[str, Any]:
-        from orchestrator.resources import EXTRAS_KEY, MAX_MEM_MB, MAX_TIME_S
+        from orchestrator.core.resources import EXTRAS_KEY, MAX_MEM_MB, MAX_TIME_S
 
         res: dict[str, Any] = {}
         if p.get("timeout_min") is not None:
@@ -195,7 +195,7 @@ class OrchExecutor:
         """The backend's own check of every value it would pass on (no I/O), run now rather than at launch."""
         from orchestrator.backends import get_backend
         from orchestrator.backends.base import BackendError
-        from orchestrator.resources import resources_of
+        from orchestrator.core.resources import resources_of
 
         try:
             get_backend(self.backend).check_resources(resources_of(res))
@@ -205,8 +205,8 @@ class OrchExecutor:
     # --- the job table ---------------------------------------------------------------------------
     def _ctx(self) -> tuple[Any, Any]:
         if self._ctx_cache is None:
-            from orchestrator.config import load_config
-            from orchestrator.db import Database
+            from orchestrator.core.config import load_config
+            from orchestrator.core.db import Database
 
             cfg = load_config(self.home)
             self._ctx_cache = (cfg, Database(cfg))
@@ -234,10 +234,10 @@ class OrchExecutor:
         from sqlalchemy import select
         from submitit.helpers import DelayedSubmission
 
+        from orchestrator.core.models import Job
+        from orchestrator.core.rundir import check_run_dir, ensure_runs_root, make_dir_nofollow, run_dir_for
         from orchestrator.errors import AlreadyVerified, Refused
-        from orchestrator.models import Job
         from orchestrator.ops.submit import SubmitRequest, submit
-        from orchestrator.rundir import check_run_dir, ensure_runs_root, make_dir_nofollow, run_dir_for
 
         resources = self._resources(self.parameters)
         delayed = DelayedSubmission(fn, *args, **kwargs)
@@ -336,7 +336,7 @@ class OrchJob:
         Runs one reconcile pass first (when the executor reconciles): it is what moves the job table, and
         what requeues a preempted attempt. ``force_check`` is accepted for submitit's signature.
         """
-        from orchestrator.lifecycle import JOB_SETTLED, JobState
+        from orchestrator.core.lifecycle import JOB_SETTLED, JobState
 
         cfg, db = self.executor._ctx()
         if self.executor.reconcile:

@@ -39,15 +39,10 @@ from sqlalchemy import update
 from orchestrator import protocol, testhooks
 from orchestrator.backends import get_backend
 from orchestrator.backends.base import AttemptRef, Backend, BackendError, SubmitSpec
-from orchestrator.config import Config
-from orchestrator.db import Database
-from orchestrator.decide.mtbf import mtbf_env
-from orchestrator.decide.policy import command_for
-from orchestrator.decide.suspects import exclusion_for, with_exclusion
-from orchestrator.errors import IllegalTransition, OrchError, Refused
-from orchestrator.jobs import attempt_ref, get_job
-from orchestrator.jobside.ballast import give_back
-from orchestrator.lifecycle import (
+from orchestrator.core.config import Config
+from orchestrator.core.db import Database
+from orchestrator.core.jobqueries import attempt_ref, get_job
+from orchestrator.core.lifecycle import (
     AttemptState,
     JobState,
     Move,
@@ -58,11 +53,16 @@ from orchestrator.lifecycle import (
     set_attempt_fields,
     utcnow,
 )
-from orchestrator.models import Attempt, Job
+from orchestrator.core.models import Attempt, Job
+from orchestrator.core.resumestate import keep_globs
+from orchestrator.decide.mtbf import mtbf_env
+from orchestrator.decide.policy import command_for
+from orchestrator.decide.suspects import exclusion_for, with_exclusion
+from orchestrator.errors import IllegalTransition, OrchError, Refused
+from orchestrator.jobside.ballast import give_back
 from orchestrator.ops.claimkeeper import ClaimKeeper, launch_grace_s
 from orchestrator.ops.launchprep import Held, check_and_prepare, dumps, make_spec, new_batch_token, sweep_env
 from orchestrator.protocol import FailureClass
-from orchestrator.resumestate import keep_globs
 
 __all__ = ["launch_grace_s", "new_batch_token", "sweep_env"]  # re-exported (their home: claimkeeper, launchprep)
 

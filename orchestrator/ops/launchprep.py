@@ -10,17 +10,18 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from orchestrator import protocol, resumestate, testhooks
+from orchestrator import protocol, testhooks
 from orchestrator.backends.base import SubmissionRefused, SubmitSpec
-from orchestrator.config import Config
+from orchestrator.core import resumestate
+from orchestrator.core.config import Config
+from orchestrator.core.resources import resources_dict, resources_of
+from orchestrator.core.resumestate import SET_ASIDE_KEY, TRASHED_KEY
+from orchestrator.core.rundir import check_run_dir
+from orchestrator.core.states import STOP_GRACE_S
 from orchestrator.jobside.ballast import allocate as allocate_ballast
 from orchestrator.jobside.ballast import reserve_pool
 from orchestrator.ops.trash import empty_trash, leftovers_why, move_to_trash
 from orchestrator.protocol import ENV_SWEEP, ENV_SWEEP_PARAMS, ENV_TASK_INDEX
-from orchestrator.resources import resources_dict, resources_of
-from orchestrator.resumestate import SET_ASIDE_KEY, TRASHED_KEY
-from orchestrator.rundir import check_run_dir
-from orchestrator.states import STOP_GRACE_S
 
 
 @dataclass

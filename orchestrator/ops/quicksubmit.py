@@ -25,20 +25,20 @@ from typing import Any
 from orchestrator import protocol, testhooks
 from orchestrator.backends import get_backend
 from orchestrator.backends.base import Backend, BackendError
-from orchestrator.config import Config
+from orchestrator.core.config import Config
+from orchestrator.core.environments import environment_record
+from orchestrator.core.quickdb import QuickDB, read_time, stored_time
+from orchestrator.core.resumestate import keep_globs
+from orchestrator.core.rundir import check_run_dir, ensure_runs_root, run_dir_for
+from orchestrator.core.states import AttemptState, JobState, utcnow
+from orchestrator.core.tokens import new_token
 from orchestrator.decide.mtbf import mtbf_env_from
 from orchestrator.decide.suspects import SUSPECT_CLASSES, excludes_nodes, exclusion_among, failures_of, suspects_from
-from orchestrator.environments import environment_record
 from orchestrator.errors import AlreadyVerified, Refused
 from orchestrator.ops.claimkeeper import ClaimKeeper
 from orchestrator.ops.launchprep import Held, check_and_prepare, dumps, make_spec
 from orchestrator.ops.liveness import live_processes
 from orchestrator.protocol import FailureClass
-from orchestrator.quickdb import QuickDB, read_time, stored_time
-from orchestrator.resumestate import keep_globs
-from orchestrator.rundir import check_run_dir, ensure_runs_root, run_dir_for
-from orchestrator.states import AttemptState, JobState, utcnow
-from orchestrator.tokens import new_token
 
 A, J = AttemptState, JobState
 
@@ -323,6 +323,6 @@ def exclusion(db: QuickDB, cfg: Config, backend: Backend, resources: Any) -> tup
 
 def slow_db(cfg: Config) -> Any:
     """The SQLAlchemy path's Database, for a deviation's handler."""
-    from orchestrator.db import Database
+    from orchestrator.core.db import Database
 
     return Database(cfg)

@@ -26,9 +26,14 @@ from typing import Any
 from orchestrator import protocol, testhooks
 from orchestrator.backends import get_backend
 from orchestrator.backends.base import Backend, BackendError
-from orchestrator.config import Config
+from orchestrator.core.config import Config
+from orchestrator.core.environments import environment_record
+from orchestrator.core.quickdb import QuickDB, stored_time
+from orchestrator.core.resumestate import keep_globs
+from orchestrator.core.rundir import run_dir_for
+from orchestrator.core.states import AttemptState, JobState, utcnow
+from orchestrator.core.tokens import new_token
 from orchestrator.decide.mtbf import mtbf_env_from
-from orchestrator.environments import environment_record
 from orchestrator.errors import OrchError, Refused
 from orchestrator.ops.claimkeeper import ClaimKeeper
 from orchestrator.ops.launchprep import (
@@ -44,11 +49,6 @@ from orchestrator.ops.launchprep import (
 )
 from orchestrator.ops.quicksubmit import SQL, event, exclusion, history, renew, slow_db, stop_overtaken
 from orchestrator.ops.sweepspec import SweepRequest, names_exist, preflight_sweep
-from orchestrator.quickdb import QuickDB, stored_time
-from orchestrator.resumestate import keep_globs
-from orchestrator.rundir import run_dir_for
-from orchestrator.states import AttemptState, JobState, utcnow
-from orchestrator.tokens import new_token
 
 A, J = AttemptState, JobState
 _CHUNK = 500  # names per IN (...): below every SQLite's bound-parameter limit

@@ -27,17 +27,17 @@ from sqlalchemy.exc import IntegrityError
 from orchestrator import filelock, testhooks
 from orchestrator.backends import get_backend
 from orchestrator.backends.base import AttemptRef, Backend, BackendError
-from orchestrator.config import Config
-from orchestrator.db import Database
+from orchestrator.core.config import Config
+from orchestrator.core.db import Database
+from orchestrator.core.lifecycle import AttemptState, JobState, move_attempt, set_attempt_fields, utcnow
+from orchestrator.core.models import Attempt, Job, Lease, Sweep
+from orchestrator.core.passchanges import Change, PassReport
 from orchestrator.errors import DatabaseProblem, IllegalTransition, OrchError
 from orchestrator.filelock import LockTimeout, lock_timeout_s
-from orchestrator.lifecycle import AttemptState, JobState, move_attempt, set_attempt_fields, utcnow
-from orchestrator.models import Attempt, Job, Lease, Sweep
 from orchestrator.ops.attemptpoll import observe, polled_rows
 from orchestrator.ops.launch import LaunchOutcome, launch, launch_grace_s, launch_group, record_submitted
 from orchestrator.ops.requeue import RequeueOutcome, RequeueTarget, requeue
 from orchestrator.ops.sweep import launch_queued
-from orchestrator.passreport import Change, PassReport
 from orchestrator.views.metrics import export_after_pass, record_pass
 
 __all__ = ["PassReport", "reconcile_pass", "acquire_lease", "release_lease"]

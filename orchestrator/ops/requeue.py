@@ -18,15 +18,13 @@ from typing import Any
 
 from sqlalchemy import select
 
-from orchestrator import protocol, resumestate
+from orchestrator import protocol
 from orchestrator.backends import get_backend
-from orchestrator.config import Config
-from orchestrator.db import Database
-from orchestrator.decide.retryplan import Action
-from orchestrator.errors import DatabaseProblem, IllegalTransition, OrchError, Refused
-from orchestrator.filelock import LockTimeout
-from orchestrator.jobs import expand_names, get_job
-from orchestrator.lifecycle import (
+from orchestrator.core import resumestate
+from orchestrator.core.config import Config
+from orchestrator.core.db import Database
+from orchestrator.core.jobqueries import expand_names, get_job
+from orchestrator.core.lifecycle import (
     ATTEMPT_LIVE,
     AttemptState,
     JobState,
@@ -37,16 +35,19 @@ from orchestrator.lifecycle import (
     open_attempt,
     utcnow,
 )
-from orchestrator.models import Attempt, Job
+from orchestrator.core.models import Attempt, Job
+from orchestrator.core.passchanges import PassReport
+from orchestrator.core.resumestate import keep_globs
+from orchestrator.core.retryplan import Action
+from orchestrator.core.rundir import check_run_dir
+from orchestrator.core.tokens import new_token
+from orchestrator.errors import DatabaseProblem, IllegalTransition, OrchError, Refused
+from orchestrator.filelock import LockTimeout
 from orchestrator.ops.attemptpoll import observe, polled_rows
 from orchestrator.ops.launch import launch
 from orchestrator.ops.liveness import host_processes
 from orchestrator.ops.trash import unverified_leftovers
-from orchestrator.passreport import PassReport
 from orchestrator.protocol import FailureClass
-from orchestrator.resumestate import keep_globs
-from orchestrator.rundir import check_run_dir
-from orchestrator.tokens import new_token
 
 A, J = AttemptState, JobState
 REQUEUEABLE = frozenset({J.RETRYABLE_FAILED, J.FAILED, J.CANCELLED})

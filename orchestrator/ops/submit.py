@@ -17,14 +17,14 @@ from sqlalchemy import select
 
 from orchestrator import testhooks
 from orchestrator.backends import get_backend
-from orchestrator.config import Config
-from orchestrator.db import Database
-from orchestrator.jobs import environment_id, get_job, names_taken
-from orchestrator.lifecycle import JobState, create_attempt, create_job
-from orchestrator.models import Job
+from orchestrator.core.config import Config
+from orchestrator.core.db import Database
+from orchestrator.core.jobqueries import environment_id, get_job, names_taken
+from orchestrator.core.lifecycle import JobState, create_attempt, create_job
+from orchestrator.core.models import Job
+from orchestrator.core.tokens import new_token
 from orchestrator.ops.launch import Launched, launch
 from orchestrator.ops.quicksubmit import name_taken, preflight
-from orchestrator.tokens import new_token
 
 
 @dataclass

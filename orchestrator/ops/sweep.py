@@ -25,13 +25,15 @@ from sqlalchemy import func, select
 from orchestrator import filelock, testhooks
 from orchestrator.backends import get_backend
 from orchestrator.backends.base import Backend
-from orchestrator.config import Config
-from orchestrator.db import Database
+from orchestrator.core.config import Config
+from orchestrator.core.db import Database
+from orchestrator.core.jobqueries import environment_id, names_taken
+from orchestrator.core.lifecycle import ATTEMPT_LIVE, AttemptState, JobState, create_attempt, create_job
+from orchestrator.core.models import Attempt, Job, Sweep
+from orchestrator.core.rundir import run_dir_for
+from orchestrator.core.tokens import new_token
 from orchestrator.errors import DatabaseProblem, OrchError
 from orchestrator.filelock import LockTimeout
-from orchestrator.jobs import environment_id, names_taken
-from orchestrator.lifecycle import ATTEMPT_LIVE, AttemptState, JobState, create_attempt, create_job
-from orchestrator.models import Attempt, Job, Sweep
 from orchestrator.ops.launch import Launched, launch, launch_group
 from orchestrator.ops.sweepspec import (  # noqa: F401 - re-exported: the sweep's argument work lives there
     MAX_TASKS,
@@ -48,8 +50,6 @@ from orchestrator.ops.sweepspec import (  # noqa: F401 - re-exported: the sweep'
     render,
     task_name,
 )
-from orchestrator.rundir import run_dir_for
-from orchestrator.tokens import new_token
 
 
 # ------------------------------------------------------------------------------------------

@@ -12,10 +12,10 @@ from typing import Any
 
 from orchestrator import protocol
 from orchestrator.backends.base import Backend
-from orchestrator.config import Config
+from orchestrator.core.config import Config
+from orchestrator.core.rundir import check_run_dir, ensure_runs_root, run_dir_for
 from orchestrator.errors import AlreadyVerified, Refused, UsageError
 from orchestrator.ops.liveness import live_processes
-from orchestrator.rundir import check_run_dir, ensure_runs_root, run_dir_for
 
 MAX_TASKS = 100_000
 # Linux refuses one argv or environment string longer than MAX_ARG_STRLEN (32 pages: 128 KiB) with E2BIG,

@@ -19,9 +19,10 @@ import time
 from collections.abc import Iterable
 from pathlib import Path
 
-from orchestrator import protocol, resumestate
-from orchestrator.config import Config
-from orchestrator.rundir import make_dir_nofollow
+from orchestrator import protocol
+from orchestrator.core import resumestate
+from orchestrator.core.config import Config
+from orchestrator.core.rundir import make_dir_nofollow
 
 
 def _trash_stamp() -> str:

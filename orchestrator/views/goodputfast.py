@@ -13,7 +13,7 @@ import time
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from orchestrator.config import Config
+from orchestrator.core.config import Config
 from orchestrator.views.goodputrows import REPORT_SQL, JobRow, jobs_from_rows
 from orchestrator.views.goodputview import job_split, report_of
 from orchestrator.views.status import fast_read

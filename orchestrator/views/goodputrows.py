@@ -18,7 +18,7 @@ def report_selects(windowed: bool):  # noqa: ANN201 - two sqlalchemy Selects, im
     or ended since it (``windowed``), with their sweep's name; and every attempt of those jobs."""
     from sqlalchemy import bindparam, or_, select
 
-    from orchestrator.models import Attempt, Job, Sweep
+    from orchestrator.core.models import Attempt, Job, Sweep
 
     jobs = (select(Job.id, Job.name, Job.backend, Job.run_dir, Job.resources, Job.created_at,
                    Sweep.name.label("sweep"))

@@ -1,7 +1,7 @@
 """Goodput from the job table and the run dirs: ``orch show``'s split, ``orch report``, the Prometheus gauges.
 
 Reads attempts' times and classes (DB) and each attempt's heartbeat history (``progress.jsonl``); computes with
-the pure functions of ``orchestrator.goodput``. No schema change: everything it needs is already recorded.
+the pure functions of ``orchestrator.core.goodput``. No schema change: everything it needs is already recorded.
 Imports no torch (read commands stay fast); SQLAlchemy only inside the functions that query.
 """
 
@@ -14,9 +14,9 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from orchestrator import protocol
+from orchestrator.core.goodput import AttemptFacts, Beat, JobSplit, split_job, summarize
+from orchestrator.core.resources import partition_of
 from orchestrator.errors import UsageError
-from orchestrator.goodput import AttemptFacts, Beat, JobSplit, split_job, summarize
-from orchestrator.resources import partition_of
 from orchestrator.views.goodputrows import jobs_from_rows, report_selects
 
 _SINCE_RE = re.compile(r"^([0-9]{1,6})([smhdw])$")

@@ -19,8 +19,8 @@ from __future__ import annotations
 from typing import Any
 
 from orchestrator import protocol
-from orchestrator.db import Database
-from orchestrator.jobs import get_job
+from orchestrator.core.db import Database
+from orchestrator.core.jobqueries import get_job
 from orchestrator.protocol import FailureClass
 from orchestrator.views.progressbounds import plausible
 

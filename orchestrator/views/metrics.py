@@ -21,12 +21,12 @@ from sqlalchemy import func, select
 from sqlalchemy.orm import Session, aliased
 
 from orchestrator import protocol
-from orchestrator.config import Config
-from orchestrator.db import Database
+from orchestrator.core.config import Config
+from orchestrator.core.db import Database
+from orchestrator.core.lifecycle import JobState, utcnow
+from orchestrator.core.models import Attempt, Job, PassStats
+from orchestrator.core.passchanges import PassReport
 from orchestrator.errors import OrchError
-from orchestrator.lifecycle import JobState, utcnow
-from orchestrator.models import Attempt, Job, PassStats
-from orchestrator.passreport import PassReport
 from orchestrator.protocol import FailureClass
 from orchestrator.views.goodputview import fleet_gauges, goodput_families
 

@@ -16,10 +16,10 @@ from dataclasses import dataclass
 from typing import Any
 
 from orchestrator import protocol
-from orchestrator.config import Config
-from orchestrator.db import Database
-from orchestrator.jobs import get_job
-from orchestrator.lifecycle import JOB_SETTLED, JobState
+from orchestrator.core.config import Config
+from orchestrator.core.db import Database
+from orchestrator.core.jobqueries import get_job
+from orchestrator.core.lifecycle import JOB_SETTLED, JobState
 from orchestrator.views.progressbounds import plausible
 
 VERIFIED = JobState.DONE.value

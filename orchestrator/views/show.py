@@ -9,12 +9,12 @@ from typing import Any
 from sqlalchemy import select
 
 from orchestrator import protocol
-from orchestrator.config import Config
-from orchestrator.db import Database
-from orchestrator.jobs import attempt_ref, attempt_view, get_job
-from orchestrator.lifecycle import ATTEMPT_LIVE, AttemptState, JobState, held_reason
-from orchestrator.models import Attempt, Event, Job, Sweep
-from orchestrator.resumestate import launch_record
+from orchestrator.core.config import Config
+from orchestrator.core.db import Database
+from orchestrator.core.jobqueries import attempt_ref, attempt_view, get_job
+from orchestrator.core.lifecycle import ATTEMPT_LIVE, AttemptState, JobState, held_reason
+from orchestrator.core.models import Attempt, Event, Job, Sweep
+from orchestrator.core.resumestate import launch_record
 from orchestrator.views.goodputview import show_goodput
 from orchestrator.views.status import group_by_sweep, make_row, status_select
 
@@ -45,7 +45,7 @@ def show_job(db: Database, name: str, events: bool = False) -> dict[str, Any]:
             "created_at": job.created_at.isoformat(timespec="seconds") + "Z",
             "attempts": [attempt_view(a) for a in job.attempts],
             "held": _held(s, job),
-            "goodput": show_goodput(job),  # where its held time went (orchestrator/goodput.py)
+            "goodput": show_goodput(job),  # where its held time went (orchestrator/core/goodput.py)
         }
         if events:
             d["events"] = history(s, job)

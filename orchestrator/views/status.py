@@ -22,10 +22,10 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from orchestrator import protocol
-from orchestrator.config import Config
+from orchestrator.core.config import Config
+from orchestrator.core.quickdb import QUICK_REVISION, at_revision, connect
+from orchestrator.core.states import JobState
 from orchestrator.decide.staleness import judge
-from orchestrator.quickdb import QUICK_REVISION, at_revision, connect
-from orchestrator.states import JobState
 from orchestrator.views.progressbounds import plausible
 
 T = TypeVar("T")
@@ -40,7 +40,7 @@ def status_select(state: str | None = None):  # noqa: ANN201 - a sqlalchemy Sele
     """One row per job with its latest attempt, its attempt count and its sweep's name."""
     from sqlalchemy import func, select
 
-    from orchestrator.models import Attempt, Job, Sweep
+    from orchestrator.core.models import Attempt, Job, Sweep
 
     latest = (select(Attempt.job_id, func.max(Attempt.n).label("n"), func.count().label("count"))
               .group_by(Attempt.job_id).subquery())

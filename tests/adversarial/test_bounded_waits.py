@@ -288,8 +288,8 @@ def test_ctrl_z_inside_a_write_transaction_stops_the_command_after_its_commit(or
     assert set(status_map(orch)) >= {"a", "sw.0000", "sw.0001"}
 
 
-HOLD_LEASE = ("import os, socket, sys, time; from orchestrator.config import load_config; "
-              "from orchestrator.db import Database; from orchestrator.ops.reconcile import acquire_lease\n"
+HOLD_LEASE = ("import os, socket, sys, time; from orchestrator.core.config import load_config; "
+              "from orchestrator.core.db import Database; from orchestrator.ops.reconcile import acquire_lease\n"
               "assert acquire_lease(Database(load_config()), load_config(), f'{socket.gethostname()}:{os.getpid()}')\n"
               "open(sys.argv[1], 'w').close(); time.sleep(300)\n")
 

@@ -35,8 +35,8 @@ from advkit import (
 from orchkit import Orch, fake_scheduler, use_backend, wait_for
 
 from orchestrator import protocol
-from orchestrator.config import load_config
-from orchestrator.db import Database
+from orchestrator.core.config import load_config
+from orchestrator.core.db import Database
 from orchestrator.ops.reconcile import reconcile_pass
 from orchestrator.ops.submit import SubmitRequest, submit
 

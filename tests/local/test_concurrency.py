@@ -18,8 +18,8 @@ from localkit import db_rows
 
 from orchestrator import protocol
 from orchestrator.backends.base import AttemptRef, Backend, Outcome, Phase, SubmitSpec
-from orchestrator.config import load_config
-from orchestrator.db import Database
+from orchestrator.core.config import load_config
+from orchestrator.core.db import Database
 from orchestrator.ops.reconcile import reconcile_pass
 from orchestrator.ops.submit import SubmitRequest, submit
 

@@ -23,10 +23,10 @@ from localkit import db_rows
 from orchkit import wait_for
 from sqlalchemy import create_engine, insert, text
 
-from orchestrator.config import load_config
-from orchestrator.db import SCHEMA_HEAD, Database
-from orchestrator.lifecycle import utcnow
-from orchestrator.models import Lease
+from orchestrator.core.config import load_config
+from orchestrator.core.db import SCHEMA_HEAD, Database
+from orchestrator.core.lifecycle import utcnow
+from orchestrator.core.models import Lease
 from orchestrator.ops.reconcile import LEASE, acquire_lease, release_lease
 
 

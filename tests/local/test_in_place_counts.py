@@ -16,10 +16,10 @@ import sys
 from orchkit import wait_for, wait_for_file
 
 from orchestrator import protocol
-from orchestrator.config import load_config
-from orchestrator.db import Database
-from orchestrator.lifecycle import AttemptState, JobState
-from orchestrator.models import Attempt, Job
+from orchestrator.core.config import load_config
+from orchestrator.core.db import Database
+from orchestrator.core.lifecycle import AttemptState, JobState
+from orchestrator.core.models import Attempt, Job
 from orchestrator.views.goodputview import report as goodput_report
 from orchestrator.views.metrics import collect, render
 from orchestrator.views.show import show_job

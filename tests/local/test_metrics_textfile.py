@@ -17,7 +17,7 @@ from orchkit import wait_for, wait_for_file
 from prometheus_client.parser import text_string_to_metric_families
 
 from orchestrator import protocol
-from orchestrator.lifecycle import JobState
+from orchestrator.core.lifecycle import JobState
 from orchestrator.protocol import FAILURE_CLASSES
 
 # A bring-your-own program as a preemption sees it: attempt 1 reaches step 10, saves step 8 and

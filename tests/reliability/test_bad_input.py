@@ -35,8 +35,8 @@ from orchestrator import protocol
 from orchestrator.backends.base import AttemptRef, Backend, Outcome, Phase, SubmitSpec
 from orchestrator.cli import main
 from orchestrator.cli.args import parse_mem_mb, parse_time_s
-from orchestrator.config import load_config
-from orchestrator.db import Database
+from orchestrator.core.config import load_config
+from orchestrator.core.db import Database
 from orchestrator.errors import UsageError
 
 EXAMPLES = 400 if LONG else 40

@@ -35,9 +35,9 @@ from relkit import sentinel, tree_hash
 
 from orchestrator import protocol
 from orchestrator.backends.base import AttemptRef, Backend, Outcome, Phase, SubmitSpec
-from orchestrator.config import load_config
-from orchestrator.db import Database
-from orchestrator.jobs import get_job
+from orchestrator.core.config import load_config
+from orchestrator.core.db import Database
+from orchestrator.core.jobqueries import get_job
 from orchestrator.kit.checkpoint import CheckpointManager
 from orchestrator.ops.requeue import RequeueTarget
 from orchestrator.ops.requeue import requeue as requeue_jobs

@@ -27,8 +27,8 @@ from click.testing import CliRunner
 from orchkit import orch_for, tree_hash
 
 from orchestrator.cli import main
-from orchestrator.config import load_config
-from orchestrator.db import SCHEMA_HEAD, Database, alembic_config, make_engine
+from orchestrator.core.config import load_config
+from orchestrator.core.db import SCHEMA_HEAD, Database, alembic_config, make_engine
 
 
 def orch(home: Path, *args: str, timeout: float = 60) -> subprocess.CompletedProcess:

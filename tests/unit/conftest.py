@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator.config import Config, load_config
-from orchestrator.db import Database
+from orchestrator.core.config import Config, load_config
+from orchestrator.core.db import Database
 
 
 @pytest.fixture

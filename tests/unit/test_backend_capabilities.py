@@ -12,8 +12,8 @@ import pytest
 
 from orchestrator.backends import BACKENDS, get_backend
 from orchestrator.backends.base import AttemptRef, Backend, Capabilities, Outcome, Phase, SubmitSpec
-from orchestrator.lifecycle import utcnow
-from orchestrator.models import Attempt, Job, Sweep
+from orchestrator.core.lifecycle import utcnow
+from orchestrator.core.models import Attempt, Job, Sweep
 from orchestrator.ops import liveness
 from orchestrator.ops.reconcile import reconcile_pass
 from orchestrator.ops.sweep import SweepRequest, submit_sweep

@@ -8,9 +8,9 @@ from pathlib import Path
 import click
 import pytest
 
-from orchestrator.config import load_config
+from orchestrator.core.config import load_config
+from orchestrator.core.settings import KNOWN_KEYS, NUMERIC, setting
 from orchestrator.errors import UsageError
-from orchestrator.settings import KNOWN_KEYS, NUMERIC, setting
 
 POLICY_KEYS = ("auto_requeue, backoff_cap_s, caps, crash_backoff_s, hang_timeout_s, input_missing_attempts, "
                "keep_last_k, max_attempts, nan_lr_factor, nan_rollback_steps, no_progress_attempts, "

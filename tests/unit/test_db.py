@@ -1,4 +1,4 @@
-"""orchestrator.db: a write that waits for another process's SQLite writer lock gives up at the busy timeout with
+"""orchestrator.core.db: a write that waits for another process's SQLite writer lock gives up at the busy timeout with
 one error naming that process (bounded, never a hang). Faults end to end: tests/reliability/test_db_faults.py,
 races: tests/local/test_db_races.py."""
 
@@ -13,10 +13,10 @@ import sys
 import pytest
 from orchkit import wait_for
 
-from orchestrator.db import Database
+from orchestrator.core.db import Database
+from orchestrator.core.lifecycle import utcnow
+from orchestrator.core.models import Lease
 from orchestrator.errors import DatabaseInterrupted
-from orchestrator.lifecycle import utcnow
-from orchestrator.models import Lease
 
 HOLD = ("import sqlite3, sys, time; c = sqlite3.connect(sys.argv[1]); c.execute('BEGIN IMMEDIATE'); "
         "open(sys.argv[1] + '.held', 'w').close(); time.sleep(120)")
@@ -47,7 +47,7 @@ def test_a_write_behind_another_writer_gives_up_at_the_busy_timeout_naming_it(cf
 def test_a_write_behind_a_stopped_writer_is_refused_at_once_naming_it(cfg, path):
     """Hostile pass of issue 41: an orch sweep stopped (kill -STOP, Ctrl-Z) inside one of its write transactions
     made every other writer wait the whole busy timeout. A stopped holder cannot let go: refused at once."""
-    from orchestrator.quickdb import QuickDB
+    from orchestrator.core.quickdb import QuickDB
 
     slow = dataclasses.replace(cfg, busy_timeout_ms=120_000)
     db = Database(slow)

@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 from orchestrator.backends.base import Backend, BackendError, Outcome, Phase
-from orchestrator.lifecycle import utcnow
-from orchestrator.models import Attempt, Job
+from orchestrator.core.lifecycle import utcnow
+from orchestrator.core.models import Attempt, Job
 from orchestrator.ops.launch import launch
 from orchestrator.ops.reconcile import reconcile_pass
 

@@ -76,8 +76,8 @@ def test_a_stopped_holder_is_not_waited_for_and_is_named_with_how_to_resume_it(t
 @pytest.mark.timeout(60)  # the migrate lock's own 300 s default would fail here
 def test_the_migrate_lock_honours_orch_lock_timeout_s(tmp_path, monkeypatch):
     """Issue 41: ORCH_LOCK_TIMEOUT_S did not shorten the migrate lock's 300 s wait (a live upgrader holding it)."""
-    from orchestrator.config import load_config
-    from orchestrator.db import Database
+    from orchestrator.core.config import load_config
+    from orchestrator.core.db import Database
     from orchestrator.errors import DatabaseProblem
 
     monkeypatch.delenv("ORCH_DB_URL", raising=False)

@@ -1,4 +1,4 @@
-"""Goodput accounting (orchestrator/goodput.py): hand-computed splits of scripted attempt histories.
+"""Goodput accounting (orchestrator/core/goodput.py): hand-computed splits of scripted attempt histories.
 
 Each case is a timeline written out in seconds; the expected numbers are worked by hand in the comments.
 """
@@ -9,7 +9,7 @@ import random
 
 import pytest
 
-from orchestrator.goodput import (
+from orchestrator.core.goodput import (
     HELD,
     AttemptFacts,
     Beat,

@@ -7,8 +7,8 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
-from orchestrator.lifecycle import AttemptState, JobState
-from orchestrator.models import Attempt, Job, Sweep
+from orchestrator.core.lifecycle import AttemptState, JobState
+from orchestrator.core.models import Attempt, Job, Sweep
 from orchestrator.protocol import FailureClass
 from orchestrator.views import goodputfast, goodputrows
 from orchestrator.views.goodputview import report
@@ -59,7 +59,7 @@ def test_fast_and_slow_paths_report_the_same(cfg, db, tmp_path):
 def test_a_db_at_another_revision_takes_the_slow_path(cfg, db):
     import sqlite3
 
-    from orchestrator.config import sqlite_path
+    from orchestrator.core.config import sqlite_path
 
     path = sqlite_path(cfg.db_url)
     assert path is not None  # not an each_db test: always SQLite

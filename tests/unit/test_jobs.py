@@ -1,4 +1,4 @@
-"""orchestrator.jobs: reading jobs -- lookup by name (one namespace with sweeps), a sweep's name expanded
+"""orchestrator.core.jobqueries: reading jobs -- lookup by name (one namespace with sweeps), a sweep's name expanded
 to its tasks, the stored environment shared by equal environments, and an attempt's JSON view."""
 
 from __future__ import annotations
@@ -7,9 +7,9 @@ import re
 
 import pytest
 
+from orchestrator.core.jobqueries import attempt_view, environment_id, expand_names, get_job, names_taken
+from orchestrator.core.lifecycle import JobState
 from orchestrator.errors import JobNotFound
-from orchestrator.jobs import attempt_view, environment_id, expand_names, get_job, names_taken
-from orchestrator.lifecycle import JobState
 from orchestrator.ops.cancel import cancel
 from orchestrator.ops.submit import SubmitRequest, submit
 from orchestrator.ops.sweep import SweepRequest, submit_sweep

@@ -9,8 +9,8 @@ import os
 from orchkit import pending_job
 
 from orchestrator import protocol
-from orchestrator.jobs import get_job
-from orchestrator.lifecycle import AttemptState, JobState
+from orchestrator.core.jobqueries import get_job
+from orchestrator.core.lifecycle import AttemptState, JobState
 from orchestrator.ops.launch import LaunchOutcome, launch
 
 

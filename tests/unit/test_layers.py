@@ -1,7 +1,8 @@
 """What each part of orchestrator may import: the tree says where code runs, this test holds it to that.
 
-On the controller, the decisions (``decide``) and the read-only views (``views``) import no operation and no CLI:
-an operation carries out a decision and a view shows its result, never the other way round.
+On the controller, ``core`` (the job table, its states and moves, the configuration) imports none of the rest; the
+decisions (``decide``) and the read-only views (``views``) import no operation and no CLI: an operation carries out
+a decision and a view shows its result, never the other way round.
 
 The in-job parts run on the compute node, in the user's training environment: the job wrapper (``jobside``), the
 in-job kit (``kit``), the on-disk formats (``protocol``) and the framework integrations (``integrations``). They
@@ -30,6 +31,8 @@ IN_JOB = {
 OPS = {"orchestrator.ops"}
 # Controller package -> what it may not import (at any depth).
 CONTROLLER_MAY_NOT = {
+    "orchestrator.core": {*OPS, "orchestrator.decide", "orchestrator.views", "orchestrator.cli",
+                          "orchestrator.integrations"},
     "orchestrator.decide": {*OPS, "orchestrator.views", "orchestrator.cli"},
     "orchestrator.views": {*OPS, "orchestrator.cli"},
 }
@@ -100,12 +103,16 @@ def test_the_in_job_parts_import_no_controller_code_and_no_controller_dependency
     assert violations(graph) == {}
 
 
-def test_decisions_and_views_import_no_operation_and_no_cli() -> None:
+def test_core_decisions_and_views_import_no_operation_and_no_cli() -> None:
     graph = source_imports()
-    assert {"orchestrator.decide.policy", "orchestrator.views.show", "orchestrator.ops.reconcile"} <= set(graph)
+    assert {"orchestrator.core.models", "orchestrator.decide.policy", "orchestrator.views.show",
+            "orchestrator.ops.reconcile"} <= set(graph)
     assert controller_violations(graph) == {}
-    assert controller_violations({"orchestrator.views.status": {"orchestrator.ops.reconcile", "orchestrator.db"}}) == {
+    assert controller_violations({"orchestrator.views.status": {"orchestrator.ops.reconcile",
+                                                                "orchestrator.core.db"}}) == {
         "orchestrator.views.status": ["orchestrator.ops.reconcile"]}
+    assert controller_violations({"orchestrator.core.models": {"orchestrator.decide.policy"}}) == {
+        "orchestrator.core.models": ["orchestrator.decide.policy"]}
 
 
 def test_every_crossing_still_exists() -> None:
@@ -115,11 +122,11 @@ def test_every_crossing_still_exists() -> None:
 
 
 def test_the_layer_check_sees_a_controller_import_at_any_depth() -> None:
-    assert violations({"orchestrator.jobside.wrapper": {"orchestrator.db"}}) == {
-        "orchestrator.jobside.wrapper": ["orchestrator.db"]}
+    assert violations({"orchestrator.jobside.wrapper": {"orchestrator.core.db"}}) == {
+        "orchestrator.jobside.wrapper": ["orchestrator.core.db"]}
     assert violations({"orchestrator.kit.run": {"sqlalchemy.orm"}}) == {"orchestrator.kit.run": ["sqlalchemy.orm"]}
     assert violations({"orchestrator.kit.run": {"orchestrator.testhooks"}}) == {
         "orchestrator.kit.run": ["orchestrator.testhooks"]}
     assert violations({"orchestrator.jobside.wrapper": {"orchestrator.testhooks", "orchestrator.kit.log",
                                                         "torch"}}) == {}
-    assert violations({"orchestrator.db": {"sqlalchemy"}}) == {}  # the controller may
+    assert violations({"orchestrator.core.db": {"sqlalchemy"}}) == {}  # the controller may

@@ -1,4 +1,4 @@
-"""The two state machines (``orchestrator.lifecycle``) and their only writers, ``move_job`` and
+"""The two state machines (``orchestrator.core.lifecycle``) and their only writers, ``move_job`` and
 ``move_attempt`` (compare-and-set; a job move also writes an event row)."""
 
 from __future__ import annotations
@@ -8,9 +8,8 @@ from pathlib import Path
 import pytest
 from sqlalchemy import select
 
-from orchestrator.errors import IllegalTransition
-from orchestrator.jobs import get_job
-from orchestrator.lifecycle import (
+from orchestrator.core.jobqueries import get_job
+from orchestrator.core.lifecycle import (
     ATTEMPT_ENDED,
     ATTEMPT_LIVE,
     ATTEMPT_TRANSITIONS,
@@ -23,7 +22,8 @@ from orchestrator.lifecycle import (
     move_attempt,
     move_job,
 )
-from orchestrator.models import Attempt, Event, Job
+from orchestrator.core.models import Attempt, Event, Job
+from orchestrator.errors import IllegalTransition
 
 transition = move_job
 ROOT = Path(__file__).resolve().parents[2]

@@ -1,4 +1,4 @@
-"""``orchestrator/lifecycle.py`` is the complete answer to "what can happen to a job or an attempt, and which
+"""``orchestrator/core/lifecycle.py`` is the complete answer to "what can happen to a job or an attempt, and which
 function does it": checked against the source by its AST, and against the diagram in docs/ (issue 18)."""
 
 from __future__ import annotations
@@ -9,8 +9,8 @@ import subprocess
 import sys
 from pathlib import Path
 
-from orchestrator import lifecycle
-from orchestrator.lifecycle import ATTEMPT_BIRTHS, ATTEMPT_EDGES, JOB_BIRTHS, JOB_EDGES, AttemptState, JobState
+from orchestrator.core import lifecycle
+from orchestrator.core.lifecycle import ATTEMPT_BIRTHS, ATTEMPT_EDGES, JOB_BIRTHS, JOB_EDGES, AttemptState, JobState
 
 ROOT = Path(__file__).resolve().parents[2]
 PKG = ROOT / "orchestrator"
@@ -53,7 +53,7 @@ def _state_writes(tree: ast.Module, module: str) -> list[str]:
             for sub in _flat(t):
                 # `self.state` is an object's own field (a training loop's state), never a row: models assign none.
                 if isinstance(sub, ast.Attribute) and sub.attr == "state" and not (
-                        isinstance(sub.value, ast.Name) and sub.value.id == "self" and module != "models"):
+                        isinstance(sub.value, ast.Name) and sub.value.id == "self" and module != "core.models"):
                     bad.append(f"{module}:{node.lineno}: assigns {ast.unparse(sub)}")
         if isinstance(node, ast.Call):
             name = _called_name(node)
@@ -73,7 +73,7 @@ def _state_writes(tree: ast.Module, module: str) -> list[str]:
 def test_no_module_but_lifecycle_writes_a_state_or_constructs_a_row():
     # Covers all of orchestrator/, integrations/ and executor.py included (the line regex it replaces
     # exempted integrations/, though integrations/submitit.py opens the DB).
-    offenders = [w for m, tree in _modules().items() if m != "lifecycle" for w in _state_writes(tree, m)]
+    offenders = [w for m, tree in _modules().items() if m != "core.lifecycle" for w in _state_writes(tree, m)]
     assert offenders == []
 
 
@@ -82,14 +82,14 @@ def test_the_ast_check_catches_each_kind_of_write():
            "    s.add(Attempt(n=1))\n    s.execute(update(Job).values(state='done'))\n    self.state = {}\n"
            "    n[a.state] = 1\n    x, (y, a.state) = 1, (2, 3)\n")
     assert len(_state_writes(ast.parse(src), "somewhere")) == 6
-    assert len(_state_writes(ast.parse(src), "models")) == 7
+    assert len(_state_writes(ast.parse(src), "core.models")) == 7
 
 
 def _mover_calls() -> dict[tuple[str, str], set[str | None]]:
     """(mover kind, 'module.function') -> the literal destination states it passes (None: a variable)."""
     out: dict[tuple[str, str], set[str | None]] = {}
     for module, tree in _modules().items():
-        if module == "lifecycle":
+        if module == "core.lifecycle":
             continue
         for top in tree.body:
             funcs = [top] if isinstance(top, (ast.FunctionDef, ast.AsyncFunctionDef)) else [
@@ -157,17 +157,17 @@ def test_every_state_is_reachable_from_a_birth_and_every_edge_is_declared_once()
 
 
 def test_the_checked_in_diagram_is_current():
-    # Regenerate: python -m orchestrator.lifecycle --mermaid > docs/lifecycle.md
-    out = subprocess.run([sys.executable, "-m", "orchestrator.lifecycle", "--mermaid"], capture_output=True,
+    # Regenerate: python -m orchestrator.core.lifecycle --mermaid > docs/lifecycle.md
+    out = subprocess.run([sys.executable, "-m", "orchestrator.core.lifecycle", "--mermaid"], capture_output=True,
                          text=True, check=True, cwd=ROOT).stdout
     assert out == lifecycle.mermaid()
     assert (ROOT / "docs" / "lifecycle.md").read_text() == out, \
-        "docs/lifecycle.md is stale: python -m orchestrator.lifecycle --mermaid > docs/lifecycle.md"
+        "docs/lifecycle.md is stale: python -m orchestrator.core.lifecycle --mermaid > docs/lifecycle.md"
 
 
 def test_lifecycle_and_models_import_each_other_in_one_direction_only():
-    # models imports the state types (orchestrator.states), lifecycle imports models: no cycle, not even a
+    # models imports the state types (orchestrator.core.states), lifecycle imports models: no cycle, not even a
     # deferred import inside a function (lifecycle imported models lazily to hide one).
-    for path in (PKG / "models.py", PKG / "states.py"):
+    for path in (PKG / "core" / "models.py", PKG / "core" / "states.py"):
         imported = {n.module for n in ast.walk(ast.parse(path.read_text())) if isinstance(n, ast.ImportFrom)}
-        assert "orchestrator.lifecycle" not in imported, path.name
+        assert "orchestrator.core.lifecycle" not in imported, path.name

@@ -9,9 +9,9 @@ from contextlib import contextmanager
 import pytest
 from sqlalchemy import event, select
 
-from orchestrator.jobs import get_job
-from orchestrator.lifecycle import AttemptState, JobState, move_attempt, move_job
-from orchestrator.models import Attempt, Job
+from orchestrator.core.jobqueries import get_job
+from orchestrator.core.lifecycle import AttemptState, JobState, move_attempt, move_job
+from orchestrator.core.models import Attempt, Job
 
 A, J = AttemptState, JobState
 
@@ -147,8 +147,8 @@ def test_ending_an_attempt_is_one_guarded_update_of_the_attempt_and_one_of_its_j
 def test_a_row_is_born_only_in_a_declared_state(db):
     import pytest
 
+    from orchestrator.core.lifecycle import JOB_BIRTH_STATES, create_job
     from orchestrator.errors import IllegalTransition
-    from orchestrator.lifecycle import JOB_BIRTH_STATES, create_job
 
     assert JOB_BIRTH_STATES == {J.PENDING, J.DONE}
     with pytest.raises(IllegalTransition, match="cannot be created running"), db.write() as s:
@@ -195,9 +195,9 @@ def test_a_bulk_move_whose_guard_misses_one_row_writes_nothing(db):
     # the batch rolls back together rather than leaving the others moved and that one unmoved.
     from sqlalchemy import func, update
 
+    from orchestrator.core.lifecycle import Move, move_many
+    from orchestrator.core.models import Event
     from orchestrator.errors import IllegalTransition
-    from orchestrator.lifecycle import Move, move_many
-    from orchestrator.models import Event
 
     for n in ("a", "b", "c"):
         _job_with_attempt(db, n)
@@ -216,8 +216,8 @@ def test_a_bulk_move_whose_guard_misses_one_row_writes_nothing(db):
 def test_a_bulk_move_writes_each_row_its_values_and_its_event(db):
     from sqlalchemy import func
 
-    from orchestrator.lifecycle import Move, move_many
-    from orchestrator.models import Event
+    from orchestrator.core.lifecycle import Move, move_many
+    from orchestrator.core.models import Event
 
     for n in ("a", "b"):
         _job_with_attempt(db, n)

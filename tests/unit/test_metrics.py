@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator.config import ENV_METRICS_DIR, load_config
+from orchestrator.core.config import ENV_METRICS_DIR, load_config
 from orchestrator.errors import UsageError
 
 

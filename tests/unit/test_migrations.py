@@ -19,9 +19,9 @@ from alembic.script import ScriptDirectory
 from sqlalchemy import inspect, text
 
 from alembic import command
-from orchestrator import db as dbmod
-from orchestrator.config import load_config
-from orchestrator.db import Database
+from orchestrator.core import db as dbmod
+from orchestrator.core.config import load_config
+from orchestrator.core.db import Database
 from orchestrator.errors import DatabaseProblem
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -265,7 +265,7 @@ def test_migration_0002_turns_a_hang_stop_in_backend_state_into_a_stopping_attem
 
 
 def test_migration_0002_flattens_an_action_dict_into_a_retry_plan(tmp_path, monkeypatch):
-    from orchestrator.decide.retryplan import RetryPlan
+    from orchestrator.core.retryplan import RetryPlan
 
     action = {"action": "resume", "why": "oom: micro-batch halved", "auto": True,
               "retry_not_before": "2026-11-30T12:05:00",
@@ -289,7 +289,7 @@ def test_migration_0002_flattens_an_action_dict_into_a_retry_plan(tmp_path, monk
 
 
 def test_migration_0002_flattens_a_new_attempts_plan_dict_into_a_retry_plan(tmp_path, monkeypatch):
-    from orchestrator.decide.retryplan import RetryPlan
+    from orchestrator.core.retryplan import RetryPlan
 
     old_plan = {"one_shot": {"resume": "checkpoints/step-00000010"}, "quarantine": ["checkpoints/step-00000012"],
                 "prune": [], "empty_trash": False}
@@ -348,8 +348,8 @@ def test_a_0005_db_with_history_upgrades_to_attempt_events_and_shows_it(tmp_path
     attempt move writes the first attempt event (issue 18)."""
     from sqlalchemy import create_engine
 
-    from orchestrator.jobs import get_job
-    from orchestrator.lifecycle import AttemptState, move_attempt
+    from orchestrator.core.jobqueries import get_job
+    from orchestrator.core.lifecycle import AttemptState, move_attempt
     from orchestrator.views.show import history
 
     cfg = _sqlite_db_at(tmp_path, monkeypatch, "0005")

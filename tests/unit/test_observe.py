@@ -12,11 +12,11 @@ import time
 
 from orchestrator import protocol
 from orchestrator.backends.base import Outcome, Phase
-from orchestrator.jobs import get_job
-from orchestrator.lifecycle import AttemptState, JobState
+from orchestrator.core.jobqueries import get_job
+from orchestrator.core.lifecycle import AttemptState, JobState
+from orchestrator.core.passchanges import PassReport
 from orchestrator.ops.attemptpoll import observe, polled_rows
 from orchestrator.ops.submit import SubmitRequest, submit
-from orchestrator.passreport import PassReport
 
 
 def _state(db, name: str):  # noqa: ANN001, ANN202

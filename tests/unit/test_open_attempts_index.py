@@ -14,8 +14,8 @@ from pathlib import Path
 from orchkit import pending_job
 from sqlalchemy import event
 
-from orchestrator.lifecycle import ATTEMPT_OPEN
-from orchestrator.models import OPEN_ATTEMPT_SQL, OPEN_ATTEMPT_STATES
+from orchestrator.core.lifecycle import ATTEMPT_OPEN
+from orchestrator.core.models import OPEN_ATTEMPT_SQL, OPEN_ATTEMPT_STATES
 from orchestrator.ops.launch import launch
 from orchestrator.ops.reconcile import reconcile_pass
 
@@ -91,6 +91,6 @@ def test_a_reconcile_pass_never_scans_the_history_even_with_statistics_that_favo
 def test_the_models_import_no_postgresql_dialect_into_an_orch_command():
     # A postgresql_where on the model's index made SQLAlchemy load its PostgreSQL dialect (pg_catalog, pg8000:
     # ~25 ms) into every orch process, SQLite users' `orch submit` included; the migration carries it instead.
-    code = "import sys, orchestrator.models; print([m for m in sys.modules if 'dialects.postgresql' in m])"
+    code = "import sys, orchestrator.core.models; print([m for m in sys.modules if 'dialects.postgresql' in m])"
     p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True)
     assert p.stdout.strip() == "[]", p.stdout

@@ -1,4 +1,4 @@
-"""orchestrator.decide.retryplan: the policy's decision as one frozen, typed value (``RetryPlan``), stored as JSON on
+"""orchestrator.core.retryplan: the policy's decision as one frozen, typed value (``RetryPlan``), stored as JSON on
 the ended attempt and copied onto the next one; its JSON form is ``orch show``'s ``action``."""
 
 from __future__ import annotations
@@ -9,8 +9,8 @@ from datetime import datetime
 
 import pytest
 
-from orchestrator.decide.retryplan import ACTIONS, RetryPlan
-from orchestrator.models import JSONType, PlanType
+from orchestrator.core.models import JSONType, PlanType
+from orchestrator.core.retryplan import ACTIONS, RetryPlan
 
 FULL = RetryPlan.make("rollback", why="nan at step 40", auto=True, not_before=datetime(2026, 12, 1, 18, 0, 5),
                       resume="checkpoints/step-00000030", overrides={"lr": 0.5, "skip_batches": 2},

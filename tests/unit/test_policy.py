@@ -9,10 +9,10 @@ import pytest
 from orchkit import make_checkpoint
 
 from orchestrator import protocol
+from orchestrator.core.lifecycle import JobState
+from orchestrator.core.models import Attempt, Job
+from orchestrator.core.retryplan import RetryPlan
 from orchestrator.decide.policy import command_for, decide
-from orchestrator.decide.retryplan import RetryPlan
-from orchestrator.lifecycle import JobState
-from orchestrator.models import Attempt, Job
 from orchestrator.protocol import FailureClass, FailureReport
 
 
@@ -354,8 +354,8 @@ def test_command_for_never_changes_argv_the_policy_travels_in_orch_overrides(tmp
 def test_repeated_preemptions_without_a_step_are_never_counted(db, cfg):
     # Programs without failure.json (and Slurm PREEMPTED read from sacct) have no step: "no progress
     # since the last attempt" cannot be judged, so a preemption stays free however often it comes.
+    from orchestrator.core.models import Attempt, Job
     from orchestrator.decide.policy import decide
-    from orchestrator.models import Attempt, Job
 
     with db.write() as s:
         job = Job(name="p", state="running", backend="slurm", run_dir=str(cfg.runs_root / "p"),

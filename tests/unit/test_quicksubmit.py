@@ -20,10 +20,10 @@ from sqlalchemy import select, update
 from sqlalchemy.dialects import sqlite
 
 from orchestrator.backends.base import BackendError, SubmissionRefused
+from orchestrator.core.jobqueries import get_job
+from orchestrator.core.lifecycle import AttemptState, JobState, utcnow
+from orchestrator.core.models import Attempt, Environment, Event, Job
 from orchestrator.errors import OrchError, Refused
-from orchestrator.jobs import get_job
-from orchestrator.lifecycle import AttemptState, JobState, utcnow
-from orchestrator.models import Attempt, Environment, Event, Job
 from orchestrator.ops import quicksubmit
 from orchestrator.ops.submit import SubmitRequest, submit
 
@@ -70,8 +70,8 @@ def test_a_quick_submission_writes_the_rows_the_sqlalchemy_path_writes(db, cfg, 
 
 
 def test_the_quick_revision_is_the_schema_head():
-    from orchestrator.db import SCHEMA_HEAD
-    from orchestrator.quickdb import QUICK_REVISION
+    from orchestrator.core.db import SCHEMA_HEAD
+    from orchestrator.core.quickdb import QUICK_REVISION
 
     assert QUICK_REVISION == SCHEMA_HEAD
 
@@ -97,9 +97,9 @@ def test_the_mtbf_and_suspect_evidence_read_quickly_equal_the_slow_reads(db, cfg
     """Ended attempts with nodes and classes, read by both paths: the same M and the same suspects."""
     from datetime import timedelta
 
+    from orchestrator.core.lifecycle import utcnow
+    from orchestrator.core.quickdb import QuickDB
     from orchestrator.decide import mtbf, suspects
-    from orchestrator.lifecycle import utcnow
-    from orchestrator.quickdb import QuickDB
 
     for i, cls in enumerate(["killed", "crash", "preempted", "node_fail"]):
         submit(db, cfg, SubmitRequest(name=f"h{i}", command=["true"], backend="slurm",
@@ -130,7 +130,7 @@ def test_the_mtbf_and_suspect_evidence_read_quickly_equal_the_slow_reads(db, cfg
         def usable_nodes(_resources):  # noqa: ANN001, ANN205
             return frozenset({"n1", "n2", "n3", "n4"})
 
-    spec = type("S", (), {"resources": __import__("orchestrator.resources").resources.resources_of({})})()
+    spec = type("S", (), {"resources": __import__("orchestrator.core.resources").core.resources.resources_of({})})()
     cfg2 = __import__("dataclasses").replace(cfg, suspect_failures=2)
     slow = suspects.current_suspects(db, cfg2, "slurm")
     qdb = QuickDB.open(cfg)
@@ -147,7 +147,7 @@ def test_the_mtbf_and_suspect_evidence_read_quickly_equal_the_slow_reads(db, cfg
 
 
 def test_the_gate_sends_a_db_it_would_have_to_change_to_the_slow_path_and_writes_nothing(db, cfg, sched):
-    from orchestrator.config import sqlite_path
+    from orchestrator.core.config import sqlite_path
 
     path = sqlite_path(cfg.db_url)
     os.chmod(path, 0o644)  # readable by others: the slow path tightens it first
@@ -262,7 +262,7 @@ def test_orch_submit_imports_no_sqlalchemy_and_says_what_it_submitted(tmp_path):
     assert p.stdout.startswith("submitted q (local ") and f"run dir {tmp_path / 'home' / 'runs' / 'q'}" in p.stdout
     imported = [ln.rsplit("|", 1)[-1].strip() for ln in p.stderr.splitlines() if ln.startswith("import time:")]
     assert "orchestrator.ops.quicksubmit" in imported
-    assert not [m for m in imported if m.startswith(("sqlalchemy", "orchestrator.models", "alembic"))]
+    assert not [m for m in imported if m.startswith(("sqlalchemy", "orchestrator.core.models", "alembic"))]
 
 
 def test_a_submission_overtaken_by_a_cancel_is_stopped_before_the_slow_path_records_it(db, cfg, sched, monkeypatch):

@@ -15,10 +15,10 @@ from orchkit import assert_launch_times, at_site
 from sqlalchemy import select, update
 
 from orchestrator.backends.base import Backend, BackendError, Capabilities, SubmissionRefused
+from orchestrator.core.jobqueries import get_job
+from orchestrator.core.lifecycle import AttemptState, JobState, utcnow
+from orchestrator.core.models import Attempt, Event, Job, Sweep
 from orchestrator.errors import Refused
-from orchestrator.jobs import get_job
-from orchestrator.lifecycle import AttemptState, JobState, utcnow
-from orchestrator.models import Attempt, Event, Job, Sweep
 from orchestrator.ops import quicksweep
 from orchestrator.ops.sweep import SweepRequest, submit_sweep
 
@@ -145,7 +145,7 @@ def _launcher_dies_after_sbatch(db, cfg, monkeypatch, req: SweepRequest) -> None
     """``req``'s quick sweep killed right after its sbatch (before it recorded the ids); its claims expire."""
     from datetime import timedelta
 
-    from orchestrator.states import utcnow
+    from orchestrator.core.states import utcnow
 
     class Died(BaseException):
         pass
@@ -331,7 +331,7 @@ def test_orch_sweep_on_slurm_imports_no_sqlalchemy(tmp_path):
     assert p.stdout == "sweep s: 3 tasks on slurm; 3 submitted\n"
     imported = [ln.rsplit("|", 1)[-1].strip() for ln in p.stderr.splitlines() if ln.startswith("import time:")]
     assert "orchestrator.ops.quicksweep" in imported
-    assert not [m for m in imported if m.startswith(("sqlalchemy", "orchestrator.models", "alembic"))]
+    assert not [m for m in imported if m.startswith(("sqlalchemy", "orchestrator.core.models", "alembic"))]
 
 
 def test_a_task_cancelled_during_the_group_submission_is_stopped_before_the_slow_path_records_it(

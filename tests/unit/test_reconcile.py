@@ -7,8 +7,8 @@ from __future__ import annotations
 import dataclasses
 from datetime import timedelta
 
-from orchestrator.lifecycle import utcnow
-from orchestrator.models import Lease
+from orchestrator.core.lifecycle import utcnow
+from orchestrator.core.models import Lease
 from orchestrator.ops.reconcile import LEASE, acquire_lease, reconcile_pass, release_lease
 
 

@@ -10,9 +10,9 @@ import pytest
 from orchkit import pending_job
 
 from orchestrator import protocol
-from orchestrator.jobs import get_job
-from orchestrator.lifecycle import AttemptState, JobState, utcnow
-from orchestrator.models import Job
+from orchestrator.core.jobqueries import get_job
+from orchestrator.core.lifecycle import AttemptState, JobState, utcnow
+from orchestrator.core.models import Job
 from orchestrator.ops.launch import launch
 from orchestrator.ops.reconcile import reconcile_pass
 from orchestrator.ops.requeue import RequeueOutcome, RequeueTarget, _own_reason, requeue

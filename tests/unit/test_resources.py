@@ -14,9 +14,9 @@ from sqlalchemy import text
 from orchestrator.backends import get_backend
 from orchestrator.backends.base import BackendError, Resources, SubmitSpec
 from orchestrator.cli.args import job_settings
-from orchestrator.jobs import get_job
+from orchestrator.core.jobqueries import get_job
+from orchestrator.core.resources import resources_dict, resources_of
 from orchestrator.ops.executor import OrchExecutor
-from orchestrator.resources import resources_dict, resources_of
 
 
 def _sbatch(resources: Resources, tmp_path: Path) -> list[str]:
@@ -97,8 +97,8 @@ def test_the_partition_is_read_where_each_orch_version_wrote_it():
     # partition under extras) was partition "-" in `orch report` over the dev cluster's real trials.
     from types import SimpleNamespace
 
+    from orchestrator.core.resources import partition_of, resources_dict
     from orchestrator.decide.mtbf import partition_key
-    from orchestrator.resources import partition_of, resources_dict
     from orchestrator.views.goodputview import group_of
 
     new = resources_dict(Resources(extras={"partition": "spot"}))

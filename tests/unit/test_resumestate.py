@@ -13,7 +13,7 @@ import pytest
 import torch
 from safetensors.torch import save_file
 
-from orchestrator import resumestate
+from orchestrator.core import resumestate
 from orchestrator.ops.trash import leftovers_why, unverified_leftovers
 
 
@@ -127,7 +127,7 @@ def test_keep_is_stored_on_the_job_and_a_keep_outside_the_run_dir_is_refused(orc
 
 
 def test_the_controller_module_imports_no_torch():
-    code = "import sys, orchestrator.resumestate, orchestrator.ops.launch; print('torch' in sys.modules)"
+    code = "import sys, orchestrator.core.resumestate, orchestrator.ops.launch; print('torch' in sys.modules)"
     assert subprocess.run([sys.executable, "-c", code], capture_output=True, text=True).stdout.strip() == "False"
 
 

@@ -1,12 +1,12 @@
-"""orchestrator.rundir: run dirs are confined to the runs root and entered without following symlinks."""
+"""orchestrator.core.rundir: run dirs are confined to the runs root and entered without following symlinks."""
 
 from __future__ import annotations
 
 import pytest
 from orchkit import tree_hash
 
+from orchestrator.core.rundir import check_run_dir, ensure_runs_root, make_dir_nofollow
 from orchestrator.errors import Refused
-from orchestrator.rundir import check_run_dir, ensure_runs_root, make_dir_nofollow
 
 
 def test_a_run_dir_that_is_a_link_a_file_or_holds_a_linked_attempts_dir_is_refused(cfg, outside):

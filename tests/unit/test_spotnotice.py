@@ -243,7 +243,7 @@ def test_a_bad_spot_table_exits_2_naming_the_key_and_writes_nothing(orch, toml, 
 
 
 def test_a_good_spot_table_is_read():
-    from orchestrator.config import Config, _load_spot
+    from orchestrator.core.config import Config, _load_spot
 
     cfg = Config(home=None, runs_root=None, trash=None, db_url="")  # type: ignore[arg-type]
     assert (cfg.spot_notice, cfg.spot_url, cfg.spot_interval_s) == ("off", None, 5.0)  # off by default

@@ -8,8 +8,8 @@ import os
 import time
 
 from orchestrator import protocol
+from orchestrator.core.models import Attempt, Job
 from orchestrator.kit.heartbeat import Heartbeat
-from orchestrator.models import Attempt, Job
 from orchestrator.views.show import status_rows
 
 
@@ -95,7 +95,7 @@ def test_the_status_sql_in_the_source_is_what_the_models_compile_today():
     from the models now, for the schema revision the DB layer creates. On failure, paste the printed text."""
     from sqlalchemy.dialects import sqlite
 
-    from orchestrator.db import SCHEMA_HEAD
+    from orchestrator.core.db import SCHEMA_HEAD
     from orchestrator.views import status as statusview
 
     assert statusview.STATUS_REVISION == SCHEMA_HEAD

@@ -8,9 +8,9 @@ from __future__ import annotations
 import pytest
 
 from orchestrator.backends.base import BackendError
+from orchestrator.core.jobqueries import get_job
+from orchestrator.core.lifecycle import AttemptState, JobState
 from orchestrator.errors import JobNotFound
-from orchestrator.jobs import get_job
-from orchestrator.lifecycle import AttemptState, JobState
 from orchestrator.ops.cancel import cancel
 from orchestrator.ops.reconcile import reconcile_pass
 from orchestrator.ops.submit import SubmitRequest, submit
@@ -83,8 +83,8 @@ def test_a_cancel_of_a_launching_attempt_revokes_its_fence_and_writes_nowhere_el
     from sqlalchemy import update
 
     from orchestrator import protocol
-    from orchestrator.lifecycle import AttemptState
-    from orchestrator.models import Attempt
+    from orchestrator.core.lifecycle import AttemptState
+    from orchestrator.core.models import Attempt
     from orchestrator.ops.cancel import cancel
 
     for name in ("l", "p", "s"):

@@ -144,7 +144,7 @@ def test_show_text_escapes_control_characters():
 
 def test_status_flags_ignore_extreme_heartbeat_fields(tmp_path: Path):
     """A running job's heartbeat of time -1e308 flagged it hung, and 1e308 tok/s was shown as measured."""
-    from orchestrator.config import Config
+    from orchestrator.core.config import Config
     from orchestrator.views.status import _progress_flags
 
     protocol.write_progress(tmp_path, 1, step=5, time=-1e308, tokens_per_s=1e308)

@@ -8,9 +8,9 @@ import pytest
 from sqlalchemy import func, select
 
 from orchestrator import protocol
+from orchestrator.core.lifecycle import AttemptState, JobState
+from orchestrator.core.models import Attempt, Job
 from orchestrator.errors import AlreadyVerified, Refused
-from orchestrator.lifecycle import AttemptState, JobState
-from orchestrator.models import Attempt, Job
 from orchestrator.ops.submit import SubmitRequest, submit
 
 

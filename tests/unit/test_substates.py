@@ -4,7 +4,7 @@ already stored in DBs and run dirs."""
 
 from __future__ import annotations
 
-from orchestrator import config
+from orchestrator.core import config
 from orchestrator.protocol import FailureClass, Fault
 
 C = FailureClass
@@ -34,9 +34,9 @@ def test_orch_toml_policy_classes_load_as_failure_classes(tmp_path):
 
 
 def test_a_pass_reports_typed_changes_and_its_json_keeps_the_old_keys():
-    from orchestrator.decide.retryplan import Action
-    from orchestrator.lifecycle import AttemptState, JobState
-    from orchestrator.passreport import Change, PassReport
+    from orchestrator.core.lifecycle import AttemptState, JobState
+    from orchestrator.core.passchanges import Change, PassReport
+    from orchestrator.core.retryplan import Action
 
     rep = PassReport()
     rep.changed += [Change("a", JobState.RETRYABLE_FAILED, cls=C.OOM, action=Action.MORE_MEMORY),
@@ -78,7 +78,7 @@ def test_stop_sources_and_failure_reports_parse_into_types(tmp_path):
 def test_a_plan_without_an_action_or_with_an_unknown_one_is_refused_not_resumed():
     import pytest
 
-    from orchestrator.decide.retryplan import Action, RetryPlan
+    from orchestrator.core.retryplan import Action, RetryPlan
 
     # from_dict used to turn a missing action into "resume": a damaged plan silently became a retry.
     with pytest.raises(ValueError, match="without an action"):
@@ -95,16 +95,16 @@ def test_a_plan_without_an_action_or_with_an_unknown_one_is_refused_not_resumed(
 def test_a_held_note_has_one_typed_home_and_is_written_once_per_reason(db):
     from sqlalchemy import func, select
 
-    from orchestrator.jobs import get_job
-    from orchestrator.lifecycle import JobState, Note, create_job, held_reason, note_held
-    from orchestrator.models import Event
+    from orchestrator.core.jobqueries import get_job
+    from orchestrator.core.lifecycle import JobState, Note, create_job, held_reason, note_held
+    from orchestrator.core.models import Event
     from orchestrator.views.show import _held
 
     with db.write() as s:
         create_job(s, JobState.PENDING, name="j", backend="local", run_dir="/nowhere/j", command=["true"])
     with db.write() as s:
         job = get_job(s, "j")
-        from orchestrator.lifecycle import move_job
+        from orchestrator.core.lifecycle import move_job
         move_job(s, job, JobState.CANCELLED, "orch cancel")
         note_held(s, job, "live process(es) still run in /x: 12; stop them first")
         note_held(s, job, "live process(es) still run in /x: 12; stop them first")  # the next pass: no new row

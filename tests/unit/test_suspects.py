@@ -165,7 +165,7 @@ def _submit_d(db, cfg, sched, **kw):  # noqa: ANN001, ANN202
 
 
 def test_a_node_list_from_the_scheduler_is_recorded_when_no_exit_record_says_where(db, cfg, monkeypatch):
-    from orchestrator.jobs import get_job
+    from orchestrator.core.jobqueries import get_job
 
     sched = _node_scheduler(monkeypatch, frozenset({"gpu01", "gpu02", "gpu03"}))
     _three_jobs_crash(db, cfg, sched)
@@ -175,9 +175,9 @@ def test_a_node_list_from_the_scheduler_is_recorded_when_no_exit_record_says_whe
 
 
 def test_new_attempts_exclude_the_suspects_and_a_clear_ends_it(db, cfg, monkeypatch):
+    from orchestrator.core.models import NodeClear
     from orchestrator.decide.suspects import clear, current_suspects
     from orchestrator.errors import UsageError
-    from orchestrator.models import NodeClear
 
     sched = _node_scheduler(monkeypatch, frozenset({"gpu01", "gpu02", "gpu03"}))
     _three_jobs_crash(db, cfg, sched)
@@ -232,8 +232,8 @@ def test_k_zero_in_orch_toml_turns_exclusion_off(db, cfg, monkeypatch):
 # ------------------------------------------------------------------------------------------
 def _home_with_suspects(orch, monkeypatch) -> None:  # noqa: ANN001
     """Three jobs crashed on gpu[01-02] under a fake named slurm, in the CLI's own ORCH_HOME."""
-    from orchestrator.config import load_config
-    from orchestrator.db import Database
+    from orchestrator.core.config import load_config
+    from orchestrator.core.db import Database
     from orchestrator.ops.reconcile import reconcile_pass
     from orchestrator.ops.submit import SubmitRequest, submit
 

@@ -8,9 +8,9 @@ import os
 import pytest
 from orchkit import tree_hash
 
+from orchestrator.core.rundir import ensure_runs_root
 from orchestrator.ops.trash import empty_trash, move_to_trash
 from orchestrator.protocol import UnsafePath
-from orchestrator.rundir import ensure_runs_root
 
 
 def test_move_to_trash_renames_what_it_is_given_skips_what_is_gone_and_moves_a_link_not_its_target(cfg, outside):

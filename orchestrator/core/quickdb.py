@@ -19,8 +19,8 @@ from collections.abc import Iterator
 from datetime import datetime
 from pathlib import Path
 
-from orchestrator import holdstop
-from orchestrator.config import Config, sqlite_path
+from orchestrator.core import holdstop
+from orchestrator.core.config import Config, sqlite_path
 from orchestrator.errors import DatabaseInterrupted, DatabaseProblem
 
 QUICK_REVISION = "0010"  # == db.SCHEMA_HEAD (tests/unit/test_quicksubmit.py)

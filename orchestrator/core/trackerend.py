@@ -21,7 +21,7 @@ from sqlalchemy import event
 from sqlalchemy.orm import Session
 
 from orchestrator import protocol
-from orchestrator.states import JobState
+from orchestrator.core.states import JobState
 
 END_OF = {JobState.DONE: "verified", JobState.FAILED: "failed", JobState.CANCELLED: "cancelled"}
 _KEY = "orch_tracker_ends"

@@ -4,7 +4,7 @@ The schema changes only through Alembic migrations (``alembic/versions``); a tes
 models and the migrations differ. States and failure classes are typed enums stored as plain
 strings (non-native enums: any SQL database, and the contract's exact strings in the file); JSON
 payloads are TEXT, decoded by type decorators, so every reader gets a value, not a string to parse.
-Who may create a row or change ``state``: only ``orchestrator.lifecycle`` (``create_job``, ``create_attempt``,
+Who may create a row or change ``state``: only ``orchestrator.core.lifecycle`` (``create_job``, ``create_attempt``,
 ``move_job``, ``move_attempt``), which imports this module; this module imports only the state types.
 """
 
@@ -19,9 +19,9 @@ from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column, relationship
 from sqlalchemy.sql.elements import ColumnElement
 from sqlalchemy.types import TypeDecorator
 
-from orchestrator.decide.retryplan import RetryPlan
+from orchestrator.core.retryplan import RetryPlan
+from orchestrator.core.states import AttemptState, JobState, StopReason, utcnow
 from orchestrator.protocol import FailureClass
-from orchestrator.states import AttemptState, JobState, StopReason, utcnow
 
 NAMING = {
     "ix": "ix_%(table_name)s_%(column_0_N_name)s",

@@ -10,10 +10,10 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from orchestrator.backends.base import AttemptRef
-from orchestrator.db import lock_names
+from orchestrator.core.db import lock_names
+from orchestrator.core.lifecycle import JobState
+from orchestrator.core.models import Attempt, Job, Sweep
 from orchestrator.errors import JobNotFound
-from orchestrator.lifecycle import JobState
-from orchestrator.models import Attempt, Job, Sweep
 
 
 def get_job(s: Session, name: str) -> Job:
@@ -78,8 +78,8 @@ def environment_id(s: Session, environ: Mapping[str, str]) -> int:
     the same shell share one row."""
     from sqlalchemy.exc import IntegrityError
 
-    from orchestrator.environments import environment_record
-    from orchestrator.models import Environment
+    from orchestrator.core.environments import environment_record
+    from orchestrator.core.models import Environment
 
     digest, data = environment_record(environ)
     found = s.scalar(select(Environment.id).where(Environment.sha256 == digest))

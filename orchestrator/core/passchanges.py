@@ -5,8 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from orchestrator.decide.retryplan import Action
-from orchestrator.lifecycle import AttemptState, JobState
+from orchestrator.core.lifecycle import AttemptState, JobState
+from orchestrator.core.retryplan import Action
 from orchestrator.protocol import FailureClass
 
 

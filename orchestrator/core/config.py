@@ -12,10 +12,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from orchestrator.core.settings import KNOWN_KEYS, MAX_COUNT, NUMERIC, unknown_key_message
 from orchestrator.errors import UsageError
 from orchestrator.protocol.durable import BadRecord, read_bounded
 from orchestrator.protocol.layout import FAILURE_CLASSES, FailureClass, Fault
-from orchestrator.settings import KNOWN_KEYS, MAX_COUNT, NUMERIC, unknown_key_message
 
 CONFIG_LIMIT = 1 << 20  # orch.toml is a few lines; a bigger one is not a config file
 # The defaults of the design's policy section, read from the classes' own traits (FailureClass.auto_requeue,
@@ -30,8 +30,8 @@ NEVER_COUNTED: frozenset[FailureClass] = frozenset(c for c in FailureClass if c.
 
 
 def _d(name: str) -> Any:
-    """The schema's default of ``table.key`` (orchestrator.settings declares each setting once)."""
-    from orchestrator.settings import setting
+    """The schema's default of ``table.key`` (orchestrator.core.settings declares each setting once)."""
+    from orchestrator.core.settings import setting
 
     return setting(name).default
 
@@ -45,7 +45,7 @@ class Config:
     auto_requeue: frozenset[FailureClass] = AUTO_REQUEUE
     uncounted: frozenset[FailureClass] = UNCOUNTED
     caps: dict[FailureClass, int] = field(default_factory=lambda: dict(CLASS_CAPS))
-    # The numeric settings: bounds, defaults and meaning in orchestrator/settings.py.
+    # The numeric settings: bounds, defaults and meaning in orchestrator/core/settings.py.
     max_attempts: int = _d("policy.max_attempts")
     nan_rollback_steps: int = _d("policy.nan_rollback_steps")
     nan_lr_factor: float = _d("policy.nan_lr_factor")
@@ -192,7 +192,7 @@ def _overlay_file(cfg: Config, path: Path) -> None:
     if "group_shared" in runs:
         cfg.group_shared = _get(runs, "group_shared", bool, "runs.")
     _load_policy_classes(cfg, tables["policy"], path)
-    for s in NUMERIC:  # one schema: the CLI's --max-attempts checks the same bounds (orchestrator.settings)
+    for s in NUMERIC:  # one schema: the CLI's --max-attempts checks the same bounds (orchestrator.core.settings)
         if s.key in tables[s.table]:
             v = tables[s.table][s.key]
             problem = s.problem(v)

@@ -13,7 +13,7 @@ import stat
 from pathlib import Path
 
 from orchestrator import protocol
-from orchestrator.config import Config
+from orchestrator.core.config import Config
 from orchestrator.errors import Refused, UsageError
 
 

@@ -1,6 +1,6 @@
 """The one schema of orch's numeric settings: each declared once (table, key, type, bounds, default, help).
 
-``orch.toml`` (``orchestrator.config``) and the CLI (``--max-attempts`` in ``orchestrator.cli.args``)
+``orch.toml`` (``orchestrator.core.config``) and the CLI (``--max-attempts`` in ``orchestrator.cli.args``)
 both validate against it. Before it, each had its own bounds: ``max_attempts = 0`` was accepted in
 orch.toml although ``--max-attempts 0`` was refused (issue 16).
 
