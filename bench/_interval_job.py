@@ -27,8 +27,8 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from orch_trainer.__main__ import main as trainer_main  # noqa: E402
-from orchestrator.kit.interval import ENV_MTBF, ENV_MTBF_SOURCE  # noqa: E402
+from orch_trainer.__main__ import main as trainer_main
+from orchestrator.kit.interval import ENV_MTBF, ENV_MTBF_SOURCE
 
 
 def pacing_hook(step_s: float, save_s: float) -> Any:

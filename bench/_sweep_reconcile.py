@@ -101,7 +101,7 @@ class TimedSlurm(SlurmBackend):
         super().__init__()
         self.poll_s = 0.0
 
-    def poll(self, refs):  # noqa: ANN001, ANN201
+    def poll(self, refs):
         t0 = time.perf_counter()
         try:
             return super().poll(refs)
@@ -116,7 +116,7 @@ class _TimedRun:
         self.real = slurm_backend_mod._run
         self.seconds = 0.0
 
-    def __call__(self, *a, **kw):  # noqa: ANN002, ANN003, ANN204
+    def __call__(self, *a, **kw):
         t0 = time.perf_counter()
         try:
             return self.real(*a, **kw)

@@ -27,7 +27,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-import _common as C  # noqa: E402
+import _common as C
 
 HEAVY = ("torch", "submitit", "alembic", "numpy")
 BASELINE = [C.PY, "-c", "import sqlalchemy.orm, click"]

@@ -37,10 +37,10 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-import _common as C  # noqa: E402
+import _common as C
 
-from orchestrator.decide.mtbf import estimate_mtbf  # noqa: E402
-from orchestrator.kit.interval import PRIOR_MTBF_S, AutoSaveInterval, daly_interval  # noqa: E402
+from orchestrator.decide.mtbf import estimate_mtbf
+from orchestrator.kit.interval import PRIOR_MTBF_S, AutoSaveInterval, daly_interval
 
 TITLE = "Checkpoint interval chosen by orch (P7d)"
 STEP_S = 2.0

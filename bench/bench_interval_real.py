@@ -60,10 +60,10 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-import _common as C  # noqa: E402
+import _common as C
 
-from orchestrator import protocol  # noqa: E402
-from orchestrator.kit.interval import daly_interval  # noqa: E402
+from orchestrator import protocol
+from orchestrator.kit.interval import daly_interval
 
 TITLE = "Checkpoint interval chosen by orch, real run with injected kills (P7d, measured)"
 AFTER = "Checkpoint interval chosen by orch (P7d)"
@@ -209,7 +209,7 @@ def run_all(home: Path, a: argparse.Namespace, outs: list[Outcome]) -> tuple[lis
     def go(o: Outcome) -> None:
         try:
             drive(home, o, 1 / a.mtbf_s, a.seed, a.max_kills, deadline)
-        except BaseException as e:  # noqa: BLE001 - reported by the main thread
+        except BaseException as e:  # reported by the main thread
             errors.append(e)
         o.wall = time.monotonic() - o.t0
 

@@ -45,10 +45,10 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-import _common as C  # noqa: E402
-import _preempt_sim as S  # noqa: E402
+import _common as C
+import _preempt_sim as S
 
-from orchestrator import protocol  # noqa: E402
+from orchestrator import protocol
 
 STEP_RE = re.compile(r"\[trainer\] step (\d+)/(\d+)")
 GRACE_S = 30.0

@@ -41,9 +41,9 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-import _common as C  # noqa: E402
+import _common as C
 
-from orchestrator import protocol  # noqa: E402
+from orchestrator import protocol
 
 TITLE = "Preemption on the dev Slurm cluster (P4, real preemptions)"
 DONE = "done_marker_verified"

@@ -38,16 +38,16 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-import _common as C  # noqa: E402
-from sqlalchemy import event  # noqa: E402
+import _common as C
+from sqlalchemy import event
 
-from orchestrator import protocol  # noqa: E402
-from orchestrator.backends.base import AttemptRef, Backend, Outcome, Phase, SubmitSpec  # noqa: E402
-from orchestrator.backends.local import LocalBackend, format_id  # noqa: E402
-from orchestrator.core.config import load_config  # noqa: E402
-from orchestrator.core.db import SCHEMA_HEAD, Database  # noqa: E402
-from orchestrator.jobside import proctable  # noqa: E402
-from orchestrator.ops.reconcile import reconcile_pass  # noqa: E402
+from orchestrator import protocol
+from orchestrator.backends.base import AttemptRef, Backend, Outcome, Phase, SubmitSpec
+from orchestrator.backends.local import LocalBackend, format_id
+from orchestrator.core.config import load_config
+from orchestrator.core.db import SCHEMA_HEAD, Database
+from orchestrator.jobside import proctable
+from orchestrator.ops.reconcile import reconcile_pass
 
 CACHE = Path(os.environ.get("ORCH_BENCH_CACHE", "/tmp/orch-bench"))
 GEN_VERSION = 2  # bump when the generated content changes
@@ -196,11 +196,11 @@ class TimedLocal(LocalBackend):
 class SqlCounter:
     """Counts statements on an engine, split into reads and writes (INSERT/UPDATE/DELETE)."""
 
-    def __init__(self, engine) -> None:  # noqa: ANN001
+    def __init__(self, engine) -> None:
         self.reads = self.writes = self.begins_immediate = 0
         event.listen(engine, "before_cursor_execute", self._on)
 
-    def _on(self, _conn, _cur, statement: str, *_a) -> None:  # noqa: ANN001
+    def _on(self, _conn, _cur, statement: str, *_a) -> None:
         s = statement.lstrip().upper()
         if s.startswith(("INSERT", "UPDATE", "DELETE")):
             self.writes += 1

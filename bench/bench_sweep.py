@@ -41,10 +41,10 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-import _common as C  # noqa: E402
-import _sweep_reconcile as SR  # noqa: E402
+import _common as C
+import _sweep_reconcile as SR
 
-from orchestrator.backends.slurm.states import array_of, expand_array_ranges  # noqa: E402
+from orchestrator.backends.slurm.states import array_of, expand_array_ranges
 
 HOLD = "--begin=now+7days"  # pending with reason BeginTime: never runs, takes no resources
 PARTITION = "spot"

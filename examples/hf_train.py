@@ -51,13 +51,13 @@ class StepLog(TrainerCallback):
         rank = f" {os.environ['RANK']}" if "RANK" in os.environ else ""  # under torchrun
         return f"{os.environ.get('ORCH_ATTEMPT', '1')} {step}{rank}\n"
 
-    def on_step_end(self, args, state, control, **kwargs):  # noqa: ANN001, ANN003, ANN201 - HF's signature
+    def on_step_end(self, args, state, control, **kwargs):  # HF's signature
         time.sleep(self.sleep_s)
         if self.path:
             with open(self.path, "a") as f:
                 f.write(self._line(state.global_step))
 
-    def on_prediction_step(self, args, state, control, **kwargs):  # noqa: ANN001, ANN003, ANN201 - HF's signature
+    def on_prediction_step(self, args, state, control, **kwargs):  # HF's signature
         time.sleep(self.eval_sleep_s)
         if self.eval_path:
             with open(self.eval_path, "a") as f:

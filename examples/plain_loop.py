@@ -101,7 +101,7 @@ def main() -> None:
         dist.destroy_process_group()
 
 
-def wandb_log(on: bool):  # noqa: ANN201
+def wandb_log(on: bool):
     """``wandb.log`` of a run that continues across attempts (orch sets WANDB_RUN_ID), or a no-op."""
     if not on:
         return lambda *_a, **_k: None
@@ -110,7 +110,7 @@ def wandb_log(on: bool):  # noqa: ANN201
     return wandb.init(project="orch-examples").log
 
 
-def mlflow_log(on: bool):  # noqa: ANN201
+def mlflow_log(on: bool):
     """``mlflow.log_metric`` of the run ``mlflow.start_run()`` opens (under orch: the job's one run), or a no-op."""
     if not on:
         return lambda *_a, **_k: None
@@ -120,7 +120,7 @@ def mlflow_log(on: bool):  # noqa: ANN201
     return mlflow.log_metric
 
 
-def tensorboard_log(log_dir: str | None):  # noqa: ANN201
+def tensorboard_log(log_dir: str | None):
     """``add_scalar`` of a writer in the run's TensorBoard dir (one curve for every attempt), or a no-op."""
     if log_dir is None:
         return lambda *_a, **_k: None

@@ -292,7 +292,7 @@ class TrainLoop:
             oom_detail = None
             try:
                 return self._accumulate(s)
-            except Exception as e:  # noqa: BLE001 - re-raised unless it is an allocation failure
+            except Exception as e:  # re-raised unless it is an allocation failure
                 if not is_oom(e):
                     raise
                 oom_detail = f"{type(e).__name__}: {str(e)[:300]}"

@@ -59,10 +59,10 @@ class FakeMetadata:
             def log_message(self, *_a: object) -> None:
                 pass
 
-            def do_GET(self) -> None:  # noqa: N802 - http.server's naming
+            def do_GET(self) -> None:  # http.server's naming
                 fake._answer(self)
 
-            def do_PUT(self) -> None:  # noqa: N802
+            def do_PUT(self) -> None:
                 fake._answer(self)
 
         self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)

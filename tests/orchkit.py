@@ -71,7 +71,7 @@ def make_checkpoint(run_dir: Path, step: int, files: dict[str, bytes] | None = N
     return root / name
 
 
-def use_backend(monkeypatch, backend) -> None:  # noqa: ANN001
+def use_backend(monkeypatch, backend) -> None:
     """Make every orch service that looks a backend up by name get ``backend`` (a fake at the
     scheduler boundary, for in-process tests)."""
     import orchestrator.ops.cancel
@@ -219,7 +219,7 @@ def orch_for(home: Path, db_url: str | None = None) -> Orch:
     return Orch(home=home, env=env)
 
 
-def pending_job(db, cfg, name: str, max_attempts: int = 3) -> None:  # noqa: ANN001
+def pending_job(db, cfg, name: str, max_attempts: int = 3) -> None:
     """A job whose attempt 1 was written but not yet launched (as submit leaves it just before launching)."""
     from orchestrator.core.lifecycle import JobState, create_attempt, create_job
     from orchestrator.core.tokens import new_token
@@ -232,7 +232,7 @@ def pending_job(db, cfg, name: str, max_attempts: int = 3) -> None:  # noqa: ANN
         create_attempt(s, job, 1, new_token())
 
 
-def fake_scheduler(name: str = "local"):  # noqa: ANN201 - a Backend subclass instance (imported lazily)
+def fake_scheduler(name: str = "local"):  # a Backend subclass instance (imported lazily)
     """The one fake for in-process tests, at the scheduler boundary only: every attempt is RUNNING until
     ``ended[job] = exit code`` says it exited with that code; ``cancelled`` records each cancel call's job
     names; ``cancel_error`` (a BackendError) makes cancel fail as an unreachable scheduler would."""
@@ -265,7 +265,7 @@ def fake_scheduler(name: str = "local"):  # noqa: ANN201 - a Backend subclass in
     return FakeScheduler()
 
 
-def at_site(monkeypatch, site: str, action) -> None:  # noqa: ANN001
+def at_site(monkeypatch, site: str, action) -> None:
     """Run ``action()`` when this process reaches testhooks site ``site`` (in-process: the race made to happen
     at that exact point of orch's code)."""
     from orchestrator import testhooks
@@ -280,7 +280,7 @@ def at_site(monkeypatch, site: str, action) -> None:  # noqa: ANN001
     monkeypatch.setattr(testhooks, "site", hook)
 
 
-def assert_launch_times(job, since, until) -> None:  # noqa: ANN001 - a models.Job, datetimes as stored
+def assert_launch_times(job, since, until) -> None:  # a models.Job, datetimes as stored
     """A launched job's stored times are plausible and in order: each within [``since``, ``until``], the window of
     the calls that wrote them (a quick path storing the year 2001 compared equal where times were only checked for
     being set), and job created <= attempt created <= claimed <= submitted <= job updated."""

@@ -82,7 +82,7 @@ class OrchGroup(click.Group):
         except KeyboardInterrupt:
             click.echo("orch: interrupted", err=True)
             ctx.exit(130)
-        except Exception as e:  # noqa: BLE001 - the last line of defence
+        except Exception as e:  # the last line of defence
             if os.environ.get("ORCH_DEBUG"):
                 raise
             click.echo(f"orch: unexpected error: {type(e).__name__}: {str(e)[:300]} "

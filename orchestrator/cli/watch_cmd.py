@@ -44,7 +44,7 @@ def watch(name: str, interval: float, plain: bool, no_reconcile: bool, as_json: 
     sys.exit(0 if state == "done_marker_verified" else EXIT_NOT_VERIFIED)
 
 
-def follow_job(cfg, db, name: str, stream: IO[str], *, quiet: bool = False, plain: bool = False,  # noqa: ANN001
+def follow_job(cfg, db, name: str, stream: IO[str], *, quiet: bool = False, plain: bool = False,
                poll_s: float = 1.0, reconcile: bool = True) -> str | None:
     """Follow ``name`` until it settles; its final state, or None after Ctrl-C.
 

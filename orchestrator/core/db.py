@@ -143,7 +143,7 @@ def make_engine(cfg: Config) -> Engine:
             from None
     if sqlite:
         @event.listens_for(engine, "connect")
-        def _pragmas(dbapi_conn, _record):  # noqa: ANN001
+        def _pragmas(dbapi_conn, _record):
             # Let SQLAlchemy's transaction control issue BEGIN; we issue BEGIN IMMEDIATE ourselves
             # for writers so that two writers never deadlock upgrading a read lock.
             dbapi_conn.isolation_level = None
@@ -155,7 +155,7 @@ def make_engine(cfg: Config) -> Engine:
             cur.close()
 
         @event.listens_for(engine, "begin")
-        def _begin(conn):  # noqa: ANN001
+        def _begin(conn):
             if conn.get_execution_options().get("orch_write"):
                 begin_immediate(conn.connection.dbapi_connection, cfg, _sqlite_path(cfg.db_url))
             else:
@@ -187,7 +187,7 @@ def _current_revision(engine: Engine) -> str | None:
             raise
 
 
-def alembic_config(engine: Engine):  # noqa: ANN201 - alembic imported lazily
+def alembic_config(engine: Engine):  # alembic imported lazily
     from alembic.config import Config as AlembicConfig
 
     acfg = AlembicConfig()

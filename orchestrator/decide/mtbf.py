@@ -76,7 +76,7 @@ def mtbf_env_from(rows_since: Callable[[datetime], Iterable[tuple[Any, ...]]], b
     return dict(env)
 
 
-def history_select(backend: str, cutoff: datetime):  # noqa: ANN201 - a sqlalchemy Select, imported lazily
+def history_select(backend: str, cutoff: datetime):  # a sqlalchemy Select, imported lazily
     """The attempts of ``backend`` that ended at or after ``cutoff``, with their job's stored resources."""
     from sqlalchemy import Text, select, type_coerce
 

@@ -199,7 +199,7 @@ def choose_exclusion(suspects: Iterable[str], usable: frozenset[str] | None,
 # ------------------------------------------------------------------------------------------
 # the DB: evidence from attempts, clears from node_clears
 # ------------------------------------------------------------------------------------------
-def failures_select(backend: str, since: datetime):  # noqa: ANN201 - a sqlalchemy Select, imported lazily
+def failures_select(backend: str, since: datetime):  # a sqlalchemy Select, imported lazily
     """The attempts of ``backend`` that ended in a suspect class at or after ``since`` with a node list."""
     from sqlalchemy import select
 
@@ -224,7 +224,7 @@ def load_failures(db: Database, backend: str, since: datetime) -> list[Failure]:
         return failures_of(s.execute(failures_select(backend, since)).all())
 
 
-def clears_select(backend: str):  # noqa: ANN201 - a sqlalchemy Select, imported lazily
+def clears_select(backend: str):  # a sqlalchemy Select, imported lazily
     """node -> its latest clear, on ``backend``."""
     from sqlalchemy import func, select
 

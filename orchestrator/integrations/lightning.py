@@ -127,7 +127,7 @@ def _validation_follows(trainer: pl.Trainer) -> bool:
         return False
     try:
         return bool(should(trainer.fit_loop._data_fetcher))
-    except Exception:  # noqa: BLE001 - a changed private signature: fall back to the batch-end stop
+    except Exception:  # a changed private signature: fall back to the batch-end stop
         return False
 
 

@@ -259,7 +259,7 @@ class OrchRun:
             elif not self._stopped and not issubclass(exc_type, SystemExit | KeyboardInterrupt):
                 try:
                     self.ckpts.wait()  # an in-flight save still commits: the next attempt loses less
-                except Exception as e:  # noqa: BLE001 - the original error is the one to report
+                except Exception as e:  # the original error is the one to report
                     log(f"background save failed too: {e!r}")
                 self.run.crashed(self.step, exc, rank=self.sckpts.rank, world=self.sckpts.world)
         finally:

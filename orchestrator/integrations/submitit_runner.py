@@ -194,7 +194,7 @@ def _unpickle(path: Path, sha256: str) -> Any:
     data = path.read_bytes()
     if hashlib.sha256(data).hexdigest() != sha256:
         raise _Unusable(f"{path.name} does not match its sha256 (changed or torn since it was written)")
-    obj = pickle.loads(data)  # noqa: S301 - our own pickle, hash-checked; imports the callable's module
+    obj = pickle.loads(data)  # our own pickle, hash-checked; imports the callable's module
     # submitit's own check (DelayedSubmission.load): the class name, so copies of the class also load.
     if type(obj).__name__ != "DelayedSubmission":
         raise _Unusable(f"{path.name} holds a {type(obj).__name__}, not a DelayedSubmission")
@@ -252,7 +252,7 @@ def run_job(submission: str, sha256: str, *, sys_path: Iterable[str] = (), keep_
         except _Unusable as e:
             _report(run, "invalid", None, str(e))
             return protocol.EXIT_USAGE
-        except Exception as e:  # noqa: BLE001 - e.g. the callable's module does not import on this node
+        except Exception as e:  # e.g. the callable's module does not import on this node
             tb = traceback.format_exc()
             sys.stderr.write(tb)
             _report(run, "crash", None, "cannot load the submission: " + _crash_detail(e))
@@ -280,7 +280,7 @@ def run_job(submission: str, sha256: str, *, sys_path: Iterable[str] = (), keep_
             at = f" at step {runner.step}" if runner.step is not None else ""
             log(f"preempted{at}: {what}; exit {protocol.EXIT_PREEMPTED}")
             return protocol.EXIT_PREEMPTED
-        except Exception as e:  # noqa: BLE001 - the callable's own failure: reported, then exit 1
+        except Exception as e:  # the callable's own failure: reported, then exit 1
             runner.phase = "stopped"
             tb = traceback.format_exc()
             sys.stderr.write(tb)

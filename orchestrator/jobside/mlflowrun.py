@@ -147,7 +147,7 @@ def _finish_many(raw: str) -> int:
     for run_dir, end in json.loads(raw):
         try:
             print(_finish_here(Path(run_dir), end))
-        except Exception as e:  # noqa: BLE001 - one line per run, whatever MLflow raised
+        except Exception as e:  # one line per run, whatever MLflow raised
             failed += 1
             print(f"{run_dir}: {type(e).__name__}: {e}", file=sys.stderr)
     return 1 if failed else 0
@@ -164,7 +164,7 @@ def main(argv: list[str]) -> int:
     except ImportError as e:
         print(f"mlflow is not importable by orch's Python ({sys.executable}): {e.name}", file=sys.stderr)
         return 3
-    except Exception as e:  # noqa: BLE001 - one line for the attempt's log, whatever MLflow raised
+    except Exception as e:  # one line for the attempt's log, whatever MLflow raised
         print(f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}", file=sys.stderr)
         return 1
     print("usage: python -m orchestrator.jobside.mlflowrun arrange RUN_DIR JOB ATTEMPT | finish-many", file=sys.stderr)

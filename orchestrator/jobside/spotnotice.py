@@ -323,7 +323,7 @@ class Watcher:
                         self.on_notice(notice)
                     return
                 self._stopped.wait(self.interval_s)
-        except Exception as e:  # noqa: BLE001 - a bug here must cost the notice, never the wrapper
+        except Exception as e:  # a bug here must cost the notice, never the wrapper
             self.log(f"watcher ended by an internal error: {type(e).__name__}: {e}")
 
     def _poll(self, p: Provider) -> Notice | None:

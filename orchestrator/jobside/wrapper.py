@@ -369,7 +369,7 @@ def _start_watcher(a: argparse.Namespace, sup: Supervisor) -> spotnotice.Watcher
         w = spotnotice.Watcher(a.spot_notice, sup.on_notice, base_url=a.spot_url or spotnotice.DEFAULT_URL,
                                interval_s=a.spot_interval)
         w.start()
-    except Exception as e:  # noqa: BLE001
+    except Exception as e:
         print(f"orch wrapper: spot notices: not watching: {type(e).__name__}: {e}", file=sys.stderr, flush=True)
         return None
     return w

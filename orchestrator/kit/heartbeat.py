@@ -193,7 +193,7 @@ class Heartbeat:
             protocol.write_rank_progress(self.run_dir, self.attempt, self.rank, step if isinstance(step, int) else None)
             self._written = posted
             _beat.set()
-        except Exception as e:  # noqa: BLE001 - a full disk must not stop training
+        except Exception as e:  # a full disk must not stop training
             self._warn(e)
 
     def _warn(self, e: Exception) -> None:

@@ -64,7 +64,7 @@ class AutoSaveInterval:
     """
 
     def __init__(self, mtbf_s: float | None = None, *, smoothing: float = 0.5,
-                 min_interval_s: float = MIN_INTERVAL_S, clock=time.monotonic,  # noqa: ANN001
+                 min_interval_s: float = MIN_INTERVAL_S, clock=time.monotonic,
                  initial_cost_s: float | None = None) -> None:
         if mtbf_s is None:
             mtbf_s, self.source = mtbf_from_env()

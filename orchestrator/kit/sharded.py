@@ -271,7 +271,7 @@ class ShardedCheckpointer:
             assert reports is not None
             try:
                 verdict = self._commit(step, tmp, final, reports, expect_dcp=sharded is not None)
-            except Exception as e:  # noqa: BLE001 - every rank must hear the verdict, or they wait in the broadcast
+            except Exception as e:  # every rank must hear the verdict, or they wait in the broadcast
                 shutil.rmtree(tmp, ignore_errors=True)
                 verdict = f"commit of step {step} failed on rank 0: {e!r}", protocol.storage_errno(e)
         verdict = self._bcast(verdict)
@@ -391,7 +391,7 @@ class ShardedCheckpointer:
             if self.rank == 0:
                 try:
                     found = choose()
-                except Exception as e:  # noqa: BLE001 - told to every rank, which raise it too (none waits)
+                except Exception as e:  # told to every rank, which raise it too (none waits)
                     found = ("error", repr(e))
             found = self._bcast(found)
             if found is None:

@@ -88,7 +88,7 @@ def observe(db: Database, cfg: Config, backend: Callable[[str], Backend], rows: 
     for name, items in by_backend.items():
         try:
             outcomes = backend(name).poll([r.ref for r in items])
-        except Exception as e:  # noqa: BLE001 - the scheduler could not be asked: nothing changes
+        except Exception as e:  # the scheduler could not be asked: nothing changes
             rep.errors.append(f"{name} poll failed: {str(e)[:200]}")
             rep.query_failures += 1
             outcomes = {}
@@ -113,7 +113,7 @@ def observe(db: Database, cfg: Config, backend: Callable[[str], Backend], rows: 
                 pass  # another process moved this attempt or job first; its decision stands
             except DatabaseProblem:
                 raise  # the DB itself (locked, corrupt): every other job would fail the same way
-            except Exception as e:  # noqa: BLE001 - one job's surprise must not stall every other job
+            except Exception as e:  # one job's surprise must not stall every other job
                 rep.errors.append(f"{Path(r.run_dir).name}: {type(e).__name__}: {str(e)[:200]}")
 
 

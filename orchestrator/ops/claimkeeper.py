@@ -54,7 +54,7 @@ class ClaimKeeper:
             claims = list(self._claims.items())
         try:
             held = self._renew(claims)  # one transaction for all (a sweep holds 1,000 claims)
-        except Exception:  # noqa: BLE001 - a busy DB now: the next renewal tries again
+        except Exception:  # a busy DB now: the next renewal tries again
             return
         with self._lock:
             for attempt_id, _fence in claims:

@@ -39,7 +39,7 @@ def live_processes(run_dirs: Sequence[Path]) -> dict[Path, list[str]]:
                 continue
             for d, live in backend.live_in_run_dirs(asked).items():
                 out[d] += live
-        except Exception as e:  # noqa: BLE001 - unknown is not "none": refuse rather than guess
+        except Exception as e:  # unknown is not "none": refuse rather than guess
             for d in asked or run_dirs:  # no backend to ask: every dir is in doubt
                 out[d].append(f"{name}: cannot tell ({str(e)[:100]})")
     return out

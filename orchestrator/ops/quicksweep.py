@@ -132,7 +132,7 @@ def _taken(c: Any, names: list[str]) -> set[str]:
     for k in range(0, len(names), _CHUNK):
         chunk = names[k:k + _CHUNK]
         marks = ", ".join("?" * len(chunk))
-        taken |= {r[0] for r in c.execute(f"SELECT name FROM jobs WHERE name IN ({marks}) "  # noqa: S608 - marks only
+        taken |= {r[0] for r in c.execute(f"SELECT name FROM jobs WHERE name IN ({marks}) "  # marks only
                                           f"UNION ALL SELECT name FROM sweeps WHERE name IN ({marks})", chunk * 2)}
     return taken
 

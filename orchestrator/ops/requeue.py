@@ -141,7 +141,7 @@ def requeue(db: Database, cfg: Config, target: RequeueTarget, dry_run: bool = Fa
             raise  # the DB itself: every other job would fail the same way
         except OrchError as e:
             results.append(RequeueResult(name, R.ERROR, str(e)[:300]))
-        except Exception as e:  # noqa: BLE001 - e.g. a transient sbatch failure: this job only
+        except Exception as e:  # e.g. a transient sbatch failure: this job only
             results.append(RequeueResult(name, R.ERROR, f"{type(e).__name__}: {str(e)[:300]}"))
     _launch_created(db, cfg, [r for r in results if r.outcome is R.REQUEUED])
     return results

@@ -13,7 +13,7 @@ from datetime import datetime
 from typing import Any
 
 
-def report_selects(windowed: bool):  # noqa: ANN201 - two sqlalchemy Selects, imported lazily
+def report_selects(windowed: bool):  # two sqlalchemy Selects, imported lazily
     """(jobs, attempts) of ``goodputview.report``: the jobs created since a cutoff or with an attempt running
     or ended since it (``windowed``), with their sweep's name; and every attempt of those jobs."""
     from sqlalchemy import bindparam, or_, select

@@ -36,7 +36,7 @@ SLOW_MIN_SAMPLES = 5
 # ------------------------------------------------------------------------------------------
 # the query (SQLAlchemy, imported when called) and the row it yields
 # ------------------------------------------------------------------------------------------
-def status_select(state: str | None = None):  # noqa: ANN201 - a sqlalchemy Select, imported lazily
+def status_select(state: str | None = None):  # a sqlalchemy Select, imported lazily
     """One row per job with its latest attempt, its attempt count and its sweep's name."""
     from sqlalchemy import func, select
 

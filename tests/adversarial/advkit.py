@@ -202,7 +202,7 @@ def wait_no_procs(run_dir: Path | str, timeout: float, what: str = "") -> None:
 # ------------------------------------------------------------------------------------------
 # orch through its CLI
 # ------------------------------------------------------------------------------------------
-def orch_popen(orch, *args: str, env: dict | None = None, **kw) -> subprocess.Popen:  # noqa: ANN001
+def orch_popen(orch, *args: str, env: dict | None = None, **kw) -> subprocess.Popen:
     """``orch ARGS`` in the background (the caller waits on it, a finalizer kills it)."""
     return subprocess.Popen([PY, "-m", "orchestrator.cli", *map(str, args)], env={**orch.env, **(env or {})},
                             cwd=str(ROOT), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, **kw)
@@ -213,19 +213,19 @@ def job_argv(*args: str) -> list[str]:
     return [PY, str(ADVJOB), *map(str, args)]
 
 
-def status_map(orch, env: dict | None = None) -> dict[str, dict]:  # noqa: ANN001
+def status_map(orch, env: dict | None = None) -> dict[str, dict]:
     p = orch("status", "--json", timeout=30, env=env)
     assert p.returncode == 0, f"orch status --json exited {p.returncode}: {p.stderr}"
     return {r["name"]: r for r in json.loads(p.stdout)}
 
 
-def show(orch, name: str, env: dict | None = None) -> dict:  # noqa: ANN001
+def show(orch, name: str, env: dict | None = None) -> dict:
     p = orch("show", name, "--json", timeout=30, env=env)
     assert p.returncode == 0, f"orch show {name} --json exited {p.returncode}: {p.stderr}"
     return json.loads(p.stdout)
 
 
-def reconcile_ok(orch, env: dict | None = None, timeout: float = 30) -> subprocess.CompletedProcess:  # noqa: ANN001
+def reconcile_ok(orch, env: dict | None = None, timeout: float = 30) -> subprocess.CompletedProcess:
     """One pass that must return within ``timeout`` and exit 0 (a hung pass hangs every job)."""
     try:
         p = orch("reconcile", timeout=timeout, env=env)
@@ -235,7 +235,7 @@ def reconcile_ok(orch, env: dict | None = None, timeout: float = 30) -> subproce
     return p
 
 
-def _db_snapshot(orch) -> list | None:  # noqa: ANN001
+def _db_snapshot(orch) -> list | None:
     """(name, state, attempts) of every job, read with sqlite3: a cheap way to see whether a pass
     changed anything (every `orch status` costs a Python start-up on a 2-core CI machine)."""
     db = orch.home / "orch.db"
@@ -247,7 +247,7 @@ def _db_snapshot(orch) -> list | None:  # noqa: ANN001
         return None
 
 
-def settle(orch, names: Iterable[str] | None = None, timeout: float = 60, env: dict | None = None,  # noqa: ANN001
+def settle(orch, names: Iterable[str] | None = None, timeout: float = 60, env: dict | None = None,
            pause: float = 0.3) -> dict[str, dict]:
     """Reconcile until every watched job (default: all) is final, or until nothing changed for 2
     consecutive passes while no watched job still has a live process (a running job is waited for:
@@ -278,7 +278,7 @@ def settle(orch, names: Iterable[str] | None = None, timeout: float = 60, env: d
         time.sleep(pause)
 
 
-def _stuck(orch, env: dict | None = None) -> list[str]:  # noqa: ANN001
+def _stuck(orch, env: dict | None = None) -> list[str]:
     problems = []
     rows = status_map(orch, env=env)
     for name, row in rows.items():
@@ -294,7 +294,7 @@ def _stuck(orch, env: dict | None = None) -> list[str]:  # noqa: ANN001
     return problems
 
 
-def assert_no_stuck(orch, env: dict | None = None, retries: int = 3) -> None:  # noqa: ANN001
+def assert_no_stuck(orch, env: dict | None = None, retries: int = 3) -> None:
     """After settling: every pending/submitted/running job has a live process, and no settled job
     keeps an attempt open. A job whose last process exited a moment ago gets a few more passes."""
     problems = _stuck(orch, env)
@@ -364,7 +364,7 @@ def flip_byte(path: Path) -> None:
     assert path.stat().st_size == size
 
 
-def orch_parallel(orch, argvs: list[list[str]], timeout: float = 30,  # noqa: ANN001
+def orch_parallel(orch, argvs: list[list[str]], timeout: float = 30,
                   env: dict | None = None) -> list[subprocess.CompletedProcess]:
     """Several orch commands at once, at most 4 at a time (each must return within ``timeout``)."""
     out = []
@@ -373,7 +373,7 @@ def orch_parallel(orch, argvs: list[list[str]], timeout: float = 30,  # noqa: AN
     return out
 
 
-def _orch_batch(orch, argvs: list[list[str]], timeout: float, env: dict | None) -> list:  # noqa: ANN001
+def _orch_batch(orch, argvs: list[list[str]], timeout: float, env: dict | None) -> list:
     procs = [(a, orch_popen(orch, *a, env=env)) for a in argvs]
     out = []
     for a, p in procs:
@@ -387,7 +387,7 @@ def _orch_batch(orch, argvs: list[list[str]], timeout: float, env: dict | None) 
     return out
 
 
-def make_home(orch) -> None:  # noqa: ANN001
+def make_home(orch) -> None:
     """ORCH_HOME as orch itself would create it (0700), for tests that plant things before orch runs."""
     orch.home.mkdir(mode=0o700, parents=True, exist_ok=True)
     os.chmod(orch.home, 0o700)

@@ -222,7 +222,7 @@ def test_database_is_locked_names_the_writer(orch):
         Path(str(orch.home / "orch.db") + ".held").unlink(missing_ok=True)
 
 
-def _sweep_inside_its_write_transaction(orch) -> tuple[subprocess.Popen, Path]:  # noqa: ANN001
+def _sweep_inside_its_write_transaction(orch) -> tuple[subprocess.Popen, Path]:
     """An ``orch sweep`` paused inside its first write transaction until the returned path exists (a busy
     timeout of 300 s for every command)."""
     assert orch("status").returncode == 0

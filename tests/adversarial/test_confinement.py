@@ -23,7 +23,7 @@ from orchkit import wait_for
 from orchestrator import protocol
 
 
-def _files_below(root, name: str) -> list[str]:  # noqa: ANN001
+def _files_below(root, name: str) -> list[str]:
     """Paths named ``name`` below root, walking real directories only (never through a symlink)."""
     out = []
     for d, _dirs, files in os.walk(root, followlinks=False):
@@ -69,7 +69,7 @@ def test_a_symlinked_trash_never_makes_requeue_write_outside_orch_home(orch, tmp
     assert_no_stuck(orch)
 
 
-def _mode(p) -> int:  # noqa: ANN001
+def _mode(p) -> int:
     return stat.S_IMODE(os.lstat(p).st_mode)
 
 

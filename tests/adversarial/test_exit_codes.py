@@ -26,7 +26,7 @@ from orchkit import tree_hash, wait_for
 LONG = "a-job-with-a-long-name-" + "x" * 97  # 120 characters: 600 rows overflow a 64 KiB pipe buffer
 
 
-def _clone_jobs(orch, name: str, count: int) -> None:  # noqa: ANN001
+def _clone_jobs(orch, name: str, count: int) -> None:
     """``count`` copies of job ``name``'s row (schema-agnostic: every column but id is copied).
 
     Submitting 600 jobs through the CLI would take minutes on 2 cores; the rows are what `status`

@@ -77,11 +77,11 @@ def _ran_count(run: Path) -> int:
     return p.read_text().count("attempt=") if p.exists() else 0
 
 
-def _attempt(orch, name: str) -> dict:  # noqa: ANN001
+def _attempt(orch, name: str) -> dict:
     return show(orch, name)["attempts"][-1]
 
 
-def _finish_and_check(orch, run: Path, sampler: TreeSampler) -> None:  # noqa: ANN001
+def _finish_and_check(orch, run: Path, sampler: TreeSampler) -> None:
     (run / "go").touch()
     wait_no_procs(run, 60, "after go")
     d = settle(orch, ["x"], env=GRACE)

@@ -57,7 +57,7 @@ def _job_args(fname: str, kind: str) -> list[str]:
     return ["--garbage", g, "--exit-code", "1"]  # done.json, progress.json (read while running), wrapper.json
 
 
-def _run_hostile(orch, bad: dict[str, list[str]]) -> None:  # noqa: ANN001
+def _run_hostile(orch, bad: dict[str, list[str]]) -> None:
     orch.write_config(CONFIG)
     submits = [["submit", "--name", "ok", "--outputs", "o.txt", "--", "sh", "-c", "echo x > o.txt"]]
     submits += [["submit", "--name", name, "--", *job_argv(*args)] for name, args in bad.items()]
@@ -85,7 +85,7 @@ def _run_hostile(orch, bad: dict[str, list[str]]) -> None:  # noqa: ANN001
     assert_no_stuck(orch)  # also: `orch show NAME --json` exits 0 for every job
 
 
-def _views_work(orch, bad: dict) -> None:  # noqa: ANN001
+def _views_work(orch, bad: dict) -> None:
     """`orch status --json` and `orch status` exit 0 and list every job (`show` is checked at the end)."""
     rows = status_map(orch)
     assert set(rows) == {"ok", *bad}, sorted(rows)

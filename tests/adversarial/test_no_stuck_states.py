@@ -35,11 +35,11 @@ QUICK = ("--outputs", "result/out.txt", "--", *job_argv("--result", "--no-gate")
 FAST = {"ORCH_LAUNCH_GRACE_S": "0"}  # the reconciler may relaunch a pending attempt at once
 
 
-def _runs_empty(orch) -> bool:  # noqa: ANN001
+def _runs_empty(orch) -> bool:
     return not orch.runs.exists() or not any(orch.runs.iterdir())
 
 
-def _not_left_pending(orch, name: str, reason: str | None = None) -> dict | None:  # noqa: ANN001
+def _not_left_pending(orch, name: str, reason: str | None = None) -> dict | None:
     """Either no row at all, or a settled job whose `orch show` says why (no open attempt)."""
     if name not in db_job_names(orch.home):
         return None

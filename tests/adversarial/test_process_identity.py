@@ -42,7 +42,7 @@ from orchestrator.jobside import proctable
 LIVE = {"submitted", "running"}
 
 
-def _submit(orch, name: str, *job_args: str, outputs: bool = True, env: dict | None = None,  # noqa: ANN001
+def _submit(orch, name: str, *job_args: str, outputs: bool = True, env: dict | None = None,
             expect_rc: tuple[int, ...] = (0,)) -> Path:
     extra = ["--outputs", "result/out.txt"] if outputs else []
     p = orch("submit", "--name", name, *extra, "--", *job_argv(*job_args), env=env, timeout=60)
@@ -50,14 +50,14 @@ def _submit(orch, name: str, *job_args: str, outputs: bool = True, env: dict | N
     return orch.runs / name
 
 
-def _one_live_attempt(orch, name: str) -> dict:  # noqa: ANN001
+def _one_live_attempt(orch, name: str) -> dict:
     d = show(orch, name)
     assert len(d["attempts"]) == 1, f"{name} was requeued while its first attempt runs: {d['attempts']}"
     assert d["state"] in LIVE, f"{name} is {d['state']} while its process still runs: {d['attempts'][-1]}"
     return d
 
 
-def _finish_and_check(orch, name: str, run: Path, sampler: ProcessSampler) -> None:  # noqa: ANN001
+def _finish_and_check(orch, name: str, run: Path, sampler: ProcessSampler) -> None:
     """Let the gated job end; it must end done with its first (only) attempt, as an uninterrupted run."""
     (run / "go").touch()
     wait_no_procs(run, 40, "after go")
@@ -124,7 +124,7 @@ def _shifted_stat(tmp_path: Path, shift: int) -> tuple[Path, int]:
     return f, new
 
 
-def _reconcile_with_btime(orch, tmp_path: Path, shift: int) -> subprocess.CompletedProcess:  # noqa: ANN001
+def _reconcile_with_btime(orch, tmp_path: Path, shift: int) -> subprocess.CompletedProcess:
     """One `orch reconcile` in a private mount namespace whose /proc/stat says the host booted
     ``shift`` seconds later (a VM restore or a clock step moved it once, unprompted)."""
     f, new = _shifted_stat(tmp_path, shift)
@@ -164,7 +164,7 @@ NAMESPACES = {  # how a reconciler comes to see other pids or shifted start tick
 }
 
 
-def _reconcile_in(orch, how: str) -> subprocess.CompletedProcess:  # noqa: ANN001
+def _reconcile_in(orch, how: str) -> subprocess.CompletedProcess:
     """One `orch reconcile` run in a fresh namespace of kind ``how`` (a container, a VM restore)."""
     p = subprocess.run(["unshare", *NAMESPACES[how], PY, "-m", "orchestrator.cli", "reconcile"],
                        env=orch.env, cwd=str(ROOT), capture_output=True, text=True, timeout=60)

@@ -19,7 +19,7 @@ from orchkit import wait_for
 BIG_INT = 2**63 - 1
 
 
-def _nothing_written(orch, name: str) -> None:  # noqa: ANN001
+def _nothing_written(orch, name: str) -> None:
     assert not (orch.runs / name).exists(), f"{name}'s run dir exists"
     if (orch.home / "orch.db").exists():
         assert json.loads(orch.cli("status", "--json").stdout) == []
@@ -157,7 +157,7 @@ def test_plot_into_a_place_that_cannot_be_written_is_a_one_line_usage_error(orch
     assert p.stderr.startswith("orch: cannot write /proc/x.png: ") and len(p.stderr.splitlines()) == 1, p.stderr
 
 
-def _clone_jobs(orch, name: str, count: int) -> None:  # noqa: ANN001
+def _clone_jobs(orch, name: str, count: int) -> None:
     """``count`` copies of job ``name``'s row (every column but id copied): a large listing in seconds."""
     with sqlite3.connect(orch.home / "orch.db") as c:
         cols = [r[1] for r in c.execute("PRAGMA table_info(jobs)") if r[1] != "id"]
@@ -170,7 +170,7 @@ def _clone_jobs(orch, name: str, count: int) -> None:  # noqa: ANN001
             c.execute(f"INSERT INTO jobs ({', '.join(cols)}) VALUES ({marks})", [vals[k] for k in cols])
 
 
-def _into_closed_pipe(orch, *args: str) -> subprocess.CompletedProcess:  # noqa: ANN001
+def _into_closed_pipe(orch, *args: str) -> subprocess.CompletedProcess:
     """Run orch with stdout a pipe whose reader is already gone (the `| true` that exits first)."""
     r, w = os.pipe()
     os.close(r)
@@ -181,7 +181,7 @@ def _into_closed_pipe(orch, *args: str) -> subprocess.CompletedProcess:  # noqa:
         os.close(w)
 
 
-def _read_one_line_then_close(orch, *args: str) -> tuple[int, str]:  # noqa: ANN001
+def _read_one_line_then_close(orch, *args: str) -> tuple[int, str]:
     """`orch ... | head -1`: read one line, close the pipe, let orch run on into it."""
     p = subprocess.Popen([PY, "-m", "orchestrator.cli", *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                          env=orch.env, cwd=str(ROOT))
@@ -308,7 +308,7 @@ def test_requeue_of_a_sweep_reverifies_its_done_tasks(orch):
     assert len(show(orch, "sw.0001")["attempts"]) == 1  # a verified task is never rerun
 
 
-def _lose_db(orch) -> None:  # noqa: ANN001
+def _lose_db(orch) -> None:
     for f in ("orch.db", "orch.db-wal", "orch.db-shm"):
         (orch.home / f).unlink(missing_ok=True)
 
@@ -343,7 +343,7 @@ def test_a_resubmitted_sweep_adopts_identical_tasks_and_runs_the_new_ones(orch):
     assert show(orch, "pa.0000")["attempts"] == []  # adopted: recorded done, not rerun
 
 
-def _params(orch, sets: list[dict]) -> Path:  # noqa: ANN001
+def _params(orch, sets: list[dict]) -> Path:
     f = orch.home.parent / f"params-{time.monotonic_ns()}.jsonl"
     f.write_text("".join(json.dumps(s) + "\n" for s in sets))
     return f

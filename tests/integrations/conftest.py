@@ -21,7 +21,7 @@ def _environ_restored():
 
 
 @pytest.fixture
-def orch(orch):  # noqa: F811 - extends the root fixture of the same name
+def orch(orch):  # extends the root fixture of the same name
     keep = {k: v for k, v in orch.env.items() if k in ("ORCH_HOME",)}
     orch.env.clear()
     orch.env.update(quiet_env(keep))

@@ -13,7 +13,7 @@ from orchestrator.integrations import hf
 
 
 class _Slow(TrainerCallback):
-    def on_step_end(self, *a, **k) -> None:  # noqa: ANN002, ANN003 - HF's hook signature
+    def on_step_end(self, *a, **k) -> None:  # HF's hook signature
         time.sleep(0.02)
 
 

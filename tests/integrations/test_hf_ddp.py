@@ -20,7 +20,7 @@ SCRIPT = Path(__file__).parent / "scripts" / "hf_slow_rank_save.py"  # the examp
 ARGS = ["--max-steps", str(MAX)]
 
 
-def _stopped_once_then_done(orch, name: str, log: Path, max_steps: int) -> tuple[Path, int]:  # noqa: ANN001
+def _stopped_once_then_done(orch, name: str, log: Path, max_steps: int) -> tuple[Path, int]:
     """After the signal: the job ends verified in 2 attempts, the 1st ``preempted`` and requeued by orch alone; both
     ranks ended attempt 1 after the same step, the one committed (verified), and began attempt 2 right after it;
     no step ran twice or was skipped on either rank. Returns (run dir, the stop's step)."""

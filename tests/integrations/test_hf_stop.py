@@ -18,7 +18,7 @@ def test_a_stop_at_a_step_cancels_the_evaluation_hf_would_run_before_the_save(tm
     assert (got.should_save, got.should_training_stop, got.should_evaluate) == (True, True, False)
 
 
-def _training(tmp_path, **kwargs) -> tuple[orch.OrchCallback, TrainingArguments, TrainerState]:  # noqa: ANN001, ANN003
+def _training(tmp_path, **kwargs) -> tuple[orch.OrchCallback, TrainingArguments, TrainerState]:
     """A callback inside ``train()`` (on_train_begin ran, no orch: ``run_dir``), a signal received."""
     cb = orch.OrchCallback(run_dir=tmp_path)
     args = TrainingArguments(output_dir=str(tmp_path / "out"), report_to=[], **kwargs)

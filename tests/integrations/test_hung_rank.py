@@ -57,7 +57,7 @@ def _rank1_stopped(run_dir: Path) -> tuple[psutil.Process, psutil.Process] | Non
         return None
 
 
-def _hang_of(orch, name: str, *script_args: str) -> tuple[Path, dict]:  # noqa: ANN001
+def _hang_of(orch, name: str, *script_args: str) -> tuple[Path, dict]:
     """Run SCRIPT on 2 torchrun ranks under orch (hang_timeout_s 5) until rank 1 stopped itself, then reconcile
     until attempt 1 ends; check that the hang stop ended the WHOLE attempt and it is a resumed hang.
     (run dir, attempt 1 as orch show --json has it)."""

@@ -98,7 +98,7 @@ def test_a_stop_at_a_step_that_validation_follows_resumes_bit_exact(tmp_path):
                              _weights(tmp_path / "ref" / "result" / "model.ckpt"))
 
 
-def _ddp_rank_past_step_10(orch, rank: int, max_steps: int, past: int = 10) -> tuple[Path, Path, int]:  # noqa: ANN001
+def _ddp_rank_past_step_10(orch, rank: int, max_steps: int, past: int = 10) -> tuple[Path, Path, int]:
     """Submit the Lightning example as the DDP job "ddp" on two ranks; (run dir, step log, the pid of ``rank``)
     once that rank is past step ``past``."""
     log = orch.home.parent / "ddp-steps.log"

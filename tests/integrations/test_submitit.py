@@ -22,7 +22,7 @@ from orchestrator.errors import Refused
 from orchestrator.integrations.submitit import OrchExecutor
 
 sys.path.insert(0, str(EXAMPLES))
-from submitit_train import TrainLoop  # noqa: E402 - examples/ is no package
+from submitit_train import TrainLoop  # examples/ is no package
 
 RUNNER = b"orchestrator.integrations.submitit_runner"
 

@@ -64,7 +64,7 @@ def curve(log_dir, tag: str) -> list[tuple[int, float]]:
     return [(e.step, e.value) for e in acc.Scalars(tag)]
 
 
-def _mlflow_run(uri: str):  # noqa: ANN202
+def _mlflow_run(uri: str):
     """The store's one run, whichever experiment holds it (Lightning's logger makes its own without orch)."""
     client = MlflowClient(tracking_uri=uri)
     (run,) = client.search_runs([e.experiment_id for e in client.search_experiments()])

@@ -28,7 +28,7 @@ class OfflineRun:
     exit_code: int | None = None  # None: the process never reported its end (killed)
 
 
-def _payloads(data: bytes):  # noqa: ANN202
+def _payloads(data: bytes):
     if data[:4] != b":W&B":
         raise ValueError(f"not a W&B transaction log: {data[:8]!r}")
     pos, pending = HEADER, b""

@@ -39,7 +39,7 @@ RETRYABLE = {"retryable_failed"}
 tree_hash = orchkit.tree_hash
 
 
-def db_rows(home: Path, sql: str, *params) -> list[tuple]:  # noqa: ANN002
+def db_rows(home: Path, sql: str, *params) -> list[tuple]:
     """Rows of the DB the test's orch uses: ORCH_HOME's SQLite file, or the PostgreSQL database that
     the ``postgres`` variant put in ORCH_DB_URL (tests/conftest.py)."""
     if url := os.environ.get("ORCH_DB_URL"):

@@ -29,7 +29,7 @@ BEATS = textwrap.dedent('''
 ''')
 
 
-def _drive(orch, name: str, seconds: float) -> list[str]:  # noqa: ANN001
+def _drive(orch, name: str, seconds: float) -> list[str]:
     """Reconcile passes for ``seconds``; the job's states seen."""
     seen, t0 = [], time.monotonic()
     while time.monotonic() - t0 < seconds:

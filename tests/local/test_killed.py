@@ -48,7 +48,7 @@ def test_kill9_mid_save_is_killed_auto_requeued_and_resumes_from_the_last_good_f
 TRAINER = [sys.executable, "-m", "orch_trainer", "--preset", "tiny", "--max-steps", "100000", "--save-interval", "50"]
 
 
-def _procs(run_dir, marker: bytes, rank: int | None = None) -> list[int]:  # noqa: ANN001
+def _procs(run_dir, marker: bytes, rank: int | None = None) -> list[int]:
     """Pids whose command line holds ``marker`` and whose environment names ``run_dir`` (and ``rank``)."""
     from pathlib import Path
 

@@ -20,11 +20,11 @@ from orchestrator.backends.local import live_by_run_dir
 ESCAPES = "env -i setsid sleep 60 & sleep 0.5; exit 1"
 
 
-def _pids(run_dir) -> list[int]:  # noqa: ANN001
+def _pids(run_dir) -> list[int]:
     return [int(e.split()[1]) for e in live_by_run_dir([run_dir]).get(os.path.realpath(run_dir), [])]
 
 
-def _wait_pids(run_dir, want_any: bool, timeout: float = 20) -> list[int]:  # noqa: ANN001
+def _wait_pids(run_dir, want_any: bool, timeout: float = 20) -> list[int]:
     seen: list[int] = []
 
     def settled() -> bool:

@@ -25,13 +25,13 @@ from orchestrator import protocol
 WRITE_RESULT = "mkdir -p result; echo ok > result/out.txt"
 
 
-def _finished_job(orch, name: str):  # noqa: ANN001, ANN202
+def _finished_job(orch, name: str):
     orch("submit", "--name", name, "--outputs", "result/*", "--", "bash", "-c", WRITE_RESULT, check=True)
     assert orch.wait(name, DONE, timeout=60) == "done_marker_verified"
     return orch.runs / name
 
 
-def _failed_job(orch, name: str, cmd: str = FLAKY):  # noqa: ANN001, ANN202
+def _failed_job(orch, name: str, cmd: str = FLAKY):
     orch("submit", "--name", name, "--outputs", "result/*", "--", "bash", "-c", cmd, check=True)
     assert orch.wait(name, RETRYABLE | DONE, timeout=60) == "retryable_failed"
     return orch.runs / name
@@ -125,7 +125,7 @@ def test_requeue_of_a_live_job_is_refused_with_exit_3(orch):
     (orch.runs / "busy" / "go").touch()
 
 
-def _outside_tree(tmp_path):  # noqa: ANN001, ANN202
+def _outside_tree(tmp_path):
     outside = tmp_path / "outside"
     (outside / "result").mkdir(parents=True)
     (outside / "result" / "model.bin").write_bytes(b"someone else's data")

@@ -45,16 +45,16 @@ pathlib.Path("result/out.txt").write_text(f"resumed from {start}, ended at {step
 """
 
 
-def spot_config(orch, md: FakeMetadata, notice: str | None = None) -> None:  # noqa: ANN001
+def spot_config(orch, md: FakeMetadata, notice: str | None = None) -> None:
     orch.write_config(f'[spot]\nurl = "{md.url}"\ninterval_s = {INTERVAL_S}\n'
                       + (f'notice = "{notice}"\n' if notice else ""))
 
 
-def submit(orch, name: str, *flags: str) -> None:  # noqa: ANN001
+def submit(orch, name: str, *flags: str) -> None:
     orch("submit", "--name", name, "--outputs", "result/*", *flags, "--", sys.executable, "-c", PROGRAM, check=True)
 
 
-def exit_record(run_dir, n: int = 1) -> dict:  # noqa: ANN001
+def exit_record(run_dir, n: int = 1) -> dict:
     p = protocol.attempt_dir(run_dir, n) / protocol.EXIT_FILE
     wait_for_file(p, 60)
     return json.loads(p.read_text())

@@ -49,7 +49,7 @@ def populated(orch):
         orch("cancel", "runs")
 
 
-def _force_slow_path(orch) -> None:  # noqa: ANN001
+def _force_slow_path(orch) -> None:
     """A DB file others can read is the slow path's to tighten: the next `orch status` takes it."""
     os.chmod(orch.home / "orch.db", 0o644)
 

@@ -72,7 +72,7 @@ def test_a_program_stopped_briefly_is_not_hung(orch):
     orch("cancel", "brief", check=True)
 
 
-def _rank_pids(run_dir, rank: int) -> tuple[int | None, int | None]:  # noqa: ANN001
+def _rank_pids(run_dir, rank: int) -> tuple[int | None, int | None]:
     """(orch's per-rank parent ``orchestrator.jobside.rankend``, the rank's program) of ``rank`` for ``run_dir``."""
     from pathlib import Path
 

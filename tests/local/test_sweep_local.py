@@ -34,7 +34,7 @@ def _tasks_alive(sweep: str) -> set[str]:
     return out
 
 
-def _settle(orch, names, timeout=90):  # noqa: ANN001
+def _settle(orch, names, timeout=90):
     def settled() -> dict | None:
         orch("reconcile", check=True)
         rows = {r["name"]: r for r in orch.json("status")}

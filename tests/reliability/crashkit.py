@@ -64,11 +64,11 @@ def _path_of(p: object, dir_fd: int | None = None) -> str:
 class _CrashFile:
     """A file opened for writing under the root: every write is a step (torn on a kill)."""
 
-    def __init__(self, f, label: str) -> None:  # noqa: ANN001
+    def __init__(self, f, label: str) -> None:
         self._f = f
         self._label = label
 
-    def write(self, data):  # noqa: ANN001, ANN201
+    def write(self, data):
         mv = memoryview(data).cast("B") if not isinstance(data, str) else None
 
         def torn() -> None:
@@ -86,7 +86,7 @@ class _CrashFile:
     def __exit__(self, *exc: object) -> object:
         return self._f.__exit__(*exc)
 
-    def __iter__(self):  # noqa: ANN204
+    def __iter__(self):
         return iter(self._f)
 
     def __getattr__(self, name: str) -> object:
@@ -106,7 +106,7 @@ def _install(pts: _Points) -> None:
 
     orig_open = builtins.open
 
-    def open_(file, mode="r", *a, **kw):  # noqa: ANN001, ANN202
+    def open_(file, mode="r", *a, **kw):
         f = orig_open(file, mode, *a, **kw)
         if isinstance(file, (str, bytes, os.PathLike)) and any(c in mode for c in "wxa+"):
             p = _path_of(file)
@@ -118,7 +118,7 @@ def _install(pts: _Points) -> None:
 
     orig_fsync = os.fsync
 
-    def fsync(fd):  # noqa: ANN001, ANN202
+    def fsync(fd):
         fd = fd if isinstance(fd, int) else fd.fileno()
         try:
             p = os.readlink(f"/proc/self/fd/{fd}")
@@ -133,7 +133,7 @@ def _install(pts: _Points) -> None:
     def wrap2(name: str) -> None:
         orig = getattr(os, name)
 
-        def f(src, dst, *a, src_dir_fd=None, dst_dir_fd=None, **kw):  # noqa: ANN001, ANN202
+        def f(src, dst, *a, src_dir_fd=None, dst_dir_fd=None, **kw):
             s, d = _path_of(src, src_dir_fd), _path_of(dst, dst_dir_fd)
             if under(s) or under(d):
                 pts.hit(f"{name} {rel(s)} -> {rel(d)}")
@@ -144,7 +144,7 @@ def _install(pts: _Points) -> None:
     def wrap1(name: str) -> None:
         orig = getattr(os, name)
 
-        def f(path, *a, dir_fd=None, **kw):  # noqa: ANN001, ANN202
+        def f(path, *a, dir_fd=None, **kw):
             p = _path_of(path, dir_fd)
             if under(p):
                 pts.hit(f"{name} {rel(p)}")
@@ -186,7 +186,7 @@ def run(op: Callable[[], object], root: Path, crash_at: int | None = None, timeo
             os.close(er)
             _install(_Points(os.path.realpath(root), crash_at, w))
             op()
-        except BaseException:  # noqa: BLE001
+        except BaseException:
             with contextlib.suppress(BaseException):
                 os.write(ew, traceback.format_exc().encode()[-4000:])
             code = 1
@@ -230,7 +230,7 @@ def kill_at_random(op: Callable[[], object], delay_s: float, root: Path) -> bool
         code = 0
         try:
             op()
-        except BaseException:  # noqa: BLE001
+        except BaseException:
             traceback.print_exc()
             code = 1
         finally:

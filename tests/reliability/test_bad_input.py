@@ -110,7 +110,7 @@ def _mem_invalid(v: str) -> bool:
     try:
         parse_mem_mb(v)
         return False
-    except Exception:  # noqa: BLE001 - click.BadParameter
+    except Exception:  # click.BadParameter
         return True
 
 
@@ -118,7 +118,7 @@ def _time_invalid(v: str) -> bool:
     try:
         parse_time_s(v)
         return False
-    except Exception:  # noqa: BLE001
+    except Exception:
         return True
 
 
@@ -152,7 +152,7 @@ def test_mem_and_time_that_parse_are_sane(mem: str, t: str) -> None:
     for parse, v, cap in ((parse_mem_mb, mem, 2**63 - 1), (parse_time_s, t, 2**63 - 1)):
         try:
             got = parse(v)
-        except Exception as e:  # noqa: BLE001
+        except Exception as e:
             assert type(e).__name__ == "BadParameter", repr(e)
             continue
         assert isinstance(got, int) and 0 < got <= cap, (v, got)

@@ -88,7 +88,7 @@ def _check_committed_names_whole(run_dir: Path) -> None:
         assert json.loads(j.read_text()) == METRICS, "result/metrics.json under its final name is partial"
 
 
-def test_marker_writer_killed_at_every_step(tmp_path: Path, clean_env: None, record_property) -> None:  # noqa: ANN001
+def test_marker_writer_killed_at_every_step(tmp_path: Path, clean_env: None, record_property) -> None:
     outside = sentinel(tmp_path)
     before_outside = tree_hash(outside)
     template = tmp_path / "template"
@@ -165,7 +165,7 @@ def _check_checkpoints(run_dir: Path, where: str, prev_hash: str, prev: int = 20
 
 @pytest.mark.parametrize("background", [False, True], ids=["foreground", "background"])
 def test_checkpoint_writer_killed_at_every_step(tmp_path: Path, clean_env: None, background: bool,
-                                                record_property) -> None:  # noqa: ANN001
+                                                record_property) -> None:
     # background: the trainer's default save, written by the writer thread while training goes on (the
     # kill lands in that thread's writes as well, since a kill takes the whole process).
     outside = sentinel(tmp_path)
@@ -276,7 +276,7 @@ def _failed_job(home: Path, backend: RecordingBackend, outside: Path) -> None:
 
 
 def test_requeue_clearing_killed_at_every_step(tmp_path: Path, clean_env: None, monkeypatch: pytest.MonkeyPatch,
-                                               record_property) -> None:  # noqa: ANN001
+                                               record_property) -> None:
     from orchestrator.ops.reconcile import reconcile_pass
 
     outside = sentinel(tmp_path)
@@ -364,7 +364,7 @@ def _random_kills(n: int) -> list[float]:
 
 @pytest.mark.parametrize("background", [False, True], ids=["foreground", "background"])
 def test_checkpoint_writer_killed_at_random_times(tmp_path: Path, clean_env: None, background: bool,
-        record_property) -> None:  # noqa: ANN001
+        record_property) -> None:
     _checkpoint_random(tmp_path, background, _random_kills(4))
     record_property("trials", 4)
 
@@ -372,7 +372,7 @@ def test_checkpoint_writer_killed_at_random_times(tmp_path: Path, clean_env: Non
 @pytest.mark.long
 @pytest.mark.parametrize("background", [False, True], ids=["foreground", "background"])
 def test_checkpoint_writer_killed_at_random_times_long(tmp_path: Path, clean_env: None, background: bool,
-        record_property) -> None:  # noqa: ANN001
+        record_property) -> None:
     _checkpoint_random(tmp_path, background, _random_kills(100))
     record_property("trials", 100)
 
@@ -427,12 +427,12 @@ def _marker_random(tmp_path: Path, delays: list[float]) -> None:
     assert tree_hash(outside) == before_outside
 
 
-def test_marker_writer_killed_at_random_times(tmp_path: Path, clean_env: None, record_property) -> None:  # noqa: ANN001
+def test_marker_writer_killed_at_random_times(tmp_path: Path, clean_env: None, record_property) -> None:
     _marker_random(tmp_path, _random_kills(4))
     record_property("trials", 4)
 
 
 @pytest.mark.long
-def test_marker_writer_killed_at_random_times_long(tmp_path: Path, clean_env: None, record_property) -> None:  # noqa: ANN001
+def test_marker_writer_killed_at_random_times_long(tmp_path: Path, clean_env: None, record_property) -> None:
     _marker_random(tmp_path, _random_kills(100))
     record_property("trials", 100)

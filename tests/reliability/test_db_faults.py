@@ -191,7 +191,7 @@ def test_upgrade_from_every_revision_to_head_keeps_the_rows(tmp_path: Path, rev:
 # a writer holding the lock past the busy timeout
 # =================================================================================================
 @pytest.fixture
-def locked_home(tmp_path: Path, clean_env: None):  # noqa: ANN201
+def locked_home(tmp_path: Path, clean_env: None):
     home = tmp_path / "home"
     home.mkdir()
     (home / "orch.toml").write_text("[reconcile]\nbusy_timeout_ms = 300\nlease_ttl_s = 1\n")
@@ -204,7 +204,7 @@ def locked_home(tmp_path: Path, clean_env: None):  # noqa: ANN201
     holder.close()
 
 
-def test_locked_db_gives_a_clear_error_and_the_next_pass_works(locked_home) -> None:  # noqa: ANN001
+def test_locked_db_gives_a_clear_error_and_the_next_pass_works(locked_home) -> None:
     home, holder = locked_home
     t0 = time.monotonic()
     p = orch(home, "reconcile")
@@ -248,7 +248,7 @@ def test_lock_taken_in_the_middle_of_a_pass(tmp_path: Path, clean_env: None) -> 
     holder = sqlite3.connect(home / "orch.db", isolation_level=None, timeout=0.1)
 
     class GrabbingBackend(LocalBackend):
-        def poll(self, refs):  # noqa: ANN001, ANN202
+        def poll(self, refs):
             out = super().poll(refs)
             holder.execute("BEGIN IMMEDIATE")
             return out

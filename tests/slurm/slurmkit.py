@@ -102,14 +102,14 @@ def node_idle(timeout: float = 60) -> None:
     wait_for(idle, timeout, "the node to be free", interval=0.5, detail=lambda: run("squeue").stdout)
 
 
-def cancel_all_of(orch, extra: Sequence[str] = ()) -> None:  # noqa: ANN001
+def cancel_all_of(orch, extra: Sequence[str] = ()) -> None:
     """scancel every Slurm job of the test's orch jobs (and ``extra`` ids): a test's teardown. Never raises past
     a failing status query, so the test's own failure is the one reported."""
     ids = list(extra)
     try:
         for row in orch.json("status"):
             ids += [a["external_id"] for a in orch.show(row["name"])["attempts"] if a.get("external_id")]
-    except Exception:  # noqa: BLE001 - cleanup must not hide the test's own failure
+    except Exception:  # cleanup must not hide the test's own failure
         pass
     if ids:
         run("scancel", *ids)

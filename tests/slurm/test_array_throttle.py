@@ -24,7 +24,7 @@ TASK = textwrap.dedent('''
 ''')
 
 
-def test_array_throttle_reaches_sbatch_and_slurm_runs_at_most_k_tasks_at_once(orch, tmp_path):  # noqa: ANN001
+def test_array_throttle_reaches_sbatch_and_slurm_runs_at_most_k_tasks_at_once(orch, tmp_path):
     node_idle()
     script, log = tmp_path / "task.py", tmp_path / "throttle.log"
     script.write_text(TASK)

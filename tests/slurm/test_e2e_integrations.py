@@ -145,19 +145,19 @@ def test_lightning_hf_and_the_plain_loop_with_wandb_under_a_real_time_limit_redo
 LONG_STEPS = 1500  # 2 min of steps: a prio job takes ~20 s (grace included) to preempt, twice, with room
 
 
-def _preemptions(orch, name: str) -> int:  # noqa: ANN001
+def _preemptions(orch, name: str) -> int:
     """How often the job was stopped by a preemption: in place (Slurm's restarts) or by orch (new attempts)."""
     att = orch.show(name)["attempts"]
     return sum(a["restarts"] for a in att) + sum(a["failure_class"] == "preempted" for a in att)
 
 
-def _running_in_slurm(orch, name: str) -> bool:  # noqa: ANN001
+def _running_in_slurm(orch, name: str) -> bool:
     att = orch.show(name)["attempts"]
     ext = att[-1]["external_id"] if att else None
     return bool(ext) and run("squeue", "-h", "-j", ext, "-o", "%t").stdout.strip() == "R"
 
 
-def _preempted_n_times_redoes_no_step(orch, jobs, tmp_path, script: str, partition: str, steps: int,  # noqa: ANN001
+def _preempted_n_times_redoes_no_step(orch, jobs, tmp_path, script: str, partition: str, steps: int,
                                       preemptions: int) -> None:
     """Issue 10's claim on the cluster: preempted ``preemptions`` times by real prio jobs, the job ends
     done_marker_verified with every step computed exactly once (0 redone). One job at a time, so each prio

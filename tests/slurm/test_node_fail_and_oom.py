@@ -64,7 +64,7 @@ def test_a_job_over_its_mem_is_killed_by_its_cgroup_and_classified_oom(slurm: Sl
 
 
 @pytest.fixture
-def cleanup(orch):  # noqa: ANN001, ANN201
+def cleanup(orch):
     """Every Slurm job of this test's orch home is cancelled at its end."""
     yield
     cancel_all_of(orch)

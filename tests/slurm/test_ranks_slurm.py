@@ -68,7 +68,7 @@ def test_two_ranks_through_srun_torchrun_preempted_requeued_in_place_zero_steps_
         cancel_all_of(orch, prio)
 
 
-def _drive(orch, cond, timeout: float, what: str) -> None:  # noqa: ANN001
+def _drive(orch, cond, timeout: float, what: str) -> None:
     """Reconcile (as cron would) until ``cond()``."""
     def reached() -> bool:
         if cond():

@@ -33,12 +33,12 @@ AS_RUN_HERE = {
 TOO_BIG = {"lm1": LM1, "big": BIG}
 
 
-def _cwd(cmd: str, work):  # noqa: ANN001, ANN202
+def _cwd(cmd: str, work):
     """The quick start's venv path (.venv/bin/python) is the checkout's; train.py is the user's."""
     return ROOT if ".venv/" in cmd else work
 
 
-def _job_ids(work, env, name: str) -> list[str]:  # noqa: ANN001
+def _job_ids(work, env, name: str) -> list[str]:
     p = run_cmd(f"orch show {name} --json", work, env)
     return [a["external_id"] for a in json.loads(p.stdout)["attempts"] if a.get("external_id")]
 
@@ -49,7 +49,7 @@ def _held_for_size(job_id: str) -> bool:
 
 
 @pytest.fixture
-def user(tmp_path):  # noqa: ANN001, ANN201
+def user(tmp_path):
     work, env = user_dir(tmp_path)
     yield work, env
     ids = [i for name in status(work, env) for i in _job_ids(work, env, name)]

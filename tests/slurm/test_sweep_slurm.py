@@ -61,12 +61,12 @@ def events(log: Path) -> list[dict]:
     return [json.loads(line) for line in log.read_text().splitlines() if line.strip()]
 
 
-def task_status(orch) -> dict[str, dict]:  # noqa: ANN001
+def task_status(orch) -> dict[str, dict]:
     return task_status_of(orch, "sw")
 
 
 @pytest.fixture
-def cleanup(orch):  # noqa: ANN001, ANN201
+def cleanup(orch):
     extra: list[str] = []
     yield extra
     ids = set(extra)
@@ -81,7 +81,7 @@ def _start_requeued(sweep_ids: set[str]) -> None:
     start_requeued(lambda jid, _name: jid.split("_")[0] in sweep_ids)
 
 
-def test_a_twenty_task_array_recovers_each_task_on_its_own(orch, cleanup, tmp_path):  # noqa: ANN001
+def test_a_twenty_task_array_recovers_each_task_on_its_own(orch, cleanup, tmp_path):
     node_idle()
     script = tmp_path / "task.py"
     script.write_text(f"PREEMPTED, CRASH_ONCE, INVALID = {PREEMPTED}, {CRASH_ONCE}, {INVALID}\n" + TASK)
@@ -192,7 +192,7 @@ def test_a_twenty_task_array_recovers_each_task_on_its_own(orch, cleanup, tmp_pa
 
 
 @pytest.mark.parametrize("site", ["after_backend_submit", "group_claimed", "group_written"])
-def test_a_sweep_whose_submitter_dies_right_after_sbatch_is_found_by_its_token(orch, cleanup, site):  # noqa: ANN001
+def test_a_sweep_whose_submitter_dies_right_after_sbatch_is_found_by_its_token(orch, cleanup, site):
     # Exactly-once per task across a crash between sbatch and orch's DB: the submitting process dies (as a
     # kill -9 would) just after sbatch accepted the array; the next reconcile pass finds that array by the
     # token in its job name and records each task's id, instead of submitting the sweep a second time.
@@ -241,11 +241,11 @@ def test_a_sweep_whose_submitter_dies_right_after_sbatch_is_found_by_its_token(o
         assert (orch.runs / n / "result.txt").read_text() == n[-1]
 
 
-def task_status_of(orch, sweep: str) -> dict[str, dict]:  # noqa: ANN001
+def task_status_of(orch, sweep: str) -> dict[str, dict]:
     return {r["name"]: r for r in orch.json("status") if r.get("sweep") == sweep}
 
 
-def test_a_sweep_larger_than_the_clusters_max_array_size_is_refused_before_anything_is_written(orch):  # noqa: ANN001
+def test_a_sweep_larger_than_the_clusters_max_array_size_is_refused_before_anything_is_written(orch):
     # Found by the P6 benchmark: task 1500 of one array is "Invalid job array specification" on a default
     # cluster (MaxArraySize=1001), which orch took for a permanent refusal: every task ended failed.
     limit = int(re.search(r"MaxArraySize\s*=\s*(\d+)", run("scontrol", "show", "config").stdout).group(1))
@@ -258,7 +258,7 @@ def test_a_sweep_larger_than_the_clusters_max_array_size_is_refused_before_anyth
     assert orch.json("status") == [] and (not orch.runs.exists() or not any(orch.runs.iterdir()))
 
 
-def test_a_pending_array_task_keeps_its_run_dir_after_the_db_is_lost(orch, cleanup):  # noqa: ANN001
+def test_a_pending_array_task_keeps_its_run_dir_after_the_db_is_lost(orch, cleanup):
     # Issue 20: a queued task's run dir stays empty (its records wait in its batch) and the array's submission is
     # recorded once, in its batch dir. A DB lost while the array waits (held here by --begin): resubmitting the
     # sweep, or one of its tasks, must still see the pending task in its run dir, found from the batch's task
@@ -294,11 +294,11 @@ def test_a_pending_array_task_keeps_its_run_dir_after_the_db_is_lost(orch, clean
     cleanup.append(orch.show("held.0001")["attempts"][-1]["external_id"])
 
 
-def _attempt_state(orch, name: str) -> str:  # noqa: ANN001
+def _attempt_state(orch, name: str) -> str:
     return orch.show(name)["attempts"][-1]["state"]
 
 
-def test_a_task_cancelled_while_queued_settles_and_gives_its_room_back(orch, cleanup):  # noqa: ANN001
+def test_a_task_cancelled_while_queued_settles_and_gives_its_room_back(orch, cleanup):
     # Hostile test: Slurm drops a pending array task cancelled on its own from its array and never accounts it, so
     # `orch cancel` left the attempt `stopping` (the job not requeueable, "still stopping") for good, and the batch
     # kept the task's slot of disk. A whole array cancelled while pending is listed as CANCELLED, then dropped.

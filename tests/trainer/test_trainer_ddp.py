@@ -38,7 +38,7 @@ ARGS = ["--preset", "tiny", "--batch-size", "8", "--micro-batch-size", "2", "--s
 ENV = {**GLOO_ENV, "ORCH_HEARTBEAT_S": "0.05", "ORCH_TRAINER_COLLECTIVE_TIMEOUT_S": "60"}
 
 
-def submit(orch, name: str, steps: int, *extra: str) -> Path:  # noqa: ANN001
+def submit(orch, name: str, steps: int, *extra: str) -> Path:
     """``orch submit --nproc-per-node 2 [extra orch options] -- python -m orch_trainer ARGS [extra after "--"]``."""
     cut = extra.index("--") if "--" in extra else len(extra)
     orch("submit", "--name", name, "--nproc-per-node", "2", *extra[:cut], "--", sys.executable, "-m", "orch_trainer",
@@ -69,7 +69,7 @@ def progress(run_dir: Path, attempt: int) -> int:
     return int((protocol.read_progress(run_dir, attempt) or {}).get("step") or 0)
 
 
-def signal_ranks(orch, run_dir: Path, attempt: int, past: int, ranks: tuple[int, ...] = (0, 1)) -> None:  # noqa: ANN001
+def signal_ranks(orch, run_dir: Path, attempt: int, past: int, ranks: tuple[int, ...] = (0, 1)) -> None:
     """SIGTERM ``ranks`` of ``attempt`` once rank 0 posted a step past ``past`` (reconciling until it runs)."""
     def ready() -> dict[int, int] | None:
         early = protocol.attempt_dir(run_dir, attempt) / protocol.FAILURE_FILE

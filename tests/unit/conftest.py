@@ -27,7 +27,7 @@ def db(cfg: Config) -> Database:
 
 
 @pytest.fixture
-def sched(monkeypatch: pytest.MonkeyPatch):  # noqa: ANN201 - orchkit's FakeScheduler
+def sched(monkeypatch: pytest.MonkeyPatch):  # orchkit's FakeScheduler
     """The shared fake scheduler (tests/orchkit.py) behind every service that looks a backend up by name."""
     from orchkit import fake_scheduler, use_backend
 
@@ -39,7 +39,7 @@ def sched(monkeypatch: pytest.MonkeyPatch):  # noqa: ANN201 - orchkit's FakeSche
 
 
 @pytest.fixture
-def outside(tmp_path):  # noqa: ANN001, ANN201
+def outside(tmp_path):
     """A tree outside ORCH_HOME that confinement tests check is never touched (rundir, trash)."""
     o = tmp_path / "outside"
     (o / "sub").mkdir(parents=True)

@@ -130,7 +130,7 @@ def test_a_requeue_scans_only_backends_whose_liveness_is_this_hosts(tmp_path: Pa
 
 @pytest.mark.parametrize("group_queue", [True, False])
 def test_a_sweep_is_one_group_submission_only_where_the_scheduler_keeps_the_queue(
-        db, cfg, monkeypatch: pytest.MonkeyPatch, group_queue: bool) -> None:  # noqa: ANN001
+        db, cfg, monkeypatch: pytest.MonkeyPatch, group_queue: bool) -> None:
     fake = Fake(Capabilities(group_queue=group_queue))
     monkeypatch.setattr("orchestrator.ops.sweep.get_backend", lambda _name: fake)
     submit_sweep(db, cfg, SweepRequest(name="sw", command=["true", "{x}"], params=[{"x": 1}, {"x": 2}, {"x": 3}],
@@ -141,7 +141,7 @@ def test_a_sweep_is_one_group_submission_only_where_the_scheduler_keeps_the_queu
         assert (fake.groups, len(fake.submits)) == ([], 2)
 
 
-def _pending_sweep_task(db, backend: str) -> None:  # noqa: ANN001
+def _pending_sweep_task(db, backend: str) -> None:
     with db.write() as s:
         sweep = Sweep(name="sw", backend=backend, throttle=None, params=[{}])
         s.add(sweep)
@@ -155,7 +155,7 @@ def _pending_sweep_task(db, backend: str) -> None:  # noqa: ANN001
 
 @pytest.mark.parametrize("group_queue", [True, False])
 def test_reconcile_launches_a_fresh_queued_task_only_where_orch_keeps_the_queue(
-        db, cfg, monkeypatch: pytest.MonkeyPatch, group_queue: bool) -> None:  # noqa: ANN001
+        db, cfg, monkeypatch: pytest.MonkeyPatch, group_queue: bool) -> None:
     # A group-queue sweep's task this young is its submitter's to launch (the array is on its way).
     monkeypatch.setenv("ORCH_LAUNCH_GRACE_S", "600")
     _pending_sweep_task(db, "fake")

@@ -31,14 +31,14 @@ ABSENT = Verification(MarkerStatus.ABSENT, "no done.json")
 CORRUPT = Verification(MarkerStatus.CORRUPT, "result/model.pt sha256 mismatch")
 
 
-def exited(rc=None, sig=None, state=None, reason=""):  # noqa: ANN001, ANN201
+def exited(rc=None, sig=None, state=None, reason=""):
     """An outcome as a backend reports it: ``state`` is the scheduler's word, mapped to its cause the
     way the Slurm backend maps it."""
     cause = STATE_CAUSE.get(state.split()[0].upper()) if state else None
     return Outcome(Phase.EXITED, exit_code=rc, signal=sig, backend_state=state, reason=reason, cause=cause)
 
 
-def stopped(rc, source="signal", sig="TERM"):  # noqa: ANN001, ANN201
+def stopped(rc, source="signal", sig="TERM"):
     """The wrapper's record of a program it delivered a stop to."""
     return ExitRecord(token="t", returncode=rc, stop_signal=sig, stop_source=source)
 

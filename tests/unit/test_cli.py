@@ -13,7 +13,7 @@ from click.testing import CliRunner
 from orchestrator.cli import main
 
 
-def assert_nothing_created(orch) -> None:  # noqa: ANN001
+def assert_nothing_created(orch) -> None:
     """No run dir and no job row: either ORCH_HOME was never created, or it holds no trace."""
     if orch.runs.exists():
         assert list(orch.runs.iterdir()) == []

@@ -17,7 +17,7 @@ POLICY_KEYS = ("auto_requeue, backoff_cap_s, caps, crash_backoff_s, hang_timeout
                "oom_mem_cap_mb, oom_mem_factor, slow_factor, uncounted")
 
 
-def _load(tmp_path: Path, text: str):  # noqa: ANN202
+def _load(tmp_path: Path, text: str):
     home = tmp_path / "home"
     home.mkdir(exist_ok=True)
     (home / "orch.toml").write_text(text)

@@ -16,23 +16,23 @@ class CountingBackend(Backend):
         self.submits: list[str] = []
         self.find_fails = find_fails
 
-    def submit(self, spec):  # noqa: ANN001, ANN201
+    def submit(self, spec):
         self.submits.append(spec.token)
         return f"ext-{len(self.submits)}"
 
-    def poll(self, refs):  # noqa: ANN001, ANN201
+    def poll(self, refs):
         return {r.token: Outcome(Phase.RUNNING) for r in refs}
 
-    def cancel(self, refs):  # noqa: ANN001, ANN201
+    def cancel(self, refs):
         pass
 
-    def find_by_token(self, refs):  # noqa: ANN001, ANN201
+    def find_by_token(self, refs):
         if self.find_fails:
             raise BackendError("sacct: Problem talking to the database")
         return {}
 
 
-def _pending_job(db, cfg, name: str = "j", *, claimed: bool = False) -> None:  # noqa: ANN001
+def _pending_job(db, cfg, name: str = "j", *, claimed: bool = False) -> None:
     """A job whose first attempt is pending, or (``claimed``) launching: a launcher claimed it and
     may be inside its backend call (or died there)."""
     with db.write() as s:

@@ -14,7 +14,7 @@ from orchestrator.core.lifecycle import AttemptState, JobState
 from orchestrator.ops.launch import LaunchOutcome, launch
 
 
-def _states(db, name: str):  # noqa: ANN001, ANN202
+def _states(db, name: str):
     with db.read() as s:
         job = get_job(s, name)
         return job.state, job.attempts[-1].state, job.attempts[-1].external_id
@@ -56,7 +56,7 @@ def test_an_io_error_while_the_run_dir_is_prepared_is_a_storage_fault_requeued_b
     for name, code, cls, auto in (("eio", errno.EIO, "storage", True), ("eacces", errno.EACCES, "unknown", False)):
         pending_job(db, cfg, name)
 
-        def failing(*_a, code=code, **_kw):  # noqa: ANN002, ANN003, ANN202
+        def failing(*_a, code=code, **_kw):
             raise OSError(code, os.strerror(code), "attempts/1/command.json")
 
         monkeypatch.setattr(launch_mod, "check_and_prepare", failing)

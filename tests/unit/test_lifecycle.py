@@ -122,7 +122,7 @@ def test_attempt_sets_derive_from_the_table():
         assert ATTEMPT_TRANSITIONS[s] & ATTEMPT_ENDED, s
 
 
-def _job_in(db, state: JobState, name: str) -> None:  # noqa: ANN001
+def _job_in(db, state: JobState, name: str) -> None:
     with db.write() as s:
         s.add(Job(name=name, state=state, backend="local", run_dir=f"/nowhere/{name}", command=["true"]))
 
@@ -188,12 +188,12 @@ def test_a_stale_attempt_mover_loses_to_the_first(db):
 # ------------------------------------------------------------------------------------------
 # transition(): compare-and-set with an event row in the same transaction
 # ------------------------------------------------------------------------------------------
-def _make_job(db, name: str = "j", state: JobState = JobState.RETRYABLE_FAILED) -> None:  # noqa: ANN001
+def _make_job(db, name: str = "j", state: JobState = JobState.RETRYABLE_FAILED) -> None:
     with db.write() as s:
         s.add(Job(name=name, state=state, backend="local", run_dir=f"/nowhere/{name}", command=["true"]))
 
 
-def _events(db, name: str) -> list[tuple[str | None, str, str]]:  # noqa: ANN001
+def _events(db, name: str) -> list[tuple[str | None, str, str]]:
     with db.read() as s:
         job = get_job(s, name)
         return [(e.from_state, e.to_state, e.reason)

@@ -17,11 +17,11 @@ A, J = AttemptState, JobState
 
 
 @contextmanager
-def updates(db) -> Iterator[list[str]]:  # noqa: ANN001
+def updates(db) -> Iterator[list[str]]:
     """Every UPDATE statement the engine sends while the block runs (commit included)."""
     seen: list[str] = []
 
-    def count(_conn, _cursor, statement, _params, _context, _many) -> None:  # noqa: ANN001
+    def count(_conn, _cursor, statement, _params, _context, _many) -> None:
         if statement.lstrip().upper().startswith("UPDATE"):
             seen.append(statement)
 
@@ -32,7 +32,7 @@ def updates(db) -> Iterator[list[str]]:  # noqa: ANN001
         event.remove(db.engine, "before_cursor_execute", count)
 
 
-def _job_with_attempt(db, name: str = "j") -> None:  # noqa: ANN001
+def _job_with_attempt(db, name: str = "j") -> None:
     with db.write() as s:
         job = Job(name=name, state=J.PENDING, backend="local", run_dir=f"/nowhere/{name}", command=["true"])
         s.add(job)

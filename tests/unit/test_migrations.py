@@ -191,7 +191,7 @@ def test_a_db_file_made_by_hand_with_a_loose_mode_is_tightened_to_0600(cfg):
     assert stat.S_IMODE((cfg.home / "orch.db").stat().st_mode) == 0o600
 
 
-def _sqlite_db_at(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, revision: str):  # noqa: ANN202 - a Config
+def _sqlite_db_at(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, revision: str):  # a Config
     """A fresh SQLite DB in ORCH_HOME upgraded to ``revision`` only: old rows are then written in its shape."""
     monkeypatch.setenv("ORCH_HOME", str(tmp_path / "home"))
     monkeypatch.delenv("ORCH_DB_URL", raising=False)

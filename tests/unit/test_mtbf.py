@@ -9,7 +9,7 @@ import pytest
 from sqlalchemy import text
 
 
-def _ended(db, name: str, backend: str, resources: object, cls: str | None, held_s: float | None, ago_s: float) -> None:  # noqa: ANN001
+def _ended(db, name: str, backend: str, resources: object, cls: str | None, held_s: float | None, ago_s: float) -> None:
     """A job with one ended attempt (raw rows, as any orch version left them)."""
     end = datetime.now(UTC).replace(tzinfo=None) - timedelta(seconds=ago_s)
     start = None if held_s is None else end - timedelta(seconds=held_s)

@@ -19,14 +19,14 @@ from orchestrator.ops.attemptpoll import observe, polled_rows
 from orchestrator.ops.submit import SubmitRequest, submit
 
 
-def _state(db, name: str):  # noqa: ANN001, ANN202
+def _state(db, name: str):
     with db.read() as s:
         j = get_job(s, name)
         a = j.attempts[-1]
         return j.state, a.state, a.failure_class and a.failure_class.value, a.counted
 
 
-def _pass(db, cfg, backend) -> PassReport:  # noqa: ANN001
+def _pass(db, cfg, backend) -> PassReport:
     rep = PassReport()
     observe(db, cfg, lambda _n: backend, polled_rows(db), rep)
     return rep
@@ -72,7 +72,7 @@ def test_one_jobs_surprise_is_its_own_error_and_the_other_jobs_are_still_observe
 
     real = obs.evidence_of_end
 
-    def boom(r, out):  # noqa: ANN001, ANN202
+    def boom(r, out):
         if str(r.run_dir).endswith("/bad"):
             raise KeyError("a job-written value orch did not expect")
         return real(r, out)
@@ -83,7 +83,7 @@ def test_one_jobs_surprise_is_its_own_error_and_the_other_jobs_are_still_observe
     assert _state(db, "good")[0] is JobState.RETRYABLE_FAILED and _state(db, "bad")[1] is AttemptState.SUBMITTED
 
 
-def _beats(cfg, name: str, ages: dict[int, tuple[float, int]]) -> None:  # noqa: ANN001
+def _beats(cfg, name: str, ages: dict[int, tuple[float, int]]) -> None:
     """Write each rank's heartbeat file as the kit does (rank 0 progress.json, the others progress.rank-<r>.json),
     dated ``age`` seconds ago, at ``step``."""
     run_dir, now = cfg.runs_root / name, time.time()
@@ -97,7 +97,7 @@ def _beats(cfg, name: str, ages: dict[int, tuple[float, int]]) -> None:  # noqa:
         os.utime(path, (now - age, now - age))
 
 
-def _stopped(db, name: str) -> tuple[AttemptState, int | None, int | None, float | None]:  # noqa: ANN001
+def _stopped(db, name: str) -> tuple[AttemptState, int | None, int | None, float | None]:
     """The attempt's state and the typed record of a hang stop: (state, stale_rank, stale_step, stale_age_s)."""
     with db.read() as s:
         a = get_job(s, name).attempts[-1]
@@ -164,7 +164,7 @@ def test_a_one_process_job_is_judged_and_recorded_as_before(db, cfg, sched):
     assert list(protocol.progress_files(cfg.runs_root / "one", 1, 1)) == [0]
 
 
-def _started(cfg, name: str, age: float, rank0_first_beat_age: float) -> None:  # noqa: ANN001
+def _started(cfg, name: str, age: float, rank0_first_beat_age: float) -> None:
     """The attempt's wrapper started ``age`` s ago, and rank 0 of 2 wrote its first heartbeat (the history's
     first line) ``rank0_first_beat_age`` s ago and its latest one now; rank 1 wrote none."""
     run_dir, now = cfg.runs_root / name, time.time()

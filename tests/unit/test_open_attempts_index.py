@@ -49,11 +49,11 @@ def _skewed_stats(path: Path) -> None:
         con.close()
 
 
-def _plans_of(db, run) -> dict[str, list[str]]:  # noqa: ANN001
+def _plans_of(db, run) -> dict[str, list[str]]:
     """The query plan of every SELECT on attempts that ``run()`` makes, as SQLite reports it."""
     seen: list[tuple[str, object]] = []
 
-    def keep(_conn, _cursor, statement, parameters, _context, _many) -> None:  # noqa: ANN001
+    def keep(_conn, _cursor, statement, parameters, _context, _many) -> None:
         if statement.lstrip().upper().startswith("SELECT") and "attempts" in statement:
             seen.append((statement, parameters))
 

@@ -16,7 +16,7 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
 
-import _preempt_sim as S  # noqa: E402
+import _preempt_sim as S
 
 DAY = 24 * 3600.0
 

@@ -36,7 +36,7 @@ def make_finished_run(run_dir: Path) -> dict:
     return protocol.write_done_marker(run_dir, "job1", 1, ["result/model.bin", "result/metrics.json"])
 
 
-def rewrite_marker(run_dir: Path, mutate) -> None:  # noqa: ANN001
+def rewrite_marker(run_dir: Path, mutate) -> None:
     m = json.loads((run_dir / "done.json").read_text())
     mutate(m)
     (run_dir / "done.json").write_text(json.dumps(m))
@@ -561,7 +561,7 @@ def test_the_done_marker_fsyncs_every_artifact_its_dirs_the_marker_tmp_and_the_r
         events.append(("fsync", os.readlink(f"/proc/self/fd/{fd}")))
         real_fsync(fd)
 
-    def replace(src, dst, **kw):  # noqa: ANN001, ANN202
+    def replace(src, dst, **kw):
         events.append(("replace", f"{src} -> {dst}"))
         return real_replace(src, dst, **kw)
 
@@ -571,7 +571,7 @@ def test_the_done_marker_fsyncs_every_artifact_its_dirs_the_marker_tmp_and_the_r
     monkeypatch.undo()
     assert protocol.verify_done_marker(run).verified
 
-    def at(kind: str, pred) -> int:  # noqa: ANN001
+    def at(kind: str, pred) -> int:
         hits = [i for i, (k, what) in enumerate(events) if k == kind and pred(what)]
         assert len(hits) == 1, (kind, events)
         return hits[0]

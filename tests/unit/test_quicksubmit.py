@@ -33,7 +33,7 @@ PER_ROW = {"id", "job_id", "name", "run_dir", "token", "created_at", "updated_at
            "external_id"}
 
 
-def _quick(cfg, name: str, command: list[str] | None = None, **kw) -> quicksubmit.Submitted:  # noqa: ANN001
+def _quick(cfg, name: str, command: list[str] | None = None, **kw) -> quicksubmit.Submitted:
     out = quicksubmit.submit(cfg, name, command or ["python", "train.py", "--lr", "0.1"], kw.pop("backend", "local"),
                              kw.pop("resources", {"partition": "spot", "time_limit": "01:00:00"}), 5,
                              kw.pop("outputs", ["model.pt"]))
@@ -41,7 +41,7 @@ def _quick(cfg, name: str, command: list[str] | None = None, **kw) -> quicksubmi
     return out
 
 
-def _rows(db, name: str, since: datetime) -> tuple[dict, list[dict], list[tuple]]:  # noqa: ANN001
+def _rows(db, name: str, since: datetime) -> tuple[dict, list[dict], list[tuple]]:
     """The job's rows less what differs by design; its times checked for order and for falling since ``since``."""
     with db.read() as s:
         job = get_job(s, name)
@@ -82,7 +82,7 @@ def test_the_quick_reads_are_what_the_models_queries_compile_to():
 
     from orchestrator.decide import mtbf, suspects
 
-    def text(q) -> str:  # noqa: ANN001
+    def text(q) -> str:
         return str(q.compile(dialect=sqlite.dialect()))
 
     t = datetime(2026, 1, 1)
@@ -127,7 +127,7 @@ def test_the_mtbf_and_suspect_evidence_read_quickly_equal_the_slow_reads(db, cfg
         capabilities = type("C", (), {"node_exclusion": True})()
 
         @staticmethod
-        def usable_nodes(_resources):  # noqa: ANN001, ANN205
+        def usable_nodes(_resources):
             return frozenset({"n1", "n2", "n3", "n4"})
 
     spec = type("S", (), {"resources": __import__("orchestrator.core.resources").core.resources.resources_of({})})()
@@ -196,7 +196,7 @@ def test_a_claim_taken_between_the_rows_and_the_claim_is_left_to_its_taker(db, c
 
     real = quicksubmit.mtbf_env_from
 
-    def claimed_meanwhile(*a, **kw):  # noqa: ANN002, ANN003, ANN202 - runs between the two transactions
+    def claimed_meanwhile(*a, **kw):  # runs between the two transactions
         with db.read() as s:
             attempt_id = get_job(s, "t").attempts[-1].id
         assert launch._claim(db, attempt_id, reclaim=False) == 1
@@ -237,7 +237,7 @@ def test_a_refusal_while_preparing_fails_the_attempt_for_good(db, cfg, sched, tm
 
 @pytest.mark.parametrize("permanent", [False, True])
 def test_a_failed_backend_call_is_handled_as_launch_handles_it(db, cfg, sched, monkeypatch, permanent):
-    def refuse(_spec):  # noqa: ANN001, ANN202
+    def refuse(_spec):
         raise (SubmissionRefused if permanent else BackendError)("sbatch: error: the scheduler said no")
 
     monkeypatch.setattr(sched, "submit", refuse)

@@ -40,10 +40,10 @@ class Arrays(Backend):
         self.cancelled: list[list[str]] = []
         self.fail: Exception | None = None
 
-    def submit(self, spec):  # noqa: ANN001, ANN201
+    def submit(self, spec):
         raise AssertionError("a group-queue sweep is submitted as one group")
 
-    def submit_group(self, specs, batch_token, throttle):  # noqa: ANN001, ANN201
+    def submit_group(self, specs, batch_token, throttle):
         if self.fail is not None:
             raise self.fail
         self.groups.append([s.job for s in specs])
@@ -51,21 +51,21 @@ class Arrays(Backend):
         self.batches.append(batch_token)
         return {s.token: f"{len(self.groups)}_{s.task}" for s in specs}
 
-    def poll(self, refs):  # noqa: ANN001, ANN201
+    def poll(self, refs):
         return {}
 
-    def cancel(self, refs):  # noqa: ANN001, ANN201
+    def cancel(self, refs):
         self.cancelled.append(sorted(r.external_id for r in refs))
 
-    def find_by_token(self, refs):  # noqa: ANN001, ANN201
+    def find_by_token(self, refs):
         return {}
 
-    def max_group_size(self):  # noqa: ANN201
+    def max_group_size(self):
         return None
 
 
 @pytest.fixture
-def arrays(monkeypatch, tmp_path) -> Arrays:  # noqa: ANN001
+def arrays(monkeypatch, tmp_path) -> Arrays:
     """The fake scheduler, and an empty queue at ``squeue`` (a PATH shim): a run dir beside a batch dir is checked
     against the controller's queue, and on a machine without Slurm that check cannot tell (a refusal)."""
     b = Arrays()
@@ -85,14 +85,14 @@ def _req(name: str, n: int = 3) -> SweepRequest:
                         resources={"time_limit": "01:00:00"}, max_attempts=4, outputs=["model.pt"], throttle=2)
 
 
-def _start(spec, **kw) -> subprocess.CompletedProcess:  # noqa: ANN001
+def _start(spec, **kw) -> subprocess.CompletedProcess:
     """The task started as its scheduler starts it: the wrapper's argv, in its run dir, with its environment."""
     env = {**os.environ, **spec.env, "PYTHONPATH": str(ROOT)}
     return subprocess.run(spec.wrapper_argv(sys.executable), cwd=spec.run_dir, env=env, capture_output=True,
                           text=True, timeout=120, **kw)
 
 
-def _rows(db, sweep: str, since: datetime) -> list:  # noqa: ANN001
+def _rows(db, sweep: str, since: datetime) -> list:
     """The sweep's rows less what differs by design; each task's times checked for order and for falling since
     ``since``."""
     until = utcnow()
@@ -141,7 +141,7 @@ def test_each_tasks_fence_record_names_the_array_it_went_out_in_on_both_paths(db
             assert slot == protocol.GroupSlot(batch, i) and recorded == batch, (sweep, i, slot, recorded)
 
 
-def _launcher_dies_after_sbatch(db, cfg, monkeypatch, req: SweepRequest) -> None:  # noqa: ANN001
+def _launcher_dies_after_sbatch(db, cfg, monkeypatch, req: SweepRequest) -> None:
     """``req``'s quick sweep killed right after its sbatch (before it recorded the ids); its claims expire."""
     from datetime import timedelta
 
@@ -174,7 +174,7 @@ def test_a_reclaimed_task_whose_old_array_turns_up_is_adopted_under_that_arrays_
     (old,) = arrays.batches
     looks: list[list[str]] = []
 
-    def find_by_token(refs):  # noqa: ANN001, ANN202 - the pass's look-up misses it, the re-claim's finds it
+    def find_by_token(refs):  # the pass's look-up misses it, the re-claim's finds it
         looks.append([r.token for r in refs])
         return {} if len(looks) == 1 else {old: "1"}
 
@@ -217,7 +217,7 @@ def test_a_task_claimed_by_another_launcher_first_is_left_to_it(db, cfg, arrays,
 
     real = quicksweep.mtbf_env_from
 
-    def one_claimed_meanwhile(*a, **kw):  # noqa: ANN002, ANN003, ANN202 - between the rows and the claims
+    def one_claimed_meanwhile(*a, **kw):  # between the rows and the claims
         with db.read() as s:
             attempt_id = get_job(s, "c.0001").attempts[-1].id
         assert launch._claim(db, attempt_id, reclaim=False) == 1
@@ -366,7 +366,7 @@ def _writes(name: str, n: int = 3) -> SweepRequest:
                         resources={"time_limit": "01:00:00"}, max_attempts=4, outputs=["model.pt"])
 
 
-def _pool(cfg, batch: str) -> Path:  # noqa: ANN001
+def _pool(cfg, batch: str) -> Path:
     from orchestrator import protocol
 
     return cfg.runs_root / protocol.BATCHES_DIR / batch / protocol.BATCH_RESERVE
@@ -449,7 +449,7 @@ def test_where_no_slot_of_a_pool_can_be_freed_each_task_gets_its_own_ballast_at_
     from orchestrator import protocol
     from orchestrator.jobside import ballast
 
-    def cannot(*_a):  # noqa: ANN002, ANN202
+    def cannot(*_a):
         raise OSError(errno.EOPNOTSUPP, "Operation not supported")
 
     monkeypatch.setattr(ballast, "_punch", cannot)

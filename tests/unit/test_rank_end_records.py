@@ -136,7 +136,7 @@ def test_exit_json_keeps_when_the_program_ended_and_reads_a_bad_value_as_unknown
     assert exit_json(tmp_path).program_ended_at == ""
 
 
-def ranked(rc: int | None, sig: int | None, rank_rc: int | None, rank: int | None = 1):  # noqa: ANN201
+def ranked(rc: int | None, sig: int | None, rank_rc: int | None, rank: int | None = 1):
     rec = ExitRecord(token="t", returncode=rc if rc is not None else -(sig or 0), failed_rank=rank,
                      rank_returncode=rank_rc)
     return classify(Outcome(Phase.EXITED, exit_code=rc, signal=sig), None, ABSENT, exit_record=rec)

@@ -19,7 +19,7 @@ TOKEN, LAUNCH = "tok-1", "launch-a"
 SELF_KILL = "import os, signal; os.kill(os.getpid(), signal.SIGKILL)"
 
 
-def _attempt(tmp_path, wrapper_token: str = TOKEN) -> AttemptRef:  # noqa: ANN001
+def _attempt(tmp_path, wrapper_token: str = TOKEN) -> AttemptRef:
     """A 2-rank attempt whose rank 1 was SIGKILLed on its own (recorded by orch's real per-rank parent) and whose
     wrapper left wrapper.json but no exit.json."""
     ref = AttemptRef(None, TOKEN, tmp_path, 1)

@@ -13,7 +13,7 @@ from orchestrator import protocol
 from orchestrator.kit import heartbeat
 
 
-def _names(run_dir) -> list[str]:  # noqa: ANN001
+def _names(run_dir) -> list[str]:
     d = protocol.attempt_dir(run_dir, 1)
     return sorted(p.name for p in d.iterdir()) if d.is_dir() else []
 
@@ -116,7 +116,7 @@ def test_armed_records_are_read_bounded_and_checked(tmp_path):
     assert protocol.armed_ranks(tmp_path, 1) == {0: 4}
 
 
-def _started(run_dir, at: float) -> None:  # noqa: ANN001
+def _started(run_dir, at: float) -> None:
     """The attempt's wrapper record, written at ``at`` (the attempt's start, for the hang detector)."""
     d = protocol.attempt_dir(run_dir, 1)
     d.mkdir(parents=True, exist_ok=True)
@@ -124,7 +124,7 @@ def _started(run_dir, at: float) -> None:  # noqa: ANN001
     os.utime(d / protocol.WRAPPER_FILE, (at, at))
 
 
-def _armed(run_dir, rank: int, at: float) -> None:  # noqa: ANN001
+def _armed(run_dir, rank: int, at: float) -> None:
     """Rank ``rank`` of 2 armed, its record last refreshed at ``at``."""
     _arm({**ORCH_ENV, "ORCH_RUN_DIR": str(run_dir), "RANK": str(rank)})
     path = protocol.attempt_dir(run_dir, 1) / protocol.RANK_ARMED.format(rank)

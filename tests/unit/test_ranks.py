@@ -117,7 +117,7 @@ HOSTNAMES_2 = "gpu-a17\ngpu-a18\n"  # `scontrol show hostnames gpu-a[17-18]`
 def test_two_nodes_one_torchrun_per_node_through_srun_rendezvous_on_the_first_node(monkeypatch):
     calls: list[list[str]] = []
 
-    def fake_run(argv, **_kw):  # noqa: ANN001, ANN202 - stands in for scontrol on a 2-node allocation
+    def fake_run(argv, **_kw):  # stands in for scontrol on a 2-node allocation
         calls.append(list(argv))
         import subprocess
 

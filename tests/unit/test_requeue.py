@@ -20,13 +20,13 @@ from orchestrator.ops.requeue import RequeueOutcome, RequeueTarget, _own_reason,
 J, A, R = JobState, AttemptState, RequeueOutcome
 
 
-def _submitted(db, cfg, sched, name: str) -> None:  # noqa: ANN001
+def _submitted(db, cfg, sched, name: str) -> None:
     """A job whose attempt 1 was launched on the fake scheduler (as `orch submit` leaves it)."""
     pending_job(db, cfg, name, max_attempts=5)
     launch(db, cfg, name, sched)
 
 
-def _failed(db, cfg, sched, name: str) -> None:  # noqa: ANN001
+def _failed(db, cfg, sched, name: str) -> None:
     """Attempt 1 exited 1 without a marker: the reconciler ends it, the job retryable_failed."""
     _submitted(db, cfg, sched, name)
     sched.ended[name] = 1
@@ -34,20 +34,20 @@ def _failed(db, cfg, sched, name: str) -> None:  # noqa: ANN001
     assert _job(db, name)[0] is J.RETRYABLE_FAILED
 
 
-def _job(db, name: str):  # noqa: ANN001, ANN202
+def _job(db, name: str):
     with db.read() as s:
         job = get_job(s, name)
         return job.state, [(a.n, a.state) for a in job.attempts]
 
 
-def _verified(cfg, name: str) -> None:  # noqa: ANN001
+def _verified(cfg, name: str) -> None:
     run_dir = cfg.runs_root / name
     (run_dir / "out.txt").write_text("result\n")
     protocol.write_done_marker(run_dir, name, 1, ["out.txt"])
 
 
 @pytest.fixture
-def no_auto(monkeypatch):  # noqa: ANN001, ANN201
+def no_auto(monkeypatch):
     """Reconcile passes that end attempts but requeue nothing by themselves: requeue's own calls are tested."""
     monkeypatch.setattr("orchestrator.ops.reconcile.requeue", lambda *a, **k: [])
 
@@ -129,7 +129,7 @@ def test_a_job_changed_by_another_requeuer_first_is_skipped_not_requeued_twice(d
 
     real = rq._LiveScan.in_run_dir
 
-    def other_requeuer_first(self, run_dir):  # noqa: ANN001, ANN202 - between the read and the write
+    def other_requeuer_first(self, run_dir):  # between the read and the write
         found = real(self, run_dir)
         requeue(db, cfg, RequeueTarget.named(["race"]))
         return found
@@ -155,7 +155,7 @@ def test_a_job_cancelled_while_the_reconciler_requeues_it_stays_cancelled(db, cf
         s.query(Job).filter(Job.name == "cx").update({"auto_requeue": True})
     real = rq._LiveScan.in_run_dir
 
-    def user_cancels_first(self, run_dir):  # noqa: ANN001, ANN202
+    def user_cancels_first(self, run_dir):
         found = real(self, run_dir)
         cancel(db, cfg, ["cx"])
         return found

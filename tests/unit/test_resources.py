@@ -24,7 +24,7 @@ def _sbatch(resources: Resources, tmp_path: Path) -> list[str]:
     return get_backend("slurm").sbatch_argv(spec, tmp_path / "job.sbatch")
 
 
-def test_a_row_written_in_the_old_shape_reads_back_as_the_same_request(db, tmp_path: Path) -> None:  # noqa: ANN001
+def test_a_row_written_in_the_old_shape_reads_back_as_the_same_request(db, tmp_path: Path) -> None:
     # Before issue 18 the job row kept Slurm's options at the top level of resources_json.
     old = {"partition": "spot", "account": "acct", "extra_sbatch": ["--qos=high"], "mem_mb": 500, "gpus": 1,
            "keep": ["ck/*"]}

@@ -14,7 +14,7 @@ from orchestrator.backends.slurm import backend as slurm
 from orchestrator.backends.slurm import states as st
 
 
-def _spec(tmp_path: Path, **kw) -> SubmitSpec:  # noqa: ANN003
+def _spec(tmp_path: Path, **kw) -> SubmitSpec:
     base = dict(job="j", attempt=1, token="tok1", run_dir=tmp_path / "runs" / "j", command=("true",),
                 resources=Resources(extras={"partition": "gpu"}), task=0)
     base.update(kw)
@@ -33,7 +33,7 @@ def test_sacct_nodelist_is_the_outcomes_node_list_and_none_assigned_is_none():
 
 
 def test_poll_reports_where_an_attempt_ran(monkeypatch, tmp_path):
-    def run(argv, timeout_s, env=None):  # noqa: ANN001, ANN202
+    def run(argv, timeout_s, env=None):
         out = "7|orch-a|NODE_FAIL|0:0|3|None|7|vm\n" if argv[0] == "sacct" else ""
         return subprocess.CompletedProcess(argv, 0, out, "")
 
@@ -64,7 +64,7 @@ def test_a_node_name_that_is_not_plain_is_refused(tmp_path):
 def test_an_array_excludes_too(monkeypatch, tmp_path):
     calls = []
 
-    def run(argv, timeout_s, env=None):  # noqa: ANN001, ANN202
+    def run(argv, timeout_s, env=None):
         calls.append(argv)
         return subprocess.CompletedProcess(argv, 0, "55\n", "")
 
@@ -92,7 +92,7 @@ def test_usable_nodes_is_none_when_sinfo_cannot_answer(monkeypatch):
     monkeypatch.setattr(slurm, "_run", lambda argv, t, env=None: subprocess.CompletedProcess(argv, 1, "", "down"))
     assert slurm.SlurmBackend().usable_nodes(Resources()) is None
 
-    def timeout(argv, t, env=None):  # noqa: ANN001, ANN202
+    def timeout(argv, t, env=None):
         raise subprocess.TimeoutExpired(argv, t)
 
     monkeypatch.setattr(slurm, "_run", timeout)

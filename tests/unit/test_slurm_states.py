@@ -124,7 +124,7 @@ class FakeSlurm:
     def set(self, cmd: str, out: str = "", rc: int = 0, err: str = "") -> None:
         self.answers[cmd] = subprocess.CompletedProcess([cmd], rc, out, err)
 
-    def __call__(self, argv: list[str], timeout_s: float, env: dict | None = None):  # noqa: ANN204
+    def __call__(self, argv: list[str], timeout_s: float, env: dict | None = None):
         self.calls.append(argv)
         a = self.answers.get(argv[0], subprocess.CompletedProcess(argv, 0, "", ""))
         if isinstance(a, Exception):
@@ -268,7 +268,7 @@ def test_batch_script_keeps_hostile_argv_and_env_inside_strings(tmp_path: Path) 
     assert not any(line.startswith("#SBATCH") for line in text.splitlines())
     ns: dict = {}
     body = text.split("os.environ.update", 1)[0]  # the literals, without the exec
-    exec(compile(body, "job.sbatch", "exec"), ns)  # noqa: S102 - our own generated text
+    exec(compile(body, "job.sbatch", "exec"), ns)  # our own generated text
     assert ns["ARGV"] == argv and ns["ENV"] == env
 
 
@@ -279,7 +279,7 @@ def test_submit_writes_the_script_and_passes_a_clean_environment(tmp_path: Path,
     monkeypatch.setenv("RANK", "3")
     envs: list = []
 
-    def run(argv, timeout_s, env=None):  # noqa: ANN001, ANN202
+    def run(argv, timeout_s, env=None):
         envs.append(env)
         return subprocess.CompletedProcess(argv, 0, "4242\n", "")
 

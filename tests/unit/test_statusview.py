@@ -13,7 +13,7 @@ from orchestrator.kit.heartbeat import Heartbeat
 from orchestrator.views.show import status_rows
 
 
-def _running_job(db, cfg, name: str) -> None:  # noqa: ANN001
+def _running_job(db, cfg, name: str) -> None:
     with db.write() as s:
         job = Job(name=name, state="running", backend="local", run_dir=str(cfg.runs_root / name),
                   command=["true"])
@@ -22,7 +22,7 @@ def _running_job(db, cfg, name: str) -> None:  # noqa: ANN001
         s.add(Attempt(job_id=job.id, n=1, token=name, state="running", backend="local", external_id="1:1"))
 
 
-def _progress(cfg, name: str, **fields) -> None:  # noqa: ANN001
+def _progress(cfg, name: str, **fields) -> None:
     protocol.write_progress(cfg.runs_root / name, 1, step=100, **fields)
 
 
@@ -42,7 +42,7 @@ def test_few_samples_are_not_judged_slow(db, cfg):
     assert status_rows(db, cfg)[0]["flags"] == []
 
 
-def _aged(path, age: float) -> None:  # noqa: ANN001
+def _aged(path, age: float) -> None:
     t = time.time() - age
     os.utime(path, (t, t))
 

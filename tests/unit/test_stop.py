@@ -16,13 +16,13 @@ from orchestrator.ops.reconcile import reconcile_pass
 from orchestrator.ops.submit import SubmitRequest, submit
 
 
-def _running(db, cfg, sched, *names: str) -> None:  # noqa: ANN001
+def _running(db, cfg, sched, *names: str) -> None:
     for n in names:
         submit(db, cfg, SubmitRequest(name=n, command=["true"]))
     reconcile_pass(db, cfg, backend_for=lambda _n: sched)
 
 
-def _attempt(db, name: str):  # noqa: ANN001, ANN202
+def _attempt(db, name: str):
     with db.read() as s:
         a = get_job(s, name).attempts[-1]
         return a.state, a.stop_reason, a.stop_requested_at, a.failure_class, get_job(s, name).state
@@ -112,6 +112,6 @@ def test_a_cancel_of_a_launching_attempt_revokes_its_fence_and_writes_nowhere_el
     assert list((tmp_path / "else").iterdir()) == []
 
 
-def get_job_token(db, name: str) -> str:  # noqa: ANN001
+def get_job_token(db, name: str) -> str:
     with db.read() as s:
         return get_job(s, name).attempts[-1].token

@@ -14,7 +14,7 @@ from orchestrator.errors import AlreadyVerified, Refused
 from orchestrator.ops.submit import SubmitRequest, submit
 
 
-def _rows(db) -> tuple[int, int]:  # noqa: ANN001
+def _rows(db) -> tuple[int, int]:
     with db.read() as s:
         return s.scalar(select(func.count(Job.id))), s.scalar(select(func.count(Attempt.id)))
 

@@ -127,7 +127,7 @@ def test_no_exclusion_when_the_partitions_nodes_are_unknown():
 # ------------------------------------------------------------------------------------------
 # through the services: evidence from the attempts table, --exclude in the submission, clears
 # ------------------------------------------------------------------------------------------
-def _node_scheduler(monkeypatch, usable, exclusion=True):  # noqa: ANN001, ANN202
+def _node_scheduler(monkeypatch, usable, exclusion=True):
     """The shared fake, reporting the node list as sacct's NodeList does (no exit record: a node that died
     takes the wrapper with it), able to exclude nodes, with ``usable`` as the partition's nodes."""
     import dataclasses
@@ -147,7 +147,7 @@ def _node_scheduler(monkeypatch, usable, exclusion=True):  # noqa: ANN001, ANN20
     return s
 
 
-def _three_jobs_crash(db, cfg, sched) -> None:  # noqa: ANN001
+def _three_jobs_crash(db, cfg, sched) -> None:
     from orchestrator.ops.reconcile import reconcile_pass
     from orchestrator.ops.submit import SubmitRequest, submit
 
@@ -157,7 +157,7 @@ def _three_jobs_crash(db, cfg, sched) -> None:  # noqa: ANN001
     reconcile_pass(db, cfg, backend_for=lambda _n: sched)
 
 
-def _submit_d(db, cfg, sched, **kw):  # noqa: ANN001, ANN202
+def _submit_d(db, cfg, sched, **kw):
     from orchestrator.ops.submit import SubmitRequest, submit
 
     submit(db, cfg, SubmitRequest(name="d", command=["true"], backend="fakeslurm", **kw))
@@ -230,7 +230,7 @@ def test_k_zero_in_orch_toml_turns_exclusion_off(db, cfg, monkeypatch):
 # ------------------------------------------------------------------------------------------
 # orch nodes
 # ------------------------------------------------------------------------------------------
-def _home_with_suspects(orch, monkeypatch) -> None:  # noqa: ANN001
+def _home_with_suspects(orch, monkeypatch) -> None:
     """Three jobs crashed on gpu[01-02] under a fake named slurm, in the CLI's own ORCH_HOME."""
     from orchestrator.core.config import load_config
     from orchestrator.core.db import Database

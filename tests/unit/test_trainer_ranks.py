@@ -11,7 +11,7 @@ from orch_trainer.ranks import SINGLE, Ranks, refusal
 TORCHRUN = {"WORLD_SIZE": "2", "RANK": "1", "LOCAL_RANK": "1", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "29500"}
 
 
-def args(*extra: str):  # noqa: ANN201
+def args(*extra: str):
     return parse_args(["--run-dir", "/nonexistent/run", "--batch-size", "8", "--micro-batch-size", "2", *extra])
 
 

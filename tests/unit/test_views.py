@@ -15,7 +15,7 @@ from orchestrator.views.show import log_paths, show_job, show_sweep, status_rows
 from orchestrator.views.status import fast_status_rows
 
 
-def _jobs_in_every_state(db, cfg, sched) -> None:  # noqa: ANN001
+def _jobs_in_every_state(db, cfg, sched) -> None:
     for n in ("run", "fail", "ok"):
         submit(db, cfg, SubmitRequest(name=n, command=["true"], outputs=["o.txt"] if n == "ok" else []))
     submit_sweep(db, cfg, SweepRequest(name="sw", command=["echo", "{x}"], params=[{"x": 1}, {"x": 2}]))

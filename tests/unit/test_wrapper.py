@@ -10,7 +10,7 @@ import sys
 from orchestrator import protocol
 
 
-def _wrap(run_dir, *command: str) -> subprocess.CompletedProcess:  # noqa: ANN001
+def _wrap(run_dir, *command: str) -> subprocess.CompletedProcess:
     run_dir.mkdir(parents=True, exist_ok=True)
     return subprocess.run([sys.executable, "-m", "orchestrator.jobside.wrapper", "--run-dir", str(run_dir),
                            "--job", "w", "--attempt", "1", "--token", "tok1", "--outputs", "out.txt", "--", *command],

@@ -17,7 +17,7 @@ EXAMPLE = Path(__file__).resolve().parents[3] / "examples" / "hf_train.py"
 if os.environ.get("ORCH_ATTEMPT") == "1":
     real_save, saves = torch.save, []
 
-    def save_then_hang(obj, f, *args, **kwargs):  # noqa: ANN001, ANN002, ANN003, ANN202
+    def save_then_hang(obj, f, *args, **kwargs):
         real_save(obj, f, *args, **kwargs)
         if str(f).endswith("optimizer.pt"):
             saves.append(f)

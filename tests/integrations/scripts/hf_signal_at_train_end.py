@@ -17,7 +17,7 @@ MARK = "rank1-at-train-end"
 if os.environ.get("ORCH_ATTEMPT") == "1" and os.environ.get("RANK") == "1":
     real_on_train_end = hf.OrchCallback.on_train_end
 
-    def on_train_end(self, args, state, control, **kwargs):  # noqa: ANN001, ANN003, ANN202 - HF's signature
+    def on_train_end(self, args, state, control, **kwargs):  # HF's signature
         Path(os.environ["ORCH_RUN_DIR"], MARK).touch()
         deadline = time.monotonic() + 60
         while not self.flag.requested and time.monotonic() < deadline:

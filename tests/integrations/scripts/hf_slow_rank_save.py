@@ -22,7 +22,7 @@ WAIT_S = 5.0
 if os.environ.get("ORCH_ATTEMPT") == "1" and os.environ.get("RANK") == "1":
     real_save = torch.save
 
-    def slow_rng_save(obj, f, *args, **kwargs):  # noqa: ANN001, ANN002, ANN003, ANN202
+    def slow_rng_save(obj, f, *args, **kwargs):
         if str(f).endswith("rng_state_1.pth"):
             step = int(Path(f).parent.name.rsplit("-", 1)[1])
             committed = Path(os.environ["ORCH_RUN_DIR"], protocol.CHECKPOINTS_DIR, protocol.checkpoint_name(step))

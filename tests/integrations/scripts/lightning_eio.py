@@ -9,7 +9,7 @@ from pathlib import Path
 import lightning.pytorch as L
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[3] / "examples"))
-import lightning_train  # noqa: E402
+import lightning_train
 
 STEP = int(os.environ["EIO_STEP"])
 _real = L.Trainer.save_checkpoint

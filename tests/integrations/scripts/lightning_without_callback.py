@@ -19,11 +19,11 @@ class Tiny(L.LightningModule):
         super().__init__()
         self.lin = nn.Linear(4, 1)
 
-    def training_step(self, batch, batch_idx):  # noqa: ANN001, ANN201
+    def training_step(self, batch, batch_idx):
         time.sleep(0.05)
         return self.lin(batch[0]).pow(2).mean()
 
-    def configure_optimizers(self):  # noqa: ANN201
+    def configure_optimizers(self):
         return torch.optim.SGD(self.parameters(), lr=0.01)
 
 
