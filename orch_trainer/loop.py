@@ -38,6 +38,7 @@ from orch_trainer.faults import FaultInjector, cpu_oom_error
 from orch_trainer.finish import finish
 from orch_trainer.load import Loaded, RunConfig, load, write_run_config
 from orch_trainer.model import PRESETS
+from orch_trainer.oom import is_oom, largest_divisor_at_most
 from orch_trainer.preflight import Preflight, pick_device, preflight
 from orch_trainer.ranks import Ranks, init_group, leave, refusal
 from orch_trainer.runfiles import log
@@ -58,15 +59,6 @@ BoundaryHook = Callable[["Trainer", int, int], None]  # (trainer, step being com
 _SIGNAL_FAULTS = ("sigterm", "sigkill", "hang", "crash")
 
 
-def is_oom(e: BaseException) -> bool:
-    """CUDA OOM, or a CPU allocation failure (PyTorch raises a plain RuntimeError for those)."""
-    if isinstance(e, torch.OutOfMemoryError):
-        return True
-    msg = str(e)
-    return isinstance(e, RuntimeError) and (
-        "DefaultCPUAllocator" in msg or "can't allocate memory" in msg or "failed to allocate" in msg.lower())
-
-
 def micro_index(j: int, world: int, rank: int) -> int:
     """The global index of rank ``rank``'s ``j``-th micro-batch of a step: rank r takes r, r+world, ...
 
@@ -74,10 +66,6 @@ def micro_index(j: int, world: int, rank: int) -> int:
     of the step, a resume on another world size trains on the same samples with the same effective batch.
     """
     return j * world + rank
-
-
-def _largest_divisor_at_most(n: int, limit: int) -> int:
-    return max(d for d in range(1, max(limit, 1) + 1) if n % d == 0)
 
 
 @dataclass(frozen=True)
@@ -369,7 +357,7 @@ class TrainLoop:
         if old == 1:
             raise self.attempt.fail("oom", s, f"out of memory at micro-batch 1: {detail}",
                                     micro_batch_size=1, batch_size=self.args.batch_size)
-        new = _largest_divisor_at_most(self.args.batch_size, old // 2)
+        new = largest_divisor_at_most(self.args.batch_size, old // 2)
         self.micro, self.accum = new, self.args.batch_size // new
         event = {"attempt": self.attempt.n, "step": s, "micro_batch_size_before": old, "micro_batch_size": new,
                  "accumulation_steps": self.accum, "at": protocol.now_iso(), "detail": detail}
