@@ -153,7 +153,7 @@ def _trainer(work: Path, steps: int) -> tuple[object, float]:
     rd = Path(tempfile.mkdtemp(dir=work))
     args = parse_args(["--run-dir", str(rd), "--max-steps", str(steps), "--batch-size", "8",
                        "--micro-batch-size", "4", "--save-interval", "1000000", "--log-interval", "1000000"])
-    from orch_trainer.load import load, write_run_config
+    from orch_trainer.load import load, record_run_config
     from orch_trainer.preflight import preflight
 
     t = Trainer(args, rd, 1, "bench", PreemptionFlag())
@@ -162,7 +162,7 @@ def _trainer(work: Path, steps: int) -> tuple[object, float]:
         # The phases Trainer.run() runs, with only the step loop timed (what a user's loop would do).
         pre = preflight(args, t.this_attempt, t.ckpts)
         loaded = load(args, t.this_attempt, t.ckpts, pre)
-        loop = t.train_loop(pre, loaded, write_run_config(args, t.this_attempt, pre, loaded))
+        loop = t.train_loop(pre, loaded, record_run_config(args, t.this_attempt, pre, loaded))
         t0 = time.perf_counter()
         loop.run()
         dt = time.perf_counter() - t0

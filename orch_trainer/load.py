@@ -2,7 +2,7 @@
 
 The checks here need the data or the model (lesson 2): enough usable text, the vocabulary the model
 embeds, a checkpoint whose tensors fit this model. They run before the first step, so a mismatch
-costs one load, not a crash mid-run. ``write_run_config`` then records the effective configuration
+costs one load, not a crash mid-run. ``record_run_config`` then records the effective configuration
 of this attempt (run_config.json, a contract: its keys are the argparse dest names plus what the
 phases found).
 """
@@ -172,7 +172,7 @@ def _restore_sharded(attempt: Attempt, path: Path, model: TinyGPT, optimizer: to
     return meta
 
 
-def write_run_config(args: argparse.Namespace, attempt: Attempt, pre: Preflight, loaded: Loaded,
+def record_run_config(args: argparse.Namespace, attempt: Attempt, pre: Preflight, loaded: Loaded,
                      ranks: Ranks = SINGLE) -> RunConfig:
     """Write run_config.json (the effective configuration of this attempt; rank 0's alone) and return what it
     holds."""

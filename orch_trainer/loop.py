@@ -6,7 +6,7 @@ argument checks and the "already complete" check)::
 
     preflight(...) -> Preflight    filesystem checks, before the model (trainer/preflight.py)
     load(...)      -> Loaded       model/data checks, restore (trainer/load.py)
-    write_run_config(...) -> RunConfig
+    record_run_config(...) -> RunConfig
     TrainLoop(...).run() -> Trained    the steps: OOM recovery, NaN stop, saves, preemption (here)
     finish(...)    -> exit code    result/ and done.json (trainer/finish.py)
 
@@ -36,7 +36,7 @@ from orch_trainer import runfiles
 from orch_trainer.attempt import Attempt
 from orch_trainer.faults import FaultInjector, cpu_oom_error
 from orch_trainer.finish import finish
-from orch_trainer.load import Loaded, RunConfig, load, write_run_config
+from orch_trainer.load import Loaded, RunConfig, load, record_run_config
 from orch_trainer.model import PRESETS
 from orch_trainer.oom import is_oom, largest_divisor_at_most
 from orch_trainer.preflight import Preflight, pick_device, preflight
@@ -120,7 +120,7 @@ class Trainer:
             self._join_ranks()
             pre = preflight(self.args, self.this_attempt, self.ckpts, self.ranks)
             self.loaded = load(self.args, self.this_attempt, self.ckpts, pre)
-            config = write_run_config(self.args, self.this_attempt, pre, self.loaded, self.ranks)
+            config = record_run_config(self.args, self.this_attempt, pre, self.loaded, self.ranks)
             self.loop = self.train_loop(pre, self.loaded, config)
             trained = self.loop.run()
             if self.loop.stop_requested():

@@ -4,7 +4,7 @@ The reconciler's reads ask for open attempts (pending, launching, submitted, run
 index on ``state`` their cost depended on the planner's statistics: with ANALYZE's per-state averages SQLite chose
 to scan every attempt for an IN of three live states (109 ms at 1M finished attempts against 7 ms through the
 index). A partial index holding only open rows is the planner's obvious choice whatever the statistics, and stays
-as small as the live set. Queries name its WHERE term verbatim (``models.open_attempt()``).
+as small as the live set. Queries name its WHERE term verbatim (``models.open_attempt_term()``).
 
 Revision ID: 0009
 Revises: 0008

@@ -40,8 +40,8 @@ OPEN_ATTEMPT_STATES = (AttemptState.LAUNCHING, AttemptState.PENDING, AttemptStat
                        AttemptState.SUBMITTED)
 OPEN_ATTEMPT_SQL = "state IN (" + ", ".join(f"'{s.value}'" for s in OPEN_ATTEMPT_STATES) + ")"
 
-__all__ = ["Base", "open_attempt", "OPEN_ATTEMPT_STATES", "Environment", "Sweep", "Job", "Attempt", "Event", "Lease",
-           "PassStats", "NodeClear", "utcnow"]
+__all__ = ["Base", "open_attempt_term", "OPEN_ATTEMPT_STATES", "Environment", "Sweep", "Job", "Attempt", "Event",
+           "Lease", "PassStats", "NodeClear", "utcnow"]
 
 
 def _enum(cls: type, length: int) -> Enum:
@@ -262,7 +262,7 @@ class NodeClear(Base):
     cleared_at: Mapped[datetime]
 
 
-def open_attempt() -> ColumnElement[bool]:
+def open_attempt_term() -> ColumnElement[bool]:
     """``ix_attempts_open``'s own WHERE term, for a query on open attempts to AND with its narrower state test.
 
     SQLite uses a partial index only when the query's WHERE contains the index's term with literal values (an IN

@@ -217,7 +217,7 @@ def _backoff(cfg: Config, plan: RetryPlan, k: int) -> RetryPlan:
                       details={**plan.details_dict, "backoff_s": backoff})
 
 
-def verified_checkpoints(run_dir: Path) -> tuple[list[tuple[int, Path]], list[str]]:
+def checkpoints_by_verification(run_dir: Path) -> tuple[list[tuple[int, Path]], list[str]]:
     """(verified checkpoints newest first, run-dir paths of committed-name ones that do not verify).
 
     Full sha256 for a small single-writer checkpoint (issue 9: a same-size bit flip passes a size check); the
@@ -236,7 +236,7 @@ def _nan(cfg: Config, job: Job, run_dir: Path, step: int | None, report: Failure
          plan: RetryPlan) -> RetryPlan:
     """Roll back to the newest verified checkpoint at least K steps before the bad step, LR x0.5."""
     rc = protocol.read_run_config(run_dir)
-    ckpts, corrupt = verified_checkpoints(run_dir)
+    ckpts, corrupt = checkpoints_by_verification(run_dir)
     limit = (step - cfg.nan_rollback_steps) if step is not None else None
     good = [(s, p) for s, p in ckpts if limit is None or s <= limit]
     resume_step = good[0][0] if good else 0
@@ -273,7 +273,7 @@ def _oom(cfg: Config, job: Job, plan: RetryPlan) -> RetryPlan:
 
 
 def _enospc(cfg: Config, run_dir: Path, plan: RetryPlan) -> RetryPlan:
-    ckpts, corrupt = verified_checkpoints(run_dir)
+    ckpts, corrupt = checkpoints_by_verification(run_dir)
     prune = corrupt + [f"{protocol.CHECKPOINTS_DIR}/{p.name}" for _s, p in ckpts[cfg.keep_last_k:]]
     return plan.with_(action=Action.PRUNE_AND_RESUME, prune=tuple(prune), empty_trash=True,
                       details={"keep_last_k": cfg.keep_last_k})

@@ -34,7 +34,7 @@ from orchestrator.core.lifecycle import (
     set_attempt_fields,
     utcnow,
 )
-from orchestrator.core.models import Attempt, Job, open_attempt
+from orchestrator.core.models import Attempt, Job, open_attempt_term
 from orchestrator.core.passchanges import Change, PassReport
 from orchestrator.core.states import STOP_GRACE_S
 from orchestrator.decide.staleness import Stale, judge
@@ -73,7 +73,7 @@ def polled_rows(db: Database, attempt_ids: list[int] | None = None) -> list[Row]
     q = (select(Attempt.id, Attempt.token, Attempt.external_id, Attempt.n, Job.run_dir, Job.backend,
                 Attempt.state, Attempt.restarts, Job.state.label("job_state"), Attempt.stop_reason,
                 Attempt.stop_requested_at, Attempt.batch_token, Job.task_index)
-         .join(Job).where(open_attempt(), Attempt.state.in_(ATTEMPT_POLLED), Attempt.external_id.is_not(None)))
+         .join(Job).where(open_attempt_term(), Attempt.state.in_(ATTEMPT_POLLED), Attempt.external_id.is_not(None)))
     if attempt_ids is not None:
         q = q.where(Attempt.id.in_(attempt_ids))
     with db.read() as s:

@@ -133,7 +133,7 @@ def test_a_bit_flipped_shard_passes_the_size_check_but_the_ranks_resume_from_the
     data[len(data) // 2] ^= 0x01  # same size: only a hash sees it
     shard.write_bytes(bytes(data))
     # The controller's decision (requeue, rollback) reads manifests and sizes only: it still counts step 10.
-    good, bad = policy.verified_checkpoints(run_dir)
+    good, bad = policy.checkpoints_by_verification(run_dir)
     assert ([s for s, _p in good], bad) == ([10, 5], [])
     p = run_direct(run_dir, 2, "--max-steps", "10", "--save-every", "5", "--step-log", str(log))
     assert "resumed from step-00000005" in p.stderr, p.stderr[-3000:]
