@@ -11,7 +11,8 @@ imports anything from here (``orch status`` must stay free of torch). What every
 * ``result/`` and ``done.json`` when training ends normally, never after a signal;
 * a stable tracker id / TensorBoard dir, so one curve spans every attempt.
 
-Modules: :mod:`.loop` (plain loops), :mod:`.lightning`, :mod:`.hf`; :mod:`.runtime` is what they share.
+Modules: :mod:`.loop` (plain loops), :mod:`.lightning`, :mod:`.hf`, :mod:`.submitit` (its job side in
+:mod:`.submitit_runner`); the in-job kit (``orchestrator.kit``) is what they share.
 """
 
 from orchestrator.kit.heartbeat import arm_from_env

@@ -18,5 +18,33 @@ bundled trainer (``orch_trainer``), which is the kit's first user, never its pro
 - :mod:`.rng`, :mod:`.dist`: RNG capture/restore, ranks, their agreement on a stop (``StopAgreement``: one
   all-reduce, every N steps at <= 1 % of the step time) and the gradient accumulation that keeps the batch.
 
-The done marker and the failure report are the run-dir protocol's (``orchestrator.protocol``).
+The done marker and the failure report are the run-dir protocol's (``orchestrator.protocol``). The public API is
+``__all__``: ``from orchestrator.kit import Run, CheckpointManager``; a name not in it may change.
 """
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+# The kit's public API, name -> module: ``from orchestrator.kit import CheckpointManager``. Each is imported when a
+# script names it, so importing the kit (the job wrapper does, for the heartbeat) never imports torch.
+_PUBLIC = {
+    "PreemptionFlag": "preemption", "StopRecorder": "preemption",
+    "Heartbeat": "heartbeat",
+    "CheckpointManager": "checkpoint", "CheckpointError": "checkpoint", "CheckpointCorrupt": "checkpoint",
+    "commit_checkpoint": "commit",
+    "Run": "run", "RunDirError": "run",
+    "ShardedCheckpointer": "sharded",
+    "StopTolerance": "trackers",
+    "capture_rng": "rng", "restore_rng": "rng",
+    "StopAgreement": "dist", "any_rank": "dist",
+    "AutoSaveInterval": "interval",
+}
+__all__ = sorted(_PUBLIC)
+
+
+def __getattr__(name: str) -> Any:
+    if name in _PUBLIC:
+        return getattr(importlib.import_module(f"{__name__}.{_PUBLIC[name]}"), name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
