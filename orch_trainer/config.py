@@ -145,7 +145,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     if not args.run_dir:
         ap.error("--run-dir is required (or set ORCH_RUN_DIR)")
     if args.micro_batch_size is None:
-        # The global batch split over the ranks torchrun started (issue 41: the README's multi-rank command was
+        # The global batch split over the ranks torchrun started (the README's multi-rank command was
         # `invalid` at once, the default micro-batch being the whole global batch on every rank); a world that
         # does not divide it is refused before the process group starts (ranks.refusal says how to set it).
         world = _world(os.environ)
@@ -172,7 +172,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
 
 
 # What orch's policy may change for an attempt (ORCH_OVERRIDES) and how each value is checked: the policy
-# reaches the bundled trainer as it reaches any program, never as flags appended to its argv (issue 18).
+# reaches the bundled trainer as it reaches any program, never as flags appended to its argv.
 _OVERRIDES = {"resume": lambda v: isinstance(v, str) and bool(v.strip()),
               "lr": lambda v: protocol.finite_number(v) is not None and v > 0,
               "skip_batches": lambda v: protocol.is_int(v, 0),

@@ -70,7 +70,7 @@ def micro_index(j: int, world: int, rank: int) -> int:
 
 @dataclass(frozen=True)
 class Collective:
-    """What a step loop of several ranks adds (issue 19), all of it the kit's: one stop decision at step
+    """What a step loop of several ranks adds, all of it the kit's: one stop decision at step
     boundaries (``StopAgreement``) and one verified commit per step holding every rank's files
     (``ShardedCheckpointer``: rank 0 the replicated model/optimizer/meta, each rank its RNG)."""
 
@@ -124,7 +124,7 @@ class Trainer:
             self.loop = self.train_loop(pre, self.loaded, config)
             trained = self.loop.run()
             if self.loop.stop_requested():
-                # A stop during the last step is never completion (issue 17): that step is checkpointed and
+                # A stop during the last step is never completion: that step is checkpointed and
                 # the next attempt, with 0 steps left, writes the result.
                 self.loop._rng_at_step_start = capture_rng(self.loop._cuda)  # the RNG after the last step
                 self.loop._preempt()
@@ -261,7 +261,7 @@ class TrainLoop:
             if self._save_due(s):
                 self._save(s, background=a.background_save)
         if self.step != self._saved_step:
-            # The final step committed before completion is recorded (issue 42): a failure after training (writing
+            # The final step committed before completion is recorded: a failure after training (writing
             # result/, the user's export), fixed and requeued, resumes at the end, 0 steps retrained.
             self._save(self.step, background=False)
         return Trained(step=self.step, last_loss=self._loss_of_step(), tok_s=self._tok_s, micro=self.micro,

@@ -64,7 +64,7 @@ def preflight(args: argparse.Namespace, attempt: Attempt, ckpts: CheckpointManag
     except OSError as e:
         if e.errno in MISSING_ERRNOS:
             # Missing may be transient (an NFS hiccup during a resume): orch retries it with back-off and
-            # calls it invalid only when it repeats (issue 16: one observation made the job failed for good).
+            # calls it invalid only when it repeats (one observation made the job failed for good).
             raise attempt.fail("input_missing", None, f"corpus {args.data} missing: {e}",
                                path=str(args.data)) from None
         raise attempt.fail("invalid", None, f"corpus {args.data} unreadable: {e}") from None
@@ -135,7 +135,7 @@ def _select_checkpoint(args: argparse.Namespace, attempt: Attempt, ckpts: Checkp
     problem = protocol.verify_checkpoint(path)
     own = path.parent.resolve() == ckpts.root.resolve()
     if problem is not None and own and protocol.checkpoint_step(path) is not None:
-        # A rollback target corrupted after orch's policy verified it (issue 16: the attempt was invalid and
+        # A rollback target corrupted after orch's policy verified it (the attempt was invalid and
         # the job failed for good): set it aside and resume from the next OLDER verified one, never a newer
         # one (a rollback must not resume past the bad step); none left: a fresh start.
         log(f"--resume {args.resume} does not verify ({problem}): set aside; resuming from an older checkpoint")

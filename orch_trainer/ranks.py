@@ -1,4 +1,4 @@
-"""Several ranks of the bundled trainer (issue 19): who writes, the process group, one decision for all.
+"""Several ranks of the bundled trainer: who writes, the process group, one decision for all.
 
 Under torchrun (``orch submit --nproc-per-node K``) every rank runs the same attempt. The multi-rank parts are
 the kit's (``orchestrator.kit.dist``: StopAgreement, grad_accumulation, barrier, settle;
@@ -153,7 +153,7 @@ def init_group(ranks: Ranks, cuda: bool) -> None:
 
     from orchestrator.kit.heartbeat import arm_from_env
 
-    arm_from_env()  # before the group forms: a rank that never gets past it is judged hung (issue 41)
+    arm_from_env()  # before the group forms: a rank that never gets past it is judged hung
     if cuda:
         torch.cuda.set_device(ranks.local_rank)
     _dist().init_process_group("nccl" if cuda else "gloo", rank=ranks.rank, world_size=ranks.world,

@@ -1,5 +1,5 @@
 """What the step loop hands to ``finish``: its own module, so that ``loop`` (which calls ``finish``) and
-``finish`` (which reads this) do not import each other (issue 18: the finish <-> loop import cycle)."""
+``finish`` (which reads this) do not import each other (the finish <-> loop import cycle)."""
 
 from __future__ import annotations
 

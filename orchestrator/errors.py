@@ -41,4 +41,4 @@ class DatabaseInterrupted(DatabaseProblem):
     """Locked past the busy timeout, or the connection lost (a server restart): a later try may work.
 
     ``reconcile --watch`` carries on after one of these; it stopped for good when PostgreSQL restarted
-    in the middle of a pass (issue 9's hostile run)."""
+    in the middle of a pass (a hostile run)."""

@@ -5,7 +5,7 @@ symlink or directory planted there is refused rather than followed out of ORCH_H
 
 Every wait is bounded (an ``orch sweep`` stopped with Ctrl-Z while it held the sweep launch lock made
 every ``orch reconcile`` and ``orch requeue --failed`` block for good), and a holder that is stopped is not
-waited for at all: it cannot let go by itself (issue 41: a Ctrl-Z'd command holding the migrate lock cost
+waited for at all: it cannot let go by itself (a Ctrl-Z'd command holding the migrate lock cost
 every command in its home 300 s, and one holding the launch lock cost every reconcile pass 30 s, though
 the message already said "stopped"). The holder writes who it is (pid, host, command, since) into the
 lock file once it has the lock; a waiter that gives up names it from that record, or from /proc/locks

@@ -54,7 +54,7 @@ class Resources:
     def extra(self, key: str, default: Any = None) -> Any:
         """The backend-specific option ``key``, or ``default`` when not given."""
         return dict(self.extras).get(key, default)
-    # Multi-rank (issue 19): the program runs as nodes x nproc_per_node ranks under torchrun (jobside/ranklaunch.py).
+    # Multi-rank: the program runs as nodes x nproc_per_node ranks under torchrun (jobside/ranklaunch.py).
     nodes: int | None = None
     nproc_per_node: int | None = None
     gpus_per_node: int | None = None
@@ -74,7 +74,7 @@ class SubmitSpec:
     resources: Resources = Resources()
     # The signal the program gets as the scheduler's early warning (time limit): TERM unless the
     # program opted into USR2 (the bundled trainer does). A program without a USR2 handler died of
-    # orch's own warning (signal 12, classified crash, never requeued: issue 10).
+    # orch's own warning (signal 12, classified crash, never requeued).
     warning_signal: str = "TERM"
     umask: int = 0o077  # run dirs 0700, files 0600 unless orch.toml shares them with the group
     task: int | None = None  # its index in a group submission (a sweep task's index = its array index)
@@ -97,10 +97,10 @@ class SubmitSpec:
     exclude_nodes: tuple[str, ...] = ()
     # The group submission (a Slurm array) this launch goes out in, chosen before the run dir is prepared: the
     # attempt's fence record names it and ``task``, and the group gets one submitted record, not one per task
-    # (issue 20: a record per task was a quarter of a 1,000-task sweep). None: a single submission.
+    # (a record per task was a quarter of a 1,000-task sweep). None: a single submission.
     batch: str | None = None
     # The launch left this attempt's command and fence records, and its ballast, in ``batch``'s dir
-    # (``protocol.BATCH_RECORDS``): the wrapper puts them in place when the task starts (issue 20).
+    # (``protocol.BATCH_RECORDS``): the wrapper puts them in place when the task starts.
     records_in_batch: bool = False
 
     def job_environ(self) -> dict[str, str]:
@@ -108,7 +108,7 @@ class SubmitSpec:
         return dict(os.environ if self.base_env is None else self.base_env)
 
     @functools.cached_property
-    def attempt_dir(self) -> Path:  # computed once per spec: a sweep's launch asked 5,000 times (issue 20)
+    def attempt_dir(self) -> Path:  # computed once per spec: a sweep's launch asked 5,000 times
         return self.run_dir / ATTEMPTS_DIR / str(self.attempt)
 
     def wrapper_argv(self, python: str | None = None, time_limit_s: float | None = None,
@@ -168,11 +168,11 @@ class Outcome:
     restart_count: int = 0  # Slurm in-place requeues of this same attempt
     cause: FailureClass | None = None  # why it ended, when the scheduler knows (preempted, oom, ...)
     # Where it ran, as the scheduler says (Slurm's NodeList, compressed): the node list of an attempt whose
-    # wrapper left no exit record (a node failure takes the wrapper with it), for suspect nodes (issue 20).
+    # wrapper left no exit record (a node failure takes the wrapper with it), for suspect nodes.
     nodes: str | None = None
     # Why each earlier run of this attempt ended, oldest first, as the scheduler recorded it (one per in-place
     # restart; None where it gave no cause). The scheduler's account wins over the class the program guessed
-    # from the stop signal it saw: a node failure Slurm reran in place was shown as a preemption (issue 18).
+    # from the stop signal it saw: a node failure Slurm reran in place was shown as a preemption.
     restart_causes: tuple[FailureClass | None, ...] = ()
     # UNKNOWN although the scheduler was asked: its live view does not list it as pending or running (not at all,
     # or ended) and its accounting has no record. All Slurm leaves of a pending array task cancelled before it
@@ -197,7 +197,7 @@ class SubmissionRefused(BackendError):
 
 @dataclass(frozen=True)
 class Capabilities:
-    """What a backend can do: core code asks this, never a backend's name (issue 18: submit, sweep and
+    """What a backend can do: core code asks this, never a backend's name (submit, sweep and
     reconcile compared names, so a third backend would silently have taken the Slurm or the local path).
 
     The defaults are the conservative answers: a backend that declares nothing gets orch's own queue and
@@ -255,7 +255,7 @@ class Backend(ABC):
         self.check_extras(key for key, _ in resources.extras)
 
     def check_extras(self, keys: Iterable[str]) -> None:
-        """Raise BackendError naming the backend-specific options this backend does not take (issue 18: an
+        """Raise BackendError naming the backend-specific options this backend does not take (an
         option meant for another backend was stored and silently ignored)."""
         unknown = sorted(set(keys) - self.capabilities.extras)
         if unknown:
@@ -278,7 +278,7 @@ class Backend(ABC):
     def live_in_run_dir(self, run_dir: Path) -> list[str]:
         """Live processes this backend can see running in ``run_dir``, whatever the DB says.
 
-        ``orch submit`` refuses a name whose run dir shows one (issue 9: after the DB file was
+        ``orch submit`` refuses a name whose run dir shows one (after the DB file was
         deleted, the same name was submitted again beside the running first attempt).
         """
         return []

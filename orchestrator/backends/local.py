@@ -17,7 +17,7 @@ and nothing is requeued while it may run: only "no process of the session exists
 
 Signals go only to processes orch can prove are the job's: the session leader whose start ticks
 match, or session members whose environment carries the attempt's token. Never a pid read from a
-file the job can write (issue 9: a forged wrapper.json made ``orch cancel`` kill another process).
+file the job can write (a forged wrapper.json made ``orch cancel`` kill another process).
 """
 
 from __future__ import annotations
@@ -126,7 +126,7 @@ def liveness(ref_id: str | None, token: str, table: dict[int, list[proctable.Pro
     and another namespace cannot be told apart from the real job, so they answer "unknown". With
     ``carriers``, also only when no process outside the session carries the attempt's token: torchrun
     starts each rank in a session of its own, and with the wrapper and torchrun killed the ranks trained on
-    while the attempt was called gone and `orch cancel` stopped nothing (hostile test, issue 19).
+    while the attempt was called gone and `orch cancel` stopped nothing (a hostile test).
     """
     ident = parse_id(ref_id)
     if ident is None:
@@ -180,7 +180,7 @@ def _left_the_session(token: str, carriers: TokenCarriers | None, sid: int | Non
 def own_carriers(token: str, carriers: TokenCarriers, sid: int | None) -> list[proctable.Proc]:
     """The processes carrying ``token`` that belong to the launch whose session is ``sid``: not those under a live
     job wrapper of another session. A re-claimed launch of the same attempt carries the same token; the stale
-    launch's cancel, its own session ended, signalled the healthy relaunch's program (hostile test, issue 20)."""
+    launch's cancel, its own session ended, signalled the healthy relaunch's program (a hostile test)."""
     return [p for p in carriers(token) if not _under_another_wrapper(p, sid)]
 
 
@@ -283,7 +283,7 @@ class LocalBackend(Backend):
     @staticmethod
     def _ended(ref: AttemptRef) -> Outcome:
         # Read only once no process of the job is left: a running job can write its own exit.json
-        # (issue 9), but a record read after the job is gone is the last word the job had.
+        #, but a record read after the job is gone is the last word the job had.
         rec = protocol.read_exit(ref.attempt_dir, ref.token)
         if rec is None:
             # Gone without an exit record: the wrapper was killed (SIGKILL, OOM killer, reboot), or the
@@ -312,7 +312,7 @@ class LocalBackend(Backend):
     def kill(self, refs: Sequence[AttemptRef]) -> None:
         """SIGKILL every process of each attempt's session (a job that ignored SIGTERM), and every process
         that left it but carries the attempt's token (torchrun's workers run in sessions of their own: with
-        torchrun and the wrapper killed, the ranks lived on as orphans, issue 19)."""
+        torchrun and the wrapper killed, the ranks lived on as orphans)."""
         table, here, carriers = proctable.sessions(), proctable.namespaces(), TokenCarriers()
         for ref in refs:
             live = liveness(ref.external_id, ref.token, table, here, carriers)
@@ -366,7 +366,7 @@ def _free_bytes(path: Path) -> int | None:
 def real_paths(paths: Sequence[Path]) -> dict[Path, str]:
     """``os.path.realpath`` of each path, its parent resolved once for all its siblings: a path that is no symlink
     resolves to its parent's real path plus its name (one lstat), where ``realpath`` walks every component of every
-    path (issue 20: 10,000 lstats, twice, in a 1,000-task sweep's check)."""
+    path (10,000 lstats, twice, in a 1,000-task sweep's check)."""
     parents: dict[Path, str] = {}
     out: dict[Path, str] = {}
     for p in paths:
@@ -425,7 +425,7 @@ def _root_of(roots: set[str], paths: Iterable[str]) -> str | None:
     """The first (sorted) of ``roots`` (real paths) that the first of ``paths`` lying in one lies in, else None.
 
     Each path's own ancestors are looked up (a set), not every root compared with it: a 1,000-task sweep's
-    scan compared each open file of each process with 1,000 roots (issue 20: a tenth of the sweep)."""
+    scan compared each open file of each process with 1,000 roots (a tenth of the sweep)."""
     for path in paths:
         hits, p = [], path.rstrip("/") or "/"
         while True:

@@ -70,7 +70,7 @@ class OrchGroup(click.Group):
             click.echo(f"orch: {_one_line(str(e))}", err=True)
             ctx.exit(e.exit_code)
         except BrokenPipeError:
-            # `orch status | head -1`: the reader has gone; say nothing more (issue 9: a traceback), and exit
+            # `orch status | head -1`: the reader has gone; say nothing more (a traceback), and exit
             # as a process killed by SIGPIPE does (141), never 0: `orch verify x | ...` with the reader gone
             # exited 0 for an unverified job, which `set -o pipefail` scripts took for success.
             _quiet_stdout()

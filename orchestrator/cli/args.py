@@ -84,7 +84,7 @@ def _outputs_cb(_ctx: click.Context, _param: click.Parameter, value: tuple[str, 
         if not g or g.startswith("/") or ".." in parts or "\x00" in g or "\n" in g:
             raise click.BadParameter(f"{g!r} must be a relative glob inside the run dir (no '/...' or '..')")
         # The run dir itself, or orch's own records, can never be a result: `--outputs .` used to be
-        # refused only at launch, after the job row existed (issue 9).
+        # refused only at launch, after the job row existed.
         first = os.path.normpath(g).split("/")[0]
         if first in (".", layout.ATTEMPTS_DIR, layout.CHECKPOINTS_DIR) or os.path.normpath(g) == layout.DONE_MARKER:
             raise click.BadParameter(f"{g!r} names the run dir itself or orch's own files; name result files",

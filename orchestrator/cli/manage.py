@@ -96,12 +96,12 @@ def requeue(names: tuple[str, ...], failed: bool, dry_run: bool, as_json: bool) 
                 clears += f"; sets aside {', '.join(r.sets_aside)}"
             click.echo(f"{r.name}: {r.outcome.value.replace('_', ' ')}{extra} ({r.reason}){clears}")
     errors = [r for r in results if r.outcome is RequeueOutcome.ERROR]
-    if errors:  # issue 9: a launch error printed "error" and exited 0
+    if errors:  # A launch error printed "error" and exited 0
         raise OrchError("; ".join(f"{r.name}: {r.reason}" for r in errors))
     refused = [r for r in results if r.outcome is RequeueOutcome.REFUSED]
     if not names:  # --failed: a job found verified is now done, which needs no one
         refused = [r for r in refused if not r.verified]
-    if refused:  # issue 41: --failed printed a refusal that needs a person and exited 0
+    if refused:  # --failed once printed a refusal that needs a person and exited 0
         raise Refused("refused: " + "; ".join(f"{r.name}: {r.reason}" for r in refused))
 
 

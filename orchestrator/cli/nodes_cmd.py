@@ -1,5 +1,5 @@
 """``orch nodes``: suspect nodes and the evidence against them; ``--clear NAME`` ends one's exclusion
-(issue 20; the rule is in orchestrator/decide/suspects.py)."""
+(the rule is in orchestrator/decide/suspects.py)."""
 
 from __future__ import annotations
 

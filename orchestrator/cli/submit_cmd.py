@@ -36,7 +36,7 @@ def submit(name: str | None, wait: bool, as_json: bool, command: tuple[str, ...]
     cfg = _cfg()
     max_attempts = cfg.max_attempts if max_attempts is None else (max_attempts or 3)
     quick = None
-    if not (wait or as_json):  # issue 20: no SQLAlchemy import where the DB allows (orchestrator/ops/quicksubmit.py)
+    if not (wait or as_json):  # No SQLAlchemy import where the DB allows (orchestrator/ops/quicksubmit.py)
         from orchestrator.ops import quicksubmit
 
         quick = quicksubmit.submit(cfg, name, list(command), backend, resources, max_attempts, list(outputs))
@@ -61,7 +61,7 @@ def submit(name: str | None, wait: bool, as_json: bool, command: tuple[str, ...]
     _said_submitted(job, launched, as_json)
     if wait:
         # Progress on stderr (stdout holds the "submitted" line or the JSON): a live bar on a
-        # terminal, else the plain lines scripts have parsed since issue 1.
+        # terminal, else the plain lines scripts have always parsed.
         state = follow_job(cfg, db, job.name, sys.stderr, quiet=as_json)
         if state is None:
             click.echo("orch: interrupted (the job goes on; `orch watch` follows it again)", err=True)
@@ -82,7 +82,7 @@ def _said_submitted(job: Any, launched: Any, as_json: bool) -> None:
         click.echo(f"orch: {job.name}: {launched.detail or LOST_BEFORE_SUBMIT}", err=True)
     if not as_json:
         a = job.attempts[-1]
-        if a.external_id and lost:  # issue 41: "submitted nothing" on stderr, "submitted" on stdout
+        if a.external_id and lost:  # "submitted nothing" on stderr, "submitted" on stdout
             click.echo(f"{job.name}: launched by the process that re-claimed it ({job.backend} {a.external_id}); "
                        f"run dir {job.run_dir}")
         elif a.external_id:

@@ -25,7 +25,7 @@ UNCOUNTED: frozenset[FailureClass] = frozenset(c for c in FailureClass if not c.
 CLASS_CAPS: dict[FailureClass, int] = {c: c.cap for c in FailureClass if c.cap is not None}
 
 # Always uncounted, whatever policy.uncounted says: neither is the job's fault, and the README's policy
-# table promises it (issue 16: preempted 3 times at one step with --max-attempts 2 ended failed).
+# table promises it (preempted 3 times at one step with --max-attempts 2 ended failed).
 NEVER_COUNTED: frozenset[FailureClass] = frozenset(c for c in FailureClass if c.fault is Fault.PLATFORM)
 
 
@@ -72,7 +72,7 @@ class Config:
 
     @property
     def umask(self) -> int:
-        """For orch's own files and every job it starts (a shared login node: issue 9)."""
+        """For orch's own files and every job it starts (a shared login node)."""
         return 0o027 if self.group_shared else 0o077
 
 
@@ -162,7 +162,7 @@ def _table(data: dict, name: str, path: Path) -> dict:
     tbl = data.get(name, {})
     if not isinstance(tbl, dict):
         raise UsageError(f"{path}: [{name}] must be a table")
-    # A misspelt key ([policy] max_atempts) was silently ignored, and its setting with it (issue 16).
+    # A misspelt key ([policy] max_atempts) was silently ignored, and its setting with it.
     unknown = sorted(set(tbl) - KNOWN_KEYS[name])
     if unknown:
         raise UsageError(f"{path}: {unknown_key_message(name, unknown[0], KNOWN_KEYS[name])}")

@@ -43,7 +43,7 @@ PG_NAMES_LOCK = 0x6F72636E
 def prepare_home(cfg: Config) -> None:
     """Create ORCH_HOME (0700) and the SQLite file (0600): a shared login node must not expose them.
 
-    An existing ORCH_HOME of ours that others can read is tightened to 0700 (issue 9: a home made
+    An existing ORCH_HOME of ours that others can read is tightened to 0700 (a home made
     0755 by hand left every run dir and log readable); one owned by someone else is refused.
     """
     try:
@@ -297,7 +297,7 @@ class Database:
     def check_identity(self) -> None:
         """Raise DatabaseProblem if the SQLite file was deleted or replaced since this process opened
         it: a long-running ``reconcile --watch`` must not carry on against a DB that is no longer the
-        one users see (issue 9), nor quietly create a new empty one."""
+        one users see, nor quietly create a new empty one."""
         if self.identity is None:
             return
         now = db_identity(self.cfg)

@@ -90,7 +90,7 @@ class AttemptFacts:
     beats: tuple[Beat, ...] = ()
     gpus: int | None = None
     restarts: int = 0
-    # How many restarts were preemptions (protocol.in_place_preemptions); None: all of them (issue 18: a NODE_FAIL
+    # How many restarts were preemptions (protocol.in_place_preemptions); None: all of them (a NODE_FAIL
     # rerun in place is no preemption).
     preempted_restarts: int | None = None
 
@@ -264,7 +264,7 @@ def split_attempt(a: AttemptFacts, kept_until: int | None, now: float) -> Attemp
 def _until_hang(a: AttemptFacts, beats: list[Beat]) -> list[Beat]:
     """The beats before the hang began, for an attempt orch stopped as hung with a stale rank's age recorded.
 
-    Issue 19: the history is rank 0's; rank 1 hung while rank 0 beat on (or was first to beat, then waited):
+    The history is rank 0's; rank 1 hung while rank 0 beat on (or was first to beat, then waited):
     "last beat -> stop" from rank 0's last beat counted the hang as training. What rank 0 logged after the
     stale rank's last beat is no progress of the job (the next attempt resumes before it). The first beat is
     always kept: the attempt's start stays known (a rank that never beat counts from rank 0's first beat).

@@ -1,8 +1,8 @@
 """Ctrl-Z (SIGTSTP) of an orch command takes effect when its write transaction ends, not inside it.
 
 SQLite has one writer at a time, and a stopped process keeps its lock: an ``orch sweep`` suspended with Ctrl-Z
-inside one of its many short write transactions held every other submit and reconcile pass (hostile pass of
-issue 41). Other writers refuse a stopped holder at once (``quickdb.begin_immediate``); this keeps the terminal's
+inside one of its many short write transactions held every other submit and reconcile pass (found by a
+hostile pass). Other writers refuse a stopped holder at once (``quickdb.begin_immediate``); this keeps the terminal's
 own stop from making one. SIGSTOP cannot be caught: that case is the refusal's.
 
 The handler is installed by the first write transaction of the main thread, only where SIGTSTP has its default

@@ -14,7 +14,7 @@ and their only writers.
 
 A job has at most one attempt that is not finished (``ATTEMPT_OPEN``); a job is *alive* while that attempt
 is in ``ATTEMPT_LIVE`` (the backend may hold a process for it), and orch never starts the next attempt while
-one may still run (issue 9: two attempts training in one run dir).
+one may still run (two attempts training in one run dir).
 """
 
 from __future__ import annotations
@@ -201,7 +201,7 @@ def can_move_attempt(src: AttemptState, dst: AttemptState) -> bool:
 # ------------------------------------------------------------------------------------------
 def _committed(row: Any, values: Mapping[str, Any]) -> None:
     """Show the row's new values to this session WITHOUT marking them changed: the guarded UPDATE already
-    wrote them. Set as plain attributes, the ORM wrote state again at commit, unguarded (issue 18)."""
+    wrote them. Set as plain attributes, the ORM wrote state again at commit, unguarded."""
     for k, v in values.items():
         set_committed_value(row, k, v)
 
@@ -273,7 +273,7 @@ class Move:
 
 def move_many(s: Session, moves: list[Move]) -> None:
     """Apply many moves (``move_attempt``/``move_job``/``set_attempt_fields`` each) as one executemany per
-    statement shape, their event rows in one INSERT. Issue 20: a 1,000-task sweep spent most of its time
+    statement shape, their event rows in one INSERT. A 1,000-task sweep spent most of its time
     building 10,000 single-row statements.
 
     For rows this transaction holds and decided on (read under SQLite's write lock, or ``FOR UPDATE``):
@@ -346,7 +346,7 @@ def create_job(s: Session, state: JobState, why: str = "", *, flush: bool = True
     move; born in any other state, an event from None says why (a sweep task found already done).
 
     ``flush=False`` (a pending job): its INSERT waits for the caller's next flush, which then writes many
-    jobs at once (issue 20: a sweep flushed 1,000 times); its ``id`` is None until then."""
+    jobs at once (a sweep flushed 1,000 times); its ``id`` is None until then."""
     if state not in JOB_BIRTH_STATES:
         raise IllegalTransition(f"job {fields.get('name')}: cannot be created {state.value}")
     job = Job(state=state, **fields)

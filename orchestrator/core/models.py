@@ -190,7 +190,7 @@ class Attempt(Base):
     batch_token: Mapped[str | None] = mapped_column(String(64), index=True, default=None)
     stop_requested_at: Mapped[datetime | None] = mapped_column(default=None)  # stopping since
     stop_reason: Mapped[StopReason | None] = mapped_column(_enum(StopReason, 16), default=None)
-    # Where it ran (issue 19), from the wrapper's exit record: ranks orch launched (None: the program as given)
+    # Where it ran, from the wrapper's exit record: ranks orch launched (None: the program as given)
     # and the node list (Slurm's NodeList, or the hostname).
     world_size: Mapped[int | None] = mapped_column(default=None)
     nodes: Mapped[str | None] = mapped_column(Text, default=None)
@@ -252,7 +252,7 @@ class PassStats(Base):
 
 class NodeClear(Base):
     """``orch nodes --clear NAME``: the failures on ``node`` that ended before ``cleared_at`` no longer count
-    (issue 20, orchestrator/decide/suspects.py; the evidence itself is the attempts table)."""
+    (orchestrator/decide/suspects.py; the evidence itself is the attempts table)."""
 
     __tablename__ = "node_clears"
 

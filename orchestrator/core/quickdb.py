@@ -1,5 +1,5 @@
 """The job table on stdlib ``sqlite3``, for the commands that must not import SQLAlchemy (~0.25 s of CPU, more
-than ``orch submit``'s whole latency goal on a login node: issue 20).
+than ``orch submit``'s whole latency goal on a login node).
 
 Only a DB the SQLAlchemy path would leave as it is gets through the gate: a regular, non-empty file of ours
 that others cannot read, in a private home, in WAL mode, at ``QUICK_REVISION`` (a unit test keeps it equal to
@@ -134,7 +134,7 @@ def begin_immediate(conn: sqlite3.Connection, cfg: Config, path: Path | None) ->
     """BEGIN IMMEDIATE, waiting up to the busy timeout for another writer, but never for a stopped one: it
     cannot let go. Raises ``db.Database``'s errors.
 
-    Hostile pass of issue 41: an ``orch sweep`` stopped (kill -STOP, Ctrl-Z) inside one of its many short write
+    A hostile pass: an ``orch sweep`` stopped (kill -STOP, Ctrl-Z) inside one of its many short write
     transactions made every submit and reconcile wait the whole 30 s busy timeout, then fail."""
     deadline = time.monotonic() + cfg.busy_timeout_ms / 1000
     try:

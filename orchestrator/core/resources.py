@@ -17,7 +17,7 @@ MAX_TIME_S = (2**32 - 2) * 60  # Slurm keeps a time limit in minutes in a uint32
 
 
 EXTRAS_KEY = "extras"  # the job row's resources JSON: backend-specific options under this key
-# Rows written before issue 18 kept the Slurm backend's options at the top level of the resources JSON.
+# Rows written by older versions kept the Slurm backend's options at the top level of the resources JSON.
 LEGACY_EXTRAS = ("partition", "account", "extra_sbatch")
 GENERIC = tuple(f.name for f in fields(Resources) if f.name != "extras")
 
@@ -31,9 +31,9 @@ def resources_of(r: dict[str, Any]) -> Resources:
 
 
 def partition_of(r: Any) -> str | None:
-    """The partition a job row's resources JSON names: under ``extras`` since issue 18, at the top level before.
+    """The partition a job row's resources JSON names: under ``extras``, at the top level in older rows.
     Goodput's grouping and the MTBF's history read it; both read the top level only, so every job written since
-    issue 18 counted as partition "-" (found by `orch report` over the dev cluster's real preemption trials)."""
+    older versions counted as partition "-" (found by `orch report` over the dev cluster's real preemption trials)."""
     if not isinstance(r, dict):
         return None
     extras = r.get(EXTRAS_KEY)

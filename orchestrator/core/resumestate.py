@@ -1,4 +1,4 @@
-"""What a framework resumes from, found in a run dir without importing the framework (issue 17).
+"""What a framework resumes from, found in a run dir without importing the framework.
 
 A requeue moves an unverified attempt's outputs to the trash, but HF's default layout puts its
 ``checkpoint-N`` dirs inside ``output_dir``, which ``--outputs 'out/*'`` names: the next attempt found

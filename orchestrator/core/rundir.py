@@ -2,7 +2,7 @@
 
 orch never writes or deletes outside its runs root, its trash and its DB: every path here is
 checked to be inside one of them, directories are created and entered without following symlinks
-(issue 9: a symlinked ``trash/`` made requeue write outside ORCH_HOME), and a run dir that is a
+(a symlinked ``trash/`` made requeue write outside ORCH_HOME), and a run dir that is a
 symlink is refused (it could point anywhere). What goes to the trash, and how: ``orchestrator.ops.trash``.
 """
 
@@ -24,7 +24,7 @@ def run_dir_for(cfg: Config, name: str) -> Path:
 
 def ensure_runs_root(cfg: Config) -> None:
     """Create the runs root (0700) or refuse, naming it: a root under a regular file, or one that
-    cannot be created, used to leave the job row ``pending`` for ever (issue 9)."""
+    cannot be created, used to leave the job row ``pending`` for ever."""
     root = cfg.runs_root
     try:
         root.mkdir(mode=0o770, parents=True, exist_ok=True)  # the umask decides: 0700, or 0750 when group_shared
@@ -41,7 +41,7 @@ def check_run_dir(cfg: Config, run_dir: Path) -> None:
     """Refuse a run dir that is a symlink, not a directory, or not directly under the runs root,
     and one whose ``attempts/`` is a symlink or not a directory (orch would write through it)."""
     # Lexically under the runs root (every run dir orch names) is under it resolved too: the two realpath walks
-    # only for a run dir given another way. Issue 20: they were a fifth of a 1,000-task sweep.
+    # only for a run dir given another way. They were a fifth of a 1,000-task sweep.
     if run_dir.parent != cfg.runs_root and run_dir.parent.resolve() != cfg.runs_root.resolve():
         raise Refused(f"run dir {run_dir} is not inside the runs root {cfg.runs_root}")
     kind = _kind(run_dir)

@@ -2,7 +2,7 @@
 
 ``orch.toml`` (``orchestrator.core.config``) and the CLI (``--max-attempts`` in ``orchestrator.cli.args``)
 both validate against it. Before it, each had its own bounds: ``max_attempts = 0`` was accepted in
-orch.toml although ``--max-attempts 0`` was refused (issue 16).
+orch.toml although ``--max-attempts 0`` was refused.
 
 Stdlib only: it is read on every command, before anything heavy is imported.
 """
@@ -69,7 +69,7 @@ NUMERIC: tuple[Setting, ...] = (
     _s("policy", "no_progress_attempts", int, 0, 1000, 3,
        "the job's own failures (timeout, crash, hang, oom, killed) without a newer checkpoint on this many "
        "consecutive attempts end it as no_progress; 0 turns the guard off"),
-    # Suspect nodes (issue 20, orchestrator/decide/suspects.py): on backends that can exclude nodes (Slurm).
+    # Suspect nodes (orchestrator/decide/suspects.py): on backends that can exclude nodes (Slurm).
     _s("nodes", "suspect_failures", int, 0, 1000, 3,
        "a node on which this many different jobs failed (crash, node_fail, hang, killed) within "
        "nodes.suspect_window_s is excluded from new attempts; 0 turns suspect nodes off"),

@@ -1,4 +1,4 @@
-"""When orch decides a job's end (verified, failed, cancelled), its tracker run is marked so (issue 42).
+"""When orch decides a job's end (verified, failed, cancelled), its tracker run is marked so.
 
 Why here: the program cannot say it. A killed attempt's MLflow run stayed RUNNING for good (MLflow issue #10510), and
 a job that orch gives up on, or that a user cancels, ends without its program's knowledge. Every terminal move of a

@@ -7,10 +7,10 @@ Evidence, strongest first:
    inside the Slurm backend; this module knows no scheduler's vocabulary);
 4. the wrapper's record of a stop it delivered (``exit.json``): an attempt that was sent SIGTERM or
    the time-limit warning was stopped, whatever its exit code — exit 0 after SIGTERM is a preempted
-   run, never a finished one (issue 10);
+   run, never a finished one;
 5. the program's own record of a stop signal it received (``stop.json``, written by orch's kit): a
    SIGTERM that never passed through the wrapper (a user's kill, a container stop, a VM shutdown) is
-   a stop too, whatever the exit code and whoever sent it (issue 17);
+   a stop too, whatever the exit code and whoever sent it;
 6. the exit status (a bare SIGKILL is ``killed``; the wrapper's memory cgroup count of OOM kills makes it
    ``oom``, see orchestrator/jobside/memlimit.py); for ranks orch launched through torchrun, the exit status of the
    rank that failed on its own first (``exit.json``'s failed_rank, orchestrator/jobside/rankend.py); no exit status
@@ -65,7 +65,7 @@ def classify(outcome: Outcome, report: FailureReport | None, verification: Verif
         return Classification(C.CANCELLED, step, "stopped by orch cancel")
     dead_hung = _hung_rank_killed(exit_record, rank_end, hang) if stop_reason == StopReason.HANG else None
     if dead_hung is not None:
-        # Hostile pass 4 (issue 41): rank 1 kill -9'd before its first heartbeat; rank 0, waiting for it, ignored
+        # Hostile pass 4: rank 1 kill -9'd before its first heartbeat; rank 0, waiting for it, ignored
         # torchrun's SIGTERM, and the reconciler stopped the attempt for the rank it saw make no progress: the dead
         # one. Its own SIGKILL (recorded by its parent, no stop had reached it) is the end, not the hang it caused.
         return Classification(C.KILLED, None, f"rank {dead_hung} killed by SIGKILL (kill -9, or the kernel OOM killer) "
@@ -73,12 +73,12 @@ def classify(outcome: Outcome, report: FailureReport | None, verification: Verif
     if stop_reason == StopReason.HANG and (report is None or report.cls in (C.PREEMPTED, C.KILLED)):
         # orch itself stopped it: the SIGTERM the job then reports as "preempted" was ours, and a
         # free uncounted resume would hide a job that hangs every time. A "killed" report is the stop's consequence
-        # too (hostile pass, issue 41: the stopped rank 1 was killed at once, rank 0's collective lost its peer).
+        # too (a hostile pass: the stopped rank 1 was killed at once, rank 0's collective lost its peer).
         why = hang.describe() if hang is not None else "no heartbeat"  # None: stopped before migration 0010
         return Classification(C.HANG, step, f"stopped by the reconciler: {why}")
     killed = _killed_rank(exit_record, outcome)
     if killed is not None:
-        # Issue 41: a kill -9 of rank 0 was `preempted`, from the stop record its peer wrote when torchrun stopped
+        # A kill -9 of rank 0 was `preempted`, from the stop record its peer wrote when torchrun stopped
         # it afterwards. A rank that died of a kill on its own, with no stop delivered, is the attempt's end.
         r, rc = killed
         return Classification(C.KILLED, None, f"rank {r} killed by SIGKILL (kill -9, or the kernel OOM killer); what "
@@ -101,7 +101,7 @@ def classify(outcome: Outcome, report: FailureReport | None, verification: Verif
         detail = f"scheduler state {outcome.backend_state or outcome.cause.value}"
         return Classification(outcome.cause, None, detail + (f"; {outcome.reason}" if outcome.reason else ""))
     if exit_record is not None and exit_record.oom_kill and (outcome.exit_code or outcome.signal):
-        # Issue 17: the local backend's memory cgroup (--mem) counted a kernel OOM kill; the bare SIGKILL
+        # The local backend's memory cgroup (--mem) counted a kernel OOM kill; the bare SIGKILL
         # alone cannot tell it from a kill -9.
         return Classification(C.OOM, None, f"the kernel OOM killer killed {exit_record.oom_kill} process(es) "
                                            "at the attempt's memory limit (--mem)")
@@ -111,7 +111,7 @@ def classify(outcome: Outcome, report: FailureReport | None, verification: Verif
         rc = outcome.exit_code if outcome.exit_code is not None else "?"
         return Classification(cls, None, f"stopped by SIG{exit_record.stop_signal} ({why}); exit {rc}")
     if stop_record is not None and stop_record.signal == "unknown" and not stop_record.at:
-        # Issue 41's hostile pass: garbage (or a FIFO) at stop.json was `preempted`, requeued uncounted up to 100
+        # A hostile pass: garbage (or a FIFO) at stop.json was `preempted`, requeued uncounted up to 100
         # times. The kit writes it atomically: this came from elsewhere. Never verified, and the program's own.
         rc = outcome.exit_code if outcome.exit_code is not None else "?"
         return Classification(C.CRASH, None, f"stop.json is not a stop record (unreadable or malformed): the "
@@ -129,7 +129,7 @@ def classify(outcome: Outcome, report: FailureReport | None, verification: Verif
         return Classification(C.ENOSPC, None, f"the run dir's filesystem was full when the program ended (exit {rc})")
     if outcome.phase is Phase.VANISHED:
         # Every process gone (liveness decided) and no exit record: the wrapper died with its program, which only a
-        # kill does (kill -9 of the session, a cgroup-wide OOM kill, a container kill). Issue 41: as `unknown` it
+        # kill does (kill -9 of the session, a cgroup-wide OOM kill, a container kill). As `unknown` it
         # waited for a person, and was missing from the MTBF that --save-interval auto learns from.
         why = outcome.reason or "process vanished without an exit record"
         # Hostile pass: "killed with its wrapper" misled where only the wrapper was killed and the program then ended.
@@ -142,7 +142,7 @@ def classify(outcome: Outcome, report: FailureReport | None, verification: Verif
         return Classification(C.MARKER_MISSING, None, outcome.reason or "exit 0 without a done marker")
     rank = _rank_end(exit_record, rc, sig)
     if rank is not None:
-        # Issue 19: torchrun exits 1 whatever its rank died of (a plain program's kill -9 read as crash); the
+        # Torchrun exits 1 whatever its rank died of (a plain program's kill -9 read as crash); the
         # rank that failed on its own first is the attempt's end, classified as a single process with that end.
         r, rrc = rank
         c = _by_exit(-rrc if rrc < 0 else None, rrc if rrc > 0 else None)
@@ -203,7 +203,7 @@ def _by_exit(sig: int | None, rc: int | None) -> Classification:
         name = _signal.Signals(sig).name
         return Classification(C.KILLED, None, f"killed by {name} from outside orch (a kill -{name[3:]}, a hangup)")
     if sig == _signal.SIGKILL or rc == 128 + _signal.SIGKILL:
-        # Issue 17: a kill -9 with no record was `crash`, left for a manual requeue; it is recoverable.
+        # A kill -9 with no record was `crash`, left for a manual requeue; it is recoverable.
         return Classification(C.KILLED, None, "killed by SIGKILL (kill -9, or the kernel OOM killer without a "
                                               "memory cgroup to tell)")
     if sig:

@@ -82,7 +82,7 @@ def history_select(backend: str, cutoff: datetime):  # a sqlalchemy Select, impo
 
     from orchestrator.core.models import Attempt, Job
 
-    # Issue 20: every submit reads this, and 10,000 ended attempts took 50 ms: decoding each row's resources was
+    # Every submit reads this, and 10,000 ended attempts took 50 ms: decoding each row's resources was
     # 60 % of it (now each distinct JSON text is decoded once; a sweep's tasks share one) and the ORM's row
     # loading most of the rest (Core rows, on the session's own connection and transaction).
     return (select(Attempt.started_at, Attempt.ended_at, Attempt.failure_class, type_coerce(Job.resources, Text))

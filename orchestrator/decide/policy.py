@@ -6,11 +6,11 @@ suspect batches, quarantine the later checkpoints; disk full -> prune old checkp
 trash; preemption / time limit / node failure -> resume, not counted against --max-attempts.
 
 Overrides reach every program, the bundled trainer included, as JSON in ORCH_OVERRIDES; the command
-is never changed (issue 18: the bundled trainer was recognised by ``-m trainer`` in argv, so a user's
+is never changed (the bundled trainer was recognised by ``-m trainer`` in argv, so a user's
 own module named ``trainer`` got ``--lr``/``--resume`` appended). ``plan.overrides`` (lr, micro-batch, data offset) and
 ``plan.resources`` (memory) stay for every later attempt; ``plan.resume`` applies to the next only.
 
-Every checkpoint a plan names has had its sha256 verified here first (issue 9: a bit flip that kept
+Every checkpoint a plan names has had its sha256 verified here first (a bit flip that kept
 the size made a NaN rollback resume from a checkpoint the trainer then refused, and the job failed
 for good). A corrupt one is quarantined, and the next older verified one is used.
 """
@@ -32,7 +32,7 @@ from orchestrator.protocol import FailureClass, FailureReport, Fault, finite_num
 C = FailureClass
 
 # Whose failure a class is: FailureClass.fault. RUN: the job's own failures, which the no-progress guard
-# counts (issue 16; NVIDIA's resiliency tools stop after 3). PLATFORM: never counted against --max-attempts,
+# counts (NVIDIA's resiliency tools stop after 3). PLATFORM: never counted against --max-attempts,
 # and no break in a run of own failures.
 STEP_KEY = "checkpoint_step"  # plan details: the newest committed checkpoint step when the attempt ended
 _UNKNOWN = object()  # an attempt decided before STEP_KEY was recorded: it proves nothing either way
@@ -65,7 +65,7 @@ def _decide(cfg: Config, job: Job, attempt: Attempt, cls: FailureClass, step: in
         return Decision(state, plan.with_(details={**plan.details_dict, STEP_KEY: ckpt}), counted, as_cls)
 
     # Preemptions and node failures never count, whatever policy.uncounted says: the README's table is
-    # the contract (issue 16: preempted 3 times at one step with --max-attempts 2 ended failed).
+    # the contract (preempted 3 times at one step with --max-attempts 2 ended failed).
     counted = cls not in cfg.uncounted and cls.fault is not Fault.PLATFORM
     if cls is C.CANCELLED:
         return done(JobState.CANCELLED, RetryPlan.make(Action.NONE, why="cancelled"), False)
@@ -75,7 +75,7 @@ def _decide(cfg: Config, job: Job, attempt: Attempt, cls: FailureClass, step: in
     history = [(C(a.failure_class) if a.failure_class else None, _recorded_step(a)) for a in prior] + [(cls, ckpt)]
     # A launch onto a full disk: the program never ran, so none of its attempts was used. Counted, three
     # passes burned every attempt within seconds and a retryable failure became permanent (hostile test).
-    # The same when a retry made no progress before the disk stopped it (issue 41's hostile pass: the trainer's own
+    # The same when a retry made no progress before the disk stopped it (the trainer's own
     # free-space check at start-up, attempts 2 and 3 requeued at once and counted: failed 8 s after another process
     # filled the disk). A first attempt that filled the disk itself is the program's: counted, resumed at once.
     full_at_launch = cls is C.ENOSPC and (never_launched or (
@@ -109,7 +109,7 @@ def _proven_permanent(cfg: Config, job: Job, cls: FailureClass, prior: list[Atte
                                f"(policy.no_progress_attempts = {cfg.no_progress_attempts})")
     if cls is C.INPUT_MISSING and (n := _trailing(history, {C.INPUT_MISSING})) >= cfg.input_missing_attempts:
         # Proven now: missing at start on N attempts in a row, each with its own evidence (the path) in its
-        # detail. One observation is not proof: an NFS hiccup made a resuming job failed for good (issue 16).
+        # detail. One observation is not proof: an NFS hiccup made a resuming job failed for good.
         return C.INVALID, (f"invalid: an input was missing at start on {n} consecutive attempts "
                            f"(policy.input_missing_attempts = {cfg.input_missing_attempts})")
     same = sum(1 for a in prior if a.failure_class == cls) + 1
@@ -135,7 +135,7 @@ def _next_plan(cfg: Config, job: Job, cls: FailureClass, step: int | None, repor
         if full_at_launch:  # retried every pass it would hammer a full disk: back off, up to an hour
             plan = _backoff(cfg, plan, sum(1 for a in prior if a.failure_class == cls) + 1)
         return plan
-    if cls in (C.CRASH, C.KILLED):  # killed: auto by default (issue 17), backed off like crash, counted, capped
+    if cls in (C.CRASH, C.KILLED):  # killed: auto by default, backed off like crash, counted, capped
         if not auto:
             return plan.with_(why="waits for `orch requeue`")
         return _backoff(cfg, plan, sum(1 for a in prior if a.failure_class == cls) + 1)
@@ -220,7 +220,7 @@ def _backoff(cfg: Config, plan: RetryPlan, k: int) -> RetryPlan:
 def checkpoints_by_verification(run_dir: Path) -> tuple[list[tuple[int, Path]], list[str]]:
     """(verified checkpoints newest first, run-dir paths of committed-name ones that do not verify).
 
-    Full sha256 for a small single-writer checkpoint (issue 9: a same-size bit flip passes a size check); the
+    Full sha256 for a small single-writer checkpoint (a same-size bit flip passes a size check); the
     manifest and sizes for a sharded or large one, whose loader hashes every byte (``verify_checkpoint_bounded``).
     """
     good, bad = [], []

@@ -24,7 +24,7 @@ FUTURE_SKEW_S = 60.0  # an mtime this far ahead of our clock is a clock error (o
 
 @dataclass(frozen=True)
 class Stale:
-    """The rank a hang stop blames: the one furthest behind (issue 19: rank 1 hung while rank 0 beat)."""
+    """The rank a hang stop blames: the one furthest behind (rank 1 hung while rank 0 beat)."""
 
     rank: int | None  # None: a one-process job (its heartbeat names no world size); it has no ranks to name
     age_s: float  # how long that rank had made no progress when it was judged
@@ -74,7 +74,7 @@ def judge(run_dir: Path, attempt: int, timeout_s: float, now: float, *, redate: 
     missing = _lowest_absent(set(beats) | {0}, world)  # rank 0's file is judged apart, below
     if missing is None or 0 not in beats:
         return stale_rank(beats, now, timeout_s, world)
-    # Issue 19: rank 1 hung before its first beat while rank 0 beat: only the files that existed were judged, so
+    # Rank 1 hung before its first beat while rank 0 beat: only the files that existed were judged, so
     # the hang was missed (or rank 0, waiting for it, was blamed). A missing rank counts from the attempt's start:
     # the later of wrapper.json and rank 0's first heartbeat, since every rank starts its heartbeat at the same
     # point, after the restore (a restore longer than hang_timeout_s must not make rank 1 stale the moment rank 0
@@ -103,7 +103,7 @@ def stale_rank(beats: dict[int, tuple[float, Path]], now: float, timeout_s: floa
 
 
 def _unbeaten_start(run_dir: Path, attempt: int, timeout_s: float, now: float, redate: bool) -> Stale | None:
-    """Rank 0 never beat. Judged only where a rank armed (its program beats; issue 41: rank 1 stopped before the
+    """Rank 0 never beat. Judged only where a rank armed (its program beats; a hostile pass: rank 1 stopped before the
     process group formed, rank 0 waited in init_process_group, and nothing was ever judged):
 
     * the lowest rank that never armed is hung once ``timeout_s`` passed since the first rank armed;
@@ -139,7 +139,7 @@ def _unbeaten_start(run_dir: Path, attempt: int, timeout_s: float, now: float, r
 
 def _stopped_program(run_dir: Path, attempt: int, timeout_s: float, now: float, redate: bool) -> Stale | None:
     """Hung when the wrapper has seen its program stopped (SIGSTOP, Ctrl-Z) for ``timeout_s`` (``stoppedwatch``),
-    whatever the program wrote or did not: issue 41's hostile pass stopped the trainer before its first heartbeat,
+    whatever the program wrote or did not: a hostile pass stopped the trainer before its first heartbeat,
     and torchrun before any rank started, and neither was ever judged. A record older than the attempt's (re)start
     is a previous run's."""
     d = protocol.attempt_dir(run_dir, attempt)

@@ -1,4 +1,4 @@
-"""Suspect nodes (issue 20): a node on which several different jobs failed in a short time is kept out
+"""Suspect nodes: a node on which several different jobs failed in a short time is kept out
 of new attempts for a while (``sbatch --exclude``), on backends that can exclude nodes.
 
 The rule (defaults in orchestrator/core/settings.py, table ``[nodes]`` of orch.toml):
@@ -255,7 +255,7 @@ def suspects_from(cfg: Config, failures_since: Callable[[datetime], list[Failure
     now = now or _now()
     since = now - timedelta(seconds=rule.window_s + rule.exclusion_s)
     failures = failures_since(since)
-    if not failures:  # no evidence, no suspect: every submit asks, and most find none (issue 20: one query less)
+    if not failures:  # no evidence, no suspect: every submit asks, and most find none (one query less)
         return {}
     return find_suspects(failures, rule, now, clears())
 

@@ -18,5 +18,5 @@ Modules: :mod:`.loop` (plain loops), :mod:`.lightning`, :mod:`.hf`, :mod:`.submi
 from orchestrator.kit.heartbeat import arm_from_env
 
 # As a training script imports an integration, before it starts its process group: the hang detector then judges
-# this rank's start (issue 41: a rank stopped before init_process_group hung the job unseen).
+# this rank's start (a rank stopped before init_process_group hung the job unseen).
 arm_from_env()

@@ -127,7 +127,7 @@ class OrchCallback(TrainerCallback):
 
     def _report_storage_faults(self, state: TrainerState, rank: int, world: int) -> None:
         """An OSError of the storage that leaves the script (HF's own checkpoint write: EIO, ESTALE, a full disk)
-        is recorded with its class, storage or enospc, before Python prints it (issue 41: one EIO was a counted
+        is recorded with its class, storage or enospc, before Python prints it (one EIO was a counted
         crash). No HF hook sees a failed save: this is the script's excepthook, chained to the one it had."""
         if getattr(sys.excepthook, "orch_storage_report", False):
             return
@@ -199,7 +199,7 @@ class OrchCallback(TrainerCallback):
 
     def _train_nothing_more(self, trainer: object) -> None:
         """A train() resumed at its last step (a stop in that step, or a requeue after a failed export): HF's
-        epoch loop checks max_steps only after a step, and trained one more (issue 42). Its epochs are skipped for
+        epoch loop checks max_steps only after a step, and trained one more. Its epochs are skipped for
         this call, so that the training ends as it should: on_train_end records completion, the script's code
         after train() runs."""
         run_epoch = getattr(trainer, "_run_epoch", None)
@@ -237,7 +237,7 @@ class OrchCallback(TrainerCallback):
         if self.auto_save is not None and any_rank(self.auto_save.due()):  # every rank the same decision
             control.should_save = True
         if state.max_steps and state.global_step >= state.max_steps:
-            # The final step committed before completion is recorded (issue 42): an exception after train() (a
+            # The final step committed before completion is recorded: an exception after train() (a
             # failed export), fixed and requeued, resumes at the end, 0 steps retrained (it retrained all of them).
             control.should_save = True
         # HF saves after this hook when should_save is set; on_save adds its duration to save_stall_s.
@@ -255,7 +255,7 @@ class OrchCallback(TrainerCallback):
                     **kwargs: Any) -> TrainerControl:
         """An evaluation inside ``train()`` is a stop point too: every rank runs it, HF saves right after it.
 
-        Issue 19: a signal during an evaluation waited for the next step agreement, up to a second of steps later
+        A signal during an evaluation waited for the next step agreement, up to a second of steps later
         (step 18 for an evaluation at step 10). HF's evaluation loop has no exit a callback can take, so the ranks
         agree when it ends; the step saved is the evaluated one, with the RNG after the evaluation's draw.
         """
@@ -277,7 +277,7 @@ class OrchCallback(TrainerCallback):
                 **kwargs: Any) -> None:
         """Every rank: wait until all ranks wrote their files; then rank 0 commits ``checkpoint-N``."""
         # HF's _save_checkpoint has no barrier between the ranks' writes and on_save: rank 0 moved checkpoint-N
-        # while a slower rank 1 had yet to write its rng_state_1.pth into it (issue 19: that rank crashed on the
+        # while a slower rank 1 had yet to write its rng_state_1.pth into it (that rank crashed on the
         # vanished dir, and the step committed without its RNG). The kit's barrier: a no-op on one rank.
         barrier()
         began = getattr(self, "_save_began", None)
@@ -296,7 +296,7 @@ class OrchCallback(TrainerCallback):
         if not src.is_dir():
             log(f"on_save: {src} not found; nothing to commit")
             return
-        # Issue 17: a fixed keep of 2 ignored save_total_limit=5 (and None: keep every one).
+        # A fixed keep of 2 ignored save_total_limit=5 (and None: keep every one).
         keep = self.keep_last_k if self.keep_last_k is not None else args.save_total_limit
         self._committed = commit_checkpoint(self.run.run_dir, state.global_step, move_from=src,
                                             keep_last_k=keep)
@@ -304,12 +304,12 @@ class OrchCallback(TrainerCallback):
     # --- the end -----------------------------------------------------------------------------------
     def on_train_end(self, args: TrainingArguments, state: TrainerState, control: TrainerControl,
                      model: torch.nn.Module | None = None, **kwargs: Any) -> None:
-        # Every rank the same answer (issue 19): on its own flag, rank 0 recorded completion while rank 1, signalled
+        # Every rank the same answer: on its own flag, rank 0 recorded completion while rank 1, signalled
         # after the last step's agreement, exited 143. Every rank gets here after HF's store_flos collective.
         stop = self._stopping or self.agreement.agree()
         self._close()
         if stop:
-            # A stop is never completion (issue 17), also when it came with the last step.
+            # A stop is never completion, also when it came with the last step.
             self.flag.record_step(state.global_step)
             raise self.run.preempted(state.global_step, signal_name(self.flag.signum or self.agreement.signum),
                                      self._committed, self.tolerance.report())

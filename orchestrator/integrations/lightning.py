@@ -82,7 +82,7 @@ def tensorboard_logger(run_dir: str | os.PathLike[str] | None = None, **kwargs: 
 
 
 def mlflow_logger(**kwargs: Any) -> Any:
-    """An ``MLFlowLogger`` that logs into the job's one MLflow run (issue 42): orch's wrapper passes its id as
+    """An ``MLFlowLogger`` that logs into the job's one MLflow run: orch's wrapper passes its id as
     ``MLFLOW_RUN_ID``, which Lightning's logger does not read, and it creates its experiment's run before any
     callback's hook could hand it over. Without orch (no ``MLFLOW_RUN_ID``), or given ``run_id=``, a plain one."""
     from lightning.pytorch.loggers import MLFlowLogger
@@ -344,7 +344,7 @@ class OrchCallback(Callback):
 
     def on_validation_batch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs: Any, batch: Any,
                                 batch_idx: int, dataloader_idx: int = 0) -> None:
-        """A validation batch boundary inside ``fit`` is a stop point too (issue 19: a SIGTERM during a long
+        """A validation batch boundary inside ``fit`` is a stop point too (a SIGTERM during a long
         validation waited for all of it, and then for one more training step, before the save). The model
         is the one after the last optimizer step, so that step is what is checkpointed."""
         if trainer.sanity_checking or self._stop is not None or not hasattr(self, "run"):
@@ -363,18 +363,18 @@ class OrchCallback(Callback):
         self._take_pending_stop(trainer)
         self._raise_if_stopping()
         if self.agreement.agree():
-            # A signal after the last step's on_train_batch_end: a stop is never completion (issue 17).
+            # A signal after the last step's on_train_batch_end: a stop is never completion.
             # The last step is checkpointed; the next attempt (0 steps left) writes the result.
             self._stop_at(trainer, trainer.global_step)
             self._raise_if_stopping()
-        # The final step committed before completion is recorded (issue 42): an exception after fit (a failed
+        # The final step committed before completion is recorded: an exception after fit (a failed
         # export), fixed and requeued, resumes at the end, 0 steps retrained (it retrained all of them).
         self._save(trainer, trainer.global_step)
         self._complete(trainer)
 
     def on_fit_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         """A fit restored at its end (max_steps reached: a stop in the last step, or a requeue after a failed
-        export) trains nothing and calls no on_train_end: the completion is recorded here (issue 42: it exited 0
+        export) trains nothing and calls no on_train_end: the completion is recorded here (it exited 0
         with none, and never verified)."""
         if hasattr(self, "run") and not self._completed and self._stop is None:
             self._complete(trainer)
@@ -399,7 +399,7 @@ class OrchCallback(Callback):
                 found = self.run.resume_checkpoint()
                 self.run.preempted(trainer.global_step, signal_name(self.flag.signum), found and found[1])
         elif protocol.write_error_class(exception) != "crash":
-            # Issue 41: an EIO in a checkpoint write was a counted crash: storage (or enospc) says it may pass.
+            # An EIO in a checkpoint write was a counted crash: storage (or enospc) says it may pass.
             self.run.crashed(trainer.global_step, exception, rank=trainer.global_rank, world=trainer.world_size)
         self._close()
 

@@ -182,7 +182,7 @@ class OrchRun:
         """``fn`` (a tracker's call: ``wandb.log``, ``mlflow.log_metrics``, a writer's ``add_scalar``) as it is,
         except that once a stop's signal came its failure is noted in the stop's report and it returns None:
         the signal that stops the job may have ended the tracker's own helper process (W&B's service on Slurm),
-        and the stop must still reach its checkpoint (issue 42)."""
+        and the stop must still reach its checkpoint."""
         return self.tolerance.wrap(fn, name or getattr(fn, "__qualname__", None) or repr(fn))
 
     def log(self, **fields: Any) -> None:
@@ -239,11 +239,11 @@ class OrchRun:
         try:
             if exc_type is None:
                 if self.agreement.agree():
-                    # A stop is never completion (issue 17): the last step is checkpointed and the next
+                    # A stop is never completion: the last step is checkpointed and the next
                     # attempt, with 0 steps left, only writes the result.
                     log(f"{signal_name(self.flag.signum)} during the last step: stopping, not finishing")
                     self._stop()
-                # The final step committed before completion is recorded (issue 42): an exception after training (a
+                # The final step committed before completion is recorded: an exception after training (a
                 # failed export), fixed and requeued, resumes at the end, 0 steps retrained (it redid up to
                 # save_every). Collective where saves are: every rank gets here.
                 self._save(background=False)

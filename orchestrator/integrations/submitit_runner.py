@@ -93,7 +93,7 @@ class _Runner:
         self.checkpoint: Path | None = None  # the newest committed checkpoint (resumed from, or written)
         self.resumed_from: int | None = None
         self.heartbeat: Any = None
-        # Every stop signal, whoever sent it, lands in attempts/<n>/stop.json: never verified (issue 17).
+        # Every stop signal, whoever sent it, lands in attempts/<n>/stop.json: never verified.
         self.recorder = StopRecorder(attempt_dir_from_env())
 
     # --- loading ---------------------------------------------------------------------------------
@@ -153,7 +153,7 @@ class _Runner:
                 self.busy = False
 
     def _periodic_due(self) -> bool:
-        """Issue 17: without a periodic checkpoint a kill -9 (no signal, no handler) redid the whole run."""
+        """Without a periodic checkpoint a kill -9 (no signal, no handler) redid the whole run."""
         return bool(self.checkpoint_every_s) and time.monotonic() - self.last_commit >= self.checkpoint_every_s
 
     def stop(self, how: str) -> None:
@@ -290,7 +290,7 @@ def run_job(submission: str, sha256: str, *, sys_path: Iterable[str] = (), keep_
             _current = None
             runner.heartbeat.stop()
         if runner.signum is not None:
-            # The callable returned, but a stop is never completion (issue 17): its result is written and the
+            # The callable returned, but a stop is never completion: its result is written and the
             # stop recorded; orch does not verify this attempt, and the next one reruns from the last checkpoint.
             log(f"{signal_name(runner.signum)} after the callable returned: result written, the stop is recorded")
         if run.is_writer:

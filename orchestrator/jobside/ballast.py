@@ -39,7 +39,7 @@ def allocate(path: Path, size: int = BALLAST_BYTES) -> None:
     os.close(fd)
 
 
-# A batch's pool (issue 20): one file holding a slot per task of a group launch, where each task's own ballast file
+# A batch's pool: one file holding a slot per task of a group launch, where each task's own ballast file
 # (one more inode and directory per task) was most of a 1,000-task sweep's filesystem work. A task's wrapper gives
 # its slot back first thing when it starts, then makes its attempt dir, records and ballast: on a disk that filled
 # while the task was queued, in the room the slot held (hence a slot is a ballast and room for those). The task's

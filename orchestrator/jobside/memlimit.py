@@ -1,6 +1,6 @@
 """The local backend's ``--mem``: a memory cgroup per attempt, and its count of kernel OOM kills.
 
-Issue 17: a local job the kernel OOM killer ended looked exactly like a ``kill -9`` (a bare SIGKILL), so
+A local job the kernel OOM killer ended looked exactly like a ``kill -9`` (a bare SIGKILL), so
 it could never be classified ``oom`` and get more memory. The wrapper now runs the program in a memory
 cgroup of its own, limited to ``--mem``, and records the cgroup's OOM-kill counter in ``exit.json``
 (``oom_kill``); ``classify`` turns a count > 0 into ``oom``.

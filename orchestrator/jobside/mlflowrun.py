@@ -1,4 +1,4 @@
-"""One MLflow run per job: every attempt of a script that calls plain ``mlflow.start_run()`` continues it (issue 42).
+"""One MLflow run per job: every attempt of a script that calls plain ``mlflow.start_run()`` continues it.
 
 Why orch arranges it: ``mlflow.start_run()`` opens a new run in each process, so a job preempted twice showed three
 runs, and a killed attempt's run stayed RUNNING for good. MLflow continues a run named by ``MLFLOW_RUN_ID``, but only

@@ -8,7 +8,7 @@ of a process and no clock step moves it; (pid, start ticks) names one process fo
 machine.
 
 A local job runs in its own session (the wrapper calls ``setsid``), so "the job" is every process
-whose session id is the wrapper's pid — also after the wrapper itself was killed (issue 9: kill -9
+whose session id is the wrapper's pid — also after the wrapper itself was killed (kill -9
 of the wrapper alone left the trainer running while orch requeued the job). A session id stays
 reserved while any process of the session lives (the kernel cannot hand the number to a new
 process meanwhile), so session members found while the leader lives, or carrying the attempt's

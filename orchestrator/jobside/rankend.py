@@ -1,4 +1,4 @@
-"""Each rank's own end, recorded (issue 19): ``python -m orchestrator.jobside.rankend --dir D --launch L -- CMD``.
+"""Each rank's own end, recorded: ``python -m orchestrator.jobside.rankend --dir D --launch L -- CMD``.
 
 When orch launches the ranks (``--nproc-per-node``), torchrun runs every rank's program under this small
 parent. torchrun exits 1 whatever a rank died of, and its own account cannot tell the cause from the
@@ -161,7 +161,7 @@ def main(argv: list[str] | None = None) -> int:
     def on_stop(signum: int, _frame: object) -> None:
         # torchrun signals the process group: the program got its own copy; a second one from us would hit a
         # program that exits in its handler. Noted only: this rank's end is now a consequence. A program that is
-        # stopped (SIGSTOP, Ctrl-Z) can never use the grace its stop gives it: it is killed at once (issue 41: a
+        # stopped (SIGSTOP, Ctrl-Z) can never use the grace its stop gives it: it is killed at once (a
         # hang stop waited out its whole grace for a stopped rank).
         stopped.append(signum)
         _kill_if_stopped(running)

@@ -1,6 +1,6 @@
 """The job wrapper's eye on its program's process: stopped (SIGSTOP, Ctrl-Z) or not.
 
-Issue 41's hostile pass: a program stopped before its first heartbeat (the bundled trainer half a second in), or
+A hostile pass: a program stopped before its first heartbeat (the bundled trainer half a second in), or
 torchrun stopped before any rank started, was never judged hung: nothing the program writes could say so, and no
 rule may judge a job from its start alone (a long import or restore is no hang). The wrapper, its parent, sees the
 state itself: ``attempts/<n>/program-stopped.json`` exists while the program is stopped, written when the wrapper

@@ -10,12 +10,12 @@ What it guarantees:
   only notes it; locally, the wrapper passes a SIGTERM it receives (orch cancel, a hang stop) to the
   program and, at a time limit, sends SIGTERM then SIGKILL after a grace, as Slurm would;
 - the scheduler's early warning (``--signal=B:USR2``, sent to the batch process only) reaches the
-  program as the signal it handles: SIGTERM unless the program opted into SIGUSR2 (issue 10: a
+  program as the signal it handles: SIGTERM unless the program opted into SIGUSR2 (a
   program without a USR2 handler died of orch's own warning);
 - when the program ends, what it left running in the job's session is stopped (as Slurm ends a job
   with its batch script), so "the job is alive" and "the program is alive" mean the same;
 - with ``--spot-notice``, a cloud's spot interruption notice (``orchestrator/jobside/spotnotice.py``) reaches
-  the program as the SIGTERM of a preemption, minutes before the VM goes (issue 13);
+  the program as the SIGTERM of a preemption, minutes before the VM goes;
 - fencing: with ``--fence G``, the program runs only if ``attempts/<n>/fence.json`` (written by the
   launcher that won the claim, before its backend call) still names generation G; a wrapper of a
   launcher that lost its claim exits without running it, writes ``superseded.json`` (never exit.json,
@@ -26,12 +26,12 @@ What it guarantees:
   signal reached the wrapper or was recorded by the program (``attempts/<n>/stop.json``), the disk did
   not fill, and the program's kit recorded completion (``attempts/<n>/complete.json`` of this token) or
   ``--outputs`` were given. It lists, at that moment, everything under ``result/``, the record's outputs
-  and the ``--outputs`` matches (issue 17: a callback's done.json, written when fit ended, verified a
-  script whose export then raised; issue 10: a program that exits 0 after SIGTERM was verified). A
+  and the ``--outputs`` matches (a callback's done.json, written when fit ended, verified a
+  script whose export then raised; a program that exits 0 after SIGTERM was verified). A
   done.json the program wrote itself and then exited non-zero or was stopped is set aside
   (``done.rejected-<k>.json``), never verified. Stop signals are blocked from the program's exit until
   exit.json is written, and any that arrived meanwhile undo the marker: no TERM is ever followed by one;
-- multi-rank (``--nproc-per-node K [--nodes N]``, issue 19): the wrapper runs the command once per rank through
+- multi-rank (``--nproc-per-node K [--nodes N]``): the wrapper runs the command once per rank through
   torchrun (``orchestrator/jobside/ranklaunch.py``) and stays the one process that records the attempt's end. Locally
   torchrun is its child and gets every stop as above; torchrun starts its workers in sessions of their own,
   so what carries the attempt's token in its environment is stopped with the job's session. Under Slurm
@@ -254,7 +254,7 @@ class Supervisor:
 def _session_members(token: str | None = None) -> list[int]:
     """Other live processes of this wrapper's session (the local backend's job), and, with ``token``, those
     whose environment carries the attempt's token: torchrun starts each worker in a session of its own, and
-    ranks of a cancelled job outlived torchrun as orphans (issue 19)."""
+    ranks of a cancelled job outlived torchrun as orphans."""
     me, sid = os.getpid(), os.getsid(0)
     if sid != me:  # not a session leader (run by hand, or under Slurm's slurmstepd): nothing to tidy
         return []
@@ -515,12 +515,12 @@ def _attempt(a: argparse.Namespace, run_dir: Path, adir: Path, restart: int, bal
     flags = os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_NOFOLLOW
     with open(os.open(adir / protocol.STDOUT_LOG, flags, 0o666), "ab") as out, \
             open(os.open(adir / protocol.STDERR_LOG, flags, 0o666), "ab") as err:
-        run_id, said = mlflowrun.arrange(run_dir, a.job, a.attempt, env)  # issue 42: one MLflow run per job
+        run_id, said = mlflowrun.arrange(run_dir, a.job, a.attempt, env)  # One MLflow run per job
         if said:
             err.write(f"orch wrapper: {said}\n".encode())
         if run_id is not None:
             env[mlflowrun.RUN_ID_ENV] = run_id
-        cgroup = memlimit.for_attempt(a.token, a.mem_mb, err)  # issue 17: tells a kernel OOM kill apart
+        cgroup = memlimit.for_attempt(a.token, a.mem_mb, err)  # Tells a kernel OOM kill apart
         try:
             child = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=out, stderr=err,
                                      env=env, cwd=str(run_dir), preexec_fn=cgroup.join_self if cgroup else None)
@@ -594,7 +594,7 @@ def _refusal(rc: int, sup: Supervisor, stop: protocol.StopRecord | None, disk_fu
         return f"the program exited {rc}" if rc > 0 else f"the program was killed by signal {-rc}"
     if sup.stop_signal is not None:
         return f"the program was sent SIG{sup.stop_signal} ({sup.stop_source})"
-    if stop is not None:  # a SIGTERM that never passed through us: a user's kill, a container stop (issue 17)
+    if stop is not None:  # a SIGTERM that never passed through us: a user's kill, a container stop
         return f"the program recorded a stop (SIG{stop.signal}) in {protocol.STOP_FILE}"
     if disk_full:  # a truncated output of exit 0 was verified (hostile test)
         return "the disk was full during the run (outputs may be truncated)"

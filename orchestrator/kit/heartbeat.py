@@ -63,7 +63,7 @@ class Armed:
 def arm_from_env(environ: Mapping[str, str] | None = None) -> Armed | None:
     """Say, as a rank's program starts (before its process group forms), that this program beats: under orch
     (ORCH_RUN_DIR, ORCH_ATTEMPT) and torchrun's WORLD_SIZE > 1 only. The hang detector then judges the attempt's
-    start too (issue 41): a rank that never arms, hang_timeout_s after another did, is hung, and so is an armed
+    start too: a rank that never arms, hang_timeout_s after another did, is hung, and so is an armed
     rank whose record stops being refreshed before it beats (a thread rewrites it every ORCH_HEARTBEAT_S until this
     process's first heartbeat: a rank stopped or dead in its start stops it, a slow restore does not). Best effort:
     a failed write only leaves the start unjudged, as before. The record's refresher, or None."""

@@ -48,7 +48,7 @@ def attempt_dir_from_env(environ: Mapping[str, str] | None = None) -> Path | Non
 class StopRecorder:
     """Writes ``attempts/<n>/stop.json`` when the program receives a stop signal, whoever sent it.
 
-    Issue 17: a SIGTERM that reaches the program without passing through orch's wrapper (a user's kill,
+    A SIGTERM that reaches the program without passing through orch's wrapper (a user's kill,
     a container stop, a VM shutdown) left no trace, and a framework that then exits 0 (HF's
     enable_jit_checkpoint, Lightning) was verified half-trained. The signal handler only calls
     :meth:`notify` (one ``os.write`` to a pipe: safe wherever the main thread was interrupted); a small

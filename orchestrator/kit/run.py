@@ -107,7 +107,7 @@ class Run:
             log(f"attempt {self.attempt} restarted in place: previous failure.json kept as {stale.name}")
 
     def resumed(self, step: int, first_logged_step: int | None = None) -> None:
-        """Say where this attempt resumed (0: a fresh start), once its checkpoint was restored (issue 42): the
+        """Say where this attempt resumed (0: a fresh start), once its checkpoint was restored: the
         program's own tracker calls from now on read it in ``ORCH_RESUME_STEP``, and TensorBoard drops what an
         earlier attempt logged at ``first_logged_step`` (default ``step + 1``: the first step this attempt logs)
         and later, which this attempt logs again (``tbpurge``)."""
@@ -142,7 +142,7 @@ class Run:
                 # Another run's checkpoint (a fork): not ours to replace or set aside.
                 raise RunDirError(f"resume override {wanted}: {problem}")
             if problem is not None:
-                # Corrupted after orch's policy verified it (issue 16: RunDirError failed the attempt, then
+                # Corrupted after orch's policy verified it (RunDirError failed the attempt, then
                 # the job). Never a newer one than asked for: a rollback must not resume past the bad step.
                 log(f"resume override {wanted} does not verify ({problem}): set aside; using an older checkpoint")
                 self._set_aside(path, "corrupt")
@@ -226,7 +226,7 @@ class Run:
             if self.is_writer or not (adir / protocol.FAILURE_FILE).exists():
                 protocol.write_failure(self.run_dir, self.attempt, cls, step, why)
             return
-        # Issue 41: one EIO in a checkpoint write, the previous checkpoint intact, was a counted crash.
+        # One EIO in a checkpoint write, the previous checkpoint intact, was a counted crash.
         cls = protocol.write_error_class(exc)
         if self.is_writer:
             protocol.write_failure(self.run_dir, self.attempt, cls, step, detail)
@@ -281,7 +281,7 @@ def record_completion(run_dir: Path, job: str, attempt: int, artifacts: list[str
 
     Under orch's wrapper: ``attempts/<n>/complete.json`` {token, step, at, outputs}; the wrapper writes
     done.json over ``result/``, these outputs and ``--outputs`` only if the program then exits 0 unstopped
-    (issue 17: a callback's done.json, written before the script's export raised, verified an exit 1).
+    (a callback's done.json, written before the script's export raised, verified an exit 1).
     Without orch: done.json over ``artifacts`` at once, as the last write. Returns what was written.
     """
     if marker_written_by_wrapper():

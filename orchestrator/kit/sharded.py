@@ -276,7 +276,7 @@ class ShardedCheckpointer:
                 verdict = f"commit of step {step} failed on rank 0: {e!r}", protocol.storage_errno(e)
         verdict = self._bcast(verdict)
         if verdict is not None:
-            # Every rank raises the storage error a rank hit (issue 41: an EIO in one rank's write was a crash; the
+            # Every rank raises the storage error a rank hit (an EIO in one rank's write was a crash; the
             # attempt's class comes from it: storage, or enospc), else the verdict as it was.
             why, code = verdict
             cause = OSError(code, why) if code is not None else RuntimeError(why)

@@ -1,7 +1,7 @@
 """A tracker never costs a checkpoint: once a stop is underway, a logger's or a tracker callback's failure is
 recorded and skipped, so that the stop reaches its save.
 
-Issue 42: on Slurm a preemption's SIGTERM reaches every process of the job (``scancel`` too), W&B's service
+On Slurm a preemption's SIGTERM reaches every process of the job (``scancel`` too), W&B's service
 process among them. ``wandb-core`` is a Go program in its own session; it exits on SIGTERM, and Go lets no parent
 make it ignore or block that signal. The script's next ``wandb.log`` raised ``ConnectionResetError`` inside HF's
 ``WandbCallback.on_log``, which HF calls before its save (and Lightning's loggers run between a signal and the

@@ -1,4 +1,4 @@
-"""W&B rows numbered by the framework's own step, so that a job's W&B curve never goes back (issue 42).
+"""W&B rows numbered by the framework's own step, so that a job's W&B curve never goes back.
 
 Lightning's ``WandbLogger`` and HF's ``WandbCallback`` log their step as a metric of its own (``trainer/global_step``,
 ``train/global_step``) and let W&B number the rows. After a kill -9, the resumed attempt trains the steps after its

@@ -84,7 +84,7 @@ def _own_rank_end(ref: AttemptRef, rec: protocol.ExitRecord | None) -> tuple[int
 def _restarts_at_end(seen: int, ev: Evidence | None) -> int:
     """In-place restarts of an attempt, from what proves one happened: sacct's records of the id (one per
     run) and the SLURM_RESTART_COUNT the wrapper's last run recorded. A count seen while the job ran
-    (``seen``) is a guess made in the requeue window: issue 17's sweep task that sacct had COMPLETED kept
+    (``seen``) is a guess made in the requeue window: a sweep task that sacct had COMPLETED kept
     restarts=1 because a prio job arrived as it finished."""
     if ev is None:
         return seen
@@ -115,10 +115,10 @@ def finish(db: Database, cfg: Config, attempt_id: int, ev: Evidence | None, rep:
         common["exit_code"] = out.exit_code if out.exit_code is not None else (-out.signal if out.signal else None)
         if out.backend_state:
             common["backend_state"] = out.backend_state[:64]
-        if ev.exit_record is not None:  # where it ran (issue 19): the wrapper's record of its last run
+        if ev.exit_record is not None:  # where it ran: the wrapper's record of its last run
             common["world_size"], common["nodes"] = ev.exit_record.world_size, ev.exit_record.nodes
         if not common.get("nodes") and out.nodes:  # no exit record (a node that failed took the wrapper with
-            common["nodes"] = out.nodes  # it): the scheduler's node list, so suspect nodes see it (issue 20)
+            common["nodes"] = out.nodes  # it): the scheduler's node list, so suspect nodes see it
     if ev is not None and ev.verification.verified:
         with db.write() as s:
             a, job = s.get(Attempt, attempt_id), s.get(Job, job.id)

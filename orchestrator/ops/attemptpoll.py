@@ -163,7 +163,7 @@ def _apply(db: Database, cfg: Config, backend: Backend, r: Row, out: Outcome, re
 def _record_restart_causes(ref: AttemptRef, out: Outcome) -> None:
     """Keep the scheduler's cause of each earlier run of an attempt restarted in place, for ``orch show`` and
     the counts (protocol.restart_history): the program only saw a stop signal, and called a NODE_FAIL rerun a
-    preemption (issue 18). Written when a restart is first seen and at the end; a write that fails leaves the
+    preemption. Written when a restart is first seen and at the end; a write that fails leaves the
     program's own records to decide, never a wrong class."""
     with contextlib.suppress(OSError):
         protocol.write_restart_causes(ref.attempt_dir, ref.token, [c.value if c else None for c in out.restart_causes])

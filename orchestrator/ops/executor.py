@@ -40,7 +40,7 @@ checkpoint if there is one, else the original, whose sha256 the command names â€
   (or from the start), as under submitit.
 * **periodically** (``orch_checkpoint_every_s``, default 600 s; 0 turns it off) the first ``safe_point()`` that long
   after the last commit commits ``checkpoint()`` and carries on: a kill -9 (class ``killed``, requeued by ``orch
-  reconcile`` after a back-off) resumes from there instead of from the start (issue 17).
+  reconcile`` after a back-off) resumes from there instead of from the start.
 * ``job.result()`` keeps waiting while the job is ``retryable_failed`` and the reconciler will requeue it
   (``auto_requeue``: preempted, timeout, killed, oom, ...); it raises only once the job is settled for good.
 

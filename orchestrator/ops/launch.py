@@ -21,7 +21,7 @@ without an exit record and is retried — never two copies. A healthy launcher r
 it prepares (``claimkeeper.ClaimKeeper``), so only a stopped or dead one loses it: the grace is a recovery delay.
 
 Every way a launch can fail ends the attempt with a reason, so no job is left ``pending`` for ever
-(issue 9): a refusal (a symlinked ``attempts/``, a scheduler that will never take the submission)
+: a refusal (a symlinked ``attempts/``, a scheduler that will never take the submission)
 fails it ``invalid``; a filesystem error (ENOSPC, a file where a directory must be) fails it as a
 retryable class; only a transient scheduler error keeps the claim, for the reconciler to retry.
 """
@@ -97,7 +97,7 @@ def _claim(db: Database, attempt_id: int, reclaim: bool) -> int | None:
 
 def _preload(s: Any, attempt_ids: list[int], jobs: bool = False) -> dict[int, Any]:
     """These attempts (and, ``jobs``, their jobs, under ``("job", id)``) read into session ``s`` by a few
-    queries, not one SELECT each (issue 20). Keep the dict while using them: the session's identity map
+    queries, not one SELECT each. Keep the dict while using them: the session's identity map
     holds rows weakly, and a dropped row is read again by ``s.get``."""
     from sqlalchemy import select
 
@@ -115,7 +115,7 @@ def _preload(s: Any, attempt_ids: list[int], jobs: bool = False) -> dict[int, An
 
 def _claim_all(db: Database, attempt_ids: list[int], reclaim: bool) -> dict[int, int]:
     """``_claim`` of many attempts in ONE write transaction (each its own compare-and-set): attempt id ->
-    its new fence, for those this launcher now holds. Issue 20: a transaction per task was most of a sweep."""
+    its new fence, for those this launcher now holds. A transaction per task was most of a sweep."""
     if not attempt_ids:
         return {}
     try:
@@ -285,7 +285,7 @@ def _fail_os(db: Database, cfg: Config, attempt_id: int, e: OSError) -> None:
 
 def _launch_error_class(e: BaseException) -> FailureClass:
     """A launch's OSError before the program ran: a full disk (enospc), a storage fault that may pass (storage:
-    retried after a back-off, never counted, issue 41), else unknown (waits for a person: EACCES, ELOOP, ...)."""
+    retried after a back-off, never counted), else unknown (waits for a person: EACCES, ELOOP, ...)."""
     cls = protocol.write_error_class(e)
     return FailureClass.UNKNOWN if cls == "crash" else FailureClass(cls)
 
@@ -342,7 +342,7 @@ def launch_group(db: Database, cfg: Config, names: list[str], backend: Backend, 
     Each attempt is claimed (its own compare-and-set) and prepared on its own (a task whose run dir is
     refused fails alone); the group's token is recorded on every member before the backend call, so a
     crash inside it is resolved by the reconciler for the whole array at once (``find_by_token`` of the
-    batch token). Issue 20: the steps are batched, not the decisions: one read, one transaction each for
+    batch token). The steps are batched, not the decisions: one read, one transaction each for
     the claims, the fence re-checks, the batch token and the submitted ids, and one flush of every task's
     files before the backend call (``SyncBatch``), where a 1,000-task sweep took 5 transactions and 6
     fsyncs per task. A crash between any two steps leaves each attempt where the per-task code could have.
@@ -547,7 +547,7 @@ def _submission_failed(db: Database, cfg: Config, members: list[_Ready] | list[H
         with db.write() as s:  # transient: the claim stays; the reconciler looks the token up, then retries
             for r in members:
                 # Under this launcher's own claim only: unguarded, a stale launcher's note overwrote the
-                # detail of the launch that had re-claimed the attempt (issue 18).
+                # detail of the launch that had re-claimed the attempt.
                 set_attempt_fields(s, s.get(Attempt, r.attempt_id), A.LAUNCHING, where=Attempt.fence == r.fence,
                                    detail=f"submission failed (will be retried): {e}"[:2000])
         raise OrchError(f"{names}: {e}") from None
@@ -561,7 +561,7 @@ def _submission_failed(db: Database, cfg: Config, members: list[_Ready] | list[H
 
 def _close_verified(db: Database, attempt_id: int, job_id: int) -> None:
     """A requeue raced a job that finished after all: never rerun a verified result; the unlaunched
-    attempt is closed too (issue 9: it stayed ``submitted`` for ever)."""
+    attempt is closed too (it stayed ``submitted`` for ever)."""
     with db.write() as s:
         a, job = s.get(Attempt, attempt_id), s.get(Job, job_id)
         if a.state in (A.LAUNCHING, A.STOPPING):
@@ -572,7 +572,7 @@ def _close_verified(db: Database, attempt_id: int, job_id: int) -> None:
 
 def _fail(db: Database, cfg: Config, attempt_id: int, cls: FailureClass, detail: str) -> None:
     # Imported here: a launch that goes well never ends an attempt, and ending (with observe, which held
-    # STOP_GRACE_S) was ~3 ms of every `orch submit`'s imports (issue 20).
+    # STOP_GRACE_S) was ~3 ms of every `orch submit`'s imports.
     from orchestrator.ops.attemptend import finish
 
     finish(db, cfg, attempt_id, None, launch_failure=(cls, detail))
@@ -583,7 +583,7 @@ def record_submitted(db: Database, attempt_id: int, external_id: str, overrides:
     """launching -> submitted with the backend's id (job pending -> submitted).
 
     If ``orch cancel`` overtook the launch (the attempt is already ``stopping``), the id is recorded
-    and the new job stopped at once; returns True then (issue 9: a cancel that landed during the
+    and the new job stopped at once; returns True then (a cancel that landed during the
     launch left the job running). ``fence``: only while the attempt is still under this launcher's
     claim; raises LostClaim otherwise (a re-claimer's launch or adoption is the attempt's).
     """

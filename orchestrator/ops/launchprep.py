@@ -77,7 +77,7 @@ class BatchRecords:
     record), written once in its batch dir (``protocol.BATCH_RECORDS``) beside one ballast pool: each task's
     wrapper puts its command.json and fence.json in place when it starts and takes its ballast from the pool.
 
-    Issue 20: a 1,000-task sweep made 3,000 dirs and 3,000 files before ``sbatch`` (attempts/, attempts/1,
+    A 1,000-task sweep made 3,000 dirs and 3,000 files before ``sbatch`` (attempts/, attempts/1,
     ballast, command.json, fence.json per task), more than submitit's whole ``map_array``. Only a run dir the
     launch made is left this way: an existing one is cleared and recorded in place as before."""
 
@@ -113,7 +113,7 @@ def prepare_run_dir(cfg: Config, spec: SubmitSpec, plan: Any, outputs: list[str]
     why: dict[str, str] = {}
     set_aside: list[Any] = []
     if created and plan is None and _make_fresh(spec.attempt_dir):
-        # This launch made the run dir a moment ago: nothing in it to set aside, trash or check (issue 20: the
+        # This launch made the run dir a moment ago: nothing in it to set aside, trash or check (the
         # scans below were a third of a 1,000-task sweep, every one of them of an empty directory).
         pass
     else:
@@ -192,7 +192,7 @@ def _clear_for_attempt(cfg: Config, spec: SubmitSpec, plan: Any, outputs: list[s
     # outside its runs root: refused, for this job only.
     protocol.resolve_inside(run_dir, f"{protocol.ATTEMPTS_DIR}/{spec.attempt}")
     keep = keep or []
-    # Issue 17: a kill -9 mid-save left a checkpoint every next attempt crashed on: renamed, never deleted.
+    # A kill -9 mid-save left a checkpoint every next attempt crashed on: renamed, never deleted.
     set_aside = resumestate.set_aside_torn(run_dir, keep)
     quarantine = plan.quarantine if plan else ()
     why = dict(leftovers_why(run_dir, outputs, quarantine, keep))

@@ -1,5 +1,5 @@
 """Which processes still run in a run dir, whatever the DB says: every backend asked, each as its
-capabilities allow (issue 9: after the DB file was deleted, the same name was submitted again beside the
+capabilities allow (after the DB file was deleted, the same name was submitted again beside the
 running first attempt). ``orch submit`` and ``orch sweep`` refuse a run dir that shows one."""
 
 from __future__ import annotations

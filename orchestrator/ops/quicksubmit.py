@@ -1,6 +1,6 @@
 """``orch submit``'s quick path: the same submission, on stdlib ``sqlite3``, without importing SQLAlchemy.
 
-Issue 20 asked for an ``orch submit --backend slurm`` within 250 ms on a login node; importing SQLAlchemy and
+The goal: an ``orch submit --backend slurm`` within 250 ms on a login node; importing SQLAlchemy and
 declaring the models alone took ~0.3 s of it. This path makes the same rows, in the same transactions, and
 calls the same shared steps as ``submit.submit`` + ``launch.launch`` (the checks before any row, the claim
 and its fence, ``launchprep.check_and_prepare``, the fence re-check right before the backend call, the
@@ -111,7 +111,7 @@ def preflight(cfg: Config, name: str, job_state: Any) -> Path:
     live = live_processes([run_dir])[run_dir]
     if live:
         # The DB lost this job (deleted, or another ORCH_HOME on the same runs root) but its attempt
-        # still runs there: a second one beside it would share the run dir (issue 9).
+        # still runs there: a second one beside it would share the run dir.
         raise Refused(f"refused: a live attempt runs in {run_dir} ({'; '.join(live[:3])}) that this DB "
                       "does not know (was the DB deleted?); stop it first")
     return run_dir

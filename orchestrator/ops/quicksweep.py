@@ -1,7 +1,7 @@
 """``orch sweep``'s quick path on a scheduler that keeps the group's queue (a Slurm array): the same sweep,
 without importing SQLAlchemy, every step batched.
 
-Issue 20 asked for a 1,000-task ``orch sweep`` within 2x submitit's ``map_array`` of the same tasks. The
+The goal: a 1,000-task ``orch sweep`` within 2x submitit's ``map_array`` of the same tasks. The
 steps are those of ``sweep.submit_sweep`` + ``launch.launch_group`` (the shared checks before anything is
 written, ``sweepspec.preflight_sweep``; the sweep, its jobs and first attempts in one transaction; every claim
 in one; each run dir made ready by ``launchprep.check_and_prepare`` with one flush for all; the fences checked

@@ -44,7 +44,7 @@ __all__ = ["PassReport", "reconcile_pass", "acquire_lease", "release_lease"]
 
 A, J = AttemptState, JobState
 LEASE = "reconcile"
-# A pass waits at most this long for a sweep's launch lock (issue 41: a pass never spends more than a few seconds on
+# A pass waits at most this long for a sweep's launch lock (a pass never spends more than a few seconds on
 # locks, whatever their holders do); the holder launches those tasks, or the next pass does.
 PASS_LOCK_WAIT_S = 2.0
 
@@ -76,7 +76,7 @@ def take_over_from_a_stopped_holder(db: Database, cfg: Config, holder: str) -> s
     """Take the lease at once from a reconciler on this host that is stopped (Ctrl-Z, kill -STOP), and say so;
     else '' (the lease stays as it is).
 
-    Hostile pass of issue 41: a stopped ``orch reconcile`` held the lease for its whole ``lease_ttl_s``, and every
+    A hostile pass found it: a stopped ``orch reconcile`` held the lease for its whole ``lease_ttl_s``, and every
     pass meanwhile did nothing, quietly: a finished job's ``submit --wait`` took 120 s. Taking it is as safe as
     its expiry (a holder that resumes after either works on beside the next pass, as one that outlives its lease
     does): every change a pass makes is a compare-and-set. Only positive evidence counts: a holder on another

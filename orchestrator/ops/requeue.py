@@ -319,7 +319,7 @@ def _unverify(db: Database, name: str, v: protocol.Verification) -> None:
         if job.state is not J.DONE:
             raise IllegalTransition("changed")
         # The class is the job's event, not its last attempt's: that attempt did succeed (its result broke
-        # later), and stamped marker_corrupt it read as a failed attempt in orch show (issue 18).
+        # later), and stamped marker_corrupt it read as a failed attempt in orch show.
         move_job(s, job, J.RETRYABLE_FAILED, f"{cls.value}: its marker no longer verifies ({v})"[:2000])
 
 

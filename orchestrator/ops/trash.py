@@ -6,7 +6,7 @@ Things are moved to the trash (a rename) rather than deleted, so a wrong decisio
 What orch may move is only what it can prove is its own or unverified in its own format: an
 unverified ``done.json``, ``result/``, files matching ``--outputs``, and under ``checkpoints/`` the
 ``step-<8 digits>`` dirs that do not verify (sha256, not sizes) and their ``.tmp-`` leftovers. A
-user's own files there (``checkpoints/ckpt.pt``) stay, and ``orch show`` names them (issue 10).
+user's own files there (``checkpoints/ckpt.pt``) stay, and ``orch show`` names them.
 """
 
 from __future__ import annotations
@@ -78,7 +78,7 @@ def leftovers_why(run_dir: Path, outputs: list[str], quarantine: Iterable[str] =
     """
     if not run_dir.is_dir() or run_dir.is_symlink():
         return []
-    # Issue 17: `--outputs 'out/*'` over HF's output_dir sent out/checkpoint-* to the trash; the next
+    # `--outputs 'out/*'` over HF's output_dir sent out/checkpoint-* to the trash; the next
     # attempt restarted from step 1.
     state = resumestate.kept(run_dir, keep)
     out: dict[str, str] = {}

@@ -31,7 +31,7 @@ class CompletionRecord:
     """``attempts/<n>/complete.json``: the program's kit says training completed and what it produced.
 
     Written instead of done.json under orch's wrapper, which writes the marker only after the program
-    exits 0 (issue 17: the callbacks' done.json verified a script that raised in its export right after).
+    exits 0 (the callbacks' done.json verified a script that raised in its export right after).
     ``outputs``: run-dir-relative paths or globs; one ending in ``/`` is everything under that dir.
     """
 

@@ -250,7 +250,7 @@ class SyncBatch:
 
     ``write`` puts each file under its tmp name without fsync; ``commit`` flushes every filesystem they
     are on once (``syncfs``), renames them all into place, and flushes once more for the renames. Until
-    ``commit`` returns, none of them exists under its final name. Issue 20: a 1,000-task sweep spent 38 s
+    ``commit`` returns, none of them exists under its final name. A 1,000-task sweep spent 38 s
     of 81 in 6,000 fsyncs (command.json, fence.json and submitted.json per task, each file and its dir).
 
     The cost: ``syncfs`` writes back every dirty page of that filesystem, other processes' too, so it is
@@ -288,7 +288,7 @@ class SyncBatch:
 
     def write_json(self, path: Path | str, obj: Any) -> None:
         # One line: ``indent`` makes json fall back to its pure-Python encoder, 3,000 of them a tenth of a
-        # 1,000-task sweep (issue 20); these records are read by orch, not by eye.
+        # 1,000-task sweep; these records are read by orch, not by eye.
         self.write(path, json.dumps(obj, sort_keys=True) + "\n")
 
     def commit(self) -> None:
@@ -348,7 +348,7 @@ def _flush(paths: list[Path], dirs: bool = False) -> None:
 
 def _write_new(path: Path, data: bytes) -> None:
     """``data`` into a new file ``path`` (exclusive create, not followed), without Python's buffered file object
-    (its open asks the kernel whether a file is a terminal: a sweep's 3,000 records, issue 20)."""
+    (its open asks the kernel whether a file is a terminal: a sweep's 3,000 records)."""
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o666)
     try:
         view = memoryview(data)

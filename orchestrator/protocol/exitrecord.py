@@ -28,7 +28,7 @@ class ExitRecord:
 
     ``stop_signal``: the termination or warning signal the wrapper delivered to the program (or saw
     delivered to the whole job), None when the program ended on its own. An attempt that was asked
-    to stop never gets an ``--outputs`` marker, whatever its exit code (issue 10: a program that
+    to stop never gets an ``--outputs`` marker, whatever its exit code (a program that
     exits 0 after SIGTERM is a preempted run, not a finished one).
     """
 
@@ -47,7 +47,7 @@ class ExitRecord:
     # Where the wrapper moved a done.json the program wrote itself and then exited non-zero or was stopped.
     marker_set_aside: str | None = None
     oom_kill: int | None = None  # OOM kills the attempt's memory cgroup counted (None: no cgroup; memlimit.py)
-    # Where it ran (issue 19): ranks orch launched (None: the program's own business, e.g. its own torchrun) and
+    # Where it ran: ranks orch launched (None: the program's own business, e.g. its own torchrun) and
     # the nodes (Slurm's SLURM_JOB_NODELIST, e.g. "gpu[01-02]"; locally the hostname).
     world_size: int | None = None
     nodes: str | None = None
@@ -55,7 +55,7 @@ class ExitRecord:
     # launched the ranks (jobside/rankend.py): torchrun exits 1 for a rank's kill -9 too, which read as crash.
     failed_rank: int | None = None
     rank_returncode: int | None = None
-    # When the program's own process ended, before the wrapper stopped what it left running (issue 41): a stop
+    # When the program's own process ended, before the wrapper stopped what it left running: a stop
     # record written after this came from a leftover, not from the program's end.
     program_ended_at: str = ""
 

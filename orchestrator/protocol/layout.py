@@ -29,12 +29,12 @@ PROGRAM_FILE = "program.json"  # written by the program at its start (the bundle
 FAILURE_FILE = "failure.json"
 PROGRESS_FILE = "progress.json"
 PROGRESS_HISTORY = "progress.jsonl"  # every heartbeat, appended: the loss curve across a whole attempt
-# A multi-rank job's rank r > 0: its own small heartbeat beside rank 0's progress.json (issue 19: a hung rank 1
+# A multi-rank job's rank r > 0: its own small heartbeat beside rank 0's progress.json (a hung rank 1
 # was invisible while rank 0 alone wrote, and the hang detector could only judge rank 0).
 RANK_PROGRESS = "progress.rank-{:05d}.json"
 RANK_PROGRESS_RE = re.compile(r"^progress\.rank-(\d{5})\.json$")
 # A rank of a multi-rank job whose program uses orch's kit says so as it starts, before its process group forms
-# (issue 41: rank 1 stopped before it, rank 0 waited in init_process_group, no rank ever beat, and the hang
+# (rank 1 stopped before it, rank 0 waited in init_process_group, no rank ever beat, and the hang
 # detector, which judges only jobs that beat, never armed): {"rank", "world_size", "since" (its first arming),
 # "time"}, rewritten until the rank first beats (protocol.write_rank_armed).
 RANK_ARMED = "armed.rank-{:05d}.json"
@@ -63,7 +63,7 @@ SLURM_SCRIPT = "job.sbatch"
 SLURM_SUBMITTED = "submitted.json"
 SLURM_OUTPUT_PATTERN = "slurm-%j.out"
 BATCHES_DIR = ".orch-batches"  # <runs root>/.orch-batches/<token>/: a group submission's files
-# A group launch's attempt records for tasks whose run dir it made (issue 20): each task's wrapper puts its own
+# A group launch's attempt records for tasks whose run dir it made: each task's wrapper puts its own
 # command.json and fence.json in place from these when it starts, and takes its ballast from the batch's pool.
 BATCH_RECORDS = "records.json"
 BATCH_RESERVE = "exit.reserve"  # the batch's ballast pool: slot i (ballast.SLOT_BYTES) is task i's until it starts
@@ -75,7 +75,7 @@ TENSORBOARD_DIR = "tensorboard"  # one stable TensorBoard log dir for every atte
 TRACKERS_FILE = "trackers.json"  # the job's one tracker run that every attempt continues (mlflowrun.py)
 CHECKPOINT_RE = re.compile(r"^step-(\d{8})$")
 # Names under checkpoints/ that orch's own writers create (committed, being written, set aside):
-# the only ones requeue may move. Anything else there is the user's (issue 10: a script's own
+# the only ones requeue may move. Anything else there is the user's (a script's own
 # checkpoints/ckpt.pt was trashed and the run restarted from step 0).
 OWN_CHECKPOINT_RE = re.compile(r"^step-\d{8}(?:$|\.tmp-|\.(?:corrupt|abandoned)-)")
 
@@ -108,10 +108,10 @@ ENV_TOKEN = "ORCH_SUBMIT_TOKEN"
 ENV_RUN_ID = "ORCH_RUN_ID"  # stable across attempts: one tracker curve per run dir
 ENV_TENSORBOARD_DIR = "ORCH_TENSORBOARD_DIR"
 # The step an attempt resumes from (0: a fresh start): what a tracker of the program should show from the next
-# step on is this attempt's (issue 42: TensorBoard's purge_step is this + 1). The wrapper sets it from the
+# step on is this attempt's (TensorBoard's purge_step is this + 1). The wrapper sets it from the
 # committed checkpoints; the kit corrects it in-process once it verified the one it restored.
 ENV_RESUME_STEP = "ORCH_RESUME_STEP"
-# Set by orch's job wrapper: it writes done.json after the program exits 0 (issue 17: a callback's
+# Set by orch's job wrapper: it writes done.json after the program exits 0 (a callback's
 # done.json, written before the script's own export raised, verified a run that exited 1); the kit
 # then writes attempts/<n>/complete.json instead. Unset (a script run by hand), the kit writes done.json.
 ENV_MARKER_WRITER = "ORCH_MARKER_WRITER"
@@ -139,13 +139,13 @@ class FailureClass(enum.StrEnum):
     MARKER_CORRUPT = "marker_corrupt"
     CANCELLED = "cancelled"
     UNKNOWN = "unknown"
-    # Added 2026-12 (issues 16, 17): an input missing at start (maybe an NFS hiccup: retried, and invalid
+    # Added 2026-12: an input missing at start (maybe an NFS hiccup: retried, and invalid
     # only when it repeats); the job's own failures without checkpoint progress over N attempts; a
     # SIGKILL with no record of the program's own (kill -9, an OOM killer that could not be told apart).
     INPUT_MISSING = "input_missing"
     NO_PROGRESS = "no_progress"
     KILLED = "killed"
-    # Issue 41: a transient storage fault (EIO, ESTALE, EAGAIN, ETIMEDOUT) on a checkpoint or run-dir write; one
+    # A transient storage fault (EIO, ESTALE, EAGAIN, ETIMEDOUT) on a checkpoint or run-dir write; one
     # EIO with the previous checkpoint intact was a counted crash (`failed` under --max-attempts 1).
     STORAGE = "storage"
 
@@ -196,7 +196,7 @@ _TRAITS: dict[FailureClass, tuple[Fault, Retry]] = {
     _C.TIMEOUT: (_F.RUN, Retry(auto=True, counted=False, cap=50)),
     _C.OOM: (_F.RUN, Retry(auto=True, counted=True, cap=3)),
     _C.HANG: (_F.RUN, Retry(auto=True, counted=True, cap=3)),
-    _C.KILLED: (_F.RUN, Retry(auto=True, counted=True, cap=3)),  # issue 17: auto, backed off like crash
+    _C.KILLED: (_F.RUN, Retry(auto=True, counted=True, cap=3)),  # Auto, backed off like crash
     _C.CRASH: (_F.RUN, Retry(auto=False, counted=True, cap=3)),
     _C.NAN: (_F.OTHER, Retry(auto=True, counted=True, cap=3)),
     _C.ENOSPC: (_F.OTHER, Retry(auto=True, counted=True, cap=2)),

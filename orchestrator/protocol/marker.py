@@ -94,7 +94,7 @@ def verify_done_marker(run_dir: Path | str) -> Verification:
     marker_path = run_dir / DONE_MARKER
     try:
         run_dir_is_link = stat.S_ISLNK(os.lstat(run_dir).st_mode)
-    except FileNotFoundError:  # one syscall, not three, for each new task of a sweep (issue 20)
+    except FileNotFoundError:  # one syscall, not three, for each new task of a sweep
         return Verification(MarkerStatus.ABSENT, f"no {DONE_MARKER}")
     except OSError:
         run_dir_is_link = run_dir.is_symlink()  # as before: pathlib's answer (or error) for the odd cases
@@ -162,7 +162,7 @@ def set_aside_marker(run_dir: Path | str) -> Path | None:
     """Rename ``done.json`` to the first free ``done.rejected-<k>.json`` (never the marker's name); None if absent.
 
     orch's wrapper does this to a done.json the program wrote itself and then exited non-zero or was
-    stopped (issue 17): kept for the user to read, never verified.
+    stopped: kept for the user to read, never verified.
     """
     path = Path(run_dir) / DONE_MARKER
     if not (path.exists() or path.is_symlink()):

@@ -171,7 +171,7 @@ _PROGRESS_NUMBERS = ("loss", "tokens_per_s", "tokens_per_s_recent", "tokens_per_
                      "eval_loss", "grad_norm")
 # resumed_from: the step this attempt started from (0 when fresh); `orch metrics` compares it with the
 # previous attempt's last step to count the steps a preemption made it redo.
-# world_size: rank 0's heartbeat of a multi-rank job (issue 19): the other ranks write progress.rank-<r>.json.
+# world_size: rank 0's heartbeat of a multi-rank job: the other ranks write progress.rank-<r>.json.
 _PROGRESS_INTS = ("step", "max_steps", "saved_step", "samples", "tokens_per_step", "epoch", "resumed_from",
                   "world_size")
 

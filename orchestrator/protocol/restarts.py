@@ -95,7 +95,7 @@ def restart_history(run_dir: Path | str, attempt: int, token: str | None = None)
     ``restarts=1 (preempted at step 1358)``. Job-written, so validated like every other record.
 
     The scheduler's account (``restart_causes.json``, from Slurm's per-run State) wins over the program's class:
-    the program sees only a stop signal, which a node failure and a preemption both send (issue 18: a NODE_FAIL
+    the program sees only a stop signal, which a node failure and a preemption both send (a NODE_FAIL
     rerun in place was shown and counted as a preemption). Where the scheduler gave no cause, the records decide.
     """
     d = attempt_dir(run_dir, attempt)
@@ -125,6 +125,6 @@ def restart_history(run_dir: Path | str, attempt: int, token: str | None = None)
 def in_place_preemptions(history: list[dict[str, Any]], restarts: int) -> int:
     """How many of an attempt's ``restarts`` in-place restarts were preemptions: those whose history says
     ``preempted``, plus those with no record of why (Slurm requeues in place on preemption). One rule for
-    ``orch show``, the metrics and goodput (issue 18: a NODE_FAIL rerun was counted as a preemption)."""
+    ``orch show``, the metrics and goodput (a NODE_FAIL rerun was counted as a preemption)."""
     return sum(1 for h in history[:restarts] if h["class"] == FailureClass.PREEMPTED.value) + \
         max(0, restarts - len(history))

@@ -22,7 +22,7 @@ STOP_LIMIT = 16 * 1024
 class StopRecord:
     """``attempts/<n>/stop.json``: the program's kit received a stop signal (from orch, Slurm, a user's kill,
     a container stop, a VM shutdown) at ``at``; ``step``: the last completed step, filled at the next step
-    boundary. An attempt with this record is never verified, whatever its exit code (issue 17: an HF
+    boundary. An attempt with this record is never verified, whatever its exit code (an HF
     script with enable_jit_checkpoint exited 0 after SIGTERM and was verified half-trained)."""
 
     signal: str

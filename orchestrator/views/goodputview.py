@@ -98,7 +98,7 @@ def held_interval(a: Any, run_dir: str) -> tuple[float | None, float | None]:
         elif rec is None and start is not None and (t := _last_beat(run_dir, a.n)) is not None and \
                 start <= t <= end + CLOCK_SLACK_S:
             # Killed with its wrapper (no exit record): the hold ends at its last sign of life, not at the pass that
-            # noticed it (issue 41: up to a cron interval of held `teardown` per kill).
+            # noticed it (up to a cron interval of held `teardown` per kill).
             end = min(t, end)
     return start, end
 

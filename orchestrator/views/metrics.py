@@ -98,7 +98,7 @@ def collect(db: Database) -> FleetMetrics:
 def _count_in_place(snap: FleetMetrics, run_dir: str, n: int, token: str, restarts: int) -> None:
     """A Slurm in-place requeue reruns the same attempt: each earlier run is a failure of its class (from
     the records it set aside; ``preempted`` without one) and, for a preemption, a measurement of the steps
-    redone. Issue 17: after 8 real in-place preemptions both counts were 0."""
+    redone. After 8 real in-place preemptions both counts were 0."""
     history = protocol.restart_history(run_dir, n, token)
     classes = [h["class"] for h in history][:restarts] + ["preempted"] * max(0, restarts - len(history))
     redone = in_place_steps_redone(run_dir, n, history, restarts)

@@ -161,7 +161,7 @@ def _with_eta(snap: JobProgress, eta_s: float | None) -> JobProgress:
 # text both views use
 # ------------------------------------------------------------------------------------------
 def state_line(snap: JobProgress) -> str:
-    """``NAME: STATE (attempt N, step S)``: the line ``submit --wait`` has printed since issue 1.
+    """``NAME: STATE (attempt N, step S)``: the line ``submit --wait`` has always printed.
 
     Scripts match it: keep the text inside the parentheses as it is; new facts go after it.
     """

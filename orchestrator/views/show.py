@@ -58,10 +58,10 @@ def show_job(db: Database, name: str, events: bool = False) -> dict[str, Any]:
     for a in d["attempts"]:
         # A Slurm in-place requeue keeps the attempt; what stopped each earlier run was set aside in its dir.
         a["restart_history"] = protocol.restart_history(d["run_dir"], a["n"], a["token"]) if a["restarts"] else []
-        # What this attempt's launch moved to the trash and set aside as torn, and why (issue 17: a
+        # What this attempt's launch moved to the trash and set aside as torn, and why (a
         # requeue trashed HF's checkpoints and show said nothing).
         a.update(launch_record(d["run_dir"], a["n"]))
-        # The step its last heartbeat posted: where a succeeded attempt ended (issue 41: `orch show` printed
+        # The step its last heartbeat posted: where a succeeded attempt ended (`orch show` printed
         # step=- for each, failure_step being a failed attempt's only).
         progress = protocol.read_progress(d["run_dir"], a["n"]) or {}
         a["last_step"] = progress.get("step")
@@ -79,7 +79,7 @@ def show_job(db: Database, name: str, events: bool = False) -> dict[str, Any]:
 def _note_steps_trained_again(attempts: list[dict[str, Any]], resumed_from: dict[int, Any]) -> None:
     """``trained_again`` [first, last] on each attempt that resumed before the step its predecessor had reached (a
     kill -9 after the last checkpoint), from the heartbeats: a tracker that keeps a step's first value (W&B) shows the
-    predecessor's values for these steps (issue 42). ``last`` is a lower bound: a heartbeat may lag a step behind."""
+    predecessor's values for these steps. ``last`` is a lower bound: a heartbeat may lag a step behind."""
     for prev, a in zip(attempts, attempts[1:], strict=False):
         resumed = resumed_from.get(a["n"])
         reached = prev.get("last_step")
@@ -133,7 +133,7 @@ def _where_it_runs(run_dir: str, n: int, token: str) -> dict[str, Any]:
 
 def _preemptions(attempts: list[dict[str, Any]]) -> dict[str, int]:
     """Preemptions of the job: attempts that ended ``preempted`` plus in-place restarts by the scheduler whose
-    run was preempted (issue 17: a Slurm requeue in place was counted nowhere). A restart without a record of
+    run was preempted (a Slurm requeue in place was counted nowhere). A restart without a record of
     why counts as a preemption: Slurm requeues in place on preemption (or a node failure)."""
     requeued = sum(1 for a in attempts if a["failure_class"] == "preempted")
     in_place = sum(protocol.in_place_preemptions(a.get("restart_history") or [], a["restarts"]) for a in attempts)

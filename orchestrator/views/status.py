@@ -66,7 +66,7 @@ def make_row(r: Mapping[str, Any], cfg: Config) -> dict[str, Any]:
     if state == JobState.RUNNING and r["n"]:
         _progress_flags(cfg, Path(r["run_dir"]), r["n"], row)
     elif r["n"] and state != JobState.PENDING:
-        # Issue 17: STEP was "-" for every finished job; its last attempt's last heartbeat says where it got.
+        # STEP was "-" for every finished job; its last attempt's last heartbeat says where it got.
         row["step"] = (protocol.read_progress(Path(r["run_dir"]), r["n"]) or {}).get("step")
     return row
 
@@ -110,7 +110,7 @@ def group_by_sweep(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
                                       "failure_class": None, "flags": [], "counts": {}, "tasks": 0}
             out.append(g)
         g["tasks"] += 1
-        # ATT as for a job: the attempt its furthest task is on (issue 17: the sum of the tasks' attempts
+        # ATT as for a job: the attempt its furthest task is on (the sum of the tasks' attempts
         # read as the task count, 20 for 20 tasks that never failed); the sum stays in attempts_total.
         g["attempts"] = max(g["attempts"], r["attempts"])
         g["attempts_total"] += r["attempts"]

@@ -262,7 +262,7 @@ class SlurmBackend(Backend):
         out = {spec.token: f"{array_id}_{spec.task}" for spec in specs}
         # One record for the array: each task's fence record names this batch and its index (SubmitSpec.batch),
         # which is how ``live_in_run_dir`` finds a task's job from its run dir. A task launched without that
-        # pointer gets its own record, as every task did before (issue 20: 1,000 of them were a quarter of a sweep).
+        # pointer gets its own record, as every task did before (1,000 of them were a quarter of a sweep).
         protocol.atomic_write_json(batch_dir / protocol.SLURM_SUBMITTED, {
             "job_id": array_id, "batch_token": token, "tasks": len(specs), "submitted_at": protocol.now_iso()})
         unpointed = [spec for spec in specs if spec.batch != token]

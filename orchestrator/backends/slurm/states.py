@@ -63,7 +63,7 @@ STATE_CAUSE = {
 }
 # Why an earlier run of a requeued id ended, from its own sacct record: only the states Slurm requeues in place
 # from. Any other (REQUEUED by a user, a state orch does not know) gives no cause, so the run's own records
-# decide, never a guess from here (issue 18: a NODE_FAIL rerun in place was shown as a preemption).
+# decide, never a guess from here (a NODE_FAIL rerun in place was shown as a preemption).
 RESTART_CAUSE = {
     "PREEMPTED": FailureClass.PREEMPTED,
     "NODE_FAIL": FailureClass.NODE_FAIL,
@@ -118,7 +118,7 @@ class SacctRecord:
 
 # JobID: for array tasks it is "<array id>_<task>" (JobIDRaw is a per-task number that orch never learns);
 # for plain jobs it equals JobIDRaw. Lines without it parse as plain jobs. NodeList comes last: where the run
-# was (issue 20's suspect nodes need it for an attempt whose wrapper left no exit record). Parsed by position.
+# was (suspect nodes need it for an attempt whose wrapper left no exit record). Parsed by position.
 SACCT_FIELDS = ("JobIDRaw", "JobName", "State", "ExitCode", "DBIndex", "Reason", "JobID", "NodeList")
 _MIN_SACCT_FIELDS = 6  # JobIDRaw..Reason: JobID and NodeList may be missing
 _NO_NODES = ("", "None assigned", "None")
@@ -270,7 +270,7 @@ def combine(sacct_outcome: Outcome | None, live: tuple[str, str, str] | None, *,
             if (sacct_outcome is not None and sacct_outcome.phase is Phase.EXITED
                     and sacct_outcome.backend_state in MAYBE_REQUEUED_STATES and lstate != "COMPLETING"):
                 # requeued in place; the rerun's record has not reached sacct yet. Only after a state Slurm
-                # requeues from (issue 17: a task sacct had COMPLETED, still listed RUNNING as a prio job
+                # requeues from (a task sacct had COMPLETED, still listed RUNNING as a prio job
                 # arrived, was shown restarts=1). The newest record is then the earlier run's: its cause too.
                 restarts += 1
                 causes = (*causes, RESTART_CAUSE.get(sacct_outcome.backend_state))
