@@ -9,7 +9,7 @@ after the last step is the run that completes. The parent then checks what a rea
 
 What this does not simulate: losing data that was written but not fsynced (a power cut). The
 child's writes reach the page cache, which survives a process kill; power-cut ordering is argued in
-``orchestrator/protocol.py`` (fsync before rename, directory fsync after) rather than tested here.
+``orchestrator/protocol/durable.py`` (fsync before rename, directory fsync after) rather than tested here.
 
 The child is forked from the test process (no interpreter start, torch already imported), runs the
 operation and leaves through ``os._exit``; it never returns into pytest.

@@ -6,7 +6,7 @@ failure.json (huge, deeply nested, wrong types, artifact paths that leave the ru
 artifacts). Most cases run in-process through click's CliRunner (milliseconds each, so hypothesis can
 try many); ``test_cli_subprocess_sample`` runs a sample through the real ``orch`` entry point.
 
-Exit codes asserted (design.md, ``orchestrator/cli.py``): 2 for every argument or orch.toml problem
+Exit codes asserted (design.md, ``orchestrator/cli/``): 2 for every argument or orch.toml problem
 (found before ORCH_HOME, a row or a directory exists), 3 for a refusal (a symlinked run dir, a
 verified run), 4 for ``orch verify`` of a marker that does not verify (the CLI's documented
 "not verified" code; it prints ``CORRUPT: reason``).
