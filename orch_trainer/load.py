@@ -28,6 +28,7 @@ from orch_trainer.preflight import Preflight
 from orch_trainer.ranks import SINGLE, Ranks, shard_model
 from orch_trainer.runfiles import log
 from orch_trainer.state import restore_rng
+from orchestrator import protocol
 from orchestrator.kit.checkpoint import CheckpointCorrupt, CheckpointManager
 from orchestrator.kit.sharded import ShardedCheckpointer, dcp_state, is_sharded, set_dcp_state
 
@@ -109,8 +110,8 @@ def load(args: argparse.Namespace, attempt: Attempt, ckpts: CheckpointManager, p
         meta = _restore(args, attempt, ckpts, pre.resume_path, model, optimizer, scheduler)
         start_step, oom_events = int(meta["step"]), tuple(meta.get("oom_events") or [])
         resumed_from = start_step
-        loss = meta.get("loss")
-        last_loss = float(loss) if isinstance(loss, (int, float)) and not isinstance(loss, bool) else float("nan")
+        loss = protocol.finite_number(meta.get("loss"))
+        last_loss = float("nan") if loss is None else loss
     return Loaded(corpus=corpus, sampler=sampler, eval_tokens=eval_tokens, model=model, trainable=trainable,
                   optimizer=optimizer, scheduler=scheduler, start_step=start_step, resumed_from=resumed_from,
                   oom_events=oom_events, last_loss=last_loss)

@@ -392,7 +392,7 @@ class TrainLoop:
         rng = rng if rng is not None else capture_rng(self._cuda)
         meta = checkpoint_meta(self.args, step=step, micro=self.micro, accum=self.accum,
                                data_sha256=self.data_sha256, oom_events=self.oom_events, attempt=self.attempt.n,
-                               world=self.world, loss=self._loss_of_step() if step == self.step else float("nan"))
+                               world=self.world, loss=self._loss_of_step())
         files = state_files(self.model, self.optimizer, self.scheduler, rng, meta)
         t0 = time.monotonic()
         try:

@@ -11,6 +11,7 @@ from sqlalchemy.orm import Session
 
 from orchestrator.backends.base import AttemptRef
 from orchestrator.core.db import lock_names
+from orchestrator.core.environments import environment_record
 from orchestrator.core.lifecycle import JobState
 from orchestrator.core.models import Attempt, Job, Sweep
 from orchestrator.errors import JobNotFound
@@ -78,7 +79,6 @@ def environment_id(s: Session, environ: Mapping[str, str]) -> int:
     the same shell share one row."""
     from sqlalchemy.exc import IntegrityError
 
-    from orchestrator.core.environments import environment_record
     from orchestrator.core.models import Environment
 
     digest, data = environment_record(environ)
