@@ -18,6 +18,9 @@ On the controller (login node; SQLAlchemy):
 - ``views``: what orch shows, read-only (status, show, report, metrics, plot, watch);
 - ``backends``: local and Slurm; ``cli``: the ``orch`` command.
 
+The two sides install apart: ``packaging/orch-kit`` (the orch-kit distribution) ships this package's root and the
+in-job packages, and the bundled trainer; ``pyproject.toml`` (orch) ships the controller's and depends on orch-kit.
+
 Outside any package, stdlib only and shared by both sides: ``errors``, ``testhooks``, ``filelock``; and
 ``wrapper``/``rankend``, the entry points under which jobs started by an older orch still run.
 """

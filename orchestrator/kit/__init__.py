@@ -1,7 +1,8 @@
 """orch's in-job kit: what a training program uses to keep orch's promises from the inside.
 
-Part of the ``orchestrator`` distribution and importable on a compute node; nothing here imports the
-bundled trainer (``orch_trainer``), which is the kit's first user, never its provider. Modules:
+Part of the orch-kit distribution (``packaging/orch-kit``), which a compute node or a training venv installs
+without the controller's dependencies; nothing here imports the bundled trainer (``orch_trainer``), which is the
+kit's first user, never its provider. Modules:
 
 - :mod:`.preemption`: ``PreemptionFlag``, set by SIGTERM/SIGUSR2 and acted on at a safe point; under orch it
   also records every stop in ``attempts/<n>/stop.json`` (``StopRecorder``), whoever sent the signal;
