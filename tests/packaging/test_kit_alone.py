@@ -7,26 +7,21 @@ every entry point there from outside the checkout, under ``-I`` (no PYTHONPATH, 
 click and rich are not importable, and nothing asks for them.
 
 torch is the user's (the kit's ``torch`` extra): where a test needs it, the venv sees the dev venv's torch and the
-distributions it requires, linked one by one into a folder of their own, so SQLAlchemy and the rest stay out.
+distributions it requires (tests/kitvenv.py), so SQLAlchemy and the rest stay out.
 """
 
 from __future__ import annotations
 
-import importlib.metadata
 import json
 import os
-import re
-import shutil
 import subprocess
-import sys
 import textwrap
 import zipfile
 from pathlib import Path
 
 import pytest
+from kitvenv import CONTROLLER_DEPENDENCIES, build_wheel, copy_tree, give_users_torch, kit_venv
 
-ROOT = Path(__file__).resolve().parents[2]
-CONTROLLER_DEPENDENCIES = ("sqlalchemy", "alembic", "click", "rich")
 # Modules that need an optional framework the bare venv lacks: the import must fail on exactly that framework.
 OPTIONAL = {"torch", "numpy", "lightning", "pytorch_lightning", "transformers", "accelerate", "submitit",
             "cloudpickle", "mlflow", "wandb", "tensorboard", "safetensors"}
@@ -35,79 +30,14 @@ ENTRY_POINTS = ["orchestrator.jobside.wrapper", "orchestrator.jobside.rankend", 
                 "orchestrator.rankend", "orchestrator.jobside.mlflowrun"]
 
 
-def build_wheel(out: Path, source: Path, project: str) -> Path:
-    """The wheel of ``project`` (a folder holding a pyproject.toml), built from ``source``, a copy of the tree."""
-    r = subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "--no-build-isolation",
-                        str(source / project), "-w", str(out)], capture_output=True, text=True, timeout=300)
-    assert r.returncode == 0, r.stderr
-    (wheel,) = out.glob("*.whl")
-    return wheel
-
-
-def copy_tree(dest: Path) -> Path:
-    """The parts of the checkout that the two distributions build from, without caches or build output."""
-    ignore = shutil.ignore_patterns("__pycache__", "*.pyc", "build", "*.egg-info")
-    for part in ("orchestrator", "orch_trainer", "trainer", "packaging", "alembic"):
-        shutil.copytree(ROOT / part, dest / part, ignore=ignore, symlinks=True)
-    for f in ("pyproject.toml", "README.md"):
-        shutil.copy2(ROOT / f, dest / f)
-    return dest
-
-
 @pytest.fixture(scope="module")
 def tree(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return copy_tree(tmp_path_factory.mktemp("src"))
 
 
 @pytest.fixture(scope="module")
-def kit_venv(tmp_path_factory: pytest.TempPathFactory, tree: Path) -> Path:
-    """A fresh venv holding orch-kit's wheel and nothing else; returns its python."""
-    wheel = build_wheel(tmp_path_factory.mktemp("kitwheel"), tree, "packaging/orch-kit")
-    venv = tmp_path_factory.mktemp("venv") / "kit"
-    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True, timeout=120)
-    python = venv / "bin" / "python"
-    r = subprocess.run([sys.executable, "-m", "pip", "--python", str(python), "install", "-q", "--no-index",
-                        str(wheel)], capture_output=True, text=True, timeout=300)
-    assert r.returncode == 0, r.stderr
-    return python
-
-
-def site_packages(python: Path) -> Path:
-    out = subprocess.run([str(python), "-I", "-c", "import sysconfig; print(sysconfig.get_path('purelib'))"],
-                         capture_output=True, text=True, check=True, timeout=60).stdout.strip()
-    return Path(out)
-
-
-def distribution_closure(name: str) -> set[str]:
-    """``name`` and every distribution it requires (extras aside), as installed in the dev venv."""
-    seen: set[str] = set()
-    todo = [name]
-    while todo:
-        dist = importlib.metadata.distribution(todo.pop())
-        key = dist.metadata["Name"].lower().replace("_", "-")
-        if key in seen:
-            continue
-        seen.add(key)
-        for req in dist.requires or []:
-            if "extra ==" in req:
-                continue
-            todo.append(re.split(r"[ ;<>=!~\[(]", req, maxsplit=1)[0])
-    return seen
-
-
-def link_distributions(names: set[str], into: Path) -> Path:
-    """A folder that holds (as links) the top-level files of these dev-venv distributions and nothing else."""
-    into.mkdir(parents=True, exist_ok=True)
-    for name in names:
-        dist = importlib.metadata.distribution(name)
-        for f in dist.files or []:
-            top = f.parts[0]
-            source = Path(dist.locate_file(top))
-            if top.endswith((".dist-info", ".pth")) or top == ".." or not source.exists():
-                continue
-            if not (into / top).exists():
-                (into / top).symlink_to(source)
-    return into
+def kit_python(tmp_path_factory: pytest.TempPathFactory, tree: Path) -> Path:
+    return kit_venv(tmp_path_factory.mktemp("kit"), tree)
 
 
 def run_in(python: Path, code: str, cwd: Path, env: dict[str, str] | None = None,
@@ -146,8 +76,8 @@ def import_every_module(python: Path, cwd: Path) -> dict:
 
 
 def test_the_kit_installs_alone_and_every_module_imports_or_names_its_missing_framework(
-        kit_venv: Path, tmp_path: Path) -> None:
-    found = import_every_module(kit_venv, tmp_path)
+        kit_python: Path, tmp_path: Path) -> None:
+    found = import_every_module(kit_python, tmp_path)
     assert found["controller_importable"] == [] and found["controller_loaded"] == []
     assert found["broken"] == {}
     assert set(found["needs"].values()) <= OPTIONAL, found["needs"]
@@ -159,24 +89,22 @@ def test_the_kit_installs_alone_and_every_module_imports_or_names_its_missing_fr
         ["core"], ["ops"], ["decide"], ["views"], ["cli"], ["backends"])]
 
 
-def test_each_entry_point_runs_as_a_program_on_the_bare_kit(kit_venv: Path, tmp_path: Path) -> None:
+def test_each_entry_point_runs_as_a_program_on_the_bare_kit(kit_python: Path, tmp_path: Path) -> None:
     for module in ENTRY_POINTS[:4]:
-        r = subprocess.run([str(kit_venv), "-I", "-m", module, "--help"], cwd=tmp_path, capture_output=True,
+        r = subprocess.run([str(kit_python), "-I", "-m", module, "--help"], cwd=tmp_path, capture_output=True,
                            text=True, timeout=120)
         assert r.returncode == 0 and "usage" in r.stdout.lower(), (module, r.stdout, r.stderr)
 
 
-def test_with_the_users_torch_the_whole_kit_and_the_bundled_trainer_work(kit_venv: Path, tmp_path: Path) -> None:
-    torch_only = link_distributions(distribution_closure("torch"), tmp_path / "torch-only")
-    assert not {"sqlalchemy", "alembic", "click", "rich"} & {p.name for p in torch_only.iterdir()}
-    (site_packages(kit_venv) / "users-torch.pth").write_text(f"{torch_only}\n")
+def test_with_the_users_torch_the_whole_kit_and_the_bundled_trainer_work(kit_python: Path, tmp_path: Path) -> None:
+    pth = give_users_torch(kit_python, tmp_path / "torch-only")
     try:
-        found = import_every_module(kit_venv, tmp_path)
+        found = import_every_module(kit_python, tmp_path)
         assert found["controller_importable"] == [] and found["controller_loaded"] == [] and found["broken"] == {}
         assert set(found["needs"].values()) <= OPTIONAL - {"torch"}, found["needs"]
         assert {"orchestrator.kit.checkpoint", "orchestrator.kit.sharded", "orch_trainer.loop",
                 "orch_trainer.__main__"} <= set(found["ok"])
-        public = run_in(kit_venv, """
+        public = run_in(kit_python, """
             import orchestrator.kit as kit
             print(sorted(n for n in kit.__all__ if getattr(kit, n) is None))
         """, tmp_path)
@@ -184,13 +112,13 @@ def test_with_the_users_torch_the_whole_kit_and_the_bundled_trainer_work(kit_ven
         # the bundled trainer trains and writes its verified checkpoint and marker outside any orch
         out = tmp_path / "run"
         env = {k: v for k, v in os.environ.items() if not k.startswith("ORCH_")}
-        r = subprocess.run([str(kit_venv), "-I", "-m", "orch_trainer", "--preset", "tiny", "--max-steps", "4",
+        r = subprocess.run([str(kit_python), "-I", "-m", "orch_trainer", "--preset", "tiny", "--max-steps", "4",
                             "--run-dir", str(out)], cwd=tmp_path, capture_output=True, text=True,
                            timeout=300, env=env)
         assert r.returncode == 0, r.stderr[-3000:]
         assert (out / "done.json").is_file()
     finally:
-        (site_packages(kit_venv) / "users-torch.pth").unlink()
+        pth.unlink()
 
 
 def test_the_two_wheels_ship_every_module_once(tree: Path, tmp_path: Path) -> None:
