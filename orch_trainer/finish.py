@@ -24,11 +24,12 @@ from orch_trainer.load import Loaded
 from orch_trainer.model import PRESETS, TinyGPT
 from orch_trainer.preflight import Preflight
 from orch_trainer.runfiles import log
-from orch_trainer.state import autocast, capture_rng, checkpoint_meta, progress_fields, state_files
+from orch_trainer.state import autocast, checkpoint_meta, progress_fields, state_files
 from orch_trainer.trained import Trained
 from orchestrator import protocol
 from orchestrator.kit.checkpoint import CheckpointError, CheckpointManager
 from orchestrator.kit.heartbeat import Heartbeat
+from orchestrator.kit.rng import capture_rng
 from orchestrator.kit.run import record_completion
 
 
@@ -56,7 +57,7 @@ def finish(args: argparse.Namespace, attempt: Attempt, ckpts: CheckpointManager,
             # adapter-only optimizer state.
             if args.lora_rank:
                 raise attempt.fail("invalid", trained.step, "--save-fork-checkpoint with --lora-rank refused")
-            rng = capture_rng(pre.device.type == "cuda")
+            rng = capture_rng()
             meta = checkpoint_meta(args, step=trained.step, micro=trained.micro, accum=trained.accum,
                                    data_sha256=pre.data_sha256, oom_events=trained.oom_events, attempt=attempt.n,
                                    loss=trained.last_loss)

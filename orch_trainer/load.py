@@ -27,9 +27,10 @@ from orch_trainer.model import PRESETS, TinyGPT
 from orch_trainer.preflight import Preflight
 from orch_trainer.ranks import SINGLE, Ranks, shard_model
 from orch_trainer.runfiles import log
-from orch_trainer.state import restore_rng
+from orch_trainer.state import optimizer_states
 from orchestrator import protocol
 from orchestrator.kit.checkpoint import CheckpointCorrupt, CheckpointManager
+from orchestrator.kit.rng import restore_rng
 from orchestrator.kit.sharded import ShardedCheckpointer, dcp_state, is_sharded, set_dcp_state
 
 
@@ -139,8 +140,9 @@ def _restore(args: argparse.Namespace, attempt: Attempt, ckpts: CheckpointManage
         raise attempt.fail("invalid", None, f"{path.name} was trained with another vocabulary")
     try:
         model.load_state_dict(state["model.pt"])
-        optimizer.load_state_dict(state["optim.pt"]["optimizer"])
-        scheduler.load_state_dict(state["optim.pt"]["scheduler"])
+        optimizer_state, scheduler_state = optimizer_states(state)
+        optimizer.load_state_dict(optimizer_state)
+        scheduler.load_state_dict(scheduler_state)
     except (RuntimeError, ValueError, KeyError) as e:
         raise attempt.fail("invalid", None,
                            f"{path.name} does not fit this model (preset {args.preset}, "

@@ -42,7 +42,7 @@ from orch_trainer.oom import is_oom, largest_divisor_at_most
 from orch_trainer.preflight import Preflight, pick_device, preflight
 from orch_trainer.ranks import Ranks, init_group, leave, refusal
 from orch_trainer.runfiles import log
-from orch_trainer.state import autocast, capture_rng, checkpoint_meta, progress_fields, restore_rng, state_files
+from orch_trainer.state import autocast, checkpoint_meta, progress_fields, state_files
 from orch_trainer.trained import Trained
 from orch_trainer.trainerexit import TrainerExit
 from orchestrator import protocol
@@ -51,6 +51,7 @@ from orchestrator.kit.dist import StopAgreement, any_rank
 from orchestrator.kit.heartbeat import Heartbeat
 from orchestrator.kit.interval import AutoSaveInterval
 from orchestrator.kit.preemption import PreemptionFlag
+from orchestrator.kit.rng import capture_rng, restore_rng
 from orchestrator.kit.sharded import ShardedCheckpointer, dcp_state
 
 __all__ = ["BoundaryHook", "Trained", "TrainLoop", "Trainer", "TrainerExit", "is_oom", "micro_index"]
@@ -126,7 +127,7 @@ class Trainer:
             if self.loop.stop_requested():
                 # A stop during the last step is never completion: that step is checkpointed and
                 # the next attempt, with 0 steps left, writes the result.
-                self.loop._rng_at_step_start = capture_rng(self.loop._cuda)  # the RNG after the last step
+                self.loop._rng_at_step_start = capture_rng()  # the RNG after the last step
                 self.loop._preempt()
             loaded = _gathered(self.args, self.loaded, pre.device) if self.args.fsdp else self.loaded
             # rank 0 writes result/ and the completion; every rank leaves with its exit code
@@ -215,7 +216,7 @@ class TrainLoop:
         self._cuda = self.device.type == "cuda"
         self._autocast = autocast(self.device)
         # The RNG as it was when the step being computed began: an OOM redo and a preemption save use it.
-        self._rng_at_step_start = capture_rng(self._cuda)
+        self._rng_at_step_start = capture_rng()
         self._computing_step = 0
         self._micro_in_step = 0
         self._last_loss = float("nan")  # of the last step this attempt computed (the heartbeat posts it)
@@ -237,7 +238,7 @@ class TrainLoop:
         self.heartbeat.write_now()  # the history's first line is the resume step (orch plot marks it)
         for s in range(self.step + 1, a.max_steps + 1):
             self._computing_step = s
-            self._rng_at_step_start = capture_rng(self._cuda)
+            self._rng_at_step_start = capture_rng()
             loss = self._compute_step_with_oom_retry(s)
             if loss is None:
                 self._preempt()
@@ -389,7 +390,7 @@ class TrainLoop:
         return self.auto_save.due()
 
     def _save(self, step: int, *, background: bool, rng: dict[str, Any] | None = None) -> None:
-        rng = rng if rng is not None else capture_rng(self._cuda)
+        rng = rng if rng is not None else capture_rng()
         meta = checkpoint_meta(self.args, step=step, micro=self.micro, accum=self.accum,
                                data_sha256=self.data_sha256, oom_events=self.oom_events, attempt=self.attempt.n,
                                world=self.world, loss=self._loss_of_step())

@@ -11,7 +11,6 @@ from __future__ import annotations
 import argparse
 import contextlib
 import math
-import random
 from collections.abc import Sequence
 from contextlib import AbstractContextManager
 from typing import Any
@@ -21,23 +20,6 @@ import torch
 from orch_trainer import data as datamod
 from orch_trainer.model import PRESETS
 from orchestrator import protocol
-
-
-def capture_rng(cuda: bool) -> dict[str, Any]:
-    """Every RNG a step draws from (Python's, torch's CPU one, and each CUDA device's)."""
-    rng: dict[str, Any] = {"python": random.getstate(), "torch_cpu": torch.get_rng_state()}
-    if cuda:
-        rng["torch_cuda"] = torch.cuda.get_rng_state_all()
-    return rng
-
-
-def restore_rng(rng: dict[str, Any]) -> None:
-    """Inverse of :func:`capture_rng`, for a state as captured or as loaded back from ``rng.pt``."""
-    version, state, gauss = rng["python"]
-    random.setstate((version, tuple(state), gauss))
-    torch.set_rng_state(rng["torch_cpu"])
-    if "torch_cuda" in rng and torch.cuda.is_available():
-        torch.cuda.set_rng_state_all(rng["torch_cuda"])
 
 
 def autocast(device: torch.device) -> AbstractContextManager[Any]:
@@ -63,10 +45,19 @@ def checkpoint_meta(args: argparse.Namespace, *, step: int, micro: int, accum: i
 def state_files(model: torch.nn.Module, optimizer: torch.optim.Optimizer,
                 scheduler: torch.optim.lr_scheduler.LRScheduler, rng: dict[str, Any],
                 meta: dict[str, Any]) -> dict[str, Any]:
-    """The files of one checkpoint, in the order they are written (``CheckpointManager.save``'s input)."""
-    return {"model.pt": model.state_dict(),
-            "optim.pt": {"optimizer": optimizer.state_dict(), "scheduler": scheduler.state_dict()},
+    """The files of one checkpoint, in the order they are written (``CheckpointManager.save``'s input): the kit's
+    layout, as ``orchestrator.integrations.loop`` writes it and the sharded save already did (``sched.pt`` beside
+    ``optim.pt``); ``rng`` is ``orchestrator.kit.rng.capture_rng``'s."""
+    return {"model.pt": model.state_dict(), "optim.pt": optimizer.state_dict(), "sched.pt": scheduler.state_dict(),
             "rng.pt": rng, "meta.json": meta}
+
+
+def optimizer_states(state: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
+    """(optimizer, scheduler) states of a loaded checkpoint. Before the trainer used the kit's layout it nested
+    both in ``optim.pt`` (``{"optimizer": ..., "scheduler": ...}``, no ``sched.pt``): its older checkpoints resume."""
+    if "sched.pt" in state:
+        return state["optim.pt"], state["sched.pt"]
+    return state["optim.pt"]["optimizer"], state["optim.pt"]["scheduler"]
 
 
 def progress_fields(args: argparse.Namespace, *, step: int, last_loss: float, tok_s: float | None,

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import random
 import shutil
 import signal
 import time
@@ -23,6 +24,7 @@ from trainerkit import (
     spawn_trainer,
 )
 
+from orch_trainer import loop as trainer_loop
 from orchestrator import protocol
 from orchestrator.kit.checkpoint import CheckpointManager
 
@@ -72,12 +74,42 @@ def test_optimizer_and_rng_state_of_a_resumed_checkpoint_match_the_uninterrupted
     a = CheckpointManager.load(ref / "checkpoints" / "step-00000012")
     b = CheckpointManager.load(rd / "checkpoints" / "step-00000012")
     assert_bit_identical(a["model.pt"], b["model.pt"])
-    opt_a, opt_b = a["optim.pt"]["optimizer"]["state"], b["optim.pt"]["optimizer"]["state"]
+    opt_a, opt_b = a["optim.pt"]["state"], b["optim.pt"]["state"]
     assert opt_a.keys() == opt_b.keys()
     for k in opt_a:
         assert_bit_identical(opt_a[k], opt_b[k])
-    assert a["optim.pt"]["scheduler"] == b["optim.pt"]["scheduler"]
-    assert torch.equal(a["rng.pt"]["torch_cpu"], b["rng.pt"]["torch_cpu"])
+    assert a["sched.pt"] == b["sched.pt"]
+    assert torch.equal(a["rng.pt"]["torch"], b["rng.pt"]["torch"])
+
+
+def older_trainer_capture_rng() -> dict:
+    """The bundled trainer's own RNG format, before it used the kit's (orchestrator.kit.rng)."""
+    return {"python": random.getstate(), "torch_cpu": torch.get_rng_state()}
+
+
+def older_trainer_state_files(model, optimizer, scheduler, rng, meta) -> dict:
+    """The bundled trainer's checkpoint layout before the kit's: optimizer and scheduler nested in optim.pt."""
+    return {"model.pt": model.state_dict(),
+            "optim.pt": {"optimizer": optimizer.state_dict(), "scheduler": scheduler.state_dict()},
+            "rng.pt": rng, "meta.json": meta}
+
+
+def test_a_checkpoint_the_trainer_wrote_in_its_older_format_resumes_bit_identical(tmp_path, baseline, monkeypatch):
+    """The trainer now writes the kit's RNG format and layout (rng.pt's torch/cuda, sched.pt), and still resumes
+    what it wrote before (rng.pt's torch_cpu/torch_cuda, optim.pt holding the scheduler): no run in flight during an
+    upgrade starts over or drifts."""
+    rd = tmp_path / "run"
+    with monkeypatch.context() as m:
+        m.setattr(trainer_loop, "capture_rng", older_trainer_capture_rng)
+        m.setattr(trainer_loop, "state_files", older_trainer_state_files)
+        assert run_inproc(rd, *ARGS, stop_at=(7, 1)) == protocol.EXIT_PREEMPTED
+    older = CheckpointManager.load(rd / "checkpoints" / "step-00000006")
+    assert "torch_cpu" in older["rng.pt"] and "torch" not in older["rng.pt"] and "sched.pt" not in older
+    assert run_inproc(rd, *ARGS, attempt=2) == 0
+    assert run_config(rd)["resumed_from_step"] == 6
+    newer = CheckpointManager.load(rd / "checkpoints" / "step-00000012")
+    assert "torch" in newer["rng.pt"] and "torch_cpu" not in newer["rng.pt"] and "sched.pt" in newer
+    assert_bit_identical(result_state(rd), baseline(*ARGS))
 
 
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGUSR2])
