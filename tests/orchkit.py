@@ -76,13 +76,15 @@ def use_backend(monkeypatch, backend) -> None:
     scheduler boundary, for in-process tests)."""
     import orchestrator.ops.cancel
     import orchestrator.ops.launch
+    import orchestrator.ops.launchrecord
     import orchestrator.ops.liveness
     import orchestrator.ops.quicksubmit
     import orchestrator.ops.requeue
     import orchestrator.ops.submit
 
-    for mod in (orchestrator.ops.launch, orchestrator.ops.liveness, orchestrator.ops.requeue, orchestrator.ops.cancel,
-                orchestrator.ops.submit, orchestrator.ops.quicksubmit):
+    for mod in (orchestrator.ops.launch, orchestrator.ops.launchrecord, orchestrator.ops.liveness,
+                orchestrator.ops.requeue, orchestrator.ops.cancel, orchestrator.ops.submit,
+                orchestrator.ops.quicksubmit):
         monkeypatch.setattr(mod, "get_backend", lambda _name: backend)
 
 

@@ -1,5 +1,6 @@
 """What runs on the compute node, beside the user's program: the job wrapper (``python -m
-orchestrator.jobside.wrapper``, Slurm's batch process or the local backend's detached session), the per-rank parent
+orchestrator.jobside.wrapper``, Slurm's batch process or the local backend's detached session) and its
+``supervisor`` (the program's process, the stops delivered to it, what it left running), the per-rank parent
 (``rankend``) and the command that starts the ranks (``ranklaunch``), the disk ballast, the memory cgroup, the spot
 notice watch, the stopped-program watch, the MLflow run arrangement, and the /proc reader they share.
 

@@ -47,7 +47,6 @@ What it guarantees:
 from __future__ import annotations
 
 import argparse
-import contextlib
 import errno
 import glob
 import json
@@ -56,21 +55,18 @@ import re
 import signal
 import subprocess
 import sys
-import threading
 import time
 from pathlib import Path
 
 from orchestrator import protocol, testhooks
-from orchestrator.filelock import is_stopped
-from orchestrator.jobside import memlimit, mlflowrun, proctable, rankend, ranklaunch, spotnotice
+from orchestrator.jobside import memlimit, mlflowrun, rankend, ranklaunch, spotnotice
 from orchestrator.jobside.ballast import Ballast, give_back
 from orchestrator.jobside.cmdline import parse_with_command
 from orchestrator.jobside.stoppedwatch import StoppedWatch
+from orchestrator.jobside.supervisor import STOPS, Supervisor, stop_leftovers
 
 FORWARDED = (signal.SIGTERM, signal.SIGUSR2, signal.SIGINT, signal.SIGUSR1)
-STOPS = frozenset({signal.SIGTERM, signal.SIGINT, signal.SIGUSR2})  # what makes an attempt "stopped"
 WRAPPER_FILE = protocol.WRAPPER_FILE  # back-compat name
-LEFTOVER_GRACE_S = 5.0  # what a program's leftover processes get between SIGTERM and SIGKILL
 # How long, at most, a multi-rank Slurm wrapper waits for Slurm's end-of-grace signal after a preemption ended
 # its ranks' step (Slurm signals the batch process GraceTime + up to ~10 s after the step).
 PREEMPT_LINGER_S = float(os.environ.get("ORCH_PREEMPT_LINGER_S", "600"))
@@ -133,167 +129,6 @@ def write_outputs_marker(run_dir: Path, job: str, attempt: int, patterns: list[s
         ballast.disk_full |= getattr(e, "errno", None) == errno.ENOSPC
         return f"could not write {protocol.DONE_MARKER}: {e}"
     return None
-
-
-class Supervisor:
-    """The program's process and the stops delivered to it."""
-
-    def __init__(self, child: subprocess.Popen, warning_signal: str, under_slurm: bool,
-                 step_job: str | None = None, token: str | None = None) -> None:
-        self.child = child
-        self.token = token  # the attempt's: processes that left the session but carry it are the job's too
-        self.warning = getattr(signal, "SIG" + warning_signal)
-        self.under_slurm = under_slurm
-        # A Slurm job whose ranks run in job steps (srun): our own stops go to its steps, never to srun.
-        self.step_job = step_job
-        self._signallers: list[subprocess.Popen] = []
-        self.stop_signal: str | None = None  # the first stop the program got (never an --outputs marker)
-        self.stop_source: protocol.StopSource | None = None
-        self.notice: str | None = None  # the spot notice that caused the stop
-        # The spot watcher notes a stop from its own thread; reentrant, since a signal handler runs
-        # on the main thread between any two bytecodes, even one inside this lock.
-        self._lock = threading.RLock()
-
-    def _note(self, sig: int, source: protocol.StopSource) -> None:
-        with self._lock:
-            if self.stop_signal is None:
-                self.stop_signal, self.stop_source = signal.Signals(sig).name.removeprefix("SIG"), source
-
-    def _send(self, sig: int) -> None:
-        if self.step_job is not None:
-            self._signal_steps(sig)
-            return
-        try:
-            self.child.send_signal(sig)
-        except ProcessLookupError:
-            return
-        if sig in STOPS:
-            # A stopped process cannot act on its stop (a hang stop of one is why it is stopped): continued, as
-            # Slurm's SIGCONT+SIGTERM does, it saves and exits within the grace, instead of waiting all of it. Also
-            # a rank's orch parent: hostile pass 5 stopped one, and a cancel waited torchrun's whole shutdown timeout
-            # (60 s) for it. Never a rank's program: its parent kills it at once if it is stopped (rankend).
-            for pid in [self.child.pid, *(p for p in _session_members(self.token) if _is_rank_parent(p))]:
-                if is_stopped(pid):
-                    with contextlib.suppress(OSError):
-                        os.kill(pid, signal.SIGCONT)
-
-    def _signal_steps(self, sig: int) -> None:
-        """``sig`` to every process of every step of the job, on every node (``scancel --signal`` without
-        ``--batch``/``--full`` spares the batch step). Never ``srun`` itself: srun answers SIGTERM by
-        SIGKILLing its step (measured on 22.05: the ranks got no chance to checkpoint). Not waited for here
-        (a signal handler); reaped at the end."""
-        name = signal.Signals(sig).name.removeprefix("SIG")
-        try:
-            self._signallers.append(subprocess.Popen(
-                ["scancel", f"--signal={name}", str(self.step_job)], stdin=subprocess.DEVNULL,
-                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
-        except OSError as e:
-            print(f"orch wrapper: cannot signal the job's steps: {e}", file=sys.stderr, flush=True)
-
-    def reap_signallers(self, timeout: float = 30.0) -> None:
-        for p in self._signallers:
-            try:
-                p.wait(timeout=timeout)
-            except subprocess.TimeoutExpired:
-                p.kill()
-
-    def on_signal(self, signum: int, _frame: object) -> None:
-        if signum == signal.SIGUSR2:
-            # The scheduler's early warning (--signal=B:USR2@lead reaches the batch process only).
-            self._note(self.warning, protocol.StopSource.WARNING)
-            self._send(self.warning)
-        elif signum in (signal.SIGTERM, signal.SIGINT):
-            self._note(signum, protocol.StopSource.SIGNAL)
-            if not self.under_slurm:
-                # Slurm signals every process of the job itself (preemption, scancel, time limit):
-                # a second copy from us hit a program that exits in its handler (measured).
-                self._send(signum)
-        else:
-            self._send(signum)
-
-    def on_notice(self, notice: object) -> None:
-        """A cloud's spot notice (the watcher thread): the program gets the SIGTERM of a preemption,
-        from us, under Slurm too (Slurm knows nothing of it). Nothing for a program already asked to
-        stop (a second SIGTERM hit programs that exit in their handler) or already ended (its own
-        finish must not be recorded as a stop)."""
-        with self._lock:
-            if self.stop_signal is not None or not self._running():
-                return
-            self.notice = str(notice)[:500]
-            self._note(signal.SIGTERM, protocol.StopSource.SPOT_NOTICE)
-            self._send(signal.SIGTERM)
-
-    def _running(self) -> bool:
-        """The program has not exited (WNOWAIT: an exited one stays for the main thread's wait to reap)."""
-        if self.child.returncode is not None:
-            return False
-        try:
-            return os.waitid(os.P_PID, self.child.pid, os.WEXITED | os.WNOHANG | os.WNOWAIT) is None
-        except ChildProcessError:  # reaped meanwhile by the main thread
-            return False
-
-    def wait(self, time_limit: float | None, kill_grace: float) -> tuple[int, bool]:
-        """Wait for the program; at the time limit SIGTERM it, SIGKILL the session after the grace."""
-        timed_out = False
-        deadline = time.monotonic() + time_limit if time_limit else None
-        while True:
-            try:
-                timeout = None if deadline is None else max(0.0, deadline - time.monotonic())
-                return self.child.wait(timeout=timeout), timed_out
-            except subprocess.TimeoutExpired:
-                if not timed_out:
-                    timed_out = True
-                    self._note(signal.SIGTERM, protocol.StopSource.TIME_LIMIT)
-                    self._send(signal.SIGTERM)
-                    deadline = time.monotonic() + kill_grace
-                else:
-                    kill_session(signal.SIGKILL, self.token)
-                    deadline = None
-
-
-def _session_members(token: str | None = None) -> list[int]:
-    """Other live processes of this wrapper's session (the local backend's job), and, with ``token``, those
-    whose environment carries the attempt's token: torchrun starts each worker in a session of its own, and
-    ranks of a cancelled job outlived torchrun as orphans."""
-    me, sid = os.getpid(), os.getsid(0)
-    if sid != me:  # not a session leader (run by hand, or under Slurm's slurmstepd): nothing to tidy
-        return []
-    out = []
-    for p in proctable.all_procs():
-        if p.pid == me or p.zombie:
-            continue
-        if p.session == sid or (token and proctable.environ_has(p.pid, protocol.ENV_TOKEN, token)):
-            out.append(p.pid)
-    return out
-
-
-def _is_rank_parent(pid: int) -> bool:
-    """Whether ``pid`` is orch's per-rank parent (``python -m orchestrator.jobside.rankend``)."""
-    try:
-        with open(f"/proc/{pid}/cmdline", "rb") as f:
-            return not proctable.RANK_PARENT_MODULES.isdisjoint(f.read(4096).split(b"\0"))
-    except OSError:
-        return False
-
-
-def kill_session(sig: int, token: str | None = None) -> list[int]:
-    pids = _session_members(token)
-    for pid in pids:
-        try:
-            os.kill(pid, sig)
-        except (ProcessLookupError, PermissionError):
-            pass
-    return pids
-
-
-def stop_leftovers(grace_s: float = LEFTOVER_GRACE_S, token: str | None = None) -> None:
-    """What the program left running ends with it: SIGTERM, then SIGKILL after ``grace_s``."""
-    if not kill_session(signal.SIGTERM, token):
-        return
-    deadline = time.monotonic() + grace_s
-    while _session_members(token) and time.monotonic() < deadline:
-        time.sleep(0.05)
-    kill_session(signal.SIGKILL, token)
 
 
 TORCHRUN_DIR = rankend.TORCHRUN_DIR  # attempts/<n>/torchrun: torchrun's own files (each rank's error record)

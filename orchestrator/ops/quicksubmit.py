@@ -57,17 +57,17 @@ SQL = {
     "sweep_jobs": "SELECT jobs.task_index, jobs.id FROM jobs WHERE jobs.sweep_id = ?",
     "sweep_tasks": "SELECT jobs.task_index, jobs.id, attempts.id FROM jobs JOIN attempts ON attempts.job_id = jobs.id "
                    "WHERE jobs.sweep_id = ?",
-    # launch._mark_batch: the group's token on each attempt still launching
+    # launchrecord.mark_batch: the group's token on each attempt still launching
     "mark_batch": "UPDATE attempts SET batch_token=? WHERE attempts.id = ? AND attempts.state = 'launching'",
     "new_attempt": "INSERT INTO attempts (job_id, n, token, state, backend, overrides_json, counted, restarts, fence, "
                    "created_at) VALUES (?, 1, ?, 'pending', ?, '{}', 1, 0, 0, ?)",
     "event": "INSERT INTO events (job_id, attempt_id, at, from_state, to_state, reason) VALUES (?, ?, ?, ?, ?, ?)",
-    # launch._claim_move of a pending attempt: compare-and-set on its state and fence, the fence + 1
+    # launchclaim.claim_move of a pending attempt: compare-and-set on its state and fence, the fence + 1
     "claim": "UPDATE attempts SET claimed_at=?, fence=?, state='launching' WHERE attempts.id = ? "
              "AND attempts.state = 'pending' AND attempts.fence = ?",
     "renew": "UPDATE attempts SET claimed_at=? WHERE attempts.id = ? AND attempts.state = 'launching' "
              "AND attempts.fence = ?",
-    # launch._check_claims of a claim still held: renewed, and its generation noted as the one that may submit
+    # launchclaim.check_claims of a claim still held: renewed, and its generation noted as the one that may submit
     "check_claim": "UPDATE attempts SET claimed_at=?, launched_fence=? WHERE attempts.id = ? "
                    "AND attempts.state = 'launching' AND attempts.fence = ?",
     "record": "UPDATE attempts SET state='submitted', external_id=?, submitted_at=?, overrides_json=? "
@@ -194,13 +194,13 @@ def _launch(db: QuickDB, cfg: Config, backend: Backend, held: Held, job_id: int,
         try:
             moved = check_and_prepare(cfg, spec, None, outputs, backend.name, keep_globs(resources))
         except (Refused, protocol.UnsafePath, OSError) as e:
-            from orchestrator.ops.launch import prepare_failed
+            from orchestrator.ops.launchrecord import prepare_failed
 
             prepare_failed(slow_db(cfg), cfg, held.name, held.attempt_id, e)
         if moved is None:  # the marker verifies after all (a racing finish)
-            from orchestrator.ops.launch import _close_verified
+            from orchestrator.ops.launchrecord import close_verified
 
-            _close_verified(slow_db(cfg), held.attempt_id, job_id)
+            close_verified(slow_db(cfg), held.attempt_id, job_id)
             return _deviated(held, run_dir, "verified")
         held.moved = moved
         testhooks.site("before_backend_submit")
@@ -208,26 +208,26 @@ def _launch(db: QuickDB, cfg: Config, backend: Backend, held: Held, job_id: int,
         still = c.execute(SQL["check_claim"], (stored_time(utcnow()), held.fence, held.attempt_id,
                                                held.fence)).rowcount == 1
     if not still:  # a cancel came first (closed unlaunched), or a re-claimer has it: decided as launch decides
-        from orchestrator.ops.launch import _check_claim
+        from orchestrator.ops.launchclaim import check_claim
 
-        outcome = _check_claim(slow_db(cfg), held.attempt_id, held.fence)
+        outcome = check_claim(slow_db(cfg), held.attempt_id, held.fence)
         if outcome is not None:
             return _deviated(held, run_dir, outcome.value)
     testhooks.site("fence_checked")
     try:
         external_id = backend.submit(_with_exclusion(db, cfg, backend, spec))
     except (BackendError, OSError) as e:
-        from orchestrator.ops.launch import _submission_failed
+        from orchestrator.ops.launchrecord import submission_failed
 
-        _submission_failed(slow_db(cfg), cfg, [held], e)
+        submission_failed(slow_db(cfg), cfg, [held], e)
     testhooks.site("after_backend_submit")
     return _record(db, cfg, backend, held, job_id, run_dir, external_id)
 
 
 def _record(db: QuickDB, cfg: Config, backend: Backend, held: Held, job_id: int, run_dir: Path,
             external_id: str) -> Submitted:
-    """``launch.record_submitted`` under this launcher's fence: launching -> submitted, the job pending ->
-    submitted; if the claim is no longer this launcher's, ``launch._record_own`` decides (cancel, adoption)."""
+    """``launchrecord.record_submitted`` under this launcher's fence: launching -> submitted, the job pending ->
+    submitted; if the claim is no longer this launcher's, ``launchrecord.record_own`` decides (cancel, adoption)."""
     with db.write() as c:
         now = utcnow()
         ok = c.execute(SQL["record"], (external_id, stored_time(now), dumps(held.overrides), held.attempt_id,
@@ -239,16 +239,16 @@ def _record(db: QuickDB, cfg: Config, backend: Backend, held: Held, job_id: int,
     if ok:
         return Submitted(held.name, run_dir, external_id, moved=held.moved)
     stop_overtaken(db, backend, [(held, external_id)])
-    from orchestrator.ops.launch import _record_own
+    from orchestrator.ops.launchrecord import record_own
 
-    return Submitted(held.name, run_dir, launched=_record_own(slow_db(cfg), backend, held, external_id,
+    return Submitted(held.name, run_dir, launched=record_own(slow_db(cfg), backend, held, external_id,
                                                               cancel=False))
 
 
 def stop_overtaken(db: QuickDB, backend: Backend, submitted: list[tuple[Held, str]]) -> None:
     """Stop at once each submission whose record missed because it will never be the attempt's: a cancel came
     first (the attempt ``stopping``, no id yet), or a re-claimer's launch is the attempt's (another fence, another
-    id). ``launch._record_in`` decides the same from the same row; deciding here spares the program of a cancelled
+    id). ``launchrecord.record_in`` decides the same from the same row; deciding here spares the program of a cancelled
     job the SQLAlchemy path's ~0.25 s of imports, in which it started, and ended verified (hostile test)."""
     from orchestrator.backends.base import AttemptRef
 

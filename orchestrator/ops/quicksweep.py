@@ -138,7 +138,7 @@ def _taken(c: Any, names: list[str]) -> set[str]:
 
 
 def _claim_all(db: QuickDB, held: list[Held], job_ids: list[int]) -> None:
-    """``launch._claim_all`` of pending attempts: every one claimed under fence 1, or none (``_Mismatch``)."""
+    """``launchclaim.claim_all`` of pending attempts: every one claimed under fence 1, or none (``_Mismatch``)."""
     with db.write() as c:
         now = utcnow()
         n = c.executemany(SQL["claim"], [(stored_time(now), 1, h.attempt_id, 0) for h in held]).rowcount
@@ -166,7 +166,7 @@ def _launch(db: QuickDB, cfg: Config, req: SweepRequest, backend: Backend, held:
                                                                                      h.attempt_id, e))
                 continue
             if moved is None:  # its marker verifies after all
-                _slow()._close_verified(slow_db(cfg), h.attempt_id, job_of[h.attempt_id])
+                _slow().close_verified(slow_db(cfg), h.attempt_id, job_of[h.attempt_id])
                 results[h.name] = "verified"
                 continue
             h.moved = moved
@@ -196,7 +196,7 @@ def _launch(db: QuickDB, cfg: Config, req: SweepRequest, backend: Backend, held:
 
 
 def _check_claims(db: QuickDB, cfg: Config, ready: list[Held], results: dict[str, Any]) -> list[Held]:
-    """``launch._check_claims``: each claim still this launcher's, renewed and its generation noted; else
+    """``launchclaim.check_claims``: each claim still this launcher's, renewed and its generation noted; else
     (a cancel or a re-claimer came first) launch decides each from the DB."""
     try:
         with db.write() as c:
@@ -206,7 +206,7 @@ def _check_claims(db: QuickDB, cfg: Config, ready: list[Held], results: dict[str
                 raise _Mismatch
         return ready
     except _Mismatch:
-        lost = _slow()._check_claims(slow_db(cfg), [(h.attempt_id, h.fence) for h in ready])
+        lost = _slow_claims().check_claims(slow_db(cfg), [(h.attempt_id, h.fence) for h in ready])
         for h in ready:
             if lost[h.attempt_id] is not None:
                 results[h.name] = lost[h.attempt_id]
@@ -222,7 +222,7 @@ def _submit(db: QuickDB, cfg: Config, req: SweepRequest, backend: Backend, membe
                     != len(members):
                 raise _Mismatch
     except _Mismatch:
-        marked = _slow()._mark_batch(slow_db(cfg), [h.attempt_id for h in members], batch_token)
+        marked = _slow().mark_batch(slow_db(cfg), [h.attempt_id for h in members], batch_token)
         for h in members:
             if h.attempt_id not in marked:
                 results[h.name] = "not marked"
@@ -236,7 +236,7 @@ def _submit(db: QuickDB, cfg: Config, req: SweepRequest, backend: Backend, membe
         reserve_batch_ballast(specs)
         ids = backend.submit_group(specs, batch_token, req.throttle)
     except (BackendError, OSError) as e:
-        err = _handled(lambda e=e: _slow()._submission_failed(slow_db(cfg), cfg, members, e))
+        err = _handled(lambda e=e: _slow().submission_failed(slow_db(cfg), cfg, members, e))
         results.update((h.name, err) for h in members)
         return
     testhooks.site("after_backend_submit")
@@ -244,13 +244,13 @@ def _submit(db: QuickDB, cfg: Config, req: SweepRequest, backend: Backend, membe
         _record(db, members, job_of, ids)
     except _Mismatch:  # a cancel came first, or a re-claimer: launch records each as it records one
         stop_overtaken(db, backend, [(h, ids[h.spec.token]) for h in members])
-        for name, launched in _slow()._record_group(slow_db(cfg), backend, members, ids, cancel=False).items():
+        for name, launched in _slow().record_group(slow_db(cfg), backend, members, ids, cancel=False).items():
             if launched.outcome.value != "submitted":
                 results[name] = launched
 
 
 def _record(db: QuickDB, members: list[Held], job_of: dict[int, int], ids: dict[str, str]) -> None:
-    """``launch._record_group``: every member launching -> submitted under its fence, its job pending ->
+    """``launchrecord.record_group``: every member launching -> submitted under its fence, its job pending ->
     submitted, in one transaction; ``_Mismatch`` (rolled back) if any row moved meanwhile."""
     with db.write() as c:
         now = utcnow()
@@ -277,6 +277,13 @@ def _handled(handler: Any) -> OrchError:
 
 
 def _slow() -> Any:
-    from orchestrator.ops import launch
+    """What the slow path records with (SQLAlchemy's), imported only when a task deviates from the quick path."""
+    from orchestrator.ops import launchrecord
 
-    return launch
+    return launchrecord
+
+
+def _slow_claims() -> Any:
+    from orchestrator.ops import launchclaim
+
+    return launchclaim

@@ -15,7 +15,7 @@ from pathlib import Path
 from orchkit import PY, ROOT, wait_for
 
 from orchestrator import protocol
-from orchestrator.jobside import proctable, wrapper
+from orchestrator.jobside import proctable, supervisor
 
 DONE = "done_marker_verified"
 TRAINER = [sys.executable, "-m", "orch_trainer", "--preset", "tiny", "--max-steps", "1500", "--save-interval", "40"]
@@ -70,7 +70,7 @@ def test_a_two_rank_job_started_under_the_old_module_names_is_seen_alive_then_st
     # The new code knows them: the wrapper by its argv (a program that cleared its environment is found through it),
     # each rank's parent as one (the wrapper leaves it to end its rank).
     assert proctable.wrapper_run_dir(old_wrapper) == str(run_dir)
-    assert all(wrapper._is_rank_parent(pid) for pid in parents)
+    assert all(supervisor.is_rank_parent(pid) for pid in parents)
     orch("reconcile", check=True)
     assert orch.show("up")["attempts"][0]["state"] == "running", orch.show("up")
 

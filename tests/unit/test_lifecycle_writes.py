@@ -105,7 +105,7 @@ def test_a_transient_submission_failure_notes_its_detail_only_under_its_own_clai
 
     from orchestrator.backends.base import BackendError
     from orchestrator.errors import OrchError
-    from orchestrator.ops.launch import _submission_failed
+    from orchestrator.ops.launchrecord import submission_failed
 
     _job_with_attempt(db)
     with db.write() as s:
@@ -116,12 +116,12 @@ def test_a_transient_submission_failure_notes_its_detail_only_under_its_own_clai
         name, attempt_id, fence = "j", a.id, 1
 
     with pytest.raises(OrchError):
-        _submission_failed(db, cfg, [Stale()], BackendError("sbatch: socket timed out"))
+        submission_failed(db, cfg, [Stale()], BackendError("sbatch: socket timed out"))
     with db.read() as s:
         assert s.scalar(select(Attempt)).detail == "re-claimed"
     Stale.fence = 2
     with pytest.raises(OrchError):
-        _submission_failed(db, cfg, [Stale()], BackendError("sbatch: socket timed out"))
+        submission_failed(db, cfg, [Stale()], BackendError("sbatch: socket timed out"))
     with db.read() as s:
         assert s.scalar(select(Attempt)).detail.startswith("submission failed (will be retried)")
 

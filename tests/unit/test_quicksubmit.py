@@ -191,7 +191,7 @@ def test_a_claim_lost_before_the_backend_call_submits_nothing(db, cfg, sched, mo
 
 
 def test_a_claim_taken_between_the_rows_and_the_claim_is_left_to_its_taker(db, cfg, sched, monkeypatch):
-    from orchestrator.ops import launch
+    from orchestrator.ops import launchclaim
     from orchestrator.ops.launch import LaunchOutcome
 
     real = quicksubmit.mtbf_env_from
@@ -199,7 +199,7 @@ def test_a_claim_taken_between_the_rows_and_the_claim_is_left_to_its_taker(db, c
     def claimed_meanwhile(*a, **kw):  # runs between the two transactions
         with db.read() as s:
             attempt_id = get_job(s, "t").attempts[-1].id
-        assert launch._claim(db, attempt_id, reclaim=False) == 1
+        assert launchclaim.claim(db, attempt_id, reclaim=False) == 1
         return real(*a, **kw)
 
     monkeypatch.setattr(quicksubmit, "mtbf_env_from", claimed_meanwhile)
@@ -268,14 +268,14 @@ def test_orch_submit_imports_no_sqlalchemy_and_says_what_it_submitted(tmp_path):
 def test_a_submission_overtaken_by_a_cancel_is_stopped_before_the_slow_path_records_it(db, cfg, sched, monkeypatch):
     """Hostile test: the record of a launch that a cancel overtook waited for SQLAlchemy's import (~0.25 s)
     before its submission was stopped, and a short program ran to a verified end meanwhile. The quick path stops
-    it itself, as launch._record_in decides, and the slow record then only writes the DB."""
-    from orchestrator.ops import launch
+    it itself, as launchrecord.record_in decides, and the slow record then only writes the DB."""
+    from orchestrator.ops import launchrecord
     from orchestrator.ops.cancel import cancel
 
     at_site(monkeypatch, "fence_checked", lambda: cancel(db, cfg, ["o"]))
     recorded_after: list[list[list[str]]] = []
-    real = launch._record_own
-    monkeypatch.setattr(launch, "_record_own", lambda *a, **kw: (recorded_after.append(list(sched.cancelled)),
+    real = launchrecord.record_own
+    monkeypatch.setattr(launchrecord, "record_own", lambda *a, **kw: (recorded_after.append(list(sched.cancelled)),
                                                                  real(*a, **kw))[1])
     out = _quick(cfg, "o")
     assert recorded_after == [[["o"]]]  # stopped before the slow path was even entered

@@ -74,7 +74,8 @@ def arrays(monkeypatch, tmp_path) -> Arrays:
     (shim / "squeue").write_text("#!/bin/sh\nexit 0\n")
     (shim / "squeue").chmod(0o755)
     monkeypatch.setenv("PATH", f"{shim}{os.pathsep}{os.environ['PATH']}")
-    for mod in ("orchestrator.ops.sweep", "orchestrator.ops.quicksweep", "orchestrator.ops.launch"):
+    for mod in ("orchestrator.ops.sweep", "orchestrator.ops.quicksweep", "orchestrator.ops.launch",
+                "orchestrator.ops.launchrecord"):
         monkeypatch.setattr(f"{mod}.get_backend", lambda _name: b)
     return b
 
@@ -179,7 +180,7 @@ def test_a_reclaimed_task_whose_old_array_turns_up_is_adopted_under_that_arrays_
         return {} if len(looks) == 1 else {old: "1"}
 
     arrays.find_by_token = find_by_token
-    for mod in ("orchestrator.ops.sweep", "orchestrator.ops.launch"):
+    for mod in ("orchestrator.ops.sweep", "orchestrator.ops.launch", "orchestrator.ops.launchrecord"):
         monkeypatch.setattr(f"{mod}.get_backend", lambda _name: arrays)
     reconcile_pass(db, cfg, backend_for=lambda _name: arrays)
     assert len(arrays.batches) == 1  # adopted: nothing submitted a second time
@@ -213,14 +214,14 @@ def test_it_leaves_to_the_sqlalchemy_path_what_it_does_not_do_and_writes_nothing
 
 
 def test_a_task_claimed_by_another_launcher_first_is_left_to_it(db, cfg, arrays, monkeypatch):
-    from orchestrator.ops import launch
+    from orchestrator.ops import launchclaim
 
     real = quicksweep.mtbf_env_from
 
     def one_claimed_meanwhile(*a, **kw):  # between the rows and the claims
         with db.read() as s:
             attempt_id = get_job(s, "c.0001").attempts[-1].id
-        assert launch._claim(db, attempt_id, reclaim=False) == 1
+        assert launchclaim.claim(db, attempt_id, reclaim=False) == 1
         return real(*a, **kw)
 
     monkeypatch.setattr(quicksweep, "mtbf_env_from", one_claimed_meanwhile)
@@ -337,14 +338,14 @@ def test_orch_sweep_on_slurm_imports_no_sqlalchemy(tmp_path):
 def test_a_task_cancelled_during_the_group_submission_is_stopped_before_the_slow_path_records_it(
         db, cfg, arrays, monkeypatch):
     """Its array task was submitted with the others; the quick record misses it, and it is stopped at once (as
-    launch._record_in decides), not after SQLAlchemy's import: a short task ran to a verified end meanwhile."""
-    from orchestrator.ops import launch
+    launchrecord.record_in decides), not after SQLAlchemy's import: a short task ran to a verified end meanwhile."""
+    from orchestrator.ops import launchrecord
     from orchestrator.ops.cancel import cancel
 
     at_site(monkeypatch, "after_backend_submit", lambda: cancel(db, cfg, ["g.0001"]))
     seen: list = []
-    real = launch._record_group
-    monkeypatch.setattr(launch, "_record_group", lambda *a, **kw: (seen.append(list(arrays.cancelled)),
+    real = launchrecord.record_group
+    monkeypatch.setattr(launchrecord, "record_group", lambda *a, **kw: (seen.append(list(arrays.cancelled)),
                                                                    real(*a, **kw))[1])
     out = quicksweep.sweep(cfg, _req("g"))
     assert not out.all_submitted and seen == [[["1_1"]]] and arrays.cancelled == [["1_1"]]
@@ -428,7 +429,7 @@ def test_a_task_relaunched_by_a_reclaimer_runs_once_whichever_array_starts_it(db
     from orchestrator.ops.reconcile import reconcile_pass
 
     _launcher_dies_after_sbatch(db, cfg, monkeypatch, _writes("a"))
-    for mod in ("orchestrator.ops.sweep", "orchestrator.ops.launch"):
+    for mod in ("orchestrator.ops.sweep", "orchestrator.ops.launch", "orchestrator.ops.launchrecord"):
         monkeypatch.setattr(f"{mod}.get_backend", lambda _name: arrays)
     reconcile_pass(db, cfg, backend_for=lambda _name: arrays)
     old, new = arrays.batches

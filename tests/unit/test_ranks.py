@@ -174,16 +174,16 @@ def test_wrapper_stops_of_its_own_go_to_the_job_steps_never_to_srun(tmp_path, mo
     import signal
     import subprocess
 
-    from orchestrator.jobside import wrapper
+    from orchestrator.jobside import supervisor
 
     log = tmp_path / "calls.log"
     _fake_tool(tmp_path / "bin", "scancel", "", log)
     monkeypatch.setenv("PATH", f"{tmp_path / 'bin'}:/usr/bin:/bin")
     child = subprocess.Popen(["sleep", "30"])
     try:
-        sup = wrapper.Supervisor(child, "USR2", under_slurm=True, step_job="4242")
+        sup = supervisor.Supervisor(child, "USR2", under_slurm=True, step_job="4242")
         sup.on_signal(signal.SIGUSR2, None)  # the scheduler's warning to the batch process
-        notice = wrapper.Supervisor(child, "TERM", under_slurm=True, step_job="4242")
+        notice = supervisor.Supervisor(child, "TERM", under_slurm=True, step_job="4242")
         notice.on_notice("aws: terminate")  # a cloud's spot notice
         sup.reap_signallers()
         notice.reap_signallers()
