@@ -4,7 +4,7 @@
 ``orch status`` with 1,000 jobs against ``python -c pass`` (interpreter start), ``squeue`` (what a
 Slurm user compares it with) and ``python -c "import sqlalchemy.orm, click"`` (the floor of any
 SQLAlchemy + click CLI, the design's first goal: <= 1.5x), every command a fresh process, measured
-alternately in the same run, median of >= 7 each. Goal (issue 13): ``orch status`` <= 150 ms.
+alternately in the same run, median of >= 7 each. Goal: ``orch status`` <= 150 ms.
 Also ``orch status --json``, ``orch show`` and ``orch verify``, and the modules each imports: read
 commands must not import torch, submitit, alembic or numpy, and ``orch status`` not even SQLAlchemy
 (its fast path, ``orchestrator/views/status.py``). ``python -X importtime``'s top offenders are printed

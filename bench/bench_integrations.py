@@ -12,7 +12,7 @@ each time after it posted progress past a random step, and ``orch reconcile`` re
   the number of preemptions;
 * exactness: the final weights against the same script run once without interruption (bit for bit);
 * lines of orch code: lines of the example that mention orch (marked ``# orch``), required and optional;
-* kill -9 mid-save (issue 17): a second job with periodic checkpoints gets SIGKILL while a checkpoint is being
+* kill -9 mid-save: a second job with periodic checkpoints gets SIGKILL while a checkpoint is being
   written (a ``.tmp-`` dir under checkpoints/, or HF's ``checkpoint-N`` in its output dir, seen by polling);
   no signal, no record: orch must classify it ``killed``, requeue it by itself and resume from the last good
   checkpoint. Steps redone = steps computed twice;

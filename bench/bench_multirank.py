@@ -1,6 +1,6 @@
 """Multi-rank jobs (P10): the stop agreement's cost, SIGTERM to one rank against the grace, the sharded save
 against DCP's own save, the controller's decision time against a full hash, and the resume on another world
-size against the same one (issue 19).
+size against the same one.
 
 Real torchrun, gloo on CPU, ``OMP_NUM_THREADS=1``. The script relaunches itself under torchrun as the worker
 of (a), (c) and (e) (``--worker``); (b) runs tests/integrations/scripts/mr_train.py, the multi-rank tests' program.

@@ -322,7 +322,7 @@ def main() -> int:
             else:
                 raise RuntimeError(f"no preemption measured in 3 tries of trial {i + 1}")
             sh("scancel", *orch.slurm_ids(), *prio_ids)
-        # Issue 20: `orch report` over these real-cluster jobs (preempted, requeued, resumed, done): the fleet
+        # `orch report` over these real-cluster jobs (preempted, requeued, resumed, done): the fleet
         # view a user reads, kept next to the per-trial table so its split can be checked against it.
         fleet = orch("report").stdout.rstrip() if results else ""
     finally:

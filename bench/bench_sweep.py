@@ -4,7 +4,7 @@
 1. On the REAL dev Slurm cluster (deploy/slurm/cluster.sh; orch's own CLI as a user runs it):
    ``orch sweep`` of 1,000 tasks vs submitit's ``map_array`` of 1,000 (a whole Python process, as a user
    runs it) vs one raw ``sbatch --array`` of 1,000 vs 1,000 ``orch submit`` calls vs 1,000 raw ``sbatch``
-   calls. Goals (issue 20): the sweep within 2x the map_array of the same block, a submit within 250 ms.
+   calls. Goals: the sweep within 2x the map_array of the same block, a submit within 250 ms.
    sbatch invocations are counted at the process boundary: the commands run with a PATH whose first
    directory holds an ``sbatch`` shim that logs each call (and the id it got) and runs
    /usr/bin/sbatch (orch runs plain ``sbatch``, found on PATH). Jobs are kept from running with
@@ -49,7 +49,7 @@ from orchestrator.backends.slurm.states import array_of, expand_array_ranges
 HOLD = "--begin=now+7days"  # pending with reason BeginTime: never runs, takes no resources
 PARTITION = "spot"
 SPEED_GOAL, RATIO_GOAL = 20.0, 1.2
-SUBMITIT_GOAL, SUBMIT_GOAL_S = 2.0, 0.250  # issue 20: sweep / map_array of the same block; one orch submit
+SUBMITIT_GOAL, SUBMIT_GOAL_S = 2.0, 0.250  # sweep / map_array of the same block; one orch submit
 MAP_ARRAY = """import sys, submitit
 ex = submitit.SlurmExecutor(folder=sys.argv[1])
 ex.update_parameters(partition=sys.argv[3], additional_parameters={{"begin": "{begin}"}})
@@ -315,7 +315,7 @@ def layout_floor(tasks: int, work: Path) -> float:
     """Seconds for the filesystem work a sweep's tasks need before sbatch, and nothing else, in a bare loop: per
     task its (empty) run dir; one records file for all, flushed as the sweep flushes it (``SyncBatch``: flush,
     rename, flush); one ballast pool of a slot per task. No checks, no DB: what no implementation of this layout
-    goes below on this filesystem. The layout before issue 20's last change (3 dirs, a ballast and 2 records per
+    goes below on this filesystem. The earlier layout (3 dirs, a ballast and 2 records per
     task) was 1.36x ``map_array`` by itself."""
     import json
 

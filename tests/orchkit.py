@@ -1,4 +1,4 @@
-"""THE shared test kit: helpers every test folder uses, each defined once here (issue 18: ``wait_for``
+"""THE shared test kit: helpers every test folder uses, each defined once here (before, ``wait_for``
 x3, ``make_checkpoint`` x3 and the ``orch`` runner x3 lived in separate kit modules). A plain module
 with a unique name (pytest puts tests/ on sys.path for the root conftest); ``from conftest import ...``
 is not reliable because each folder's conftest is imported under that same module name. Folder kits
@@ -25,7 +25,7 @@ from orchestrator import protocol
 ROOT = Path(__file__).resolve().parents[1]
 PY = sys.executable
 
-# THE one reading of CI=true for every test kit (issue 18: two kits compared it exactly, two lower-cased it).
+# THE one reading of CI=true for every test kit (two kits compared it exactly, two lower-cased it).
 IN_CI = os.environ.get("CI", "").strip().lower() == "true"
 RECONCILE_EVERY_S = 1.5  # the wait loops' pace of reconcile passes (Orch.reconcile_paced says why)
 

@@ -1,4 +1,4 @@
-"""Helpers of the multi-rank launch tests (issue 19), local and Slurm: a tiny gloo DDP program under orch's kit.
+"""Helpers of the multi-rank launch tests, local and Slurm: a tiny gloo DDP program under orch's kit.
 
 The program (``rank_program``) is started by orch once per rank (``--nproc-per-node``). Each rank records the
 torchrun environment it got and every step it completed (``<log dir>/env-<attempt>-<rank>.json``,

@@ -1,4 +1,4 @@
-"""The README as a new user reads it (issue 41): its commands, and the directory and environment such a user runs
+"""The README as a new user reads it: its commands, and the directory and environment such a user runs
 them from (their own ``train.py`` on orch's plain-loop integration, ``prepare.sh``, ``runs.jsonl``; ``orch`` and
 this venv's ``python`` on PATH). Used by tests/local/test_readme_commands.py and the Slurm tier's."""
 

@@ -1,4 +1,4 @@
-"""A hostile job for the adversarial suite (issue 9), run by orch as ``python advjob.py [options]``.
+"""A hostile job for the adversarial suite, run by orch as ``python advjob.py [options]``.
 
 It does what a misbehaving (or malicious) program in a run dir can do, then waits for the test to
 create ``<run_dir>/go`` (it gives up after ``--give-up`` seconds, so a failed test leaves nothing

@@ -1,4 +1,4 @@
-"""Helpers of the adversarial suite (issue 9): find a job's processes the way the kernel sees them,
+"""Helpers of the adversarial suite: find a job's processes the way the kernel sees them,
 sample them in the background, settle the reconciler and check that nothing is left stuck.
 
 Importable as ``advkit`` from the test modules of this folder (pytest puts the folder on sys.path).
@@ -147,7 +147,7 @@ class Sample:
 class ProcessSampler:
     """Every ~50 ms: which attempts (and which launches, by submit token) of one run dir are alive.
 
-    The invariant of issue 9: at most one live process tree per job at EVERY sample. Two distinct
+    The invariant: at most one live process tree per job at EVERY sample. Two distinct
     ORCH_ATTEMPT values, or two distinct tokens (a fresh DB starts a second "attempt 1"), is a
     double run, however briefly it lasted.
     """

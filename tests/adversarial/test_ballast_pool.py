@@ -1,7 +1,7 @@
-"""A group launch's ballast pool (orchestrator/jobside/ballast.py, issue 20) on real filesystems: one file holds a slot
+"""A group launch's ballast pool (orchestrator/jobside/ballast.py) on real filesystems: one file holds a slot
 per task; a task's wrapper gives its slot back first when it starts, and on a disk that filled while the task was
 queued makes its attempt dir, records and ballast in that room. Without it the task ran with nowhere to record its
-end, and ended ``unknown`` (what a hostile test found of the per-task ballast, issue 17)."""
+end, and ended ``unknown`` (what a hostile test found of the per-task ballast)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Issue 16: a process that cleared its environment and left the session is still seen in its run dir
+"""A process that cleared its environment and left the session is still seen in its run dir
 (requeue refuses, the sweep throttle counts it); every lock wait is bounded and names its holder (a
 Ctrl-Z'd `orch sweep` holding the launch lock stalls no reconcile pass); a FIFO at orch.toml hangs
 nothing."""
@@ -137,7 +137,7 @@ def test_a_stopped_sweep_holding_the_launch_lock_stalls_no_reconcile_pass(orch, 
 
 
 def test_a_live_launch_lock_holder_costs_a_reconcile_pass_at_most_its_short_wait(orch, spawned, tmp_path):
-    """Issue 41: a pass never spends more than a few seconds on locks. An `orch sweep` that holds the launch lock
+    """A pass never spends more than a few seconds on locks. An `orch sweep` that holds the launch lock
     and runs (here paused at a test site, as a slow launch would be) costs a pass 2 s, not the lock's bound."""
     preempted = ("--", *job_argv("--no-gate", "--failure", "preempted", "--exit-code", "143"))
     p = orch("sweep", "--name", "t", "--grid", "i=0,1", "--throttle", "1", *preempted)
@@ -189,7 +189,7 @@ def test_a_lock_wait_gives_up_at_once_naming_a_stopped_holder_from_its_record_or
     try:
         wait_for(Path(str(lock) + ".held").exists, 30, "the holder to take the lock")
         os.kill(h.pid, signal.SIGSTOP)
-        try:  # a stopped holder is not waited for (issue 41): the 300 s bound would fail this test's own
+        try:  # a stopped holder is not waited for: the 300 s bound would fail this test's own
             with filelock.exclusive(lock, OrchError, "the test lock ", timeout_s=300):
                 raise AssertionError("got a lock a stopped process holds")
         except filelock.LockTimeout as e:
@@ -243,7 +243,7 @@ def _resume_to_its_end(sw: subprocess.Popen) -> None:
 
 @pytest.mark.timeout(120)  # the busy timeout is 300 s: a wait for the stopped sweep fails the test here
 def test_a_sweep_stopped_inside_its_write_transaction_stalls_no_other_command(orch):
-    """Hostile pass of issue 41: an ``orch sweep`` stopped (kill -STOP) while it held SQLite's write lock made
+    """Hostile pass: an ``orch sweep`` stopped (kill -STOP) while it held SQLite's write lock made
     every submit and reconcile pass wait the whole busy timeout, then fail. A stopped writer cannot let go:
     each writer is refused at once, naming it and how to resume it; readers go on; once it is resumed, the
     sweep completes and every command works again."""
@@ -296,7 +296,7 @@ HOLD_LEASE = ("import os, socket, sys, time; from orchestrator.core.config impor
 
 @pytest.mark.timeout(120)
 def test_a_stopped_reconciler_holding_the_lease_stalls_no_other_pass(orch):
-    """Hostile pass of issue 41: a Ctrl-Z'd ``orch reconcile`` held the pass lease for its whole lease_ttl_s (120 s)
+    """Hostile pass: a Ctrl-Z'd ``orch reconcile`` held the pass lease for its whole lease_ttl_s (120 s)
     and every other pass did nothing, quietly (a finished job's ``submit --wait`` took 120 s). A live holder is
     named; a stopped one on this host has its lease taken at once, with a warning that says how to resume it."""
     assert orch("status").returncode == 0

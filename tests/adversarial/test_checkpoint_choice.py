@@ -1,4 +1,4 @@
-"""Issue 9, "a checkpoint is chosen only after its sha256 verifies": a same-size bit flip in the newest
+"""A checkpoint is chosen only after its sha256 verifies: a same-size bit flip in the newest
 checkpoint before a NaN rollback (or before a requeue) sends that checkpoint to trash and resumes
 from the next older verified one; the job finishes instead of failing for good."""
 
@@ -41,8 +41,8 @@ def _nan_reported_and_gone(run: Path) -> bool:
 
 
 def test_nan_rollback_never_resumes_from_a_bit_flipped_checkpoint(orch):
-    """Issue 9: 'A NaN rollback picks a checkpoint whose bytes were corrupted without changing its
-    size (only sizes are checked on that path); ... the job ends failed for good.'"""
+    """A NaN rollback picked a checkpoint whose bytes were corrupted without changing its
+    size (only sizes were checked on that path); ... the job ended failed for good."""
     run = orch.runs / "nanjob"
     p = orch("submit", "--name", "nanjob", "--", *TRAINER)
     assert p.returncode == 0, p.stderr
@@ -72,7 +72,7 @@ def test_nan_rollback_never_resumes_from_a_bit_flipped_checkpoint(orch):
 
 
 def test_requeue_trashes_a_bit_flipped_checkpoint_and_keeps_the_intact_one(orch):
-    """Issue 9: 'Requeue keeps such checkpoints too, though the README says corrupt ones go to trash.'"""
+    """Requeue kept such checkpoints too, though the README says corrupt ones go to trash."""
     p = orch("submit", "--name", "rq", "--", "sh", "-c", "exit 1")
     assert p.returncode == 0, p.stderr
     rows = settle(orch, ["rq"])

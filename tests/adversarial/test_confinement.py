@@ -1,4 +1,4 @@
-"""Issue 9, "stay inside ORCH_HOME": a symlinked `trash/` or `trash/<job>` never makes requeue write
+"""Stay inside ORCH_HOME: a symlinked `trash/` or `trash/<job>` never makes requeue write
 outside ORCH_HOME, and a pre-existing 0755 ORCH_HOME never leaves run dirs or logs readable by
 other users."""
 
@@ -33,7 +33,7 @@ def _files_below(root, name: str) -> list[str]:
 
 @pytest.mark.parametrize("link", ["trash", "trash-job"])
 def test_a_symlinked_trash_never_makes_requeue_write_outside_orch_home(orch, tmp_path, link):
-    """Issue 9: 'A symlinked trash/ or trash/<job> makes requeue write outside ORCH_HOME.'"""
+    """A symlinked trash/ or trash/<job> made requeue write outside ORCH_HOME."""
     outside = outside_sentinel(tmp_path)
     # Attempt 1 leaves a partial result/ (what requeue moves to trash) and fails.
     p = orch("submit", "--name", "tj", "--", *job_argv("--no-gate", "--result", "--exit-code", "1"))
@@ -74,7 +74,7 @@ def _mode(p) -> int:
 
 
 def test_a_0755_orch_home_is_tightened_and_run_dirs_and_logs_are_private(orch):
-    """Issue 9: 'A pre-existing 0755 ORCH_HOME leaves run dirs and logs readable by other users.'"""
+    """A pre-existing 0755 ORCH_HOME left run dirs and logs readable by other users."""
     orch.home.mkdir(parents=True)
     os.chmod(orch.home, 0o755)
     p = orch("submit", "--name", "perm", "--outputs", "result/out.txt", "--", *job_argv("--result"))

@@ -1,4 +1,4 @@
-"""Issue 9, "fix the exit codes": user errors exit 2 with one line (no traceback), a closed stdout
+"""Exit codes: user errors exit 2 with one line (no traceback), a closed stdout
 pipe exits quietly, and `requeue` of several jobs exits non-zero when any of them errored."""
 
 from __future__ import annotations
@@ -44,7 +44,7 @@ def _clone_jobs(orch, name: str, count: int) -> None:
 
 @pytest.mark.parametrize("args", [["status"], ["status", "--json"]], ids=["table", "json"])
 def test_status_into_a_closed_pipe_exits_quietly(orch, tmp_path, args):
-    """Issue 9: 'Some user errors end in exit 1 with a traceback (`| head` BrokenPipe ...)'."""
+    """Some user errors ended in exit 1 with a traceback (`| head` BrokenPipe ...)."""
     p = orch("submit", "--name", LONG, "--outputs", "o", "--", "sh", "-c", "echo x > o")
     assert p.returncode == 0, p.stderr
     rows = settle(orch, [LONG])
@@ -74,7 +74,7 @@ def test_verify_into_a_closed_pipe_never_exits_0_for_an_unverified_job(orch, tmp
 
 @pytest.mark.parametrize("mem", ["4\uff27", "4\u212a"], ids=["fullwidth-G", "kelvin-sign-K"])
 def test_a_non_ascii_mem_unit_is_a_one_line_usage_error(orch, mem):
-    """Issue 9: 'a --mem unit that is not ASCII' ends in exit 1 (the Kelvin sign matched [K] under re.I)."""
+    """A --mem unit that is not ASCII ended in exit 1 (the Kelvin sign matched [K] under re.I)."""
     p = orch.cli("submit", "--name", "m", "--mem", mem, "--", "true")
     assert_user_error(p, (2,), r"mem")
     assert db_job_names(orch.home) == []
@@ -82,7 +82,7 @@ def test_a_non_ascii_mem_unit_is_a_one_line_usage_error(orch, mem):
 
 @pytest.mark.parametrize("root", ["~nosuchuser/runs", "/tmp/a\\u0000b"], ids=["unknown-user", "nul-byte"])
 def test_a_runs_root_that_cannot_be_a_path_is_a_one_line_usage_error(orch, root):
-    """Issue 9: 'a runs root with ~nosuchuser or a NUL byte' ends in exit 1."""
+    """A runs root with ~nosuchuser or a NUL byte ended in exit 1."""
     orch.write_config(f'[runs]\nroot = "{root}"\n')
     p = orch.cli("submit", "--name", "r", "--", "true")
     assert_user_error(p, (2,), r"runs|root|orch\.toml")
@@ -95,7 +95,7 @@ def test_a_runs_root_that_cannot_be_a_path_is_a_one_line_usage_error(orch, root)
 
 @pytest.mark.parametrize("breakage", ["run-dir-symlink", "trash-is-a-file"])
 def test_requeue_of_several_jobs_exits_non_zero_when_one_of_them_errors(orch, tmp_path, breakage):
-    """Issue 9: 'a launch error ... makes requeue print "error" yet exit 0'."""
+    """A launch error made requeue print "error" yet exit 0."""
     for name in ("broken", "fine"):
         p = orch("submit", "--name", name, "--", *job_argv("--no-gate", "--exit-code", "1"))
         assert p.returncode == 0, p.stderr
@@ -161,7 +161,7 @@ def test_a_misspelt_orch_toml_table_is_a_usage_error_not_silently_ignored(orch):
 
 
 def test_a_misspelt_key_in_a_known_orch_toml_table_is_a_usage_error(orch):
-    # Issue 16: `[policy] max_atempts = 2` was silently ignored, and the job got 3 attempts.
+    # `[policy] max_atempts = 2` was silently ignored, and the job got 3 attempts.
     orch.write_config("[policy]\nmax_atempts = 2\n")
     p = orch.cli("status")
     assert (p.returncode, p.stdout) == (2, ""), p.stderr

@@ -1,4 +1,4 @@
-"""Issue 16, fencing: a launch that outlives the launch grace (a stopped launcher, a slow preparation)
+"""Fencing: a launch that outlives the launch grace (a stopped launcher, a slow preparation)
 never runs a second copy of the job; a wrapper started under a stale fence runs nothing.
 
 The invariant is counted in process TREES: every session holding a process of the program (found by
@@ -119,7 +119,7 @@ def test_a_stopped_launcher_that_outlives_the_grace_never_runs_a_second_copy(orc
         assert "Traceback" not in err, err
         if site == "before_backend_submit":  # its re-check in the DB: no backend call at all
             assert "lost its claim before its backend call" in err and "submitted nothing" in err, err
-            # ... and stdout does not say it submitted (issue 41: it printed both)
+            # ... and stdout does not say it submitted (it printed both)
             assert out.startswith("x: launched by the process that re-claimed it (local "), out
         else:  # it passed its re-check, then stopped: it submitted, and its wrapper's fence is stale
             assert "lost its launch claim (generation 1, now 2) during the backend call" in err, err
@@ -230,7 +230,7 @@ def test_a_wrapper_started_with_a_stale_fence_runs_nothing_and_keeps_the_current
 
 @pytest.mark.parametrize("path", ["quick", "sqlalchemy"])
 def test_a_cancel_right_after_the_launchers_last_check_never_lets_the_program_run(orch, tmp_path, path):
-    """Hostile test of issue 20's quick submit: `orch cancel` between the launcher's last fence check and its
+    """Hostile test of the quick submit: `orch cancel` between the launcher's last fence check and its
     backend call was honoured only by the launcher's record, after the call; the wrapper started meanwhile, and a
     short program ran and ended VERIFIED although the job had been cancelled (every run on the quick path, whose
     record waited for SQLAlchemy's import). The cancel now revokes the attempt's fence file in its transaction, so

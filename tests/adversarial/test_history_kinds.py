@@ -1,4 +1,4 @@
-"""Hostile pass 4 (issue 41): the heartbeat history ``attempts/<n>/progress.jsonl`` is a file the job's own
+"""Hostile pass 4: the heartbeat history ``attempts/<n>/progress.jsonl`` is a file the job's own
 tree can replace. A directory there made `orch report`, `orch metrics`, `orch show` and `orch plot` exit 1
 (IsADirectoryError) for every job; a FIFO there blocked the kit's heartbeat thread in open() for good, so
 progress.json froze while training went on and the job was stopped as hung (an attempt counted)."""

@@ -1,4 +1,4 @@
-"""Issue 9, "nothing the job writes is trusted blindly": a job-written file that is not what orch
+"""Nothing the job writes is trusted blindly: a job-written file that is not what orch
 expects (a FIFO nobody writes, out-of-range or non-finite numbers, 50 MB, a symlink to /dev/zero,
 a directory) never blocks or stops the reconcile pass, `orch status` or `orch show` for any job,
 and never leaves the bad job itself stuck once its process is gone.
@@ -7,7 +7,7 @@ Several bad jobs share one ORCH_HOME with a healthy job `ok`, as on a real contr
 is switched off (orch.toml) so each bad job settles after its first attempt instead of looping.
 
 The FIFO case runs end to end through the CLI with real jobs (the job wrapper reads the kit's records
-too). The out-of-range matrix (4 files x 8 kinds) runs in-process (issue 18, CI time): the same garbage
+too). The out-of-range matrix (4 files x 8 kinds) runs in-process (to save CI time): the same garbage
 files in real run dirs, read by the same passes and views -- the reconcile pass (heartbeat while running;
 exit.json, failure.json, the done marker and run_config.json at the end), `orch status` and `orch show`
 (click's CliRunner) -- with a fake only at the scheduler boundary, which says running, then exited.
@@ -96,11 +96,11 @@ def _views_work(orch, bad: dict) -> None:
 
 
 def test_fifos_named_like_job_files_never_block_any_pass(orch):
-    """Issue 9: 'a FIFO named done.json/failure.json/progress.json blocks forever' (also exit.json,
+    """A FIFO named done.json/failure.json/progress.json blocked forever (also exit.json,
     wrapper.json)."""
     _run_hostile(orch, {f"bad-{f.split('.')[0]}": _job_args(f, "fifo")
                         for f in ("done.json", "failure.json", "progress.json", "exit.json", "wrapper.json",
-                                  "complete.json", "stop.json")})  # issue 17: the kit's records, read at exit
+                                  "complete.json", "stop.json")})  # the kit's records, read at exit
 
 
 def _bounded(fn: Callable[[], object], what: str, timeout: float = 30) -> object:
@@ -136,8 +136,8 @@ def _garbage(run: Path, token: str, fname: str, kind: str, monkeypatch: pytest.M
 
 @pytest.mark.parametrize("fname", ["exit.json", "progress.json", "run_config.json", "failure.json"])
 def test_out_of_range_json_in_a_job_file_never_stops_the_pass_or_sticks_the_job(orch, fname, monkeypatch):
-    """Issue 9: 'a huge integer or NaN in exit.json/run_config.json leaves a job submitted forever;
-    one bad progress.json makes orch status fail for all jobs'."""
+    """A huge integer or NaN in exit.json/run_config.json left a job submitted forever;
+    one bad progress.json made orch status fail for all jobs."""
     orch.write_config(CONFIG)
     bad = {f"bad-{kind.replace('_', '-')}": kind for kind in JSON_KINDS}
     codes = {"ok": 0, **{n: 3 if fname in ("run_config.json", "failure.json") else 1 for n in bad}}

@@ -1,4 +1,4 @@
-"""Issue 9: a live job is never run twice because a cancel landed while its launch was still in
+"""A live job is never run twice because a cancel landed while its launch was still in
 progress, or because the DB was lost and the name resubmitted; a `reconcile --watch` whose DB file
 was deleted or replaced stops with a clear error instead of running on a DB nobody else sees."""
 
@@ -34,11 +34,11 @@ GATED = ("--outputs", "result/out.txt", "--", *job_argv("--result"))
 
 @pytest.mark.parametrize("site", ["before_backend_submit", "after_backend_submit"])
 def test_cancel_racing_a_slow_launch_leaves_no_process_running(orch, spawned, site):
-    """Issue 9: 'after `orch cancel` lands while the launch is still in progress'.
+    """A live job ran twice after `orch cancel` landed while the launch was still in progress.
 
     The launching orch pauses at that site (testhooks: ORCH_PAUSE_AT) until the test opens the gate:
     the cancel provably lands while the launch is in progress (``.reached`` says the pause began; the
-    launcher is still alive when the cancel returns), with no fixed sleep (issue 18: it paused 3 s).
+    launcher is still alive when the cancel returns), with no fixed sleep (it paused 3 s).
     """
     run = orch.runs / "x"
     gate = run.parent.parent / f"gate-{site}"
@@ -74,7 +74,7 @@ def _db_files(home: Path) -> list[Path]:
 
 
 def test_resubmitting_a_name_whose_db_was_deleted_is_refused_while_it_runs(orch):
-    """Issue 9: 'after the DB file is deleted and the name resubmitted' (two attempts in one run dir)."""
+    """A live job ran twice after the DB file was deleted and the name resubmitted (two attempts in one run dir)."""
     run = orch.runs / "j"
     sampler = ProcessSampler(run)
     try:
@@ -107,7 +107,7 @@ def test_resubmitting_a_name_whose_db_was_deleted_is_refused_while_it_runs(orch)
 
 @pytest.mark.parametrize("how", ["deleted", "replaced_by_an_empty_file"])
 def test_reconcile_watch_exits_when_its_db_file_is_deleted_or_replaced(orch, spawned, how):
-    """Issue 9, 'DB identity': a running `reconcile --watch` notices its DB file was replaced or deleted."""
+    """DB identity: a running `reconcile --watch` notices its DB file was replaced or deleted."""
     w = orch_popen(orch, "reconcile", "--watch", "1", "--json")
     spawned.append(w)
     lines: list[str] = []

@@ -1,4 +1,4 @@
-"""Issue 16, mutation discipline: guards today's suite did not catch when removed, each with a test that fails
+"""Mutation discipline: guards today's suite did not catch when removed, each with a test that fails
 without it. (The marker's fsyncs: tests/unit/test_protocol.py, the recording shim.)"""
 
 from __future__ import annotations

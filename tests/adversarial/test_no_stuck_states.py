@@ -1,4 +1,4 @@
-"""Issue 9, "no stuck states": every state a job can enter has a way out the reconciler takes by
+"""No stuck states: every state a job can enter has a way out the reconciler takes by
 itself. A refusal or a launch error after the job row exists rolls the row back or fails the
 attempt with the reason; `requeue` exits non-zero when a job errored; an attempt found verified is
 closed. After settling, no job is `pending`/`submitted`/`running` without a live process."""
@@ -54,7 +54,7 @@ def _not_left_pending(orch, name: str, reason: str | None = None) -> dict | None
 
 @pytest.mark.parametrize("glob", [".", "./"])
 def test_outputs_naming_the_run_dir_itself_is_a_usage_error_before_any_row(orch, glob):
-    """Issue 9: 'a refusal after the DB row exists (`--outputs .` ...) leaves the job pending forever'."""
+    """A refusal after the DB row exists (`--outputs .` ...) left the job pending forever."""
     p = orch("submit", "--name", "dot", "--outputs", glob, "--", "true")
     assert_user_error(p, (2,), r"outputs")
     assert db_job_names(orch.home) == []
@@ -62,7 +62,7 @@ def test_outputs_naming_the_run_dir_itself_is_a_usage_error_before_any_row(orch,
 
 
 def test_a_symlinked_attempts_dir_is_refused_and_leaves_no_pending_job(orch, tmp_path):
-    """Issue 9: 'a refusal after the DB row exists (... a symlinked attempts/ ...)'."""
+    """A refusal after the DB row exists (here: a symlinked attempts/) left the job pending forever."""
     elsewhere = outside_sentinel(tmp_path, "elsewhere")
     make_home(orch)
     run = orch.runs / "j"
@@ -77,7 +77,7 @@ def test_a_symlinked_attempts_dir_is_refused_and_leaves_no_pending_job(orch, tmp
 
 
 def test_an_unusable_runs_root_is_refused_before_any_row(orch, tmp_path):
-    """Issue 9: 'a refusal after the DB row exists (... an unusable runs root)'."""
+    """A refusal after the DB row exists (here: an unusable runs root) left the job pending forever."""
     blocker = tmp_path / "a-regular-file"
     blocker.write_text("not a directory\n")
     orch.write_config(f'[runs]\nroot = "{blocker}/runs"\n')
@@ -105,8 +105,8 @@ def test_stray_files_in_orchs_own_attempt_slots_are_trashed_and_the_job_runs(orc
 
 
 def test_a_launch_error_that_is_not_orchs_own_fails_the_attempt_instead_of_sticking(orch, tmp_path):
-    """Issue 9: 'a launch error that is not orch's own (FileExistsError, ENOSPC) leaves it pending,
-    makes requeue print "error" yet exit 0, and makes reconcile exit 1 and skip other jobs'. Here
+    """A launch error that is not orch's own (FileExistsError, ENOSPC) left the job pending, made requeue
+    print "error" yet exit 0, and made reconcile exit 1 and skip other jobs. Here
     the run dir is on a read-only mount (EROFS when orch creates attempts/1/)."""
     need_root()
     make_home(orch)
@@ -142,7 +142,7 @@ def test_a_launch_error_that_is_not_orchs_own_fails_the_attempt_instead_of_stick
 
 
 def test_enospc_at_launch_fails_cleanly_and_requeue_finishes_after_space_is_freed(orch, tmp_path):
-    """Issue 9: 'a launch error that is not orch's own (... ENOSPC) leaves it pending'."""
+    """A launch error that is not orch's own (here: ENOSPC) left the job pending."""
     with tmpfs(tmp_path / "mnt", "1m") as mnt:
         (mnt / "runs").mkdir()
         orch.write_config(f'[runs]\nroot = "{mnt / "runs"}"\n')
@@ -242,7 +242,7 @@ def test_a_disk_too_full_for_the_wrappers_ballast_still_ends_enospc(orch, tmp_pa
 
 @pytest.mark.parametrize("when", ["after_failure", "while_running"])
 def test_requeue_of_a_verified_job_is_refused_and_leaves_no_open_attempt(orch, when):
-    """Issue 9: 'an attempt stays `submitted` after requeue finds the job verified'."""
+    """An attempt stayed `submitted` after requeue found the job verified."""
     run = orch.runs / "v"
     if when == "after_failure":
         p = orch("submit", "--name", "v", "--", *job_argv("--no-gate", "--exit-code", "1"))

@@ -1,5 +1,5 @@
-"""Issue 16, "permanent only when proven": no single observation of a condition that can be transient makes
-a job ``failed``. Each test runs the real CLI and a real program (the bundled trainer where the issue's
+"""Permanent only when proven: no single observation of a condition that can be transient makes
+a job ``failed``. Each test runs the real CLI and a real program (the bundled trainer where the reported
 failure was the trainer's), injects the transient fault between attempts, and asserts the invariant: the job
 ends ``done_marker_verified`` (or, for a fault that never goes away, ``failed`` only after N observations,
 each with its evidence in ``orch show``)."""
@@ -44,8 +44,8 @@ PREEMPTED_3_TIMES = (
 
 
 def test_preempted_again_and_again_at_one_step_never_uses_up_max_attempts(orch):
-    """Issue 16: 'A job preempted 3 times at the same step ... with --max-attempts 2: failed, "2 of 2 attempts
-    used". The README's policy table says preemptions never count.'"""
+    """A job preempted 3 times at the same step ... with --max-attempts 2 ended failed, "2 of 2 attempts
+    used". The README's policy table says preemptions never count."""
     orch.write_config("[policy]\ncrash_backoff_s = 0.2\nbackoff_cap_s = 0.5\n")
     p = orch("submit", "--name", "pre3", "--max-attempts", "2", "--outputs", "out.txt", "--",
              PY, "-c", PREEMPTED_3_TIMES)
@@ -69,8 +69,8 @@ def _corpus(path: Path) -> Path:
 
 
 def test_a_data_file_missing_while_the_job_is_preempted_is_retried_and_the_job_ends_verified(orch, tmp_path):
-    """Issue 16: 'A data file briefly missing (an NFS hiccup) when a preempted trainer resumes: invalid, then
-    failed.'"""
+    """A data file briefly missing (an NFS hiccup) when a preempted trainer resumed: invalid, then
+    failed."""
     orch.write_config("[policy]\ncrash_backoff_s = 2\n")
     data = _corpus(tmp_path / "corpus.txt")
     run = orch.runs / "nfs"
@@ -114,8 +114,8 @@ def test_an_input_missing_on_n_attempts_in_a_row_is_invalid_with_the_evidence_in
 
 
 def test_a_nan_rollback_target_corrupted_after_the_policy_chose_it_falls_back_to_an_older_one(orch, tmp_path):
-    """Issue 16: 'A NaN rollback target corrupted after the policy chose it: the trainer refuses --resume PATH,
-    the attempt is invalid, the job failed.' The byte is flipped while the launch of attempt 2 is held just
+    """A NaN rollback target corrupted after the policy chose it: the trainer refused --resume PATH,
+    the attempt was invalid, the job failed. The byte is flipped while the launch of attempt 2 is held just
     before its backend call: the policy had verified the checkpoint, the trainer finds it corrupt."""
     run = orch.runs / "nanjob"
     p = orch("submit", "--name", "nanjob", "--", *TRAINER, "--max-steps", "40", "--save-interval", "5",

@@ -1,4 +1,4 @@
-"""Issue 9, "process identity that survives clocks and partial kills": a live job is never declared
+"""Process identity that survives clocks and partial kills: a live job is never declared
 dead (and run a second time) because its wrapper died, the boot time moved, it wrote its own
 exit.json, or it forged wrapper.json; and orch's signals only ever reach the job's own processes.
 
@@ -74,8 +74,8 @@ def _finish_and_check(orch, name: str, run: Path, sampler: ProcessSampler) -> No
 
 
 def test_killing_only_the_wrapper_never_starts_a_second_attempt(orch):
-    """Issue 9: 'after only the job wrapper is kill -9ed (the trainer survives, requeue even moves
-    its in-progress checkpoint to trash)'."""
+    """A live job was declared dead after only the job wrapper was kill -9ed (the trainer survived, requeue
+    even moved its in-progress checkpoint to trash)."""
     # A user may let reconcile retry `unknown` by itself (any class may be listed): even then the
     # surviving job must not be run a second time.
     orch.write_config('[policy]\nauto_requeue = ["preempted", "timeout", "node_fail", "oom", "hang", "nan", '
@@ -139,8 +139,8 @@ def _reconcile_with_btime(orch, tmp_path: Path, shift: int) -> subprocess.Comple
 
 
 def test_a_boot_time_shift_of_one_second_never_declares_a_live_job_dead(orch, tmp_path):
-    """Issue 9: 'after the host's boot-time value shifts by one second (psutil's create_time moved
-    and the 20 ms slack no longer matched)'; seen through a private mount namespace."""
+    """A live job was declared dead after the host's boot-time value shifted by one second (psutil's
+    create_time moved and the 20 ms slack no longer matched); seen through a private mount namespace."""
     need_root()
     run = orch.runs / "bt"
     sampler = ProcessSampler(run)
@@ -250,7 +250,7 @@ def test_liveness_answers_unknown_for_what_it_cannot_tell_and_gone_only_for_an_e
 
 
 def test_a_running_job_that_writes_its_own_exit_json_is_not_declared_ended(orch):
-    """Issue 9: 'after a still-running job writes its own exit.json' (real token, returncode 0)."""
+    """A live job was declared ended after it wrote its own exit.json (real token, returncode 0)."""
     run = orch.runs / "fx"
     sampler = ProcessSampler(run)
     try:
@@ -268,7 +268,7 @@ def test_a_running_job_that_writes_its_own_exit_json_is_not_declared_ended(orch)
 
 @pytest.mark.parametrize("how", ["launched", "found_by_token"])
 def test_a_forged_wrapper_json_never_aims_cancel_at_a_foreign_process(orch, spawned, how):
-    """Issue 9: 'a wrapper.json with a foreign pid makes orch cancel kill an unrelated process'.
+    """A wrapper.json with a foreign pid made orch cancel kill an unrelated process.
 
     found_by_token: the submitting orch dies right after the backend call (ORCH_FAULT), so the
     reconciler must find the attempt again; it must not take the pid from the job-written file.
@@ -304,7 +304,7 @@ def test_a_forged_wrapper_json_never_aims_cancel_at_a_foreign_process(orch, spaw
 
 
 def test_a_stale_launchs_cancel_never_reaches_the_relaunch_that_carries_the_same_token(tmp_path):
-    """Hostile test (issue 20): a launcher stalled past the grace submitted anyway; its wrapper, under a stale
+    """Hostile test: a launcher stalled past the grace submitted anyway; its wrapper, under a stale
     fence, exited at once; its record then cancelled its own submission, whose session was gone, and the token
     fallback (for torchrun's ranks, in sessions of their own) found the re-claimer's healthy relaunch, which
     carries the same attempt token, and SIGTERMed it. A process under another live job wrapper is that launch's.

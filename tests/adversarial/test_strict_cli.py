@@ -1,4 +1,4 @@
-"""Issue 16, part 2 ("keep the promise under stress"): strict input, no traceback or wrong exit code on
+"""Keep the promise under stress: strict input, no traceback or wrong exit code on
 any job-written value, and the smaller findings. Every test drives the real CLI in a subprocess; each
 failed on the code before its fix."""
 

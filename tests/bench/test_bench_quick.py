@@ -1,4 +1,4 @@
-"""Every bench script runs in its ``--quick`` mode (issue 18: bench_trainer.py crashed for weeks unseen because
+"""Every bench script runs in its ``--quick`` mode (bench_trainer.py crashed for weeks unseen because
 nothing ran it). Quick mode runs every code path once at tiny sizes and leaves BENCHMARKS.md alone; its
 figures mean nothing, the measurements are the full runs that write BENCHMARKS.md. A new bench script is
 picked up by the glob, so none can be added without this smoke test."""

@@ -1,4 +1,4 @@
-"""Done means the program exited 0 after completing; a stop from anywhere is never completion (issue 17).
+"""Done means the program exited 0 after completing; a stop from anywhere is never completion.
 
 Real frameworks (examples/), real signals, the real CLI on the local backend:
 
@@ -160,7 +160,7 @@ AFTER = [
 
 @pytest.mark.parametrize(("name", "script", "args"), AFTER, ids=[f[0] for f in AFTER])
 def test_a_failed_export_fixed_and_requeued_retrains_no_step(orch, tmp_path, name, script, args):
-    """Issue 42: after an exception after training (a failed export: a crash, never verified), the fix and
+    """After an exception after training (a failed export: a crash, never verified), the fix and
     `orch requeue`, Lightning and HF retrained from scratch (150 of 150 steps), the loop from its last periodic
     save. Each integration commits the final step before it records completion: attempt 2 trains 0 steps."""
     log, broken = tmp_path / "steps.log", tmp_path / "export.broken"
@@ -179,7 +179,7 @@ def test_a_failed_export_fixed_and_requeued_retrains_no_step(orch, tmp_path, nam
 
 
 def test_the_bundled_trainer_then_a_failed_export_fixed_and_requeued_retrains_no_step(orch, tmp_path):
-    """Issue 42, the bundled trainer: its last step is committed before it records completion (6 steps, and a
+    """The bundled trainer: its last step is committed before it records completion (6 steps, and a
     save every 10 by default: it retrained all 6)."""
     broken = tmp_path / "export.broken"
     broken.touch()

@@ -18,7 +18,7 @@ SCRIPTS = ROOT / "tests" / "integrations" / "scripts"
 
 
 def test_one_eio_in_hfs_own_checkpoint_write_is_storage_retried_uncounted_and_verified(orch):
-    """Issue 41: an EIO in HF's own save left train() as a plain exception, a counted crash (with --max-attempts
+    """An EIO in HF's own save left train() as a plain exception, a counted crash (with --max-attempts
     1, a failed job). The callback's excepthook records it as storage: retried, never counted, resumed from the
     checkpoint before it."""
     orch.write_config("[policy]\ncrash_backoff_s = 0.2\n")
@@ -55,7 +55,7 @@ def test_hf_killed_mid_save_is_requeued_and_resumes_from_the_last_complete_check
     assert min(s for a, s in steps if a == 2) == 21  # resumed from step-20, the last complete one
     assert sorted({s for _, s in steps}) == list(range(1, 61))
     assert repeats(steps) <= 10  # steps 21..30 (the save of 30 never completed): the price of no signal
-    # Set aside by orch's launch of attempt 2 (issue 17: a torn checkpoint of a known layout), before the
+    # Set aside by orch's launch of attempt 2 (a torn checkpoint of a known layout), before the
     # callback's own check (which would name it .incomplete-) ran.
     assert list((run_dir / "hf-output").glob("checkpoint-30.torn-*")), list((run_dir / "hf-output").iterdir())
     assert orch.show("hfkill")["attempts"][1]["set_aside"][0]["path"] == "hf-output/checkpoint-30"

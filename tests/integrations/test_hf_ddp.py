@@ -1,4 +1,4 @@
-"""HF OrchCallback on two ranks (issue 19): examples/hf_train.py under `orch submit --nproc-per-node 2` (torchrun's
+"""HF OrchCallback on two ranks: examples/hf_train.py under `orch submit --nproc-per-node 2` (torchrun's
 environment; HF's Trainer sets up DDP over gloo on CPU itself), a SIGTERM to ONE rank only: at a step, and during
 an evaluation."""
 

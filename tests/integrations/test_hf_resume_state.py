@@ -1,4 +1,4 @@
-"""Resume state is never trashed (issue 17): HF's default layout (checkpoints inside output_dir) under
+"""Resume state is never trashed: HF's default layout (checkpoints inside output_dir) under
 ``--outputs 'out/*'``; a torn checkpoint is set aside and the framework's own resume takes the next one;
 ``orch show`` says what each launch moved and why. Local backend, real CLI, real transformers."""
 

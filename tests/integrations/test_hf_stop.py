@@ -1,4 +1,4 @@
-"""HF OrchCallback at a stop: the save is not kept waiting behind an evaluation (issue 19)."""
+"""HF OrchCallback at a stop: the save is not kept waiting behind an evaluation."""
 
 from __future__ import annotations
 

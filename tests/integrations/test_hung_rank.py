@@ -1,4 +1,4 @@
-"""One rank of a multi-rank job hung (issue 19, "Failures of one rank"): real torchrun, gloo on CPU, 2 ranks.
+"""One rank of a multi-rank job hung: real torchrun, gloo on CPU, 2 ranks.
 
 Rank 1 stops itself with SIGSTOP in the middle of attempt 1 (after step 12 is logged, before the kit counts it):
 it never goes on, and rank 0 blocks in the next collective with it. What is proved, with real processes:
@@ -123,7 +123,7 @@ def test_a_rank_hung_before_its_first_heartbeat_is_judged_from_the_start_and_nam
 
 
 def test_a_rank_hung_before_the_process_group_forms_is_judged_from_the_start_and_named(orch):
-    """Issue 41: rank 1 stopped before its process group formed; rank 0 waited in init_process_group, so no rank
+    """Rank 1 stopped before its process group formed; rank 0 waited in init_process_group, so no rank
     ever beat and the hang detector, which judged only jobs that beat, never armed: the attempt held its machine
     for the collective timeout and ended a counted crash. Rank 0's kit armed as the script imported it; rank 1
     never got that far: judged from the attempt's start, named, stopped with the whole attempt, resumed."""

@@ -57,7 +57,7 @@ def test_lightning_preempted_twice_redoes_no_step_ends_bit_exact_and_one_tensorb
 
 
 def test_one_eio_in_a_lightning_checkpoint_write_is_storage_retried_uncounted_and_verified(orch):
-    """Issue 41: only the bundled trainer knew the class storage; an EIO in Lightning's own checkpoint write was a
+    """Only the bundled trainer knew the class storage; an EIO in Lightning's own checkpoint write was a
     counted crash (with --max-attempts 1, a failed job). The callback's on_exception now says storage."""
     orch.write_config("[policy]\ncrash_backoff_s = 0.2\n")
     script = str(Path(__file__).parent / "scripts" / "lightning_eio.py")
@@ -117,9 +117,9 @@ def _ddp_rank_past_step_10(orch, rank: int, max_steps: int, past: int = 10) -> t
 def test_lightning_ddp_on_two_ranks_a_signal_to_one_rank_stops_both_after_one_step_and_resumes_bit_exact(orch,
                                                                                                           tmp_path):
     """`orch submit --nproc-per-node 2` runs the unchanged Lightning script as DDP over two ranks; SIGTERM to rank
-    1 alone (the kit's stop agreement, issue 19): both ranks end attempt 1 after the same step, the one
+    1 alone (the kit's stop agreement): both ranks end attempt 1 after the same step, the one
     checkpointed, and attempt 2 (requeued by reconcile alone) starts right after it on both. Stopped in epoch 1
-    (43 batches per rank and epoch), the resumed run ends bit-equal to an uninterrupted 2-rank run (issue 42: it
+    (43 batches per rank and epoch), the resumed run ends bit-equal to an uninterrupted 2-rank run (it
     saw other batches: Lightning's wrapped sampler drew its order from the global RNG, and a DistributedSampler
     resumed in epoch 1 replayed epoch 0's order)."""
     run_dir, log, pid = _ddp_rank_past_step_10(orch, 1, max_steps=60, past=45)
@@ -146,7 +146,7 @@ def test_lightning_ddp_on_two_ranks_a_signal_to_one_rank_stops_both_after_one_st
 
 
 def test_lightning_ddp_rank_0_killed_is_classed_killed_requeued_and_resumes(orch):
-    """Issue 41: kill -9 of rank 0 of a Lightning DDP job was classed ``preempted`` from the stop record its surviving
+    """A kill -9 of rank 0 of a Lightning DDP job was classed ``preempted`` from the stop record its surviving
     peer wrote after it, so the death never counted towards the mean time between unwarned failures. A rank that
     died of a kill is ``killed``, whatever its peers recorded after it: auto-requeued, and attempt 2 resumes."""
     _run_dir, log, pid = _ddp_rank_past_step_10(orch, 0, max_steps=40)

@@ -102,7 +102,7 @@ class WithValidation(Tiny):
 
 
 def test_sigterm_during_validation_stops_at_the_next_validation_batch_with_the_steps_checkpoint(tmp_path):
-    """Issue 19: a flag checked at training-step boundaries only waited for the whole validation (and one more
+    """A flag checked at training-step boundaries only waited for the whole validation (and one more
     step) before saving: a SIGTERM during eval must be honoured at the next validation batch."""
     def fit(module: WithValidation) -> int:
         torch.manual_seed(0)

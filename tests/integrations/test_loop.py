@@ -37,7 +37,7 @@ def test_plain_loop_preempted_twice_redoes_no_step_and_ends_bit_exact(orch, tmp_
 
 
 def test_plain_loop_ddp_on_two_ranks_a_signal_to_one_rank_stops_both_and_resumes_bit_exact(orch, tmp_path):
-    """Issue 42: the README's plain-loop example under ``--nproc-per-node 2`` is DDP (gloo), not two copies of one
+    """The README's plain-loop example under ``--nproc-per-node 2`` is DDP (gloo), not two copies of one
     run. SIGTERM to rank 1 alone: both ranks stop after the same step, checkpointed; attempt 2 starts right after
     it on both, and the result is bit-equal to an uninterrupted torchrun run (each rank's batches come from its
     own RNG, which orch restores per rank)."""

@@ -1,4 +1,4 @@
-"""Issue 42, MLflow: a cancelled job's run ends KILLED, and a user's own run id is left alone. A real MLflow store
+"""MLflow: a cancelled job's run ends KILLED, and a user's own run id is left alone. A real MLflow store
 (SQLite), read back with ``MlflowClient``. One run across preemptions and a kill, for every integration, with the
 newest value per step equal to an uninterrupted run's: test_tracker_curves.py."""
 

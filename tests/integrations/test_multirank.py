@@ -1,4 +1,4 @@
-"""Multi-rank jobs in the kit (issue 19): real torchrun, gloo on CPU, 2 ranks, orch_run around a DDP loop.
+"""Multi-rank jobs in the kit: real torchrun, gloo on CPU, 2 ranks, orch_run around a DDP loop.
 
 What is proved here, with real processes and signals:
 
@@ -175,7 +175,7 @@ def test_a_rank_failing_its_save_commits_nothing_and_keeps_the_previous_step(tmp
 
 
 def test_one_eio_in_one_ranks_save_is_storage_retried_uncounted_and_the_job_ends_verified(orch, tmp_path):
-    """Issue 41: a single EIO while rank 1 wrote its share of step 10 (step 5 intact) was a counted crash, and with
+    """A single EIO while rank 1 wrote its share of step 10 (step 5 intact) was a counted crash, and with
     --max-attempts 1 the job failed. It is a storage fault: retried after a back-off, never counted, resumed from
     step 5, verified."""
     log = tmp_path / "steps.log"

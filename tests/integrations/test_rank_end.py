@@ -1,4 +1,4 @@
-"""A plain multi-rank program (no orch kit) one of whose ranks ends on its own (issue 19), through
+"""A plain multi-rank program (no orch kit) one of whose ranks ends on its own, through
 ``orch submit --nproc-per-node 2`` on the local backend, real torchrun and gloo:
 
 * rank 1 SIGKILLed (a kill -9, the OOM killer without a cgroup): the attempt is ``killed``, as a single

@@ -60,7 +60,7 @@ def test_resume_skips_a_checkpoint_that_does_not_verify_and_follows_a_rollback_o
 
 
 def test_a_rollback_override_that_does_not_verify_falls_back_to_an_older_verified_one(tmp_path, monkeypatch):
-    # Issue 16: a NaN rollback target corrupted after orch's policy chose it raised RunDirError (the attempt
+    # A NaN rollback target corrupted after orch's policy chose it raised RunDirError (the attempt
     # failed, then the job): it is set aside and the next OLDER verified checkpoint is used, never a newer one.
     for step in (5, 10, 15, 20):
         make_checkpoint(tmp_path, step, {"model.pt": bytes([step]) * 64})
@@ -113,7 +113,7 @@ def test_loop_sigusr2_time_limit_warning_checkpoints_the_step_in_flight_and_exit
 
 
 def test_loop_signal_during_the_last_step_is_a_stop_and_the_next_run_only_finishes(tmp_path):
-    # Issue 17: a stop is never completion, even one that came with the last step. That step is checkpointed
+    # A stop is never completion, even one that came with the last step. That step is checkpointed
     # (exit 143, no marker); the next run has 0 steps left and only writes the result.
     assert _train(tmp_path, 6, signal_at=6, signum=signal.SIGTERM) == protocol.EXIT_PREEMPTED
     report = protocol.read_failure(tmp_path, 1)

@@ -103,7 +103,7 @@ def test_checkpointable_preempted_twice_resumes_at_its_safe_points_and_ends_bit_
     reference = TrainLoop(max_steps)()
     assert out["steps"] == max_steps and out["loss"] == reference["loss"]
     assert state_dicts_equal(out["state_dict"], reference["state_dict"])
-    # Both preemptions measured (issue 17: the submitit runner's heartbeats carried no resumed_from).
+    # Both preemptions measured (the submitit runner's heartbeats carried no resumed_from).
     metrics = orch("metrics", check=True).stdout
     assert "orch_preemption_steps_redone_count 2" in metrics and "orch_preemptions_unmeasured 0" in metrics, metrics
 
@@ -183,7 +183,7 @@ def test_refusals_come_before_anything_is_written(orch, executor):
 
 
 def test_kill9_is_recovered_by_result_from_the_periodic_checkpoint(orch, executor, tmp_path):
-    # Issue 17: the submitit path wrote no periodic checkpoint (a kill -9 redid everything), the kill was
+    # The submitit path wrote no periodic checkpoint (a kill -9 redid everything), the kill was
     # `crash`, and job.result() raised FailedJobError although the job was recoverable.
     orch.write_config("[policy]\ncrash_backoff_s = 0.5\n")
     steps_log, max_steps = tmp_path / "updates.log", 150

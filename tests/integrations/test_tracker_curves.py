@@ -1,4 +1,4 @@
-"""Issue 42: every tracker at once, through every kind of end. A job of each integration logs to TensorBoard, MLflow and
+"""Every tracker at once, through every kind of end. A job of each integration logs to TensorBoard, MLflow and
 W&B (offline) while it is preempted as Slurm does it (the program and W&B's service process signalled together),
 preempted again (the program alone), then killed -9, and resumes each time. Read back with each tracker's own reader
 (TensorBoard's event accumulator, ``MlflowClient``, W&B's offline transaction log) and compared point for point with

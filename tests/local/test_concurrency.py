@@ -71,7 +71,7 @@ def test_eight_concurrent_reconcilers_and_requeuers_make_exactly_one_new_attempt
     argvs = [["requeue", "--failed"], ["reconcile"]] * 4
     procs = [subprocess.Popen([sys.executable, "-m", "orchestrator.cli", *a], env=orch.env, text=True,
                               stdout=subprocess.PIPE, stderr=subprocess.PIPE) for a in argvs]
-    # Bounded by the timeout, never asserted on wall-clock time (issue 18): the claim is exactly-once.
+    # Bounded by the timeout, never asserted on wall-clock time: the claim is exactly-once.
     outs = [(a, p, *p.communicate(timeout=120)) for a, p in zip(argvs, procs, strict=True)]
 
     for a, p, _out, err in outs:

@@ -181,7 +181,7 @@ def test_reconcile_watch_carries_on_after_the_server_killed_its_idle_connections
 @pytest.mark.each_db(only="postgres")
 def test_reconcile_watch_carries_on_after_its_connection_died_inside_a_pass(orch, db_url, tmp_path):
     # The server restarted while the pass was recording a job's success: the loop ended for good
-    # (issue 9's hostile run). Now that pass is cut short, says so, and the next one records it.
+    # (found by a hostile run). Now that pass is cut short, says so, and the next one records it.
     orch("status", check=True)
     go = tmp_path / "go"
     env = {**orch.env, "ORCH_PAUSE_AT": "recording_success", "ORCH_PAUSE_UNTIL": str(go), "ORCH_PAUSE_S": "120"}

@@ -149,7 +149,7 @@ def test_job_survives_its_submitter_and_shows_running_with_its_external_id(orch)
 
 
 def test_sigkilled_job_process_is_classified_killed_and_auto_requeued_after_a_back_off(orch):
-    # Issue 17: it was `crash`, left for a manual `orch requeue`.
+    # It was `crash`, left for a manual `orch requeue`.
     orch("submit", "--name", "k9", "--outputs", "result/*", "--", "bash", "-c", GATED, check=True)
     rec = wrapper_record(orch.runs / "k9")
     os.kill(rec["child_pid"], signal.SIGKILL)
@@ -179,7 +179,7 @@ def test_sigterm_without_a_report_is_preempted_and_requeued_by_reconcile_itself(
 
 
 def test_a_kill_of_the_whole_session_is_killed_and_requeued_without_a_person(orch):
-    """Issue 41: kill -9 of the attempt's session (wrapper and program at once, as a cgroup-wide OOM kill or a
+    """A kill -9 of the attempt's session (wrapper and program at once, as a cgroup-wide OOM kill or a
     container kill does) ended `unknown`, which waited for `orch requeue`: one job still waited 21 min later."""
     orch.write_config("[policy]\ncrash_backoff_s = 0.2\n")
     orch("submit", "--name", "gone", "--outputs", "result/*", "--", "bash", "-c", GATED, check=True)
@@ -245,7 +245,7 @@ MAIN_WITH_A_LEFTOVER = (f"import pathlib, subprocess, sys, time\n"
 
 
 def test_a_kill_9_of_the_program_is_killed_though_a_leftover_recorded_a_stop_after_it(orch):
-    """Issue 41: the program kill -9'd; the wrapper then stopped the process it left (SIGTERM), whose kit wrote
+    """The program kill -9'd; the wrapper then stopped the process it left (SIGTERM), whose kit wrote
     stop.json: the attempt was `preempted` (free, uncounted) from a record made after the program's end."""
     orch("submit", "--name", "left", "--outputs", "result/*", "--", sys.executable, "-c", MAIN_WITH_A_LEFTOVER,
          check=True)

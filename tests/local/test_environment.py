@@ -41,7 +41,7 @@ pathlib.Path("out.txt").write_text("ok")
 
 
 def test_every_attempt_is_told_the_step_it_resumes_from(orch):
-    """Issue 42: ``ORCH_RESUME_STEP`` (0 on a first attempt; the newest committed checkpoint's step after it): what a
+    """``ORCH_RESUME_STEP`` (0 on a first attempt; the newest committed checkpoint's step after it): what a
     tracker of the program shows from the next step on is this attempt's (TensorBoard's purge_step)."""
     import sys
 

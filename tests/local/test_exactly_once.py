@@ -3,7 +3,7 @@
 testhooks.site(site) with ORCH_FAULT=site makes the process die with exit 99 at the named site, as a kill -9 would:
 ``after_attempt_row`` (the attempt row and command.json exist, the backend was never called) and
 ``after_backend_submit`` (the job is running, the DB does not know its id). On SQLite; on PostgreSQL
-for one site (issue 18, CI time: PostgreSQL variants only where the DB matters -- here, what a commit made
+for one site (to save CI time: PostgreSQL variants only where the DB matters -- here, what a commit made
 visible before the crash; the recovery logic after it is the same code on either DB).
 """
 

@@ -1,4 +1,4 @@
-"""``[runs] group_shared = true`` shares run dirs and logs with the owner's group (issue 18: it had no test).
+"""``[runs] group_shared = true`` shares run dirs and logs with the owner's group (it had no test before).
 
 A lab that shares one runs root reads each other's logs and results through the group: the run dir and what
 is in it must be group-readable (0750 dirs, 0640 files), never world-readable; without the setting, private."""

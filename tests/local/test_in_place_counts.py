@@ -1,4 +1,4 @@
-"""Honest counts (issue 17): an attempt the scheduler requeued in place (Slurm reruns the same attempt) is a
+"""Honest counts: an attempt the scheduler requeued in place (Slurm reruns the same attempt) is a
 preemption in ``orch metrics`` and ``orch show``, with the steps redone measured from the heartbeats.
 
 The in-place requeue is reproduced without a cluster the way Slurm does it: the same attempt's wrapper runs
@@ -81,7 +81,7 @@ def test_an_in_place_requeue_is_a_preemption_in_metrics_and_show_with_steps_redo
     assert goodput_report(db, None)["fleet"]["preemptions"] == 1
 
     # The same run, had Slurm said NODE_FAIL (a node set down under it; the program saw the same TERM): the
-    # scheduler's account, which reconcile records from sacct, wins in show, metrics and goodput (issue 18).
+    # scheduler's account, which reconcile records from sacct, wins in show, metrics and goodput.
     protocol.write_restart_causes(protocol.attempt_dir(run_dir, 1), TOKEN, ["node_fail"])
     snap = collect(db)
     assert (snap.failures["preempted"], snap.failures["node_fail"], snap.redone) == (0, 1, []), snap.failures

@@ -1,5 +1,5 @@
 """A SIGKILL with no record (kill -9; the kernel OOM killer where no memory cgroup tells it apart) is class
-``killed``: auto-requeued with back-off and counted, never left for a manual ``orch requeue`` (issue 17).
+``killed``: auto-requeued with back-off and counted, never left for a manual ``orch requeue``.
 Real processes, real SIGKILL, real torch in the job."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""The local backend's --mem (issue 17): the program runs in a memory cgroup of that limit; the kernel's
+"""The local backend's --mem: the program runs in a memory cgroup of that limit; the kernel's
 OOM kill there is classified ``oom`` (not a bare ``killed``), and the policy doubles --mem. Real cgroup,
 real kernel OOM killer, real processes (needs root and a memory cgroup: orchkit.unavailable otherwise)."""
 

@@ -1,4 +1,4 @@
-"""Multi-rank jobs on the local backend (issue 19): ``orch submit --nproc-per-node 2`` starts the program once per
+"""Multi-rank jobs on the local backend: ``orch submit --nproc-per-node 2`` starts the program once per
 rank through ``torchrun --standalone``; every rank sees torchrun's environment; ``orch cancel`` stops every rank
 (none is left in the process table, although torchrun starts each in a session of its own); the attempt ends
 stopped, and ``orch requeue`` resumes it from the checkpoint the stop wrote, 0 steps redone, verified.
@@ -177,7 +177,7 @@ def test_the_bundled_trainer_refuses_a_fault_drill_on_two_ranks_as_invalid_befor
 
 
 def test_the_readmes_two_rank_trainer_command_runs_as_written_and_verifies(orch):
-    """Issue 41: `orch submit --nproc-per-node 2 -- python -m orch_trainer --preset tiny` was `invalid` at once:
+    """`orch submit --nproc-per-node 2 -- python -m orch_trainer --preset tiny` was `invalid` at once:
     the default micro-batch was the whole global batch on each rank. It now splits the batch over the ranks."""
     p = orch("submit", "--name", "ddp", "--nproc-per-node", "2", "--wait", "--", sys.executable, "-m", "orch_trainer",
              "--preset", "tiny", env=GLOO_ENV, timeout=600)

@@ -1,4 +1,4 @@
-"""Every command the README shows, run as a new user types it (issue 41: the README's own multi-rank command was
+"""Every command the README shows, run as a new user types it (the README's own multi-rank command was
 `invalid` at once, and `orch submit -- python train.py` could not open train.py: the job runs in its run dir).
 
 The README's ```bash blocks are read. Each ``orch ...`` line (continuations joined, its comment cut; a line with

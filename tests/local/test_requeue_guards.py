@@ -15,8 +15,8 @@ from orchestrator import protocol
 from orchestrator.backends.local import live_by_run_dir
 
 # Leaves a process behind that the wrapper cannot tidy at the program's end: out of its session (setsid) and
-# without the attempt's token (env -i; a process that keeps the token is stopped with the attempt since
-# issue 19). Only its cwd, the run dir, still ties it to the job.
+# without the attempt's token (env -i; a process that keeps the token is stopped with the
+# attempt). Only its cwd, the run dir, still ties it to the job.
 ESCAPES = "env -i setsid sleep 60 & sleep 0.5; exit 1"
 
 
@@ -127,7 +127,7 @@ def test_a_launch_refusal_is_reported_once_without_a_doubled_prefix(orch, tmp_pa
 
 
 def test_requeue_failed_takes_a_job_found_verified_as_done_and_exits_0_a_named_one_exits_3(orch):
-    """Issue 41: `requeue --failed` exits 3 when a job needs a person; a job whose marker verifies needs no one (it is
+    """`requeue --failed` exits 3 when a job needs a person; a job whose marker verifies needs no one (it is
     now done), so it does not make --failed fail. Named, the same job is a refusal (exit 3), as the README says."""
     orch("submit", "--name", "v", "--", "/bin/sh", "-c", "exit 1", check=True)
     assert orch.wait("v", RETRYABLE, timeout=60) == "retryable_failed"
@@ -141,7 +141,7 @@ def test_requeue_failed_takes_a_job_found_verified_as_done_and_exits_0_a_named_o
 
 
 def test_a_job_wrapper_in_the_run_dir_is_named_with_its_attempt_from_its_argv(tmp_path):
-    """Issue 41's hostile pass: with the DB deleted, a requeue refusal named a live job wrapper "pid N (attempt ?)":
+    """Hostile pass: with the DB deleted, a requeue refusal named a live job wrapper "pid N (attempt ?)":
     a wrapper's own environment has no ORCH_ATTEMPT, its argv has --attempt."""
     run_dir = tmp_path / "run"
     run_dir.mkdir()

@@ -157,7 +157,7 @@ def test_requeue_refuses_a_run_dir_replaced_by_a_symlink_and_still_serves_the_ot
     p = orch("requeue", "evil")
     assert p.returncode == 3 and "symlink" in p.stderr
     p = orch("requeue", "--failed")
-    assert p.returncode == 3, p.stderr  # a refusal is exit 3 with --failed too (issue 41: it was 0)
+    assert p.returncode == 3, p.stderr  # a refusal is exit 3 with --failed too (it was 0)
     assert "evil: refused" in p.stdout and "symlink" in p.stdout
     assert p.stderr.startswith("orch: refused: evil: ") and p.stderr.count("\n") == 1, p.stderr
     assert "fine: requeued as attempt 2" in p.stdout

@@ -1,4 +1,4 @@
-"""``orch show NAME --events``: the job's history and every attempt's, each move one event (issue 18:
+"""``orch show NAME --events``: the job's history and every attempt's, each move one event (before,
 attempt moves wrote none, so an attempt had no history)."""
 
 from __future__ import annotations

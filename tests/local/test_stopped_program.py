@@ -2,7 +2,7 @@
 the wrapper's own sight of it (``attempts/<n>/program-stopped.json``), stopped with a SIGCONT so that it can act on
 its stop, and requeued without a person.
 
-Issue 41's hostile pass: the bundled trainer stopped half a second in (before its first heartbeat) stayed
+Hostile pass: the bundled trainer stopped half a second in (before its first heartbeat) stayed
 ``running`` with no hang flag, and so did torchrun stopped before any rank started; a cancel then waited the whole
 kill grace for the stopped process."""
 

@@ -181,8 +181,8 @@ def test_a_job_cannot_take_a_sweeps_name(orch):
 
 
 def _waiting_on_lock(pid: int, lock_file: Path) -> bool:
-    """``pid`` has ``lock_file`` open: orch's bounded lock wait opens the file, then polls a non-blocking flock
-    (issue 16), so while another process holds it, an open descriptor is the observable sign of the wait (a
+    """``pid`` has ``lock_file`` open: orch's bounded lock wait opens the file, then polls a non-blocking flock,
+    so while another process holds it, an open descriptor is the observable sign of the wait (a
     blocking flock's ``->`` line in /proc/locks never appears: the earlier check waited out the 30 s bound)."""
     try:
         fds = os.listdir(f"/proc/{pid}/fd")
@@ -267,7 +267,7 @@ STEP_TASK = ("import os, signal, pathlib; from orchestrator import protocol; "
 
 
 def test_the_status_table_shows_a_sweeps_attempts_and_each_finished_jobs_last_step(orch):
-    # Issue 17: the sweep row's ATT was the sum of its tasks' attempts (the task count when none failed),
+    # The sweep row's ATT was the sum of its tasks' attempts (the task count when none failed),
     # and STEP was "-" for every finished job.
     orch.write_config("[policy]\ncrash_backoff_s = 0.2\n")
     orch("sweep", "--name", "st", "--grid", "i=0,1,2", "--outputs", "out.txt", "--", sys.executable, "-c", STEP_TASK,

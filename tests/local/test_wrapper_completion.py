@@ -1,4 +1,4 @@
-"""The wrapper's end-of-run marker decision (issue 17): done.json only after exit 0 of a program that completed
+"""The wrapper's end-of-run marker decision: done.json only after exit 0 of a program that completed
 (its kit's completion record, or --outputs) and was never stopped, from anywhere; a program's own done.json
 followed by a failure or a stop is set aside; no TERM is ever followed by a marker. Real wrapper, real
 processes and signals."""
@@ -47,7 +47,7 @@ OWN_MARKER_THEN_EXIT_1 = """
 import pathlib, sys
 from orchestrator import protocol
 pathlib.Path("result").mkdir(); pathlib.Path("result/out.txt").write_text("half")
-protocol.write_done_marker(".", "j", 1, ["result/out.txt"])   # a callback's marker, as before issue 17
+protocol.write_done_marker(".", "j", 1, ["result/out.txt"])   # a callback's own marker, the old way
 sys.exit(1)                                                   # ... then the export raised
 """
 

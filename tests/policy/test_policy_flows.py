@@ -54,7 +54,7 @@ def test_nan_rolls_back_halves_lr_skips_batches_and_quarantines(orch):
     assert act["overrides"]["lr"] == pytest.approx(0.001) and act["details"]["lr_before"] == pytest.approx(0.002)
     assert act["quarantine"] == ["checkpoints/step-00000020"]
     # The policy reaches the bundled trainer in ORCH_OVERRIDES, as it reaches any program; its argv is the
-    # user's, unchanged (issue 18: no program is recognised from argv).
+    # user's, unchanged (no program is recognised from argv).
     assert argv_of(orch, "nan", 2) == argv_of(orch, "nan", 1)
     given = overrides_of(orch, "nan", 2)
     assert given["lr"] == pytest.approx(0.001) and given["resume"].endswith("checkpoints/step-00000015")
@@ -98,7 +98,7 @@ def test_enospc_prunes_old_checkpoints_empties_trash_and_resumes(orch):
 
 
 def test_an_io_error_while_a_checkpoint_is_written_is_a_storage_fault_retried_uncounted(orch):
-    """Issue 41: one EIO inside the checkpoint writer's write(), the previous checkpoint intact, was a counted
+    """One EIO inside the checkpoint writer's write(), the previous checkpoint intact, was a counted
     crash: `failed` under --max-attempts 1. Now: class storage, uncounted, requeued after a back-off by the
     reconciler alone, resumed from the previous checkpoint, verified."""
     orch.write_config("[policy]\ncrash_backoff_s = 0.2\n")
@@ -150,7 +150,7 @@ def test_crash_waits_for_requeue_then_resumes(orch):
 def test_kill9_mid_run_recovers_from_last_checkpoint(orch):
     submit(orch, "k9", "--max-steps", "30", "--save-interval", "5", "--inject-fault", "sigkill@step=17")
     assert orch.wait("k9", SETTLED, timeout=120) == "retryable_failed"
-    assert attempts(orch, "k9")[0]["failure_class"] == "killed"  # auto-requeued after a back-off (issue 17)
+    assert attempts(orch, "k9")[0]["failure_class"] == "killed"  # auto-requeued after a back-off
     # The step-15 save runs in the background and may not have committed when SIGKILL came at 17:
     # the retry must resume from whatever is newest AND verifies, and never from scratch.
     newest = protocol.verified_checkpoints(orch.runs / "k9")[0][0]
@@ -186,7 +186,7 @@ def test_local_time_limit_checkpoints_and_resumes_as_timeout(orch):
 
 def test_time_limit_shorter_than_startup_gives_up_instead_of_looping(orch):
     # Found the hard way: a 1 s limit never gets past step 0, and free (uncounted) resumes looped forever.
-    # Issue 16: time limits never count; the no-progress guard (policy.no_progress_attempts, default 3) ends
+    # Time limits never count; the no-progress guard (policy.no_progress_attempts, default 3) ends
     # it as no_progress once the newest checkpoint stops advancing over 3 attempts.
     submit(orch, "tl0", "--max-steps", "400", opts=("--time", "0:01", "--max-attempts", "2"))
     assert orch.wait("tl0", SETTLED - {"retryable_failed"}, timeout=120) == "failed"

@@ -511,7 +511,7 @@ HOSTILE_FAILURES = {
 
 
 # PostgreSQL refuses values SQLite stores (a step past its 32/64-bit INTEGER, a NUL in text): those cases run
-# on both; the parsing cases are DB-independent and run on SQLite only (issue 18, CI time).
+# on both; the parsing cases are DB-independent and run on SQLite only (to save CI time).
 ON_POSTGRES_TOO = ("huge step", "step over 2**31", "NUL in detail", "huge detail", "negative step", "lr NaN")
 
 

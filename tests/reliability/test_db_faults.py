@@ -88,8 +88,8 @@ def _value(col: sa.Column, i: int) -> object:
         if name == "action_json":
             return LEGACY_ACTION
         if name == "plan_json":
-            # Read by 0001 (one_shot ...) and by 0002+ (a flat plan always has its action: since issue 18 a plan
-            # without one is refused rather than read as "resume", and no orch since 0002 writes one).
+            # Read by 0001 (one_shot ...) and by 0002+ (a flat plan always has its action: a plan without one
+            # is now refused rather than read as "resume", and no orch since 0002 writes one).
             return json.dumps({"action": "resume", "one_shot": {"resume": "none"}, "quarantine": [], "prune": [],
                                "empty_trash": True})
         if name.endswith("_json"):

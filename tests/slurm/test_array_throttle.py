@@ -1,5 +1,5 @@
 """A Slurm sweep's --throttle K reaches sbatch as ``--array=...%K`` and Slurm then runs at most K tasks at once
-(issue 16: removing the ``%K`` from the array's argv passed the whole suite). The node has 2 CPUs and each task
+(removing the ``%K`` from the array's argv passed the whole suite). The node has 2 CPUs and each task
 asks for 1, so without the throttle two tasks would overlap."""
 
 from __future__ import annotations

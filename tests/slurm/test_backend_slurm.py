@@ -3,7 +3,7 @@
 Each test submits orch wrapper jobs running small Python programs, so the claims are about real
 sbatch, real signals, real sacct/squeue. What the backend answers under a real preemption, a time limit
 and an sacct outage is asserted inside the orch-level tests of test_e2e_slurm.py, which wait out the same
-scheduler events once (issue 18, CI time); a cgroup OOM kill and a node failure are in
+scheduler events once (to save CI time); a cgroup OOM kill and a node failure are in
 test_node_fail_and_oom.py.
 """
 

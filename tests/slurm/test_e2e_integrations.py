@@ -5,7 +5,7 @@ through the real CLI with the examples as users would write them.
 Claims: each job is stopped by the preemption's SIGTERM, checkpoints the step it completed, resumes
 from exactly that step (0 optimizer steps redone, measured with the examples' step logs) and ends
 ``done_marker_verified``, with W&B logging offline: Slurm's SIGTERM ends W&B's service process too, and the
-tracker's failures that follow cost no checkpoint (issue 42: HF redid every step).
+tracker's failures that follow cost no checkpoint (HF redid every step).
 """
 
 from __future__ import annotations
@@ -41,7 +41,7 @@ def jobs(orch):
 def submit(orch, name: str, partition: str, script: str, log: Path, steps: int = STEPS, *opts: str) -> None:
     p = orch("submit", "--backend", "slurm", "--name", name, "--partition", partition, "--cpus-per-task", "1",
              "--mem", "3G", *opts, "--", sys.executable, str(ROOT / "examples" / script), "--max-steps", str(steps),
-             "--sleep-per-step", "0.08", "--step-log", str(log), "--wandb")  # issue 42: its service is signalled too
+             "--sleep-per-step", "0.08", "--step-log", str(log), "--wandb")  # W&B's service is signalled too
     assert p.returncode == 0, p.stdout + p.stderr
 
 
@@ -115,7 +115,7 @@ TIME_LIMIT_STEPS = 500  # 2 or 3 attempts of --time 1: the warning comes 10 to 4
 
 
 def test_lightning_hf_and_the_plain_loop_with_wandb_under_a_real_time_limit_redo_no_step(orch, jobs, tmp_path):
-    """Issue 42: under a time limit, every attempt of a Lightning or HF job with W&B redid every step since its last
+    """Under a time limit, every attempt of a Lightning or HF job with W&B redid every step since its last
     save (the limit's SIGTERM ended W&B's service first, and the next wandb.log failed before the stop's save), and
     the job ended failed (no_progress). orch's warning reaches the program alone, before the limit: each attempt
     saves at it, the next resumes right after, every step is computed once, in one W&B run. The node has 2 CPUs:
@@ -159,7 +159,7 @@ def _running_in_slurm(orch, name: str) -> bool:
 
 def _preempted_n_times_redoes_no_step(orch, jobs, tmp_path, script: str, partition: str, steps: int,
                                       preemptions: int) -> None:
-    """Issue 10's claim on the cluster: preempted ``preemptions`` times by real prio jobs, the job ends
+    """The core claim on the cluster: preempted ``preemptions`` times by real prio jobs, the job ends
     done_marker_verified with every step computed exactly once (0 redone). One job at a time, so each prio
     job preempts exactly it."""
     node_idle()

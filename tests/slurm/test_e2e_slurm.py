@@ -126,7 +126,7 @@ def test_e2e_preemption_spot_requeues_in_place_spot_cancel_requeues_by_orch(orch
     assert p.returncode == 0, p.stderr
     slurm_cleanup.append(p.stdout.strip())
     # What the backend answers for the spot job at every pass (this test also holds the backend-level claims of
-    # the former test_backend_slurm preemption test, issue 18's CI time): never EXITED before the rerun.
+    # the former test_backend_slurm preemption test, to save CI time): never EXITED before the rerun.
     a = orch.show("pre-spot")["attempts"][0]
     spot_ref, backend, answers = AttemptRef(ids["pre-spot"], a["token"], spot, 1), SlurmBackend(), []
 
@@ -169,9 +169,9 @@ def test_e2e_preemption_spot_requeues_in_place_spot_cancel_requeues_by_orch(orch
     sacct = run("sacct", "-X", "-n", "-P", "-j", ids["pre-cancel"], "-o", "State").stdout.split()
     assert sacct == ["PREEMPTED"]
 
-    # Honest counts (issue 17): the in-place requeue is a preemption too, in show and in metrics, measured.
+    # Honest counts: the in-place requeue is a preemption too, in show and in metrics, measured.
     assert orch.show("pre-spot")["preemptions"] == {"total": 1, "in_place": 1}
-    # ... by the scheduler's own account too (issue 18: sacct -D's PREEMPTED record of the earlier run, which
+    # ... by the scheduler's own account too (sacct -D's PREEMPTED record of the earlier run, which
     # reconcile keeps; a NODE_FAIL there would read node_fail, tests/slurm/test_node_fail_and_oom.py).
     a1 = orch.show("pre-spot")["attempts"][0]
     assert protocol.read_restart_causes(spot / "attempts" / "1", a1["token"]) == ["preempted"], a1
@@ -196,7 +196,7 @@ def test_e2e_preemption_spot_requeues_in_place_spot_cancel_requeues_by_orch(orch
 
 def test_time_limit_warns_first_checkpoints_resumes_and_a_program_that_ignores_it_times_out(
         orch, slurm_cleanup, slurm: SlurmKit, script) -> None:
-    """THE Slurm time-limit test (issue 18, CI time: a backend test and an e2e test each waited out a
+    """THE Slurm time-limit test (to save CI time: a backend test and an e2e test each waited out a
     limit). Two jobs share one 60 s limit window on the node's two cores:
 
     - through orch, the bundled trainer with the default warning (TERM, for every program since no
@@ -249,7 +249,7 @@ def test_time_limit_warns_first_checkpoints_resumes_and_a_program_that_ignores_i
 def test_e2e_memory_limit_is_oom_and_the_retry_gets_more_memory(orch, slurm_cleanup) -> None:
     # The trainer's RSS is ~300 MB: 200M is exceeded at once; the policy doubles it for attempt 2. The dev
     # cluster enforces --mem with the job's memory cgroup (task/cgroup): the kernel kills the trainer as it
-    # allocates, and sacct says OUT_OF_MEMORY. (Issue 18's flake came from the accounting poller's 2 s samples,
+    # allocates, and sacct says OUT_OF_MEMORY. (An earlier flake came from the accounting poller's 2 s samples,
     # which a short run could outlast; only orch's wrapper writes the marker now, after an exit 0.)
     submit(orch, "mem", "--mem", "200M", steps=400, save=100)
     log: list = []

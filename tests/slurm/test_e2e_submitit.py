@@ -7,7 +7,7 @@ callable run once without interruption, ``job.result()`` returns them.
 
 The same prio job also preempts the plain loop (examples/plain_loop.py through the CLI) on ``spot-cancel``, on
 the node's other core: Slurm ends it PREEMPTED, orch requeues it, it ends verified with 0 steps redone. That is
-the CI run of the integrations' real-preemption e2e (issue 18: ORCH_LONG, which runs the long variants, is never
+the CI run of the integrations' real-preemption e2e (ORCH_LONG, which runs the long variants, is never
 set there), at no extra wait: the submitit job left the other core idle.
 """
 
@@ -59,9 +59,10 @@ def test_e2e_orch_executor_on_spot_and_the_plain_loop_on_spot_cancel_survive_a_r
     job = ex.submit(TrainLoop(STEPS, step_log=str(updates), sleep_per_step=0.08))
     run_dir = orch.runs / "sitslurm"
     plain_log, plain_dir = tmp_path / "plain.log", orch.runs / "plain"
+    # --wandb: Slurm signals W&B's service process too, and that must cost the loop no checkpoint.
     p = orch("submit", "--backend", "slurm", "--name", "plain", "--partition", "spot-cancel", "--cpus-per-task", "1",
              "--mem", "3G", "--", sys.executable, str(ROOT / "examples" / "plain_loop.py"), "--max-steps",
-             str(PLAIN_STEPS), "--sleep-per-step", "0.08", "--step-log", str(plain_log), "--wandb",  # issue 42
+             str(PLAIN_STEPS), "--sleep-per-step", "0.08", "--step-log", str(plain_log), "--wandb",
              env={"WANDB_MODE": "offline", "WANDB_SILENT": "true"})
     assert p.returncode == 0, p.stdout + p.stderr
 

@@ -1,4 +1,4 @@
-"""Node failure and a cgroup OOM kill on the real dev cluster (issue 18: both were tested only against
+"""Node failure and a cgroup OOM kill on the real dev cluster (both were tested only against
 faked sacct output).
 
 - A node set DOWN under a running job (``scontrol update nodename=... state=down``): Slurm ends the run

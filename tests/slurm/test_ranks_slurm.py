@@ -1,4 +1,4 @@
-"""A multi-rank job on the real dev Slurm cluster (issue 19): ``orch submit --backend slurm --nproc-per-node 2``
+"""A multi-rank job on the real dev Slurm cluster: ``orch submit --backend slurm --nproc-per-node 2``
 runs through the real path (sbatch --nodes=1 --ntasks-per-node=1 -> orch's wrapper -> srun -> one torchrun
 -> 2 gloo ranks), is preempted by a real ``prio`` job and requeued in place by Slurm: ONE attempt, 0 steps
 redone on either rank, verified. (One machine is one node: ``--nodes 2`` is checked by composition only,

@@ -1,4 +1,4 @@
-"""The README's ``--backend slurm`` commands, as a new user types them, on the dev cluster (issue 41).
+"""The README's ``--backend slurm`` commands, as a new user types them, on the dev cluster.
 
 The cluster is one node (``vm``: 2 CPUs, ~22 GB, gpu:2). What it can hold runs as written: the 9-task sweep, every
 task verified. ``lm1`` (8 CPUs, 32G) and ``big`` (4 nodes) ask for more than it has: orch submits them (exit 0) and

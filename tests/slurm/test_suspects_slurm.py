@@ -1,4 +1,4 @@
-"""Suspect nodes (issue 20) on the real dev cluster: one node, ``vm``, in every partition.
+"""Suspect nodes on the real dev cluster: one node, ``vm``, in every partition.
 
 * ``--exclude`` reaches sbatch: sbatch refuses a job that excludes ``vm`` outright (no node left: a permanent
   refusal, what orch must never cause), and the same argv held shows ``ExcNodeList=vm`` in ``scontrol show job``.

@@ -196,7 +196,7 @@ def test_a_sweep_whose_submitter_dies_right_after_sbatch_is_found_by_its_token(o
     # Exactly-once per task across a crash between sbatch and orch's DB: the submitting process dies (as a
     # kill -9 would) just after sbatch accepted the array; the next reconcile pass finds that array by the
     # token in its job name and records each task's id, instead of submitting the sweep a second time.
-    # Issue 20 batched the launch: "group_claimed" dies after the ONE transaction that claimed every task,
+    # The launch is batched: "group_claimed" dies after the ONE transaction that claimed every task,
     # "group_written" after every task's command/fence records were written but before the one flush that
     # puts them in place; each task must still run exactly once, under its one attempt.
     node_idle()
@@ -259,10 +259,10 @@ def test_a_sweep_larger_than_the_clusters_max_array_size_is_refused_before_anyth
 
 
 def test_a_pending_array_task_keeps_its_run_dir_after_the_db_is_lost(orch, cleanup):
-    # Issue 20: a queued task's run dir stays empty (its records wait in its batch) and the array's submission is
+    # A queued task's run dir stays empty (its records wait in its batch) and the array's submission is
     # recorded once, in its batch dir. A DB lost while the array waits (held here by --begin): resubmitting the
     # sweep, or one of its tasks, must still see the pending task in its run dir, found from the batch's task
-    # table by the array's job name (a second run of the same job would start beside it, issue 9).
+    # table by the array's job name (a second run of the same job would start beside it).
     assert orch("status").returncode == 0  # the DB exists: the quick path, as users' sweeps take it
     p = orch("sweep", "--name", "held", "--backend", "slurm", "--partition", "spot", "--cpus-per-task", "1",
              "--mem", "50M", "--sbatch-arg=--begin=now+7days", "--grid", "i=0,1,2", "--", "true")

@@ -219,7 +219,7 @@ def test_resume_on_other_data_is_refused_unless_allowed(tmp_path):
 
 
 def test_a_missing_corpus_is_input_missing_and_an_unreadable_one_invalid_before_the_model_loads(tmp_path):
-    # Issue 16: missing may be an NFS hiccup (orch retries it); a directory given as --data never reads.
+    # Missing may be an NFS hiccup (orch retries it); a directory given as --data never reads.
     rd = tmp_path / "run"
     assert run_inproc(rd, *BASE_ARGS, "--data", str(tmp_path / "missing.txt")) == 3
     f = failure(rd)
@@ -234,7 +234,7 @@ def test_a_missing_corpus_is_input_missing_and_an_unreadable_one_invalid_before_
 
 
 def test_a_rollback_target_that_no_longer_verifies_falls_back_to_an_older_one_never_a_newer_one(tmp_path):
-    # Issue 16: a NaN rollback target bit-flipped after orch's policy chose it was refused (invalid): the job
+    # A NaN rollback target bit-flipped after orch's policy chose it was refused (invalid): the job
     # failed for good. Now it is set aside and the next OLDER verified checkpoint is resumed.
     rd = tmp_path / "run"
     assert run_inproc(rd, *BASE_ARGS, "--keep-last-k", "4", "--max-steps", "12", stop_at=(11, 1)) == \

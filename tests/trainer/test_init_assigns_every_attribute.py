@@ -1,4 +1,4 @@
-"""Every attribute of a trainer class is first assigned in its ``__init__`` (issue 11).
+"""Every attribute of a trainer class is first assigned in its ``__init__``.
 
 Why: the old 487-line ``Trainer`` grew its model, optimizer, corpus, device and resume point in
 ``_preflight``/``_load``/``_train``, so which attribute existed when (and what a crash report or a

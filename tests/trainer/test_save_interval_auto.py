@@ -37,7 +37,7 @@ def test_auto_interval_follows_the_measured_save_cost(tmp_path, monkeypatch):
                     hook=hook)
     assert rc == 0
     saves = [b for b in protocol.read_progress_history(tmp_path, 1) if "saved_step" in b and "save_cost_s" in b]
-    assert saves[-1]["saved_step"] == 120  # the final step, committed when training ends (issue 42)
+    assert saves[-1]["saved_step"] == 120  # the final step, committed when training ends
     saves = saves[:-1]  # the interval's saves
     assert all(b["mtbf_s"] == 3 for b in saves)
     for b in saves:  # the interval in force is Daly's for the smoothed cost, every time

@@ -1,4 +1,4 @@
-"""The bundled trainer as DDP over 2 ranks (issue 19), through the real CLI: ``orch submit --nproc-per-node 2 --
+"""The bundled trainer as DDP over 2 ranks, through the real CLI: ``orch submit --nproc-per-node 2 --
 python -m orch_trainer ...`` (torchrun, gloo on CPU, OMP_NUM_THREADS=1).
 
 What is proved here, with real processes and signals:

@@ -1,6 +1,6 @@
-"""Issue 20: a Slurm array's submission is recorded once, in its batch dir, not once per task.
+"""A Slurm array's submission is recorded once, in its batch dir, not once per task.
 ``SlurmBackend.live_in_run_dir`` (what ``orch submit``/``orch sweep`` ask before they use a run dir the DB does not
-know, issue 9) finds an array task from the task tables of the batches beside the run dir, by the job names the
+know) finds an array task from the task tables of the batches beside the run dir, by the job names the
 controller lists: a queued task's run dir holds nothing yet, and a launcher stopped right after sbatch left no
 record of the array's id. The scheduler is faked at its command line (``_run``): the claim here is about the files
 orch writes and reads; the real cluster runs the same path in tests/slurm/test_sweep_slurm.py."""
@@ -221,7 +221,7 @@ def test_a_run_dir_with_no_batch_beside_it_costs_no_squeue(tmp_path: Path, fake:
 
 
 def test_real_paths_are_what_realpath_answers(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
-    # The liveness scan resolves each run dir's parent once for all its siblings (issue 20): every case in which
+    # The liveness scan resolves each run dir's parent once for all its siblings: every case in which
     # that shortcut could differ from os.path.realpath, side by side.
     runs = tmp_path / "runs"
     (runs / "plain").mkdir(parents=True)

@@ -1,5 +1,5 @@
 """Backends declare what they can do (``Backend.capabilities``) and core code asks that, never a backend's name
-(issue 18: submit, sweep and reconcile compared names, so a third backend would silently have taken the Slurm or
+(submit, sweep and reconcile compared names, so a third backend would silently have taken the Slurm or
 the local path)."""
 
 from __future__ import annotations
@@ -62,7 +62,7 @@ def test_each_backend_declares_its_capabilities() -> None:
     # Local: orch keeps a sweep's queue, liveness is this host's process table, no backend-specific options.
     assert local == Capabilities(group_queue=False, host_liveness=True, extras=frozenset())
     # Slurm: a sweep is one array that Slurm queues and throttles; liveness is a squeue round trip; a job may
-    # span nodes (one torchrun per node through srun); suspect nodes are kept out with --exclude (issue 20).
+    # span nodes (one torchrun per node through srun); suspect nodes are kept out with --exclude.
     assert slurm == Capabilities(group_queue=True, host_liveness=False,
                                  extras=frozenset({"partition", "account", "extra_sbatch"}), multi_node=True,
                                  node_exclusion=True)
@@ -165,7 +165,7 @@ def test_reconcile_launches_a_fresh_queued_task_only_where_orch_keeps_the_queue(
 
 
 def test_a_process_is_found_in_the_run_dir_its_cwd_or_any_open_file_lies_under() -> None:
-    """The process scan looks each path's ancestors up among the run dirs (issue 20: it compared every open
+    """The process scan looks each path's ancestors up among the run dirs (it compared every open
     file with every one of a sweep's 1,000 run dirs); what it finds is what the prefix comparison found."""
     from orchestrator.backends.local import _root_of
 

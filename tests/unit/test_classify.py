@@ -90,7 +90,7 @@ ROWS = [
     ("exit 0 + CORRUPT", exited(0), None, CORRUPT, None, "marker_corrupt", "sha256 mismatch"),
     ("SIGTERM", exited(None, sig=signal.SIGTERM), None, ABSENT, None, "preempted", "SIGTERM"),
     ("exit 143", exited(143), None, ABSENT, None, "preempted", "SIGTERM"),
-    # issue 17: a SIGKILL with no record is recoverable (auto-requeued with back-off), not a crash
+    # a SIGKILL with no record is recoverable (auto-requeued with back-off), not a crash
     ("SIGKILL", exited(None, sig=signal.SIGKILL), None, ABSENT, None, "killed", "SIGKILL"),
     ("exit 137", exited(137), None, ABSENT, None, "killed", "SIGKILL"),
     ("exit 2 of any program is a crash", exited(2), None, ABSENT, None, "crash", "exit 2"),
@@ -112,16 +112,16 @@ def test_classify_row(outcome, report, verification, preset, cls, detail):
 
 # Rows that need the wrapper's exit record or the program's conventions.
 RECORD_ROWS = [
-    # issue 10: a program that exits 0 after SIGTERM is a preempted run, never a missing marker
+    # a program that exits 0 after SIGTERM is a preempted run, never a missing marker
     ("exit 0 after a delivered SIGTERM", exited(0), stopped(0), "preempted", "SIGTERM"),
     ("exit 1 after a delivered SIGTERM", exited(1), stopped(1), "preempted", "signal"),
     ("exit 0 after the time-limit warning", exited(0), stopped(0, "warning"), "timeout", "warning"),
     ("exit 0 after the local time limit", exited(0), stopped(0, "time_limit"), "timeout", "time_limit"),
-    # issue 18: no program is recognised from argv; an exit 2 without the program's own report is a crash
+    # no program is recognised from argv; an exit 2 without the program's own report is a crash
     ("exit 2 without a report is a crash", exited(2), None, "crash", "exit 2"),
     ("the scheduler's cause beats the wrapper's record", exited(0, state="CANCELLED"), stopped(0),
      "cancelled", "CANCELLED"),
-    # issue 17: the wrapper's memory cgroup counted an OOM kill: oom, not killed
+    # the wrapper's memory cgroup counted an OOM kill: oom, not killed
     ("SIGKILL with the cgroup's OOM kill count", exited(None, sig=signal.SIGKILL),
      ExitRecord(token="t", returncode=-9, oom_kill=1), "oom", "OOM killer"),
     ("exit 1 after a worker was OOM-killed", exited(1), ExitRecord(token="t", returncode=1, oom_kill=2), "oom", "2"),
@@ -166,7 +166,7 @@ def test_every_row_class_is_produced_somewhere_by_the_table():
 
 
 def test_a_hang_stop_names_the_rank_that_stopped_progressing():
-    """Issue 19: the record of a hang stop says which rank stopped and where, from the typed record observe made
+    """The record of a hang stop says which rank stopped and where, from the typed record observe made
     when it began the stop (``Stale``: the attempt's stale_rank/stale_step/stale_age_s), never from parsing text;
     a one-process job's names no rank; without any record it reads as it always did."""
     c = classify(exited(None, sig=signal.SIGKILL), None, ABSENT, stop_reason="hang", hang=Stale(1, 95.4, 40))
@@ -177,7 +177,7 @@ def test_a_hang_stop_names_the_rank_that_stopped_progressing():
     assert c.detail == "stopped by the reconciler: rank 1: no progress for 700 s, before any step heartbeat"
     assert classify(exited(143), FailureReport.parse({"class": "preempted"}), ABSENT, stop_reason="hang").detail == \
         "stopped by the reconciler: no heartbeat"
-    # Hostile pass (issue 41): rank 1 SIGSTOPped mid-run; the hang stop killed it at once and rank 0's collective
+    # Hostile pass: rank 1 SIGSTOPped mid-run; the hang stop killed it at once and rank 0's collective
     # lost its peer ("killed" in failure.json): the stop's consequence, still the hang.
     lost = FailureReport.parse({"class": "killed", "detail": "rank 0 lost a peer rank in a collective"})
     c = classify(exited(1), lost, ABSENT, stop_reason="hang", hang=Stale(1, 12.0, 120))
@@ -186,7 +186,7 @@ def test_a_hang_stop_names_the_rank_that_stopped_progressing():
 
 
 def test_a_rank_killed_on_its_own_is_killed_whatever_its_peers_recorded_after_it():
-    """Issue 41: a kill -9 of rank 0 was `preempted`: torchrun then stopped rank 1, whose kit wrote stop.json and a
+    """A kill -9 of rank 0 was `preempted`: torchrun then stopped rank 1, whose kit wrote stop.json and a
     preempted report. The rank whose own end came first was SIGKILLed, and no stop was delivered: killed."""
     rec = ExitRecord(token="t", returncode=1, failed_rank=0, rank_returncode=-9,
                      program_ended_at="2026-06-01T12:00:00.000+00:00")
@@ -203,7 +203,7 @@ def test_a_rank_killed_on_its_own_is_killed_whatever_its_peers_recorded_after_it
 
 
 def test_a_hang_stop_that_found_the_named_rank_killed_on_its_own_is_killed():
-    """Hostile pass 4 (issue 41): rank 1 kill -9'd before its first heartbeat; rank 0, waiting for it, ignored
+    """Hostile pass 4: rank 1 kill -9'd before its first heartbeat; rank 0, waiting for it, ignored
     torchrun's SIGTERM, and the reconciler stopped the attempt as 'rank 1: no progress': it was dead, not hung.
     The stop's SIGKILL took the wrapper before exit.json: the rank's own end comes from its parent's record."""
     c = classify(exited(None, sig=signal.SIGKILL), None, ABSENT, stop_reason="hang", hang=Stale(1, 23.0, None),
@@ -237,7 +237,7 @@ def test_a_stop_record_written_after_the_program_ended_is_a_leftovers_and_tells_
 
 
 def test_garbage_at_stop_json_is_the_programs_own_failure_never_a_free_preemption():
-    """Issue 41's hostile pass: a program that wrote garbage (or a FIFO) at stop.json and exited 0 was `preempted`,
+    """Hostile pass: a program that wrote garbage (or a FIFO) at stop.json and exited 0 was `preempted`,
     requeued uncounted up to 100 times. read_stop takes garbage as a stop (never verified); classify counts it."""
     garbage = StopRecord(signal="unknown", at="", step=None)  # what read_stop returns for it
     c = classify(exited(0), None, ABSENT, stop_record=garbage)

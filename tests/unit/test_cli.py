@@ -172,7 +172,7 @@ def test_help_of_every_command_works(cmd, tmp_path, monkeypatch):
 
 
 def test_a_relative_program_and_script_mean_the_submitters_directory(tmp_path, monkeypatch):
-    """Issue 41: `orch submit -- python train.py`, the README's own, failed at once: the job runs in its run dir,
+    """`orch submit -- python train.py`, the README's own, failed at once: the job runs in its run dir,
     where there is no train.py. The program and the first script argument that exists here become absolute;
     nothing else does (a module, code, a path the job creates, an argument after --)."""
     from orchestrator.cli.args import _absolute_program

@@ -1,4 +1,4 @@
-"""orch.toml strictness and ONE schema (issue 16): a misspelt key inside a known table is a usage error
+"""orch.toml strictness and ONE schema: a misspelt key inside a known table is a usage error
 naming the key and the table's keys, and orch.toml and the CLI refuse the same values."""
 
 from __future__ import annotations

@@ -45,7 +45,7 @@ def test_a_write_behind_another_writer_gives_up_at_the_busy_timeout_naming_it(cf
 @pytest.mark.timeout(60)  # the busy timeout below is 120 s: waiting for the stopped writer fails here
 @pytest.mark.parametrize("path", ["sqlalchemy", "quickdb"])
 def test_a_write_behind_a_stopped_writer_is_refused_at_once_naming_it(cfg, path):
-    """Hostile pass of issue 41: an orch sweep stopped (kill -STOP, Ctrl-Z) inside one of its write transactions
+    """Hostile pass: an orch sweep stopped (kill -STOP, Ctrl-Z) inside one of its write transactions
     made every other writer wait the whole busy timeout. A stopped holder cannot let go: refused at once."""
     from orchestrator.core.quickdb import QuickDB
 

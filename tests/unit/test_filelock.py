@@ -51,7 +51,7 @@ def test_a_held_lock_gives_up_at_its_bound_with_the_callers_error_naming_the_hol
 
 @pytest.mark.timeout(60)  # proves the rule: waiting out the 600 s bound fails here
 def test_a_stopped_holder_is_not_waited_for_and_is_named_with_how_to_resume_it(tmp_path):
-    """Issue 41: a Ctrl-Z'd command cannot let go by itself; waiting the bound out cost every other command
+    """A Ctrl-Z'd command cannot let go by itself; waiting the bound out cost every other command
     in the home its whole wait (300 s for the migrate lock), though the message already said "stopped"."""
     path = tmp_path / "x.lock"
     p = subprocess.Popen([sys.executable, "-c", HOLD, str(path)])
@@ -75,7 +75,7 @@ def test_a_stopped_holder_is_not_waited_for_and_is_named_with_how_to_resume_it(t
 
 @pytest.mark.timeout(60)  # the migrate lock's own 300 s default would fail here
 def test_the_migrate_lock_honours_orch_lock_timeout_s(tmp_path, monkeypatch):
-    """Issue 41: ORCH_LOCK_TIMEOUT_S did not shorten the migrate lock's 300 s wait (a live upgrader holding it)."""
+    """ORCH_LOCK_TIMEOUT_S did not shorten the migrate lock's 300 s wait (a live upgrader holding it)."""
     from orchestrator.core.config import load_config
     from orchestrator.core.db import Database
     from orchestrator.errors import DatabaseProblem

@@ -70,7 +70,7 @@ def test_hang_detection_runs_from_the_last_beat_to_orchs_stop_request():
 
 
 def test_hang_detection_runs_from_the_stale_ranks_last_beat_not_rank_0s():
-    """Issue 19: rank 1 stopped beating at t=5 while rank 0 beat on to t=11 (the history is rank 0's): the
+    """Rank 1 stopped beating at t=5 while rank 0 beat on to t=11 (the history is rank 0's): the
     detector's delay is the stale rank's age when orch stopped it (stale_age_s, recorded with the stop), so the
     hang began at 41 - 36 = 5. Rank 0's last beat put the start at 11: 6 s of hang counted as training."""
     a = AttemptFacts(1, 0.0, 45.0, "hang", stop_reason="hang", stop_requested=41.0, stale_age_s=36.0,
@@ -167,7 +167,7 @@ def test_a_successful_attempt_without_heartbeats_is_useful_and_one_with_no_step_
 
 
 def test_an_in_place_restart_the_scheduler_called_a_node_failure_is_no_preemption():
-    # Issue 18: restarts=1, but Slurm said NODE_FAIL for the earlier run (goodputview passes 0 preempted restarts).
+    # restarts=1, but Slurm said NODE_FAIL for the earlier run (goodputview passes 0 preempted restarts).
     beats = (Beat(2, 0, 0), Beat(12, 10, 0), Beat(30, 8, 8), Beat(42, 20, 8))
     node_fail = split_job("a", [AttemptFacts(1, 0.0, 43.0, None, restarts=1, preempted_restarts=0, beats=beats)],
                           created=0.0, now=100.0)
@@ -223,7 +223,7 @@ def test_a_wrapper_time_within_the_clock_slack_past_what_the_db_saw_is_clamped_t
 
 
 def test_an_attempt_killed_with_its_wrapper_is_held_until_its_last_heartbeat(tmp_path):
-    """Issue 41: kill -9 of the whole session leaves no exit record; the hold ended at the reconcile pass that
+    """A kill -9 of the whole session leaves no exit record; the hold ended at the reconcile pass that
     noticed (up to a cron interval of held `teardown` per kill). It ends at the newest heartbeat, inside what the DB
     saw: a heartbeat time after the observed end, or before the start, is ignored."""
     from orchestrator import protocol

@@ -94,7 +94,7 @@ def _all_imports(tree: ast.Module) -> set[str]:
 
 
 def test_orchestrator_never_imports_the_bundled_trainer() -> None:
-    # Issue 18: the integrations imported the bundled `trainer` package, so a user's own trainer.py (a
+    # The integrations imported the bundled `trainer` package, so a user's own trainer.py (a
     # very common name) broke them with "'trainer' is not a package". The in-job kit lives in
     # orchestrator.kit; the bundled trainer (orch_trainer) uses it, never the other way round.
     offenders = {}

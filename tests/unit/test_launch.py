@@ -44,7 +44,7 @@ def test_a_run_dir_that_verified_before_the_backend_call_closes_the_attempt_unla
 
 
 def test_an_io_error_while_the_run_dir_is_prepared_is_a_storage_fault_requeued_by_itself(db, cfg, sched, monkeypatch):
-    """Issue 41: an EIO writing the attempt's records (NFS, a failing disk) ended the attempt `unknown`, which waits
+    """An EIO writing the attempt's records (NFS, a failing disk) ended the attempt `unknown`, which waits
     for a person; EACCES still does (it will not pass by itself)."""
     import errno
 

@@ -1,5 +1,5 @@
 """``orchestrator/core/lifecycle.py`` is the complete answer to "what can happen to a job or an attempt, and which
-function does it": checked against the source by its AST, and against the diagram in docs/ (issue 18)."""
+function does it": checked against the source by its AST, and against the diagram in docs/."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Each lifecycle move is ONE guarded write, counted on a real SQLite file (issue 18: every move wrote the
+"""Each lifecycle move is ONE guarded write, counted on a real SQLite file (before, every move wrote the
 state twice, the compare-and-set UPDATE and then an unguarded UPDATE of the ORM object at commit)."""
 
 from __future__ import annotations
@@ -80,7 +80,7 @@ def test_the_moved_row_reads_its_new_state_in_the_same_session(db):
 # ------------------------------------------------------------------------------------------
 def test_unverifying_a_done_job_leaves_its_succeeded_attempt_unclassified(db):
     # A succeeded attempt did succeed: its result broke later. Stamped marker_corrupt, it read as a failed
-    # attempt in orch show and in the policy's history (issue 18).
+    # attempt in orch show and in the policy's history.
     from orchestrator import protocol
     from orchestrator.ops.requeue import _unverify
 
@@ -100,7 +100,7 @@ def test_unverifying_a_done_job_leaves_its_succeeded_attempt_unclassified(db):
 
 def test_a_transient_submission_failure_notes_its_detail_only_under_its_own_claim(db, cfg):
     # The launcher noted "submission failed" with a plain ORM write: after a re-claimer took the attempt
-    # (a new fence) the stale launcher's note overwrote the new launch's detail (issue 18).
+    # (a new fence) the stale launcher's note overwrote the new launch's detail.
     import pytest
 
     from orchestrator.backends.base import BackendError
@@ -190,7 +190,7 @@ def test_an_attempt_cancelled_outside_orch_ends_instead_of_staying_running_for_e
 
 
 def test_a_bulk_move_whose_guard_misses_one_row_writes_nothing(db):
-    # move_many (issue 20: one executemany per step of a sweep's launch) decides on rows read in its own
+    # move_many (one executemany per step of a sweep's launch) decides on rows read in its own
     # transaction; if any row moved anyway (a reader that was not under the lock), every UPDATE and event of
     # the batch rolls back together rather than leaving the others moved and that one unmoved.
     from sqlalchemy import func, update

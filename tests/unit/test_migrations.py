@@ -207,7 +207,7 @@ def _sqlite_db_at(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, revision: str
 
 
 # Migration 0002's four data rewrites, each on a populated DB in 0001's encoding beside a row it must leave alone
-# (issue 16: removing any of them passed the suite; issue 40: two were still covered only by an unrelated test).
+# (removing any of them passed the suite; two were then still covered only by an unrelated test).
 # 0001 kept a launcher's claim in a pending attempt's submitted_at, a hang stop in backend_state
 # ("hang-stop@<unix time>") and decisions as nested dicts; 0002 turns each into its own column or the flat
 # RetryPlan, so the code reads one shape only.
@@ -345,7 +345,7 @@ def test_migration_0003_rebuilds_the_jobs_table_and_keeps_every_job_attempt_and_
 
 def test_a_0005_db_with_history_upgrades_to_attempt_events_and_shows_it(tmp_path, monkeypatch):
     """0006 adds events.attempt_id: the old events (all the job's own) stay, read as the job's, and the next
-    attempt move writes the first attempt event (issue 18)."""
+    attempt move writes the first attempt event."""
     from sqlalchemy import create_engine
 
     from orchestrator.core.jobqueries import get_job

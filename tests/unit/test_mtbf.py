@@ -37,7 +37,7 @@ def _history(s, backend: str, part: str) -> tuple[float, int]:
 
 @pytest.mark.each_db
 def test_only_the_partitions_attempts_of_the_window_count_whatever_else_their_resources_hold(db):
-    """Issue 20: the history is read once per submit, and decoding every row's resources was most of it (50 ms
+    """The history is read once per submit, and decoding every row's resources was most of it (50 ms
     for 10,000 attempts); each distinct resources text is decoded once now. Same-partition rows with different
     resources, with the same text, rows of other partitions / backends / no partition, a
     failure never seen running (no started_at) and one outside the window."""

@@ -1,4 +1,4 @@
-"""The multi-rank kit's decisions, one at a time (issue 19): the agreement's interval, the commit's refusals,
+"""The multi-rank kit's decisions, one at a time: the agreement's interval, the commit's refusals,
 the controller's bounded verification, and the class a rank's failure gets. Real processes: tests/integrations/
 test_multirank.py."""
 
@@ -97,7 +97,7 @@ def test_the_controller_hashes_only_small_single_writer_checkpoints(tmp_path):
     sharded = _checkpoint(tmp_path, 2, os.urandom(4096), format=protocol.SHARDED_FORMAT)
     for d in (small, sharded):
         _flip(d / "model.pt")
-    assert "sha256 mismatch" in protocol.verify_checkpoint_bounded(small)  # issue 9 kept
+    assert "sha256 mismatch" in protocol.verify_checkpoint_bounded(small)  # the sha256 check still catches it
     assert protocol.verify_checkpoint_bounded(sharded) is None  # its ranks hash it at resume
     assert protocol.verify_checkpoint_bounded(small, hash_budget=1024) is None  # too large to hash here
     (sharded / "model.pt").write_bytes(b"short")
@@ -125,7 +125,7 @@ def test_a_rank_that_lost_a_peer_reports_killed_or_the_peers_own_crash(tmp_path)
 
 
 def test_a_write_error_class_follows_the_cause_chain_never_the_context():
-    """Issue 41: one EIO in a checkpoint write was a counted crash. The kit's CheckpointError and the sharded
+    """One EIO in a checkpoint write was a counted crash. The kit's CheckpointError and the sharded
     commit's verdict raise ``from`` the OSError; an error raised while handling one is the code's own."""
     import errno
 

@@ -105,7 +105,7 @@ def _stopped(db, name: str) -> tuple[AttemptState, int | None, int | None, float
 
 
 def test_a_hung_rank_is_judged_by_its_own_heartbeat_while_rank_0_still_beats(db, cfg, sched):
-    """Issue 19: the attempt is judged by its OLDEST rank's progress. Rank 1 hung (its file 700 s old) while rank 0
+    """The attempt is judged by its OLDEST rank's progress. Rank 1 hung (its file 700 s old) while rank 0
     still beat (busy in eval, or a thread of its own): with only progress.json read, nothing was ever stopped."""
     submit(db, cfg, SubmitRequest(name="mr", command=["true"]))
     _beats(cfg, "mr", {0: (1.0, 41), 1: (cfg.hang_timeout_s + 100, 40)})

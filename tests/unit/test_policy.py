@@ -57,7 +57,7 @@ def test_uncounted_classes_that_made_progress_never_consume_max_attempts(cfg, tm
 
 @pytest.mark.parametrize("cls", ["preempted", "node_fail"])
 def test_preemptions_never_count_even_without_progress_they_back_off_instead(cfg, tmp_path, cls):
-    # Issue 16: preempted 3 times at the same step with --max-attempts 2 ended failed, "2 of 2 attempts
+    # Preempted 3 times at the same step with --max-attempts 2 ended failed, "2 of 2 attempts
     # used", though the README's policy table says preemptions never count.
     cfg.crash_backoff_s, cfg.backoff_cap_s = 10.0, 35.0
     _ckpts(tmp_path, [5])
@@ -133,7 +133,7 @@ def test_attempts_recorded_before_the_checkpoint_step_was_kept_never_prove_no_pr
 
 
 def test_a_storage_fault_is_retried_uncounted_after_a_growing_back_off_and_capped(cfg, tmp_path):
-    # Issue 41: one EIO while a checkpoint was written, the previous one intact, was a counted crash that waited
+    # One EIO while a checkpoint was written, the previous one intact, was a counted crash that waited
     # for a person (`failed` under --max-attempts 1). The storage is not the job: never counted, even in orch.toml.
     cfg.crash_backoff_s, cfg.backoff_cap_s = 10.0, 35.0
     _ckpts(tmp_path, [5])
@@ -151,7 +151,7 @@ def test_a_storage_fault_is_retried_uncounted_after_a_growing_back_off_and_cappe
 
 
 def test_input_missing_backs_off_uncounted_and_is_invalid_only_after_n_in_a_row(cfg, tmp_path):
-    # Issue 16: a data file missing for a moment (NFS) at the start of a resume made the job failed for good.
+    # A data file missing for a moment (NFS) at the start of a resume made the job failed for good.
     cfg.crash_backoff_s, cfg.input_missing_attempts = 10.0, 3
     for n, want in ((1, 10.0), (2, 20.0)):
         job, a = job_stepped(tmp_path, [("input_missing", None)] * (n - 1) + [("input_missing", None)], max_attempts=1)
@@ -343,7 +343,7 @@ def test_a_launch_onto_a_full_disk_never_uses_up_the_job_and_backs_off(cfg, tmp_
                                   ["bash", "-c", "python -m trainer"], ["python", "train.py", "-m", "x"],
                                   ["./trainer"]])
 def test_command_for_never_changes_argv_the_policy_travels_in_orch_overrides(tmp_path, argv):
-    # A user's own module named `trainer` used to get --lr/--resume appended (issue 18): no program is
+    # A user's own module named `trainer` used to get --lr/--resume appended: no program is
     # recognised from its argv; the bundled trainer reads ORCH_OVERRIDES like any other program.
     job, _ = job_with(tmp_path, [current("nan")], command=argv, overrides={"lr": 0.005, "skip_batches": 7})
     out, overrides = command_for(job, RetryPlan.make("rollback", resume="/r/checkpoints/step-00000010"))
@@ -372,7 +372,7 @@ def test_repeated_preemptions_without_a_step_are_never_counted(db, cfg):
 
 
 def test_killed_is_auto_requeued_backed_off_counted_and_capped(cfg, tmp_path):
-    # Issue 17: a kill -9 with no record was `crash`, waiting for a manual `orch requeue`.
+    # A kill -9 with no record was `crash`, waiting for a manual `orch requeue`.
     cfg.crash_backoff_s = 30.0
     job, a = job_with(tmp_path, [("killed", True), current("killed")], max_attempts=5)
     d = decide(cfg, job, a, "killed", None, None)
@@ -383,7 +383,7 @@ def test_killed_is_auto_requeued_backed_off_counted_and_capped(cfg, tmp_path):
 
 
 def test_a_full_disk_before_any_progress_backs_off_uncounted_however_often_it_comes(cfg, tmp_path):
-    """Issue 41's hostile pass: a disk filled by another process; the trainer's own free-space check at start-up
+    """Hostile pass: a disk filled by another process; the trainer's own free-space check at start-up
     ended attempts 2 and 3 within 2 s each, requeued at once and counted: `failed` 8 s after the disk filled.
     An enospc attempt that made no progress is a launch onto a full disk in substance."""
     cfg.crash_backoff_s = 30.0

@@ -546,7 +546,7 @@ def test_show_names_each_restart_with_its_class_and_step() -> None:
 
 def test_the_done_marker_fsyncs_every_artifact_its_dirs_the_marker_tmp_and_the_run_dir_in_order(tmp_path,
                                                                                               monkeypatch):
-    """Issue 16 (mutation discipline): removing any one fsync of write_done_marker left every test passing.
+    """Mutation discipline: removing any one fsync of write_done_marker left every test passing.
     A recording shim around os.fsync/os.replace sees which path is made durable at which commit point:
     (1) each artifact's bytes and (2) its directory entry before the marker exists, (3) the marker's tmp
     file before its rename, (4) the run dir after the rename (the marker's own directory entry)."""
@@ -597,9 +597,9 @@ def _preempted_run_set_aside(run_dir: Path, token: str = "t1") -> Path:
 
 
 def test_the_schedulers_cause_of_an_in_place_restart_wins_over_the_programs_guess(tmp_path: Path) -> None:
-    # Issue 18 (tests/slurm/test_node_fail_and_oom.py): a node set down under the job; Slurm said NODE_FAIL and
-    # reran it in place, the program saw only a TERM and wrote "preempted". The scheduler's word wins; the step
-    # the program reported stays.
+    # Seen on the dev cluster (tests/slurm/test_node_fail_and_oom.py): a node set down under the job; Slurm said
+    # NODE_FAIL and reran it in place, the program saw only a TERM and wrote "preempted". The scheduler's word wins;
+    # the step the program reported stays.
     d = _preempted_run_set_aside(tmp_path)
     assert protocol.restart_history(tmp_path, 1, "t1") == [{"restart": 1, "class": "preempted", "step": 40}]
     assert protocol.write_restart_causes(d, "t1", ["node_fail"])

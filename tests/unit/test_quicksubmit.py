@@ -1,4 +1,4 @@
-"""orchestrator.ops.quicksubmit: ``orch submit`` without SQLAlchemy (issue 20: <= 250 ms per call) writes what the
+"""orchestrator.ops.quicksubmit: ``orch submit`` without SQLAlchemy (to stay <= 250 ms per call) writes what the
 SQLAlchemy path writes, runs only where the gate lets it, and hands every deviation to launch's own handler.
 
 The rows of a quick submission are compared with a slow one's column by column; its read SQL is pinned to what
@@ -252,7 +252,7 @@ def test_a_failed_backend_call_is_handled_as_launch_handles_it(db, cfg, sched, m
 
 
 def test_orch_submit_imports_no_sqlalchemy_and_says_what_it_submitted(tmp_path):
-    """The whole point (issue 20): a real `orch submit`, as a user runs it, after a first command made the DB."""
+    """The whole point: a real `orch submit`, as a user runs it, after a first command made the DB."""
     env = {k: v for k, v in os.environ.items() if not k.startswith(("ORCH_", "SLURM_"))}
     env.update(ORCH_HOME=str(tmp_path / "home"), PYTHONPATH=str(ROOT))
     subprocess.run([sys.executable, "-m", "orchestrator.cli", "status"], env=env, check=True, capture_output=True)

@@ -1,4 +1,4 @@
-"""orchestrator.ops.quicksweep: ``orch sweep`` on a group-queue scheduler without SQLAlchemy (issue 20) writes what the
+"""orchestrator.ops.quicksweep: ``orch sweep`` on a group-queue scheduler without SQLAlchemy writes what the
 SQLAlchemy path writes, and a batched step that does not match every task is rolled back whole and decided task by
 task by ``launch``'s own function (each such deviation made to happen for real in the DB here)."""
 
@@ -357,7 +357,7 @@ def test_a_task_cancelled_during_the_group_submission_is_stopped_before_the_slow
 
 
 # --- a run dir the quick sweep made: the task's records wait in its batch until the task starts -------------
-# Issue 20: attempts/, attempts/1, a ballast, command.json and fence.json per task were more filesystem work than
+# Before, attempts/, attempts/1, a ballast, command.json and fence.json per task were more filesystem work than
 # submitit's whole map_array. Each task's wrapper (the real one here, started as Slurm starts it) puts its records
 # in place; the claims below are what that must keep: the fence, a cancel, a re-claim, the ballast's room.
 

@@ -1,4 +1,4 @@
-"""Each rank's own end (issue 19, orchestrator/jobside/rankend.py): the record the per-rank parent writes is the
+"""Each rank's own end (orchestrator/jobside/rankend.py): the record the per-rank parent writes is the
 job's to write too, so every field is checked; the wrapper picks the rank that failed on its own first; and
 classify() gives the attempt the class a single process with that end gets, never more.
 """
@@ -190,7 +190,7 @@ def test_the_per_rank_parent_records_the_end_and_ends_as_the_program_did(tmp_pat
 
 @pytest.mark.timeout(60)  # proves the rule: the program sleeps 600 s, and a stop that waited for it fails here
 def test_a_stopped_program_is_killed_at_once_when_a_stop_reaches_its_rank(tmp_path):
-    """Issue 41: a stopped rank (SIGSTOP, Ctrl-Z) can never use the grace its stop gives it; the stop's final SIGKILL
+    """A stopped rank (SIGSTOP, Ctrl-Z) can never use the grace its stop gives it; the stop's final SIGKILL
     came only after the whole grace, and took this parent too (no record). The parent kills it at once, and records
     the end as the stop's consequence."""
     env = {"RANK": "1", protocol.ENV_TOKEN: TOKEN, "PATH": "/usr/bin:/bin"}

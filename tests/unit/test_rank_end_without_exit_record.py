@@ -1,4 +1,4 @@
-"""Hostile pass 4 (issue 41): rank 1 of 2 kill -9'd right after launch, before its first heartbeat. Rank 0, waiting
+"""Hostile pass 4: rank 1 of 2 kill -9'd right after launch, before its first heartbeat. Rank 0, waiting
 for it, ignored torchrun's SIGTERM; the reconciler stopped the attempt as "rank 1: no progress" and its SIGKILL took
 the wrapper before exit.json. The attempt was `hang`; the rank's parent had recorded its own SIGKILL: `killed`."""
 

@@ -1,4 +1,4 @@
-"""Every rank's progress is observable (issue 19): rank 0 writes progress.json as ever, every other rank of a
+"""Every rank's progress is observable: rank 0 writes progress.json as ever, every other rank of a
 multi-rank job its own small ``attempts/<n>/progress.rank-<r>.json``, only when its loop posted progress, so a
 hung rank's file stops changing; a job that is not multi-rank gets no per-rank file."""
 
@@ -71,7 +71,7 @@ def _arm(env: dict) -> heartbeat.Armed | None:
 
 
 def test_a_rank_arms_as_its_program_starts_only_under_orch_and_torchrun(tmp_path):
-    """Issue 41: the kit says, before the process group forms, that this program beats (armed.rank-<r>.json)."""
+    """The kit says, before the process group forms, that this program beats (armed.rank-<r>.json)."""
     assert _arm({**ORCH_ENV, "ORCH_RUN_DIR": str(tmp_path), "RANK": "1"}) is not None
     assert protocol.armed_ranks(tmp_path, 1) == {1: 2}
     for env in ({**ORCH_ENV, "RANK": "0"},  # not under orch
@@ -132,7 +132,7 @@ def _armed(run_dir, rank: int, at: float) -> None:
 
 
 def test_a_rank_that_never_arms_is_hung_after_the_timeout_from_the_first_arming_and_named(tmp_path):
-    """Issue 41: rank 1 stopped before the process group formed; rank 0 waited in init_process_group and never beat:
+    """Rank 1 stopped before the process group formed; rank 0 waited in init_process_group and never beat:
     no heartbeat at all, so nothing was judged. Armed, the start is judged: rank 1 never even armed."""
     from orchestrator.decide.staleness import judge
 
@@ -197,7 +197,7 @@ def test_armed_records_of_a_previous_run_of_the_attempt_are_ignored(tmp_path):
 
 
 def test_a_program_its_wrapper_saw_stopped_for_the_timeout_is_hung_whatever_it_wrote(tmp_path):
-    """Issue 41's hostile pass: a program stopped before its first heartbeat (or torchrun before any rank started)
+    """Hostile pass: a program stopped before its first heartbeat (or torchrun before any rank started)
     was never judged. The wrapper's record (program-stopped.json, dated when it first saw the program stopped)
     decides; a record older than the attempt's (re)start is a previous run's."""
     from orchestrator.decide.staleness import judge

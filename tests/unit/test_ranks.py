@@ -1,4 +1,4 @@
-"""Multi-rank launch (issue 19): the options' refusals, the sbatch options, and the torchrun/srun command the
+"""Multi-rank launch: the options' refusals, the sbatch options, and the torchrun/srun command the
 wrapper composes, for one node and for ``--nodes 2`` (which cannot run on the one-node dev cluster: its
 composition and rendezvous endpoint are checked here against ``scontrol show hostnames`` output instead).
 """
@@ -221,7 +221,7 @@ def test_without_nproc_the_command_runs_as_given_even_a_users_own_torchrun(monke
                         "--grace", "90", "--", "python", "train.py"])
     argv, world, step_job = wrapper._program(a, "L1")
     assert world == 2 and step_job is None and argv[-3:] == ["--", "python", "train.py"]
-    # each rank's program under the parent that records its own end (issue 19, orchestrator/jobside/rankend.py)
+    # each rank's program under the parent that records its own end (orchestrator/jobside/rankend.py)
     rec = argv[argv.index("--no-python") + 2:]
     assert rec[1:7] == ["-m", "orchestrator.jobside.rankend", "--dir", "/r/attempts/1/torchrun", "--launch", "L1"], rec
     assert argv[argv.index("--shutdown-timeout") + 1] == "90"

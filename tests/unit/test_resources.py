@@ -1,4 +1,4 @@
-"""``Resources``: generic fields plus per-backend extras (issue 18). Each backend declares the extras it takes and
+"""``Resources``: generic fields plus per-backend extras. Each backend declares the extras it takes and
 refuses any other before a row is written; resources JSON written by an older orch (Slurm's options at the top
 level) still reads back as the same request."""
 
@@ -25,7 +25,7 @@ def _sbatch(resources: Resources, tmp_path: Path) -> list[str]:
 
 
 def test_a_row_written_in_the_old_shape_reads_back_as_the_same_request(db, tmp_path: Path) -> None:
-    # Before issue 18 the job row kept Slurm's options at the top level of resources_json.
+    # An older orch's job row kept Slurm's options at the top level of resources_json.
     old = {"partition": "spot", "account": "acct", "extra_sbatch": ["--qos=high"], "mem_mb": 500, "gpus": 1,
            "keep": ["ck/*"]}
     with db.engine.begin() as conn:
@@ -93,7 +93,7 @@ def test_the_cli_refuses_an_option_the_backend_does_not_take_naming_the_ones_tha
 
 
 def test_the_partition_is_read_where_each_orch_version_wrote_it():
-    # Goodput's grouping and the MTBF's history read the top level only: every job written since issue 18 (its
+    # Goodput's grouping and the MTBF's history read the top level only: every job a newer orch wrote (its
     # partition under extras) was partition "-" in `orch report` over the dev cluster's real trials.
     from types import SimpleNamespace
 

@@ -1,4 +1,4 @@
-"""Issue 42 step 3: the resume step a program is told (``ORCH_RESUME_STEP``), and the TensorBoard purge that makes a
+"""The resume step a program is told (``ORCH_RESUME_STEP``), and the TensorBoard purge that makes a
 resumed attempt's points replace what a killed attempt logged after it. End to end (three frameworks, kill -9,
 TensorBoard's own reader): tests/integrations/test_tracker_curves.py; the wrapper's export: tests/local."""
 

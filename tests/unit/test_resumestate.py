@@ -1,4 +1,4 @@
-"""Resume state (issue 17): what a framework resumes from is never moved to the trash by a requeue, and a
+"""Resume state: what a framework resumes from is never moved to the trash by a requeue, and a
 checkpoint of a known layout that would not load is found by structural checks alone. Real files written
 by real torch / safetensors; the module under test imports neither."""
 

@@ -1,4 +1,4 @@
-"""The Slurm side of suspect nodes (issue 20), faked at the subprocess boundary (``slurm._run``): sacct's
+"""The Slurm side of suspect nodes, faked at the subprocess boundary (``slurm._run``): sacct's
 NodeList reaches the Outcome, --exclude reaches sbatch (one attempt and an array), sinfo's usable nodes. The
 lines are as Slurm 22.05.8 on the dev cluster prints them."""
 

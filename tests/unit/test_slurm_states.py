@@ -303,7 +303,7 @@ def test_find_by_token_uses_the_job_name(fake: FakeSlurm, tmp_path: Path) -> Non
 
 
 # ------------------------------------------------------------------------------------------
-# issue 17: a restart is counted only when Slurm restarted the task
+# a restart is counted only when Slurm restarted the task
 # ------------------------------------------------------------------------------------------
 @pytest.mark.parametrize("live", [("orch-t1", "RUNNING", "None"), ("orch-t1", "PENDING", "Priority")])
 def test_a_task_sacct_has_completed_is_no_restart_while_the_controller_still_lists_it(live) -> None:
@@ -334,7 +334,7 @@ def test_the_end_of_an_attempt_counts_restarts_from_sacct_and_the_wrappers_recor
 
 
 # ------------------------------------------------------------------------------------------
-# issue 18: the scheduler's cause of each in-place restart (sacct --duplicates, one record per run)
+# the scheduler's cause of each in-place restart (sacct --duplicates, one record per run)
 # ------------------------------------------------------------------------------------------
 # Printed by the dev cluster (tests/slurm/test_node_fail_and_oom.py): a node set down under a --requeue job, rerun
 # in place under the same id once the node was back. Fields: SACCT_FIELDS.

@@ -101,7 +101,7 @@ def test_an_expired_aws_token_is_asked_for_again():
                                           ("trickle", "no complete answer within 0.6 s"),
                                           ("hang", "no complete answer within 0.6 s")])
 def test_a_huge_slow_or_silent_answer_is_trouble_within_the_deadline(mode, message):
-    # No wall-clock assert (issue 18): the client must give up while the server is still answering. A
+    # No wall-clock assert: the client must give up while the server is still answering. A
     # trickled answer takes the fake server seconds to send in full (one byte every 0.2 s), so a client that
     # kept reading byte by byte past its 0.6 s would have let it complete.
     with FakeMetadata("gcp") as md:

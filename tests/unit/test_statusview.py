@@ -123,7 +123,7 @@ def test_a_sweeps_tasks_are_one_row_counting_their_states_and_att_is_the_furthes
 
 
 def test_a_start_up_hang_is_flagged_before_any_heartbeat(db, cfg):
-    """Hostile pass (issue 41): rank 1 stopped in its start; the reconciler judged it hung, `orch status` showed no
+    """Hostile pass: rank 1 stopped in its start; the reconciler judged it hung, `orch status` showed no
     flag (it judged only jobs with a progress.json). Rank 0 armed long ago, rank 1 never did: flagged."""
     _running_job(db, cfg, "start")
     _running_job(db, cfg, "fresh")

@@ -1,4 +1,4 @@
-"""The kit's stop and completion records (issue 17): written by the job, so read distrustfully; a recorded stop
+"""The kit's stop and completion records: written by the job, so read distrustfully; a recorded stop
 classifies an attempt preempted (or timeout) whatever its exit code, whoever sent the signal."""
 
 from __future__ import annotations

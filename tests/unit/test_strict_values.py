@@ -1,4 +1,4 @@
-"""Issue 16, part 2: the pure functions behind strict input and crash-free displays (the CLI-level
+"""The pure functions behind strict input and crash-free displays (the CLI-level
 behaviour is in tests/adversarial/test_strict_cli.py)."""
 
 from __future__ import annotations

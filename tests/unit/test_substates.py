@@ -1,4 +1,4 @@
-"""Sub-states are typed (issue 18): stop reasons and sources, retry actions, held notes, launch and requeue
+"""Sub-states are typed: stop reasons and sources, retry actions, held notes, launch and requeue
 outcomes, a pass's changes, the policy's class sets, failure.json's record. Each keeps the exact strings
 already stored in DBs and run dirs."""
 
@@ -12,7 +12,7 @@ C = FailureClass
 
 def test_the_policy_defaults_read_from_the_class_traits_are_the_documented_sets():
     # The sets config.py spelled out before the traits existed (README's policy table).
-    # Issue 41 added storage: auto, never counted (a platform fault), cap 10.
+    # Storage was added later: auto, never counted (a platform fault), cap 10.
     assert config.AUTO_REQUEUE == {"preempted", "timeout", "node_fail", "oom", "hang", "nan", "enospc",
                                    "input_missing", "killed", "storage"}
     assert config.UNCOUNTED == {"preempted", "timeout", "node_fail", "input_missing", "storage"}

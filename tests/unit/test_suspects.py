@@ -1,4 +1,4 @@
-"""Suspect nodes (issue 20): the exclusion rule as pure functions, against node lists as sacct and
+"""Suspect nodes: the exclusion rule as pure functions, against node lists as sacct and
 SLURM_JOB_NODELIST print them (Slurm 22.05's compressed hostlist form: ``gpu[01-03,07]``)."""
 
 from __future__ import annotations

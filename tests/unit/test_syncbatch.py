@@ -1,4 +1,4 @@
-"""SyncBatch: many atomic writes made durable by one flush (issue 20: a sweep's 6,000 fsyncs).
+"""SyncBatch: many atomic writes made durable by one flush (a sweep made 6,000 fsyncs).
 
 The guarantee is atomic_write's: a final name only ever holds bytes that were flushed, and a failed
 flush leaves nothing in place (no final name, no tmp file)."""

@@ -1,4 +1,4 @@
-"""The bundled trainer's multi-rank refusals (issue 19): what it cannot run as several ranks is refused from the
+"""The bundled trainer's multi-rank refusals: what it cannot run as several ranks is refused from the
 arguments and torchrun's environment alone, before any process group exists (every rank refuses alike)."""
 
 from __future__ import annotations
@@ -43,7 +43,7 @@ def test_unsupported_combinations_are_refused_in_one_line(extra, env, why):
 
 @pytest.mark.parametrize(("world", "micro"), [("1", 8), ("2", 4), ("4", 2), ("8", 1), ("two", 8)])
 def test_the_default_micro_batch_is_the_global_batch_over_the_ranks(monkeypatch, world, micro):
-    # Issue 41: the README's `orch submit --nproc-per-node 2 -- python -m orch_trainer --preset tiny` was invalid at
+    # The README's `orch submit --nproc-per-node 2 -- python -m orch_trainer --preset tiny` was invalid at
     # once: the default micro-batch was the whole global batch (8) on each of the 2 ranks.
     monkeypatch.setenv("WORLD_SIZE", world)
     a = parse_args(["--run-dir", "/nonexistent/run", "--batch-size", "8"])

@@ -1,5 +1,5 @@
 """orchestrator.ops.trash: what requeue sets aside is renamed into the trash (undoable until `orch gc`), never deleted
-or written through a link (issue 9: a symlinked trash/ made requeue write outside ORCH_HOME)."""
+or written through a link (a symlinked trash/ made requeue write outside ORCH_HOME)."""
 
 from __future__ import annotations
 

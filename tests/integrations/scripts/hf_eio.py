@@ -1,5 +1,5 @@
-"""examples/hf_train.py, except that in attempt 1 HF's 2nd optimizer.pt write fails with EIO: the storage fault of
-issue 41 (one EIO of a network filesystem; the checkpoint before it intact)."""
+"""examples/hf_train.py, except that in attempt 1 HF's 2nd optimizer.pt write fails with EIO: the storage fault
+(one EIO of a network filesystem; the checkpoint before it intact)."""
 
 import errno
 import os

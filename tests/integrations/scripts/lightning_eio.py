@@ -1,5 +1,5 @@
 """examples/lightning_train.py with one EIO in the checkpoint write of step ``$EIO_STEP`` in attempt 1: the storage
-fault of issue 41 (a network filesystem's EIO on one write, every earlier checkpoint intact)."""
+fault (a network filesystem's EIO on one write, every earlier checkpoint intact)."""
 
 import errno
 import os
