@@ -17,7 +17,7 @@ import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-CONTROLLER_DEPENDENCIES = ("sqlalchemy", "alembic", "click", "rich")
+CONTROLLER_DEPENDENCIES = frozenset({"sqlalchemy", "alembic", "click", "rich"})  # also tests/unit/test_layers.py's
 
 
 def build_wheel(out: Path, source: Path, project: str) -> Path:

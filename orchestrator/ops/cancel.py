@@ -4,7 +4,7 @@ The attempt goes to ``stopping`` (with ``stop_reason="cancel"`` and its time) an
 first, so it can checkpoint; the reconciler sends SIGKILL if it is still alive after the grace, and
 ends the attempt once the backend says it is gone. While it stops, ``orch requeue`` refuses: a new
 attempt would run beside it in the same run dir. A cancel that lands while a launcher is inside its
-backend call is honoured by that launcher (``launch.record_submitted``) or, if it died, by the
+backend call is honoured by that launcher (``launchrecord.record_submitted``) or, if it died, by the
 reconciler, which finds the submission by its token and stops it.
 """
 

@@ -46,7 +46,7 @@ from orchestrator.decide.mtbf import mtbf_env
 from orchestrator.decide.policy import command_for
 from orchestrator.decide.suspects import exclusion_for, with_exclusion
 from orchestrator.errors import OrchError, Refused
-from orchestrator.ops.claimkeeper import ClaimKeeper, launch_grace_s
+from orchestrator.ops.claimkeeper import ClaimKeeper
 from orchestrator.ops.launchclaim import (
     Launched,
     LaunchOutcome,
@@ -69,9 +69,8 @@ from orchestrator.ops.launchrecord import (
     submission_failed,
 )
 
-# Re-exported: what a launch returns (launchclaim), and helpers whose home is claimkeeper, launchprep, launchrecord.
-__all__ = ["LaunchOutcome", "Launched", "launch", "launch_grace_s", "launch_group", "new_batch_token",
-           "record_submitted", "sweep_env"]
+# What a launch returns lives in launchclaim (its re-check returns it too); callers name it from here.
+__all__ = ["LaunchOutcome", "Launched", "launch", "launch_group"]
 
 A, J = AttemptState, JobState
 

@@ -35,7 +35,8 @@ from orchestrator.core.passchanges import Change, PassReport
 from orchestrator.errors import DatabaseProblem, IllegalTransition, OrchError
 from orchestrator.filelock import LockTimeout, lock_timeout_s
 from orchestrator.ops.attemptpoll import observe, polled_rows
-from orchestrator.ops.launch import LaunchOutcome, launch, launch_grace_s, launch_group
+from orchestrator.ops.claimkeeper import launch_grace_s
+from orchestrator.ops.launch import LaunchOutcome, launch, launch_group
 from orchestrator.ops.launchrecord import record_submitted
 from orchestrator.ops.requeue import RequeueOutcome, RequeueTarget, requeue
 from orchestrator.ops.sweep import launch_queued

@@ -40,10 +40,9 @@ def kit_python(tmp_path_factory: pytest.TempPathFactory, tree: Path) -> Path:
     return kit_venv(tmp_path_factory.mktemp("kit"), tree)
 
 
-def run_in(python: Path, code: str, cwd: Path, env: dict[str, str] | None = None,
-           timeout: float = 120) -> subprocess.CompletedProcess[str]:
+def run_in(python: Path, code: str, cwd: Path, timeout: float = 120) -> subprocess.CompletedProcess[str]:
     return subprocess.run([str(python), "-I", "-c", textwrap.dedent(code)], cwd=cwd, capture_output=True,
-                          text=True, timeout=timeout, env=env)
+                          text=True, timeout=timeout)
 
 
 IMPORT_EVERY_MODULE = """

@@ -10,16 +10,16 @@ from __future__ import annotations
 
 import json
 
-from kitvenv import give_users_torch, kit_venv
+from kitvenv import CONTROLLER_DEPENDENCIES, give_users_torch, kit_venv
 
 from orchestrator import protocol
 
 # The program checks where it runs before it trains: the kit's venv, orchestrator from its wheel, no SQLAlchemy.
-PROBE = """
+PROBE = f"""
 import importlib.util, json, os, runpy, sys
 import orchestrator
-json.dump({"prefix": sys.prefix, "orchestrator": orchestrator.__file__,
-           "controller": [m for m in ("sqlalchemy", "alembic", "click", "rich") if importlib.util.find_spec(m)]},
+json.dump({{"prefix": sys.prefix, "orchestrator": orchestrator.__file__,
+           "controller": [m for m in {CONTROLLER_DEPENDENCIES!r} if importlib.util.find_spec(m)]}},
           open(os.path.join(os.environ["ORCH_RUN_DIR"], "where.json"), "w"))
 sys.argv = ["orch_trainer", *sys.argv[1:]]
 runpy.run_module("orch_trainer", run_name="__main__", alter_sys=True)

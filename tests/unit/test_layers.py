@@ -16,8 +16,10 @@ from __future__ import annotations
 import ast
 from pathlib import Path
 
+from kitvenv import CONTROLLER_DEPENDENCIES  # the ones a node that installs only orch-kit lacks
+
 ROOT = Path(__file__).resolve().parents[2]
-CONTROLLER_DEPENDENCIES = {"sqlalchemy", "alembic", "click", "rich"}
+
 # The stdlib-only modules every part shares: the package itself, domain errors, the test hooks, the flock helper.
 SHARED = {"orchestrator", "orchestrator.errors", "orchestrator.testhooks", "orchestrator.filelock"}
 # Package -> the orchestrator packages and modules its code may import (its own always).
