@@ -16,10 +16,13 @@ the tokens of launches in doubt, before it re-claims them), ``wrapper_marker_dec
 its program exited, has written or refused done.json; stop signals held), ``wrapper_end_decided`` (... and
 is about to write exit.json), ``rank_before_program`` (a rank's orch parent, its stop handlers set, has not
 started the program yet). Unset, each costs one environment lookup.
+``abort_at_exit(name)``: with ``ORCH_FAULT=<name>`` the process aborts (SIGABRT) during interpreter
+finalization, as a C++ destructor that finds a thread still joinable does (site ``trainer_exit``).
 """
 
 from __future__ import annotations
 
+import atexit
 import os
 import time
 
@@ -41,3 +44,10 @@ def site(name: str) -> None:
             time.sleep(0.02)
     if os.environ.get("ORCH_FAULT") == name:
         os._exit(99)
+
+
+def abort_at_exit(name: str) -> None:
+    """With ``ORCH_FAULT=<name>``, abort during interpreter finalization ("terminate called without an active
+    exception": gloo's threads torn down while the interpreter finalizes, seen on a 2-rank run after it completed)."""
+    if os.environ.get("ORCH_FAULT") == name:
+        atexit.register(os.abort)

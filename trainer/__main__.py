@@ -1,8 +1,7 @@
 """``python -m trainer`` runs ``python -m orch_trainer`` (same flags, exit codes and run-dir contract)."""
 
-import sys
 
-from orch_trainer.__main__ import main
+from orch_trainer.__main__ import exit_now, main
 
 if __name__ == "__main__":
-    sys.exit(main())
+    exit_now(main())

@@ -186,3 +186,16 @@ def test_the_readmes_two_rank_trainer_command_runs_as_written_and_verifies(orch)
     assert (a["state"], a["world_size"]) == ("succeeded", 2), a
     metrics = json.loads((orch.runs / "ddp" / "result" / "metrics.json").read_text())
     assert (metrics["batch_size"], metrics["micro_batch_size"]) == (8, 4), metrics
+
+
+def test_a_rank_that_would_abort_while_the_interpreter_finalizes_never_turns_a_completed_run_into_a_crash(orch):
+    """A 2-rank run completed, then one rank aborted in interpreter finalization ("terminate called without an
+    active exception": gloo's threads torn down); torchrun exited 1 and the finished run was a `crash` waiting for
+    a person. Each rank now ends without finalizing once its attempt returned; the fault aborts every rank that
+    does finalize."""
+    env = {**GLOO_ENV, "ORCH_FAULT": "trainer_exit"}
+    p = orch("submit", "--name", "fin", "--nproc-per-node", "2", "--wait", "--", sys.executable, "-m", "orch_trainer",
+             "--preset", "tiny", "--max-steps", "4", env=env, timeout=600)
+    assert p.returncode == 0, p.stdout + p.stderr
+    (a,) = orch.show("fin")["attempts"]
+    assert (a["state"], a["exit_code"], a["world_size"]) == ("succeeded", 0, 2), a
