@@ -109,6 +109,10 @@ def show(name: str, as_json: bool, events: bool) -> None:
     if (mlflow := (d.get("trackers") or {}).get("mlflow")):
         _say(f"  MLflow run: {mlflow['run_id']} at {mlflow['tracking_uri']}"
              + (f" ({mlflow['end']})" if mlflow.get("end") else ""))
+    if (wandb := (d.get("trackers") or {}).get("wandb")):
+        where = "/".join(p for p in (wandb["entity"], wandb["project"]) if p)
+        _say(f"  W&B run: {wandb['run_id']}" + (f" in {where}" if where else "") + f" ({wandb['mode']})"
+             + (f", marked {wandb['end']}" if wandb.get("end") else ""))
     gp = _goodput_lines(d.get("goodput"))
     for line in gp.pop(0) if gp else []:
         _say(f"  {line}")

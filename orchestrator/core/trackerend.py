@@ -2,10 +2,11 @@
 
 Why here: the program cannot say it. A killed attempt's MLflow run stayed RUNNING for good (MLflow issue #10510), and
 a job that orch gives up on, or that a user cancels, ends without its program's knowledge. Every terminal move of a
-job goes through ``lifecycle`` in a transaction; this module notes the ones whose run dir records an MLflow run
-(``trackers.json``, mlflowrun.py), and once the transaction committed (never for one rolled back) hands them to ONE
-detached child (``python -m orchestrator.jobside.mlflowrun finish-many``). The committing command never waits on
-a tracking server: a reconcile pass or ``orch cancel`` costs a stat per ended job and, at most, one process start.
+job goes through ``lifecycle`` in a transaction; this module notes the ones whose run dir records a tracker run
+(``trackers.json``: MLflow's, mlflowrun.py; W&B's, kit/wandbrecord.py), and once the transaction committed (never
+for one rolled back) hands them to ONE detached child (``python -m orchestrator.jobside.trackerfinish finish-many``).
+The committing command never waits on a tracking server: a reconcile pass or ``orch cancel`` costs a stat per
+ended job and, at most, one process start.
 """
 
 from __future__ import annotations
@@ -55,7 +56,7 @@ def _after_rollback(s: Session) -> None:
 def spawn(ends: list[tuple[str, str]]) -> subprocess.Popen[bytes] | None:
     """One detached child marks every run (bounded by its own alarm); its output goes to nobody's terminal."""
     try:
-        p = subprocess.Popen([sys.executable, "-m", "orchestrator.jobside.mlflowrun", "finish-many"],
+        p = subprocess.Popen([sys.executable, "-m", "orchestrator.jobside.trackerfinish", "finish-many"],
                              stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
                              start_new_session=True,
                              env={**os.environ, "MLFLOW_HTTP_REQUEST_MAX_RETRIES": "2"})

@@ -9,15 +9,13 @@ as ``MLFLOW_RUN_ID``. The run's tags name the orch job, its run dir, the attempt
 
 Only when the program's environment sets ``MLFLOW_TRACKING_URI`` and no ``MLFLOW_RUN_ID`` of the user's own, and
 ``mlflow`` (or ``mlflow-skinny``) is importable by orch's Python. Otherwise, or on any failure, the attempt runs as
-before and its log says why. ``finish-many`` (trackerend.py) marks the run's end as orch decided it: FINISHED,
+before and its log says why. ``finish_here`` (trackerfinish.py) marks the run's end as orch decided it: FINISHED,
 FAILED, KILLED.
 """
 
 from __future__ import annotations
 
-import json
 import os
-import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -34,17 +32,13 @@ OFF_ENV = "ORCH_MLFLOW"
 
 def read_record(run_dir: Path) -> dict[str, Any] | None:
     """The run dir's MLflow run (``trackers.json``'s ``mlflow``), or None."""
-    try:
-        data = protocol.read_json_bounded(Path(run_dir) / protocol.TRACKERS_FILE)
-    except (OSError, ValueError):
-        return None
-    rec = data.get("mlflow") if isinstance(data, dict) else None
+    rec = protocol.read_trackers(run_dir).get("mlflow")
     ok = isinstance(rec, dict) and isinstance(rec.get("run_id"), str) and isinstance(rec.get("tracking_uri"), str)
     return rec if ok else None
 
 
 def _write_record(run_dir: Path, rec: dict[str, Any]) -> None:
-    protocol.atomic_write_json(Path(run_dir) / protocol.TRACKERS_FILE, {"mlflow": rec})
+    protocol.write_tracker(run_dir, "mlflow", rec)
 
 
 def arrange(run_dir: Path, job: str, attempt: int, env: dict[str, str]) -> tuple[str | None, str]:
@@ -126,7 +120,7 @@ def latest_per_step(run_id: str, key: str, tracking_uri: str | None = None) -> l
 STATUS = {"verified": "FINISHED", "failed": "FAILED", "cancelled": "KILLED"}
 
 
-def _finish_here(run_dir: Path, end: str) -> str:
+def finish_here(run_dir: Path, end: str) -> str:
     """In the child: mark the recorded run with the status of the job's end, as orch decided it, and note it in
     ``trackers.json`` (``orch show``)."""
     from mlflow.tracking import MlflowClient
@@ -140,34 +134,19 @@ def _finish_here(run_dir: Path, end: str) -> str:
     return f"MLflow run {rec['run_id']}: {status}"
 
 
-def _finish_many(raw: str) -> int:
-    """``[[run_dir, end], ...]`` on stdin (trackerend.py): each run marked; one failure costs only its own."""
-    signal.alarm(int(TIMEOUT_S))  # detached: nobody waits on it, so it bounds itself
-    failed = 0
-    for run_dir, end in json.loads(raw):
-        try:
-            print(_finish_here(Path(run_dir), end))
-        except Exception as e:  # one line per run, whatever MLflow raised
-            failed += 1
-            print(f"{run_dir}: {type(e).__name__}: {e}", file=sys.stderr)
-    return 1 if failed else 0
-
-
 def main(argv: list[str]) -> int:
-    """``python -m orchestrator.jobside.mlflowrun arrange RUN_DIR JOB ATTEMPT`` or ``finish-many`` (stdin)."""
+    """``python -m orchestrator.jobside.mlflowrun arrange RUN_DIR JOB ATTEMPT``."""
     try:
         if argv[:1] == ["arrange"] and len(argv) == 4:
             print(_arrange_here(Path(argv[1]), argv[2], int(argv[3])))
             return 0
-        if argv == ["finish-many"]:
-            return _finish_many(sys.stdin.read())
     except ImportError as e:
         print(f"mlflow is not importable by orch's Python ({sys.executable}): {e.name}", file=sys.stderr)
         return 3
     except Exception as e:  # one line for the attempt's log, whatever MLflow raised
         print(f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}", file=sys.stderr)
         return 1
-    print("usage: python -m orchestrator.jobside.mlflowrun arrange RUN_DIR JOB ATTEMPT | finish-many", file=sys.stderr)
+    print("usage: python -m orchestrator.jobside.mlflowrun arrange RUN_DIR JOB ATTEMPT", file=sys.stderr)
     return 2
 
 

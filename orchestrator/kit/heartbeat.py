@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from orchestrator import protocol
-from orchestrator.kit import stall
+from orchestrator.kit import stall, wandbrecord
 
 # Set by this process's first heartbeat write: its rank's start is over, and the armed record stops being refreshed.
 _beat = threading.Event()
@@ -116,6 +116,7 @@ class Heartbeat:
         self._lock = threading.Lock()  # one writer at a time: the thread, or write_now's caller
         self._stop = False
         self._warned = False
+        self._wandb_run: str | None = None  # the W&B run recorded in trackers.json (kit/wandbrecord.py)
         # Recent rates (one per write) and the job's own median of them: `orch status` flags a job
         # whose recent tokens/s falls far below its own median (a slow node, a throttled disk).
         self._rates: collections.deque[float] = collections.deque(maxlen=200)
@@ -162,6 +163,7 @@ class Heartbeat:
         if self.rank:
             self._write_rank()
             return
+        self._wandb_run = wandbrecord.note(self.run_dir, self._wandb_run)
         posted, fields = self._posted, dict(self._fields)
         stalled = round(stall.total() - self._stall_base, 6)
         if posted == self._written and stalled == self._stall_written:  # a save after the last post: one beat

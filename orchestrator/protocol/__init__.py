@@ -52,3 +52,4 @@ from orchestrator.protocol.restarts import *  # noqa: F403
 from orchestrator.protocol.runconfig import *  # noqa: F403
 from orchestrator.protocol.rundirreport import *  # noqa: F403
 from orchestrator.protocol.stoprecord import *  # noqa: F403
+from orchestrator.protocol.trackers import WANDB_MODES, read_trackers, wandb_record, write_tracker  # noqa: F401

@@ -337,11 +337,27 @@ def job_env(run_dir: Path | str, job: str, attempt: int, overrides: Mapping[str,
     return env
 
 
+WANDB_TAG_LIMIT = 64
+
+
 def tracker_env(environ: Mapping[str, str], run_dir: Path | str, job: str) -> dict[str, str]:
-    """Tracker variables to add unless the user set their own: W&B resumes the run dir's one run."""
+    """Tracker variables to add unless the user set their own: W&B resumes the run dir's one run, named after the
+    job, grouped by its sweep, tagged with both (``orch.job:<job>``, ``orch.sweep:<sweep>``, ``orch.task:<i>``)."""
     out = {}
     if "WANDB_RUN_ID" not in environ:
         out["WANDB_RUN_ID"] = stable_run_id(str(run_dir), job)
     if "WANDB_RESUME" not in environ:
         out["WANDB_RESUME"] = "allow"
+    if "WANDB_NAME" not in environ:
+        out["WANDB_NAME"] = job
+    sweep = environ.get(ENV_SWEEP, "")
+    if sweep and "WANDB_RUN_GROUP" not in environ:
+        out["WANDB_RUN_GROUP"] = sweep
+    if "WANDB_TAGS" not in environ:
+        tags = [f"orch.job:{job}"] + ([f"orch.sweep:{sweep}", f"orch.task:{environ.get(ENV_TASK_INDEX, '')}"]
+                                      if sweep else [])
+        # W&B refuses a tag over 64 characters in wandb.init, which then raises in the user's program
+        out["WANDB_TAGS"] = ",".join(t for t in tags if len(t) <= WANDB_TAG_LIMIT and "," not in t)
+        if not out["WANDB_TAGS"]:
+            del out["WANDB_TAGS"]
     return out

@@ -88,15 +88,19 @@ def _note_steps_trained_again(attempts: list[dict[str, Any]], resumed_from: dict
 
 
 def _trackers(run_dir: str) -> dict[str, Any]:
-    """The tracker run every attempt continues (``trackers.json``, mlflowrun.py): a job-written file, so only an id
-    and a URI of the right type."""
+    """The tracker runs every attempt continues (``trackers.json``: MLflow's, mlflowrun.py; W&B's, wandbrecord.py):
+    a job-written file, so only ids, names and a URI of the right type, each bounded."""
     from orchestrator.jobside.mlflowrun import read_record
 
+    out: dict[str, Any] = {}
     rec = read_record(Path(run_dir))
-    if rec is None:
-        return {}
-    return {"mlflow": {"run_id": rec["run_id"][:64], "tracking_uri": rec["tracking_uri"][:1024],
-                       **({"end": rec["end"]} if isinstance(rec.get("end"), str) else {})}}
+    if rec is not None:
+        out["mlflow"] = {"run_id": rec["run_id"][:64], "tracking_uri": rec["tracking_uri"][:1024],
+                         **({"end": rec["end"]} if isinstance(rec.get("end"), str) else {})}
+    wandb = protocol.wandb_record(run_dir)
+    if wandb is not None:
+        out["wandb"] = {k: wandb[k] for k in ("run_id", "project", "entity", "mode", "end") if k in wandb}
+    return out
 
 
 def history(s: Any, job: Job) -> list[dict[str, Any]]:

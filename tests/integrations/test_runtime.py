@@ -147,7 +147,7 @@ def test_the_cli_imports_no_integration_and_no_framework():
 
 ENV_DUMP = ("import json, os, pathlib; pathlib.Path('result').mkdir(); pathlib.Path('result/env.json').write_text("
             "json.dumps({k: os.environ.get(k) for k in ('ORCH_RUN_ID', 'WANDB_RUN_ID', 'WANDB_RESUME', "
-            "'ORCH_TENSORBOARD_DIR', 'ORCH_RUN_DIR')}))")
+            "'WANDB_NAME', 'WANDB_TAGS', 'WANDB_RUN_GROUP', 'ORCH_TENSORBOARD_DIR', 'ORCH_RUN_DIR')}))")
 
 
 def test_every_attempt_gets_one_tracker_id_and_one_tensorboard_dir(orch):
@@ -158,5 +158,6 @@ def test_every_attempt_gets_one_tracker_id_and_one_tensorboard_dir(orch):
     run_dir = orch.runs / "envjob"
     env = json.loads((run_dir / "result" / "env.json").read_text())
     assert env == {"ORCH_RUN_ID": protocol.stable_run_id(run_dir, "envjob"), "WANDB_RUN_ID": env["ORCH_RUN_ID"],
-                   "WANDB_RESUME": "allow", "ORCH_TENSORBOARD_DIR": str(run_dir / "tensorboard"),
+                   "WANDB_RESUME": "allow", "WANDB_NAME": "envjob", "WANDB_TAGS": "orch.job:envjob",
+                   "WANDB_RUN_GROUP": None, "ORCH_TENSORBOARD_DIR": str(run_dir / "tensorboard"),
                    "ORCH_RUN_DIR": str(run_dir)}

@@ -3,7 +3,7 @@
 W&B ships no reader for it (its Go service writes it). The format is LevelDB's log: a 7-byte file header
 (``:W&B``, magic 0xBEE1, version 0), then 32 KiB blocks of records, each a 7-byte header (CRC-32C, length, type:
 full, first, middle, last) and a protobuf ``Record`` payload. Only what the tests need: the run's id, its
-history rows and the exit record.
+history rows, its summary and the exit record.
 """
 
 from __future__ import annotations
@@ -26,6 +26,7 @@ class OfflineRun:
     run_id: str | None = None
     rows: list[dict] = field(default_factory=list)  # history rows, in the order logged
     exit_code: int | None = None  # None: the process never reported its end (killed)
+    summary: dict = field(default_factory=dict)  # the summary items this process set
 
 
 def _payloads(data: bytes):
@@ -66,6 +67,9 @@ def read_offline_run(run_dir: Path) -> OfflineRun:
         elif kind == "history":
             out.rows.append({(i.key or "/".join(i.nested_key)): json.loads(i.value_json)
                              for i in record.history.item})
+        elif kind == "summary":
+            out.summary.update({(i.key or "/".join(i.nested_key)): json.loads(i.value_json)
+                                for i in record.summary.update})
         elif kind == "exit":
             out.exit_code = record.exit.exit_code
     return out
