@@ -7,7 +7,7 @@ SQLAlchemy + click CLI, the design's first goal: <= 1.5x), every command a fresh
 alternately in the same run, median of >= 7 each. Goal: ``orch status`` <= 150 ms.
 Also ``orch status --json``, ``orch show`` and ``orch verify``, and the modules each imports: read
 commands must not import torch, submitit, alembic or numpy, and ``orch status`` not even SQLAlchemy
-(its fast path, ``orchestrator/views/status.py``). ``python -X importtime``'s top offenders are printed
+(its quick path, ``orchestrator/views/status.py``). ``python -X importtime``'s top offenders are printed
 (and written to BENCHMARKS.md) so a miss comes with its profile.
 
 Usage: ``.venv/bin/python bench/bench_cli.py [--runs N] [--jobs N] [--no-write]``.
@@ -174,7 +174,7 @@ def main() -> int:
     print("\ncProfile of `orch status` (in-process, after imports), top 8 by cumulative time:\n" + profile)
     notes = (f"{n_rows} jobs in the DB (a third verified, a third exit-0-without-marker, a third running with a "
              "heartbeat; made by the real submit and reconcile code with a scripted backend, so no process runs), "
-             "every command measured as a fresh process, alternating. `orch status` takes its fast path: the "
+             "every command measured as a fresh process, alternating. `orch status` takes its quick path: the "
              "query as SQLAlchemy compiles it from the models, kept in orchestrator/views/status.py (a unit test "
              "checks it against the models), run through stdlib `sqlite3`, so SQLAlchemy (~"
              f"{(base - C.stats(times[PASS_KEY])[0]) * 1e3:.0f} ms to import here, with click) is never imported; "

@@ -20,9 +20,9 @@ from orchestrator.cli.app import EXIT_NOT_VERIFIED, STATES, _ctx, _emit, _show, 
 def status(state: str | None, tasks: bool, as_json: bool) -> None:
     """One row per job (and per sweep): state, attempts, backend id of the latest attempt, progress."""
     from orchestrator.core.config import load_config
-    from orchestrator.views.status import fast_status_rows, group_by_sweep
+    from orchestrator.views.status import group_by_sweep, quick_status_rows
 
-    rows = fast_status_rows(load_config(), state)  # no SQLAlchemy import (login-node latency)
+    rows = quick_status_rows(load_config(), state)  # no SQLAlchemy import (login-node latency)
     if rows is None:
         rows = _status_slow_path(state)
     if as_json:
@@ -44,7 +44,7 @@ def status(state: str | None, tasks: bool, as_json: bool) -> None:
 
 def _status_slow_path(state: str | None) -> list[dict[str, Any]]:
     """Through SQLAlchemy (creates or upgrades the DB, tightens ORCH_HOME, names any problem), after
-    which the next ``orch status`` can take the fast path."""
+    which the next ``orch status`` can take the quick path."""
     from orchestrator.views.show import status_rows
     from orchestrator.views.status import drop_legacy_cache
 
@@ -306,9 +306,9 @@ def report(since: str, as_json: bool) -> None:
 
     window = None if since == "all" else parse_since(since)  # checked before the DB is opened
     from orchestrator.core.config import load_config
-    from orchestrator.views.goodputfast import fast_report
+    from orchestrator.views.goodputquick import quick_report
 
-    rep = fast_report(load_config(), window)  # no SQLAlchemy import, as `orch status` (views.status)
+    rep = quick_report(load_config(), window)  # no SQLAlchemy import, as `orch status` (views.status)
     if rep is None:
         _cfg, db = _ctx()
         rep = build(db, window)

@@ -29,10 +29,10 @@ from orchestrator.core import holdstop
 from orchestrator.core.config import Config
 from orchestrator.core.config import sqlite_path as _sqlite_path
 from orchestrator.core.quickdb import begin_immediate, is_full, is_locked, locked_error
+from orchestrator.core.schema import SCHEMA_HEAD
 from orchestrator.errors import DatabaseInterrupted, DatabaseProblem, Refused, UsageError
 
 SQLITE_APPLICATION_ID = 0x6F726368  # "orch" in the header of a DB file orch created
-SCHEMA_HEAD = "0010"  # a test checks this equals Alembic's head revision
 MIGRATE_LOCK_TIMEOUT_S = 300.0  # a first command waits this for another one's schema upgrade (or ORCH_LOCK_TIMEOUT_S)
 MIGRATIONS = Path(__file__).resolve().parents[1] / "migrations"  # orchestrator/migrations (a link to alembic/)
 # PostgreSQL advisory lock keys ("orch", "orcn"): schema upgrades of one DB; creators of job/sweep names.

@@ -2,10 +2,10 @@
 than ``orch submit``'s whole latency goal on a login node).
 
 Only a DB the SQLAlchemy path would leave as it is gets through the gate: a regular, non-empty file of ours
-that others cannot read, in a private home, in WAL mode, at ``QUICK_REVISION`` (a unit test keeps it equal to
-the schema head). Anything else (a DB to create, upgrade or tighten, PostgreSQL, any sqlite3 error at the gate)
-returns None and the caller takes the SQLAlchemy path, which creates, upgrades, tightens or reports as every
-command does. Errors after the gate are the ones ``db.Database`` raises, with the same words.
+that others cannot read, in a private home, in WAL mode, at the schema head (``schema.SCHEMA_HEAD``). Anything
+else (a DB to create, upgrade or tighten, PostgreSQL, any sqlite3 error at the gate) returns None and the caller
+takes the SQLAlchemy path, which creates, upgrades, tightens or reports as every command does. Errors after the
+gate are the ones ``db.Database`` raises, with the same words.
 """
 
 from __future__ import annotations
@@ -21,9 +21,9 @@ from pathlib import Path
 
 from orchestrator.core import holdstop
 from orchestrator.core.config import Config, sqlite_path
+from orchestrator.core.schema import SCHEMA_HEAD
 from orchestrator.errors import DatabaseInterrupted, DatabaseProblem
 
-QUICK_REVISION = "0010"  # == db.SCHEMA_HEAD (tests/unit/test_quicksubmit.py)
 _LOOK_MS = 250  # a writer waiting for the lock looks at its holder this often (one read of /proc/locks)
 
 
@@ -54,7 +54,7 @@ def connect(cfg: Config) -> sqlite3.Connection | None:
 
 def at_revision(conn: sqlite3.Connection) -> bool:
     row = conn.execute("SELECT version_num FROM alembic_version").fetchone()
-    return row is not None and row[0] == QUICK_REVISION
+    return row is not None and row[0] == SCHEMA_HEAD
 
 
 def stored_time(t: datetime) -> str:

@@ -1,6 +1,6 @@
 """The state and sub-state types of jobs and attempts: str enums stored as their exact strings.
 
-Stdlib only: ``orch status``'s fast path and ``models`` read these without the state machine. How a row
+Stdlib only: ``orch status``'s quick path and ``models`` read these without the state machine. How a row
 gets into each state, and which function moves it there, is ``orchestrator.core.lifecycle`` (the edges are data
 there, each naming its one taker); the comment on each member says when it is entered.
 """

@@ -5,7 +5,7 @@ The hang stop's stale rank once travelled as text: observe wrote "rank 1: ...; s
 free-text detail and classify cut the suffix off to build the final record. It is now three columns of the
 attempt (``stale_rank``, ``stale_step``, ``stale_age_s``, migration 0010) and this dataclass.
 
-Stdlib and ``orchestrator.protocol`` only: ``orch status``'s fast path imports it without SQLAlchemy.
+Stdlib and ``orchestrator.protocol`` only: ``orch status``'s quick path imports it without SQLAlchemy.
 """
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
 """What orch shows, read-only: ``orch status`` rows (``status``, with a path that never imports SQLAlchemy),
-``orch show`` and ``orch logs`` (``show``), goodput (``goodputview``, ``goodputfast``, ``goodputrows``), the
+``orch show`` and ``orch logs`` (``show``), goodput (``goodputview``, ``goodputquick``, ``goodputrows``), the
 Prometheus text (``metrics``), the loss curve and its picture (``losscurve``, ``plot``), a job followed until it
 settles (``progressview``), and the range a heartbeat's numbers must lie in before any of them computes with it
 (``progressbounds``).

@@ -1,8 +1,8 @@
 """The rows ``orch report`` reads, written once: the SQLAlchemy queries (``report_selects``), the SQLite text they
-compile to (``REPORT_SQL``, for the path without SQLAlchemy, goodputfast), and the plain objects both paths build from
+compile to (``REPORT_SQL``, for the path without SQLAlchemy, goodputquick), and the plain objects both paths build from
 the rows (``jobs_from_rows``) for ``goodputview.job_split``.
 
-tests/unit/test_goodput_fast.py asserts the text equals the compiled queries and that both paths give one report.
+tests/unit/test_goodput_quick.py asserts the text equals the compiled queries and that both paths give one report.
 """
 
 from __future__ import annotations
@@ -38,7 +38,7 @@ def report_selects(windowed: bool):  # two sqlalchemy Selects, imported lazily
 
 
 # What ``report_selects(False)`` / ``report_selects(True)`` compile to for SQLite (bind params: cutoff, cutoff).
-# tests/unit/test_goodput_fast.py compiles them and asserts equality: on a change, paste the printed text.
+# tests/unit/test_goodput_quick.py compiles them and asserts equality: on a change, paste the printed text.
 _JOBS = ("SELECT jobs.id, jobs.name, jobs.backend, jobs.run_dir, jobs.resources_json, jobs.created_at, "
          "sweeps.name AS sweep \nFROM jobs LEFT OUTER JOIN sweeps ON sweeps.id = jobs.sweep_id")
 _WINDOW = ("jobs.created_at >= ? OR jobs.id IN (SELECT attempts.job_id \nFROM attempts \nWHERE "

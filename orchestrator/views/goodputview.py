@@ -153,7 +153,7 @@ def show_goodput(job: Any, now: float | None = None) -> dict[str, Any]:
 
 def report(db: Any, since: timedelta | None, now: float | None = None) -> dict[str, Any]:
     """``orch report``: the fleet's split (jobs created or with an attempt active in the window), by partition
-    (``backend/partition``) and by sweep. Through SQLAlchemy (any DB); ``goodputfast`` runs the same queries
+    (``backend/partition``) and by sweep. Through SQLAlchemy (any DB); ``goodputquick`` runs the same queries
     (``goodputrows``) through sqlite3."""
     now = time.time() if now is None else now
     jobs_q, attempts_q = report_selects(since is not None)

@@ -25,7 +25,7 @@ def status_rows(db: Database, cfg: Config, state: str | None = None) -> list[dic
     """One row per job with its latest attempt; one query, plus heartbeats of running jobs only.
 
     Any database, through SQLAlchemy; ``orch status`` on SQLite usually takes
-    ``status.fast_status_rows`` instead (same query, same rows, no SQLAlchemy import).
+    ``status.quick_status_rows`` instead (same query, same rows, no SQLAlchemy import).
     """
     with db.read() as s:
         return [make_row(r._mapping, cfg) for r in s.execute(status_select(state))]

@@ -1,11 +1,11 @@
-"""``orch status``'s rows, and a fast path that reads them without importing SQLAlchemy.
+"""``orch status``'s rows, and a quick path that reads them without importing SQLAlchemy.
 
 Importing SQLAlchemy costs more than the whole latency goal of ``orch status`` on a login node
 (~180 ms here; the goal is 150 ms for 1,000 jobs). The query itself is written once, with the
-models' own columns (``status_select``); the slow path runs it through SQLAlchemy. The fast path
+models' own columns (``status_select``); the slow path runs it through SQLAlchemy. The quick path
 (stdlib ``sqlite3``) runs ``STATUS_SQL``, the text SQLAlchemy compiles that query to for SQLite, kept
 in this source (a unit test asserts it equals what the models compile today), and only while the
-DB is at ``STATUS_REVISION``; anything else (a DB to create or upgrade, a home or DB file to tighten,
+DB is at ``schema.SCHEMA_HEAD``; anything else (a DB to create or upgrade, a home or DB file to tighten,
 PostgreSQL, any sqlite3 error) falls back to the slow path, which reports problems as every
 command does. No SQL is ever read from a file.
 
@@ -23,7 +23,7 @@ from typing import Any, TypeVar
 
 from orchestrator import protocol
 from orchestrator.core.config import Config
-from orchestrator.core.quickdb import QUICK_REVISION, at_revision, connect
+from orchestrator.core.quickdb import at_revision, connect
 from orchestrator.core.states import JobState
 from orchestrator.decide.staleness import judge
 from orchestrator.views.progressbounds import plausible
@@ -122,14 +122,13 @@ def group_by_sweep(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 
 # ------------------------------------------------------------------------------------------
-# the fast path: the query as SQLAlchemy compiles it for SQLite, kept in the source
+# the quick path: the query as SQLAlchemy compiles it for SQLite, kept in the source
 # ------------------------------------------------------------------------------------------
-# What ``status_select()`` / ``status_select(state)`` compile to for SQLite, and the schema revision they
-# read. tests/unit/test_statusview.py compiles the models' query and asserts equality, so there is still
-# one schema: change models.py or status_select and that test prints the new text to paste here.
+# What ``status_select()`` / ``status_select(state)`` compile to for SQLite, at ``schema.SCHEMA_HEAD``.
+# tests/unit/test_statusview.py compiles the models' query and asserts equality, so there is still one schema:
+# change models.py or status_select and that test prints the new text to paste here.
 # Never read from disk: the earlier cache file ($ORCH_HOME/cache/status-sql.json) ran whatever SQL a hand
 # edit put in it (an ATTACH created files), since a file's SQL cannot be trusted without recompiling it.
-STATUS_REVISION = QUICK_REVISION
 _SELECT = ("SELECT jobs.name, jobs.state, jobs.backend, jobs.run_dir, anon_1.count, attempts.external_id, "
            "attempts.failure_class, attempts.n, attempts.restarts, sweeps.name AS sweep, jobs.task_index, "
            "attempts.state AS attempt_state \nFROM jobs LEFT OUTER JOIN (SELECT attempts.job_id AS job_id, "
@@ -143,11 +142,11 @@ STATUS_KEYS = ("name", "state", "backend", "run_dir", "count", "external_id", "f
 LEGACY_CACHE_FILE = Path("cache") / "status-sql.json"  # under ORCH_HOME: written by older orch, never read
 
 
-def fast_read(cfg: Config, query: Callable[[sqlite3.Connection], T]) -> T | None:
+def quick_read(cfg: Config, query: Callable[[sqlite3.Connection], T]) -> T | None:
     """``query(conn)`` on the DB through stdlib sqlite3 in one read-only snapshot, or None: take the slow path.
 
     Only for a DB that the slow path would leave as it is: a regular, non-empty file of ours that others
-    cannot read, in a private home, at ``STATUS_REVISION`` (anything else, PostgreSQL and any sqlite3
+    cannot read, in a private home, at ``schema.SCHEMA_HEAD`` (anything else, PostgreSQL and any sqlite3
     error included, goes to the slow path, which creates, upgrades, tightens or reports). The read commands'
     one gate (orch status, orch report), so none can drift from the others' rules."""
     conn = connect(cfg)
@@ -167,11 +166,11 @@ def fast_read(cfg: Config, query: Callable[[sqlite3.Connection], T]) -> T | None
     return found
 
 
-def fast_status_rows(cfg: Config, state: str | None = None) -> list[dict[str, Any]] | None:
-    """The rows of ``status_select(state)`` through :func:`fast_read`, or None: take the slow path."""
+def quick_status_rows(cfg: Config, state: str | None = None) -> list[dict[str, Any]] | None:
+    """The rows of ``status_select(state)`` through :func:`quick_read`, or None: take the slow path."""
     params = (state,) if state else ()
-    found = fast_read(cfg, lambda conn: [dict(zip(STATUS_KEYS, r, strict=True))
-                                         for r in conn.execute(STATUS_SQL["state" if state else "all"], params)])
+    found = quick_read(cfg, lambda conn: [dict(zip(STATUS_KEYS, r, strict=True))
+                                          for r in conn.execute(STATUS_SQL["state" if state else "all"], params)])
     return None if found is None else [make_row(r, cfg) for r in found]
 
 

@@ -192,7 +192,7 @@ def test_a_symlink_at_the_db_path_is_refused_and_nothing_is_written_outside_orch
 @pytest.mark.parametrize("command", [("status",), ("report", "--since", "all")])
 def test_a_symlink_to_a_real_db_is_refused_by_the_read_commands_fast_path_too(orch, tmp_path, command):
     # Hostile test: orch status and orch report read another home's DB through a symlinked orch.db (their
-    # fast path followed it) while every other command refused it.
+    # quick path followed it) while every other command refused it.
     other = tmp_path / "other-home"
     assert orch("status", env={"ORCH_HOME": str(other)}).returncode == 0  # a real, current, private DB
     orch.home.mkdir(mode=0o700)

@@ -216,7 +216,7 @@ def test_a_large_status_listing_into_head_1_exits_141(orch, args):
 
 
 def test_a_hand_edited_status_cache_never_runs_its_sql(orch, tmp_path):
-    # Found by a hostile test: the fast path ran whatever SQL cache/status-sql.json held (ATTACH made files).
+    # Found by a hostile test: the quick path ran whatever SQL cache/status-sql.json held (ATTACH made files).
     orch("submit", "--name", "c", "--", "true", check=True)
     orch("status", check=True)
     orch("status", check=True)

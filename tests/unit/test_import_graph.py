@@ -1,7 +1,7 @@
 """orchestrator's and orch_trainer's modules import each other without a cycle (``backends/base.py`` once imported
 its own subclasses; ``orch_trainer.finish`` <-> ``orch_trainer.loop`` met through an import under ``TYPE_CHECKING``).
 Walks the source (no import). Imports at any depth count: a function-level import defers a heavy or optional
-dependency, never a cycle (``goodputfast`` <-> ``goodputview`` and ``orch_trainer.attempt -> runfiles -> ranks ->
+dependency, never a cycle (``goodputquick`` <-> ``goodputview`` and ``orch_trainer.attempt -> runfiles -> ranks ->
 attempt`` hid behind such imports); so do imports under ``if TYPE_CHECKING:``, since two modules that name each
 other's types are one module split in two."""
 

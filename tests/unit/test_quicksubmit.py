@@ -69,13 +69,6 @@ def test_a_quick_submission_writes_the_rows_the_sqlalchemy_path_writes(db, cfg, 
     assert spec_env == dict(sorted(os.environ.items()))  # the environment row shared with the slow submission
 
 
-def test_the_quick_revision_is_the_schema_head():
-    from orchestrator.core.db import SCHEMA_HEAD
-    from orchestrator.core.quickdb import QUICK_REVISION
-
-    assert QUICK_REVISION == SCHEMA_HEAD
-
-
 def test_the_quick_reads_are_what_the_models_queries_compile_to():
     """Change models.py or one of these queries and this prints the new text to paste into quicksubmit.SQL."""
     from datetime import datetime

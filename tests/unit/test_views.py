@@ -12,7 +12,7 @@ from orchestrator.ops.reconcile import reconcile_pass
 from orchestrator.ops.submit import SubmitRequest, submit
 from orchestrator.ops.sweep import SweepRequest, submit_sweep
 from orchestrator.views.show import log_paths, show_job, show_sweep, status_rows
-from orchestrator.views.status import fast_status_rows
+from orchestrator.views.status import quick_status_rows
 
 
 def _jobs_in_every_state(db, cfg, sched) -> None:
@@ -30,14 +30,14 @@ def _jobs_in_every_state(db, cfg, sched) -> None:
 def test_the_fast_and_the_slow_status_paths_give_the_same_rows(db, cfg, sched):
     _jobs_in_every_state(db, cfg, sched)
     slow = status_rows(db, cfg)
-    fast = fast_status_rows(cfg)
-    assert fast is not None, "the fast path declined a private SQLite DB at the current revision"
+    fast = quick_status_rows(cfg)
+    assert fast is not None, "the quick path declined a private SQLite DB at the current revision"
     assert fast == slow
     states = {r["name"]: r["state"] for r in slow}
     assert (states["run"], states["fail"], states["ok"]) == ("running", "retryable_failed", "done_marker_verified")
     assert {r["sweep"] for r in slow} == {None, "sw"} and next(r for r in slow if r["name"] == "run")["step"] == 7
     for state in ("running", "retryable_failed"):
-        assert fast_status_rows(cfg, state) == status_rows(db, cfg, state) == [r for r in slow if r["state"] == state]
+        assert quick_status_rows(cfg, state) == status_rows(db, cfg, state) == [r for r in slow if r["state"] == state]
 
 
 def test_show_job_joins_the_db_and_the_run_dir(db, cfg, sched):

@@ -1,4 +1,4 @@
-"""`orch status`'s fast path (stdlib sqlite3 + the query SQLAlchemy compiles, kept in the source) prints
+"""`orch status`'s quick path (stdlib sqlite3 + the query SQLAlchemy compiles, kept in the source) prints
 exactly what the SQLAlchemy path prints, imports no SQLAlchemy, and steps aside whenever the slow path must
 act. No SQL is read from a file (tests/unit/test_strict_values.py checks the kept text)."""
 
@@ -93,7 +93,7 @@ def test_an_older_orchs_sql_cache_is_never_run_and_is_removed(populated):
 
 def test_a_home_others_can_read_is_still_tightened(populated):
     orch = populated
-    orch("status", check=True)  # the DB is at head: the next one would take the fast path
+    orch("status", check=True)  # the DB is at head: the next one would take the quick path
     os.chmod(orch.home, 0o755)
     orch("status", check=True)
     assert stat.S_IMODE(os.stat(orch.home).st_mode) == 0o700

@@ -1,9 +1,9 @@
-"""``orch report``'s fast path: the same rows through stdlib sqlite3, without importing SQLAlchemy.
+"""``orch report``'s quick path: the same rows through stdlib sqlite3, without importing SQLAlchemy.
 
 As ``orch status`` does (views.status): the queries are written once with the models' columns
-(``goodputrows.report_selects``); the fast path runs ``goodputrows.REPORT_SQL``, the text they compile to for
-SQLite (tests/unit/test_goodput_fast.py asserts both are equal and that both paths give the same report), and only
-while the DB is at ``status.STATUS_REVISION``; anything else takes the slow path. Importing
+(``goodputrows.report_selects``); the quick path runs ``goodputrows.REPORT_SQL``, the text they compile to for
+SQLite (tests/unit/test_goodput_quick.py asserts both are equal and that both paths give the same report), and only
+while the DB is at ``status.SCHEMA_HEAD``; anything else takes the slow path. Importing
 SQLAlchemy alone took ~0.3 s of `orch report`'s 0.5 s on an empty DB.
 """
 
@@ -16,11 +16,11 @@ from typing import Any
 from orchestrator.core.config import Config
 from orchestrator.views.goodputrows import REPORT_SQL, JobRow, jobs_from_rows
 from orchestrator.views.goodputview import job_split, report_of
-from orchestrator.views.status import fast_read
+from orchestrator.views.status import quick_read
 
 
-def fast_jobs(cfg: Config, since: timedelta | None, now: float) -> list[JobRow] | None:
-    """The report's jobs through sqlite3 (``status.fast_read``), or None: take the slow path."""
+def quick_jobs(cfg: Config, since: timedelta | None, now: float) -> list[JobRow] | None:
+    """The report's jobs through sqlite3 (``status.quick_read``), or None: take the slow path."""
     if not REPORT_SQL:
         return None
     sql = REPORT_SQL["window" if since is not None else "all"]
@@ -29,14 +29,14 @@ def fast_jobs(cfg: Config, since: timedelta | None, now: float) -> list[JobRow] 
         # as SQLAlchemy stores a DateTime in SQLite: always with microseconds, so strings compare as times
         cutoff = (datetime.fromtimestamp(now, UTC).replace(tzinfo=None) - since).strftime("%Y-%m-%d %H:%M:%S.%f")
         params = (cutoff, cutoff)
-    return fast_read(cfg, lambda conn: jobs_from_rows(conn.execute(sql["jobs"], params).fetchall(),
+    return quick_read(cfg, lambda conn: jobs_from_rows(conn.execute(sql["jobs"], params).fetchall(),
                                                       conn.execute(sql["attempts"], params).fetchall()))
 
 
-def fast_report(cfg: Config, since: timedelta | None, now: float | None = None) -> dict[str, Any] | None:
+def quick_report(cfg: Config, since: timedelta | None, now: float | None = None) -> dict[str, Any] | None:
     """``goodputview.report`` without SQLAlchemy, or None when the slow path must answer."""
     now = time.time() if now is None else now
-    jobs = fast_jobs(cfg, since, now)
+    jobs = quick_jobs(cfg, since, now)
     if jobs is None:
         return None
     return report_of([job_split(j, now) for j in jobs], since)

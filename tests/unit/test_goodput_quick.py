@@ -1,4 +1,4 @@
-"""`orch report`'s fast path (goodputfast): the SQL kept in the source is what the models compile today, and
+"""`orch report`'s quick path (goodputquick): the SQL kept in the source is what the models compile today, and
 it reports exactly what the SQLAlchemy path reports from the same rows (a real SQLite DB)."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ import pytest
 from orchestrator.core.lifecycle import AttemptState, JobState
 from orchestrator.core.models import Attempt, Job, Sweep
 from orchestrator.protocol import FailureClass
-from orchestrator.views import goodputfast, goodputrows
+from orchestrator.views import goodputquick, goodputrows
 from orchestrator.views.goodputview import report
 
 
@@ -27,8 +27,8 @@ def test_the_report_sql_in_the_source_is_what_the_models_compile_today():
 
 
 @pytest.mark.each_db  # on PostgreSQL the slow path alone answers: its SQL must run there too
-def test_fast_and_slow_paths_report_the_same(cfg, db, tmp_path):
-    assert (goodputfast.fast_jobs(cfg, None, 0.0) is None) == (not cfg.db_url.startswith("sqlite"))
+def test_quick_and_slow_paths_report_the_same(cfg, db, tmp_path):
+    assert (goodputquick.quick_jobs(cfg, None, 0.0) is None) == (not cfg.db_url.startswith("sqlite"))
     t0 = datetime(2026, 12, 1, 12, 0, 0)
     with db.write() as s:
         sw = Sweep(name="sw", backend="local", params=[{}])
@@ -46,12 +46,12 @@ def test_fast_and_slow_paths_report_the_same(cfg, db, tmp_path):
     now = t0.replace(tzinfo=UTC).timestamp() + 3600  # the DB's times are naive UTC
     for since in (None, timedelta(days=7)):
         slow = report(db, since, now)
-        fast = goodputfast.fast_report(cfg, since, now)
+        quick = goodputquick.quick_report(cfg, since, now)
         if not cfg.db_url.startswith("sqlite"):
-            assert fast is None  # PostgreSQL: always the slow path
+            assert quick is None  # PostgreSQL: always the slow path
             continue
-        assert fast == slow
-        assert fast["fleet"]["jobs"] == (2 if since is None else 1)
+        assert quick == slow
+        assert quick["fleet"]["jobs"] == (2 if since is None else 1)
     assert slow["by_partition"]["slurm/spot"]["unsignalled_failures"] == 1
     assert slow["by_sweep"]["sw"]["gpu_seconds"]["failed_attempt"] == pytest.approx(120)
 
@@ -63,7 +63,7 @@ def test_a_db_at_another_revision_takes_the_slow_path(cfg, db):
 
     path = sqlite_path(cfg.db_url)
     assert path is not None  # not an each_db test: always SQLite
-    assert goodputfast.fast_jobs(cfg, None, 0.0) == []
+    assert goodputquick.quick_jobs(cfg, None, 0.0) == []
     with sqlite3.connect(path) as c:  # an older schema: its columns may differ from the SQL kept here
         c.execute("UPDATE alembic_version SET version_num = '0004'")
-    assert goodputfast.fast_jobs(cfg, None, 0.0) is None
+    assert goodputquick.quick_jobs(cfg, None, 0.0) is None
