@@ -63,6 +63,10 @@ class Birth:
 JOB_EDGES: tuple[Edge, ...] = (
     Edge(J.PENDING, J.SUBMITTED, "its attempt was accepted by the backend (or found by token after a crash)",
          "ops.launchrecord.record_in"),
+    Edge(J.PENDING, J.SUBMITTED, "orch submit's quick path: its first attempt was accepted by the backend",
+         "ops.quicksubmit._record"),
+    Edge(J.PENDING, J.SUBMITTED, "orch sweep's quick path: its task's first attempt was accepted by the backend",
+         "ops.quicksweep._record"),
     Edge(J.PENDING, J.RETRYABLE_FAILED, "the launch failed for a reason a retry can fix (ENOSPC, a transient error)",
          "ops.attemptend.finish"),
     Edge(J.PENDING, J.FAILED, "the launch was refused for good (invalid partition, symlinked attempts/)",
@@ -114,11 +118,19 @@ JOB_EDGES: tuple[Edge, ...] = (
 ATTEMPT_EDGES: tuple[Edge, ...] = (
     Edge(A.PENDING, A.LAUNCHING, "a launcher (submit, sweep, requeue, a reconcile pass) claimed it",
          "ops.launchclaim.claim_all"),
+    Edge(A.PENDING, A.LAUNCHING, "orch submit's quick path claimed its new attempt (fence 1)",
+         "ops.quicksubmit._launch"),
+    Edge(A.PENDING, A.LAUNCHING, "orch sweep's quick path claimed every new task's attempt (fence 1)",
+         "ops.quicksweep._claim_all"),
     Edge(A.PENDING, A.CANCELLED, "orch cancel before anyone claimed it", "ops.cancel.cancel"),
     Edge(A.PENDING, A.CANCELLED, "orch requeue found its job's marker verifies", "ops.requeue._mark_verified"),
     Edge(A.LAUNCHING, A.LAUNCHING, "re-claimed after the claim expired (a new fence)", "ops.launchclaim.claim_all"),
     Edge(A.LAUNCHING, A.SUBMITTED, "the backend returned an id (or find_by_token found it after a crash)",
          "ops.launchrecord.record_in"),
+    Edge(A.LAUNCHING, A.SUBMITTED, "orch submit's quick path: the backend returned an id under its fence",
+         "ops.quicksubmit._record"),
+    Edge(A.LAUNCHING, A.SUBMITTED, "orch sweep's quick path: the group's ids, every task under its fence",
+         "ops.quicksweep._record"),
     Edge(A.LAUNCHING, A.FAILED, "the launch failed (refused, or a filesystem error); failure_class says which",
          "ops.attemptend.finish"),
     Edge(A.LAUNCHING, A.STOPPING, "orch cancel during the launch: whoever learns the id stops it", "ops.cancel.cancel"),
@@ -150,6 +162,8 @@ ATTEMPT_EDGES: tuple[Edge, ...] = (
 JOB_BIRTHS: tuple[Birth, ...] = (
     Birth(J.PENDING, "orch submit", "ops.submit.submit"),
     Birth(J.PENDING, "orch sweep: one job per task", "ops.sweep.submit_sweep"),
+    Birth(J.PENDING, "orch submit's quick path", "ops.quicksubmit._submit"),
+    Birth(J.PENDING, "orch sweep's quick path: one job per task", "ops.quicksweep._sweep"),
     # A lost DB: the task's run dir already holds a verified result of the same arguments. Never rerun.
     Birth(J.DONE, "orch sweep: the task's run dir already holds its verified marker", "ops.sweep.submit_sweep"),
 )
@@ -157,6 +171,8 @@ JOB_BIRTHS: tuple[Birth, ...] = (
 ATTEMPT_BIRTHS: tuple[Birth, ...] = (
     Birth(A.PENDING, "orch submit: attempt 1", "ops.submit.submit"),
     Birth(A.PENDING, "orch sweep: attempt 1 of each task not already done", "ops.sweep.submit_sweep"),
+    Birth(A.PENDING, "orch submit's quick path: attempt 1", "ops.quicksubmit._submit"),
+    Birth(A.PENDING, "orch sweep's quick path: attempt 1 of each task", "ops.quicksweep._sweep"),
     Birth(A.PENDING, "orch requeue / auto-requeue: the next attempt, in the job's move to pending",
           "ops.requeue._requeue_one"),
 )

@@ -15,13 +15,15 @@ import os
 import sqlite3
 import stat
 import time
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from datetime import datetime
 from pathlib import Path
+from typing import Any
 
 from orchestrator.core import holdstop
 from orchestrator.core.config import Config, sqlite_path
 from orchestrator.core.schema import SCHEMA_HEAD
+from orchestrator.core.sqlitetext import CONSTANTS, SQL
 from orchestrator.errors import DatabaseInterrupted, DatabaseProblem
 
 _LOOK_MS = 250  # a writer waiting for the lock looks at its holder this often (one read of /proc/locks)
@@ -50,6 +52,18 @@ def connect(cfg: Config) -> sqlite3.Connection | None:
     except (OSError, sqlite3.Error):
         return None
     return conn
+
+
+def run(c: sqlite3.Connection | sqlite3.Cursor, statement: str, /, **values: Any) -> sqlite3.Cursor:
+    """``statement`` (``ops/statements.py``, its text generated into ``core/sqlitetext.py``) with the caller's
+    parameters, by name, and its own constants."""
+    return c.execute(SQL[statement], {**CONSTANTS.get(statement, {}), **values})
+
+
+def run_many(c: sqlite3.Connection | sqlite3.Cursor, statement: str, rows: Iterable[dict[str, Any]]) -> sqlite3.Cursor:
+    """``statement`` once per row of parameters (``executemany``: its rowcount is the total)."""
+    constants = CONSTANTS.get(statement, {})
+    return c.executemany(SQL[statement], [{**constants, **row} for row in rows])
 
 
 def at_revision(conn: sqlite3.Connection) -> bool:

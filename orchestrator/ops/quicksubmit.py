@@ -4,8 +4,9 @@ The goal: an ``orch submit --backend slurm`` within 250 ms on a login node; impo
 declaring the models alone took ~0.3 s of it. This path makes the same rows, in the same transactions, and
 calls the same shared steps as ``submit.submit`` + ``launch.launch`` (the checks before any row, the claim
 and its fence, ``launchprep.check_and_prepare``, the fence re-check right before the backend call, the
-record of the id), with the same test hook sites, for a DB that ``quickdb``'s gate lets through. The
-written rows are compared with the SQLAlchemy path's by ``tests/unit/test_quicksubmit.py``.
+record of the id), with the same test hook sites, for a DB that ``quickdb``'s gate lets through. Its statements
+are defined once from the models (``ops/statements.py``; their SQLite text generated into ``core/sqlitetext.py``);
+the rows written are compared with the SQLAlchemy path's by ``tests/unit/test_quicksubmit.py``.
 
 Only the path where everything goes as expected runs here. Each deviation (the claim taken by another
 launcher, a refusal or a filesystem error while preparing, a cancel that came first, a failed backend call,
@@ -27,13 +28,13 @@ from orchestrator.backends import get_backend
 from orchestrator.backends.base import Backend, BackendError
 from orchestrator.core.config import Config
 from orchestrator.core.environments import environment_record
-from orchestrator.core.quickdb import QuickDB, read_time, stored_time
+from orchestrator.core.quickdb import QuickDB, read_time, run, stored_time
 from orchestrator.core.resumestate import keep_globs
 from orchestrator.core.rundir import check_run_dir, ensure_runs_root, run_dir_for
 from orchestrator.core.states import AttemptState, JobState, utcnow
 from orchestrator.core.tokens import new_token
 from orchestrator.decide.mtbf import mtbf_env_from
-from orchestrator.decide.suspects import SUSPECT_CLASSES, excludes_nodes, exclusion_among, failures_of, suspects_from
+from orchestrator.decide.suspects import excludes_nodes, exclusion_among, failures_of, suspects_from
 from orchestrator.errors import AlreadyVerified, Refused
 from orchestrator.ops.claimkeeper import ClaimKeeper
 from orchestrator.ops.launchprep import Held, check_and_prepare, dumps, make_spec
@@ -41,55 +42,6 @@ from orchestrator.ops.liveness import live_processes
 from orchestrator.protocol import FailureClass
 
 A, J = AttemptState, JobState
-
-# The SQL of this path. Reads are pinned to what the models' own queries compile to for SQLite
-# (``mtbf.history_select``, ``suspects.failures_select``/``clears_select``), writes by comparing the rows they
-# leave with the SQLAlchemy path's, column by column (tests/unit/test_quicksubmit.py).
-SQL = {
-    "job_state": "SELECT jobs.state \nFROM jobs \nWHERE jobs.name = ?",
-    "names_taken": "SELECT name FROM jobs WHERE name = ? UNION ALL SELECT name FROM sweeps WHERE name = ?",
-    "environment": "SELECT environments.id \nFROM environments \nWHERE environments.sha256 = ?",
-    "new_environment": "INSERT INTO environments (sha256, vars_json) VALUES (?, ?)",
-    "new_job": "INSERT INTO jobs (name, state, backend, run_dir, command_json, resources_json, outputs_json, "
-               "max_attempts, overrides_json, auto_requeue, created_at, updated_at, env_id, sweep_id, task_index) "
-               "VALUES (?, 'pending', ?, ?, ?, ?, ?, ?, '{}', 0, ?, ?, ?, ?, ?)",
-    "new_sweep": "INSERT INTO sweeps (name, backend, throttle, params_json, created_at) VALUES (?, ?, ?, ?, ?)",
-    "sweep_jobs": "SELECT jobs.task_index, jobs.id FROM jobs WHERE jobs.sweep_id = ?",
-    "sweep_tasks": "SELECT jobs.task_index, jobs.id, attempts.id FROM jobs JOIN attempts ON attempts.job_id = jobs.id "
-                   "WHERE jobs.sweep_id = ?",
-    # launchrecord.mark_batch: the group's token on each attempt still launching
-    "mark_batch": "UPDATE attempts SET batch_token=? WHERE attempts.id = ? AND attempts.state = 'launching'",
-    "new_attempt": "INSERT INTO attempts (job_id, n, token, state, backend, overrides_json, counted, restarts, fence, "
-                   "created_at) VALUES (?, 1, ?, 'pending', ?, '{}', 1, 0, 0, ?)",
-    "event": "INSERT INTO events (job_id, attempt_id, at, from_state, to_state, reason) VALUES (?, ?, ?, ?, ?, ?)",
-    # launchclaim.claim_move of a pending attempt: compare-and-set on its state and fence, the fence + 1
-    "claim": "UPDATE attempts SET claimed_at=?, fence=?, state='launching' WHERE attempts.id = ? "
-             "AND attempts.state = 'pending' AND attempts.fence = ?",
-    "renew": "UPDATE attempts SET claimed_at=? WHERE attempts.id = ? AND attempts.state = 'launching' "
-             "AND attempts.fence = ?",
-    # launchclaim.check_claims of a claim still held: renewed, and its generation noted as the one that may submit
-    "check_claim": "UPDATE attempts SET claimed_at=?, launched_fence=? WHERE attempts.id = ? "
-                   "AND attempts.state = 'launching' AND attempts.fence = ?",
-    "record": "UPDATE attempts SET state='submitted', external_id=?, submitted_at=?, overrides_json=? "
-              "WHERE attempts.id = ? AND attempts.state = 'launching' AND attempts.fence = ?",
-    "claim_state": "SELECT attempts.state, attempts.fence, attempts.external_id, attempts.batch_token FROM attempts "
-                   "WHERE attempts.id = ?",
-    "job_submitted": "UPDATE jobs SET state='submitted', updated_at=? WHERE jobs.id = ? AND jobs.state = 'pending'",
-    "mtbf_history": "SELECT attempts.started_at, attempts.ended_at, attempts.failure_class, "
-                    "jobs.resources_json AS resources_json \n"
-                    "FROM attempts JOIN jobs ON jobs.id = attempts.job_id \n"
-                    "WHERE jobs.backend = ? AND attempts.ended_at >= ?",
-    "node_failures": "SELECT jobs.name, jobs.sweep_id, sweeps.name AS name_1, attempts.n, attempts.failure_class, "
-                     "attempts.ended_at, attempts.nodes \nFROM attempts JOIN jobs ON attempts.job_id = jobs.id "
-                     "LEFT OUTER JOIN sweeps ON jobs.sweep_id = sweeps.id \nWHERE attempts.backend = ? AND "
-                     "attempts.failure_class IN (__[POSTCOMPILE_failure_class_1]) AND attempts.ended_at >= ? AND "
-                     "attempts.nodes IS NOT NULL",
-    "node_clears": "SELECT node_clears.node, max(node_clears.cleared_at) AS max_1 \nFROM node_clears \n"
-                   "WHERE node_clears.backend = ? GROUP BY node_clears.node",
-}
-# The expanding IN of the classes, as SQLAlchemy renders it at execution (one parameter per class)
-_CLASSES = sorted(c.value for c in SUSPECT_CLASSES)
-_FAILURES_SQL = SQL["node_failures"].replace("__[POSTCOMPILE_failure_class_1]", ", ".join("?" * len(_CLASSES)))
 
 
 # ------------------------------------------------------------------------------------------
@@ -153,22 +105,22 @@ def _submit(db: QuickDB, cfg: Config, name: str, command: list[str], backend: Ba
             max_attempts: int, outputs: list[str]) -> Submitted:
     def job_state() -> str | None:
         with db.read() as c:
-            row = c.execute(SQL["job_state"], (name,)).fetchone()
+            row = run(c, "job_state", name=name).fetchone()
         return None if row is None else row[0]
 
     run_dir = preflight(cfg, name, job_state)
     digest, env_vars = environment_record(os.environ)
     token = new_token()
     with db.write() as c:  # the job and its first attempt, pending (submit.submit's transaction)
-        if c.execute(SQL["names_taken"], (name, name)).fetchone() is not None:
+        if run(c, "names_taken", name=name).fetchone() is not None:
             raise name_taken(name)
         testhooks.site("names_checked")
-        found = c.execute(SQL["environment"], (digest,)).fetchone()
-        env_id = found[0] if found else c.execute(SQL["new_environment"], (digest, dumps(env_vars))).lastrowid
+        env_id = environment_id(c, digest, env_vars)
         now = stored_time(utcnow())
-        job_id = c.execute(SQL["new_job"], (name, backend.name, str(run_dir), dumps(command), dumps(resources),
-                                            dumps(outputs), max_attempts, now, now, env_id, None, None)).lastrowid
-        attempt_id = c.execute(SQL["new_attempt"], (job_id, token, backend.name, now)).lastrowid
+        job_id = run(c, "new_job", name=name, backend=backend.name, run_dir=str(run_dir), command_json=dumps(command),
+                     resources_json=dumps(resources), outputs_json=dumps(outputs), max_attempts=max_attempts, now=now,
+                     env_id=env_id, sweep_id=None, task_index=None).lastrowid
+        attempt_id = run(c, "new_attempt", job_id=job_id, token=token, backend=backend.name, now=now).lastrowid
     return _launch(db, cfg, backend, Held(name, attempt_id, 1), job_id, token, run_dir, command, outputs, resources,
                    env_vars)
 
@@ -183,7 +135,8 @@ def _launch(db: QuickDB, cfg: Config, backend: Backend, held: Held, job_id: int,
                      env=env, resources=resources, task=None, base_env=env_vars)
     with db.write() as c:
         now = utcnow()
-        claimed = c.execute(SQL["claim"], (stored_time(now), held.fence, held.attempt_id, held.fence - 1)).rowcount
+        claimed = run(c, "claim", now=stored_time(now), fence=held.fence, attempt_id=held.attempt_id,
+                      old_fence=held.fence - 1).rowcount
         if claimed == 1:
             event(c, job_id, held.attempt_id, now, A.PENDING, A.LAUNCHING, f"claimed (fence {held.fence})")
     if claimed != 1:  # a reconcile pass claimed it first (this process was stopped between the two transactions)
@@ -205,8 +158,8 @@ def _launch(db: QuickDB, cfg: Config, backend: Backend, held: Held, job_id: int,
         held.moved = moved
         testhooks.site("before_backend_submit")
     with db.write() as c:
-        still = c.execute(SQL["check_claim"], (stored_time(utcnow()), held.fence, held.attempt_id,
-                                               held.fence)).rowcount == 1
+        still = run(c, "check_claim", now=stored_time(utcnow()), fence=held.fence,
+                    attempt_id=held.attempt_id).rowcount == 1
     if not still:  # a cancel came first (closed unlaunched), or a re-claimer has it: decided as launch decides
         from orchestrator.ops.launchclaim import check_claim
 
@@ -230,11 +183,11 @@ def _record(db: QuickDB, cfg: Config, backend: Backend, held: Held, job_id: int,
     submitted; if the claim is no longer this launcher's, ``launchrecord.record_own`` decides (cancel, adoption)."""
     with db.write() as c:
         now = utcnow()
-        ok = c.execute(SQL["record"], (external_id, stored_time(now), dumps(held.overrides), held.attempt_id,
-                                       held.fence)).rowcount == 1
+        ok = run(c, "record", external_id=external_id, now=stored_time(now), overrides_json=dumps(held.overrides),
+                 attempt_id=held.attempt_id, fence=held.fence).rowcount == 1
         if ok:
             event(c, job_id, held.attempt_id, now, A.LAUNCHING, A.SUBMITTED, f"submitted as {external_id}")
-            if c.execute(SQL["job_submitted"], (stored_time(now), job_id)).rowcount == 1:
+            if run(c, "job_submitted", now=stored_time(now), job_id=job_id).rowcount == 1:
                 event(c, job_id, None, now, J.PENDING, J.SUBMITTED, f"attempt 1 submitted as {external_id}")
     if ok:
         return Submitted(held.name, run_dir, external_id, moved=held.moved)
@@ -255,7 +208,7 @@ def stop_overtaken(db: QuickDB, backend: Backend, submitted: list[tuple[Held, st
     refs = []
     with db.read() as c:
         for h, ext in submitted:
-            row = c.execute(SQL["claim_state"], (h.attempt_id,)).fetchone()
+            row = run(c, "claim_state", attempt_id=h.attempt_id).fetchone()
             if row is None:
                 continue
             state, fence, recorded, batch = row
@@ -274,7 +227,14 @@ def _deviated(held: Held, run_dir: Path, outcome: str) -> Submitted:
 
 
 def event(c: Any, job_id: int, attempt_id: int | None, at: Any, src: Any, dst: Any, reason: str) -> None:
-    c.execute(SQL["event"], (job_id, attempt_id, stored_time(at), src.value, dst.value, reason[:2000]))
+    run(c, "event", job_id=job_id, attempt_id=attempt_id, at=stored_time(at), from_state=src.value,
+        to_state=dst.value, reason=reason[:2000])
+
+
+def environment_id(c: Any, digest: str, env_vars: dict[str, str]) -> int:
+    """The id of the environment row with ``digest``, inserted if new (``jobqueries.environment_id``)."""
+    found = run(c, "environment", sha256=digest).fetchone()
+    return found[0] if found else run(c, "new_environment", sha256=digest, vars_json=dumps(env_vars)).lastrowid
 
 
 def renew(cfg: Config, claims: list[tuple[int, int]]) -> set[int]:
@@ -285,14 +245,14 @@ def renew(cfg: Config, claims: list[tuple[int, int]]) -> set[int]:
     try:
         with db.write() as c:
             now = stored_time(utcnow())
-            return {a for a, f in claims if c.execute(SQL["renew"], (now, a, f)).rowcount == 1}
+            return {a for a, f in claims if run(c, "renew", now=now, attempt_id=a, fence=f).rowcount == 1}
     finally:
         db.close()
 
 
 def history(c: Any, backend: str, cutoff: Any) -> list[tuple[Any, ...]]:
     return [(read_time(s), read_time(e), cls, res)
-            for s, e, cls, res in c.execute(SQL["mtbf_history"], (backend, stored_time(cutoff)))]
+            for s, e, cls, res in run(c, "mtbf_history", backend=backend, since=stored_time(cutoff))]
 
 
 def _with_exclusion(db: QuickDB, cfg: Config, backend: Backend, spec: Any) -> Any:
@@ -307,7 +267,7 @@ def exclusion(db: QuickDB, cfg: Config, backend: Backend, resources: Any) -> tup
         return ()
     with db.read() as c:
         def failures(since: Any) -> list[Any]:
-            rows = c.execute(_FAILURES_SQL, (backend.name, *_CLASSES, stored_time(since.replace(tzinfo=None))))
+            rows = run(c, "node_failures", backend=backend.name, since=stored_time(since.replace(tzinfo=None)))
             return failures_of((n, sid, sw, k, FailureClass(cls), read_time(at), nodes)
                                for n, sid, sw, k, cls, at, nodes in rows)
 
@@ -315,7 +275,7 @@ def exclusion(db: QuickDB, cfg: Config, backend: Backend, resources: Any) -> tup
             from datetime import UTC
 
             return {node: read_time(at).replace(tzinfo=UTC)
-                    for node, at in c.execute(SQL["node_clears"], (backend.name,))}
+                    for node, at in run(c, "node_clears", backend=backend.name)}
 
         suspects = suspects_from(cfg, failures, clears)
     return exclusion_among(suspects, backend, resources)

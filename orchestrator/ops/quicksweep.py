@@ -28,7 +28,7 @@ from orchestrator.backends import get_backend
 from orchestrator.backends.base import Backend, BackendError
 from orchestrator.core.config import Config
 from orchestrator.core.environments import environment_record
-from orchestrator.core.quickdb import QuickDB, stored_time
+from orchestrator.core.quickdb import QuickDB, run, run_many, stored_time
 from orchestrator.core.resumestate import keep_globs
 from orchestrator.core.rundir import run_dir_for
 from orchestrator.core.states import AttemptState, JobState, utcnow
@@ -47,7 +47,15 @@ from orchestrator.ops.launchprep import (
     sweep_env,
     write_batch_records,
 )
-from orchestrator.ops.quicksubmit import SQL, event, exclusion, history, renew, slow_db, stop_overtaken
+from orchestrator.ops.quicksubmit import (
+    environment_id,
+    event,
+    exclusion,
+    history,
+    renew,
+    slow_db,
+    stop_overtaken,
+)
 from orchestrator.ops.sweepspec import SweepRequest, names_exist, preflight_sweep
 
 A, J = AttemptState, JobState
@@ -95,17 +103,18 @@ def _sweep(db: QuickDB, cfg: Config, req: SweepRequest, backend: Backend, names:
             raise names_exist(taken)
         testhooks.site("names_checked")
         now = stored_time(utcnow())
-        sweep_id = c.execute(SQL["new_sweep"], (req.name, backend.name, req.throttle, dumps(req.params),
-                                                now)).lastrowid
-        found = c.execute(SQL["environment"], (digest,)).fetchone()
-        env_id = found[0] if found else c.execute(SQL["new_environment"], (digest, dumps(env_vars))).lastrowid
-        c.executemany(SQL["new_job"], [(n, backend.name, str(d), dumps(cmd), resources, outputs, req.max_attempts,
-                                        now, now, env_id, sweep_id, i)
-                                       for i, (n, d, cmd) in enumerate(zip(names, run_dirs, commands, strict=True))])
-        job_ids = dict(c.execute(SQL["sweep_jobs"], (sweep_id,)))
+        sweep_id = run(c, "new_sweep", name=req.name, backend=backend.name, throttle=req.throttle,
+                       params_json=dumps(req.params), now=now).lastrowid
+        env_id = environment_id(c, digest, env_vars)
+        run_many(c, "new_job", (dict(name=n, backend=backend.name, run_dir=str(d), command_json=dumps(cmd),
+                                     resources_json=resources, outputs_json=outputs, max_attempts=req.max_attempts,
+                                     now=now, env_id=env_id, sweep_id=sweep_id, task_index=i)
+                                for i, (n, d, cmd) in enumerate(zip(names, run_dirs, commands, strict=True))))
+        job_ids = dict(run(c, "sweep_jobs", sweep_id=sweep_id))
         tokens = [new_token() for _ in names]
-        c.executemany(SQL["new_attempt"], [(job_ids[i], tokens[i], backend.name, now) for i in range(len(names))])
-        ids = {i: (job_id, attempt_id) for i, job_id, attempt_id in c.execute(SQL["sweep_tasks"], (sweep_id,))}
+        run_many(c, "new_attempt", (dict(job_id=job_ids[i], token=tokens[i], backend=backend.name, now=now)
+                                    for i in range(len(names))))
+        ids = {i: (job_id, attempt_id) for i, job_id, attempt_id in run(c, "sweep_tasks", sweep_id=sweep_id)}
     held = [Held(n, ids[i][1], 1) for i, n in enumerate(names)]
     env = {protocol.ENV_OVERRIDES: dumps({})}
     with db.read() as c:  # ORCH_MTBF_S: one partition, one history read
@@ -141,7 +150,8 @@ def _claim_all(db: QuickDB, held: list[Held], job_ids: list[int]) -> None:
     """``launchclaim.claim_all`` of pending attempts: every one claimed under fence 1, or none (``_Mismatch``)."""
     with db.write() as c:
         now = utcnow()
-        n = c.executemany(SQL["claim"], [(stored_time(now), 1, h.attempt_id, 0) for h in held]).rowcount
+        n = run_many(c, "claim", (dict(now=stored_time(now), fence=1, attempt_id=h.attempt_id, old_fence=0)
+                                  for h in held)).rowcount
         if n != len(held):
             raise _Mismatch
         for h, job_id in zip(held, job_ids, strict=True):
@@ -201,8 +211,8 @@ def _check_claims(db: QuickDB, cfg: Config, ready: list[Held], results: dict[str
     try:
         with db.write() as c:
             now = stored_time(utcnow())
-            if c.executemany(SQL["check_claim"], [(now, h.fence, h.attempt_id, h.fence)
-                                                  for h in ready]).rowcount != len(ready):
+            if run_many(c, "check_claim", (dict(now=now, fence=h.fence, attempt_id=h.attempt_id)
+                                           for h in ready)).rowcount != len(ready):
                 raise _Mismatch
         return ready
     except _Mismatch:
@@ -218,8 +228,8 @@ def _submit(db: QuickDB, cfg: Config, req: SweepRequest, backend: Backend, membe
     batch_token = members[0].spec.batch or new_batch_token()
     try:
         with db.write() as c:
-            if c.executemany(SQL["mark_batch"], [(batch_token, h.attempt_id) for h in members]).rowcount \
-                    != len(members):
+            if run_many(c, "mark_batch", (dict(batch_token=batch_token, attempt_id=h.attempt_id)
+                                          for h in members)).rowcount != len(members):
                 raise _Mismatch
     except _Mismatch:
         marked = _slow().mark_batch(slow_db(cfg), [h.attempt_id for h in members], batch_token)
@@ -255,10 +265,11 @@ def _record(db: QuickDB, members: list[Held], job_of: dict[int, int], ids: dict[
     with db.write() as c:
         now = utcnow()
         at = stored_time(now)
-        rows = [(ids[h.spec.token], at, dumps(h.overrides), h.attempt_id, h.fence) for h in members]
-        if c.executemany(SQL["record"], rows).rowcount != len(members):
+        rows = [dict(external_id=ids[h.spec.token], now=at, overrides_json=dumps(h.overrides), attempt_id=h.attempt_id,
+                     fence=h.fence) for h in members]
+        if run_many(c, "record", rows).rowcount != len(members):
             raise _Mismatch
-        if c.executemany(SQL["job_submitted"], [(at, job_of[h.attempt_id]) for h in members]).rowcount \
+        if run_many(c, "job_submitted", (dict(now=at, job_id=job_of[h.attempt_id]) for h in members)).rowcount \
                 != len(members):
             raise _Mismatch
         for h in members:

@@ -1,8 +1,8 @@
 """orchestrator.ops.quicksubmit: ``orch submit`` without SQLAlchemy (to stay <= 250 ms per call) writes what the
 SQLAlchemy path writes, runs only where the gate lets it, and hands every deviation to launch's own handler.
 
-The rows of a quick submission are compared with a slow one's column by column; its read SQL is pinned to what
-the models' queries compile to; each deviation (a claim taken first, a cancel during the launch, a claim lost
+The rows of a quick submission are compared with a slow one's column by column (its SQL is generated from the
+models: tests/unit/test_sqlitetext.py); each deviation (a claim taken first, a cancel during the launch, a claim lost
 before the backend call or before the record, a refusal while preparing, a failed backend call) is made to
 happen for real in the DB and the outcome checked against what ``launch`` decides."""
 
@@ -17,12 +17,11 @@ from pathlib import Path
 import pytest
 from orchkit import assert_launch_times, at_site
 from sqlalchemy import select, update
-from sqlalchemy.dialects import sqlite
 
 from orchestrator.backends.base import BackendError, SubmissionRefused
 from orchestrator.core.jobqueries import get_job
 from orchestrator.core.lifecycle import AttemptState, JobState, utcnow
-from orchestrator.core.models import Attempt, Environment, Event, Job
+from orchestrator.core.models import Attempt, Event, Job
 from orchestrator.errors import OrchError, Refused
 from orchestrator.ops import quicksubmit
 from orchestrator.ops.submit import SubmitRequest, submit
@@ -67,23 +66,6 @@ def test_a_quick_submission_writes_the_rows_the_sqlalchemy_path_writes(db, cfg, 
     with db.read() as s:
         spec_env = get_job(s, "quick").environment.vars
     assert spec_env == dict(sorted(os.environ.items()))  # the environment row shared with the slow submission
-
-
-def test_the_quick_reads_are_what_the_models_queries_compile_to():
-    """Change models.py or one of these queries and this prints the new text to paste into quicksubmit.SQL."""
-    from datetime import datetime
-
-    from orchestrator.decide import mtbf, suspects
-
-    def text(q) -> str:
-        return str(q.compile(dialect=sqlite.dialect()))
-
-    t = datetime(2026, 1, 1)
-    assert quicksubmit.SQL["mtbf_history"] == text(mtbf.history_select("slurm", t))
-    assert quicksubmit.SQL["node_failures"] == text(suspects.failures_select("slurm", t))
-    assert quicksubmit.SQL["node_clears"] == text(suspects.clears_select("slurm"))
-    assert quicksubmit.SQL["job_state"] == text(select(Job.state).where(Job.name == "x"))
-    assert quicksubmit.SQL["environment"] == text(select(Environment.id).where(Environment.sha256 == "x"))
 
 
 def test_the_mtbf_and_suspect_evidence_read_quickly_equal_the_slow_reads(db, cfg, sched):

@@ -1,0 +1,213 @@
+"""Every statement of the quick path (stdlib sqlite3, no SQLAlchemy import), defined once, from the models.
+
+The quick path (``ops/quicksubmit``, ``ops/quicksweep``) cannot import SQLAlchemy: importing it costs more than
+``orch submit``'s whole latency goal on a login node. It used to run SQL written by hand, with the models'
+defaults retyped as literals, so a column added to a model, a default changed or a state renamed could leave it
+writing rows the SQLAlchemy path never would. Now each statement is a SQLAlchemy Core construct here, built from the
+models' own tables, columns, defaults and state values, and the SQLite text it compiles to is generated into
+``core/sqlitetext.py`` (checked in; ``tests/unit/test_sqlitetext.py`` regenerates it and compares, as
+``docs/lifecycle.md`` is checked). Never a cache read at run time.
+
+Parameters are named. A parameter given a value here (a state, a model's default) is a constant: its value, as the
+column's type stores it, goes into ``sqlitetext.CONSTANTS`` and the quick path binds it with the caller's
+(``quickdb.bound``). The others are the caller's to give, by name.
+
+    python -m orchestrator.ops.statements --write    # regenerate core/sqlitetext.py
+    python -m orchestrator.ops.statements --check    # exit 1 if it is stale
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from sqlalchemy import Column, bindparam, insert, select, union_all, update
+from sqlalchemy.dialects import sqlite
+from sqlalchemy.sql import ClauseElement
+
+from orchestrator.core.models import Attempt, Environment, Event, Job, Sweep
+from orchestrator.core.states import AttemptState, JobState
+from orchestrator.decide import mtbf, suspects
+
+A, J = AttemptState, JobState
+TARGET = Path(__file__).resolve().parents[1] / "core" / "sqlitetext.py"
+
+
+def given(name: str) -> Any:
+    """A parameter the caller gives."""
+    return bindparam(name)
+
+
+def const(name: str, value: Any, column: Any) -> Any:
+    """A constant, stored as ``column``'s type stores it."""
+    return bindparam(name, value=value, type_=column.type)
+
+
+def default(column: Column) -> Any:
+    """``column``'s default in the model (``mapped_column(default=...)``), as a constant."""
+    d = column.default
+    value = d.arg(None) if d.is_callable else d.arg  # a callable default (dict, list) is wrapped to take a context
+    return const(f"default_{column.name}", value, column)
+
+
+# The statements that create a row in a state or move one: (the lifecycle kind, the state), as lifecycle.py's tables
+# say it; tests/unit/test_lifecycle_data.py holds them to writing exactly these, and each caller to a declared edge.
+MOVES: dict[str, tuple[str, Any]] = {
+    "new_job": ("job birth", J.PENDING),
+    "new_attempt": ("attempt birth", A.PENDING),
+    "claim": ("attempt", A.LAUNCHING),
+    "record": ("attempt", A.SUBMITTED),
+    "job_submitted": ("job", J.SUBMITTED),
+}
+
+
+def _statements() -> dict[str, Callable[[], ClauseElement]]:
+    at, jt = Attempt.__table__.c, Job.__table__.c
+    launching = const("launching", A.LAUNCHING, at.state)
+
+    def names_taken() -> ClauseElement:
+        return union_all(select(Job.name).where(Job.name == given("name")),
+                         select(Sweep.name).where(Sweep.name == given("name")))
+
+    def new_job() -> ClauseElement:
+        return insert(Job.__table__).values(
+            name=given("name"), state=const("pending", J.PENDING, jt.state), backend=given("backend"),
+            run_dir=given("run_dir"), command_json=given("command_json"), resources_json=given("resources_json"),
+            outputs_json=given("outputs_json"), max_attempts=given("max_attempts"),
+            overrides_json=default(jt.overrides_json), auto_requeue=default(jt.auto_requeue),
+            created_at=given("now"), updated_at=given("now"), env_id=given("env_id"), sweep_id=given("sweep_id"),
+            task_index=given("task_index"))
+
+    def new_attempt() -> ClauseElement:
+        # a job's first attempt (``lifecycle.create_attempt``'s n for a new job)
+        return insert(Attempt.__table__).values(
+            job_id=given("job_id"), n=const("first", 1, at.n), token=given("token"),
+            state=const("pending", A.PENDING, at.state), backend=given("backend"),
+            overrides_json=default(at.overrides_json), counted=default(at.counted), restarts=default(at.restarts),
+            fence=default(at.fence), created_at=given("now"))
+
+    def claim() -> ClauseElement:
+        # launchclaim.claim_move of a pending attempt: compare-and-set on its state and fence, the fence + 1
+        return update(Attempt.__table__).where(
+            at.id == given("attempt_id"), at.state == const("pending", A.PENDING, at.state),
+            at.fence == given("old_fence")).values(claimed_at=given("now"), fence=given("fence"), state=launching)
+
+    def held(**values: Any) -> ClauseElement:
+        """An update of an attempt still launching under this launcher's fence."""
+        return update(Attempt.__table__).where(at.id == given("attempt_id"), at.state == launching,
+                                               at.fence == given("fence")).values(**values)
+
+    return {
+        "job_state": lambda: select(Job.state).where(Job.name == given("name")),
+        "names_taken": names_taken,
+        "environment": lambda: select(Environment.id).where(Environment.sha256 == given("sha256")),
+        "new_environment": lambda: insert(Environment.__table__).values(sha256=given("sha256"),
+                                                                       vars_json=given("vars_json")),
+        "new_job": new_job,
+        "new_sweep": lambda: insert(Sweep.__table__).values(
+            name=given("name"), backend=given("backend"), throttle=given("throttle"),
+            params_json=given("params_json"), created_at=given("now")),
+        "sweep_jobs": lambda: select(Job.task_index, Job.id).where(Job.sweep_id == given("sweep_id")),
+        "sweep_tasks": lambda: select(Job.task_index, Job.id, Attempt.id).join(Attempt, Attempt.job_id == Job.id)
+        .where(Job.sweep_id == given("sweep_id")),
+        "new_attempt": new_attempt,
+        "event": lambda: insert(Event.__table__).values(
+            job_id=given("job_id"), attempt_id=given("attempt_id"), at=given("at"), from_state=given("from_state"),
+            to_state=given("to_state"), reason=given("reason")),
+        "claim": claim,
+        # launchrecord.mark_batch: the group's token on each attempt still launching
+        "mark_batch": lambda: update(Attempt.__table__).where(at.id == given("attempt_id"), at.state == launching)
+        .values(batch_token=given("batch_token")),
+        "renew": lambda: held(claimed_at=given("now")),
+        # launchclaim.check_claims of a claim still held: renewed, and its generation noted as the one that may submit
+        "check_claim": lambda: held(claimed_at=given("now"), launched_fence=given("fence")),
+        "record": lambda: held(state=const("submitted", A.SUBMITTED, at.state), external_id=given("external_id"),
+                               submitted_at=given("now"), overrides_json=given("overrides_json")),
+        "claim_state": lambda: select(Attempt.state, Attempt.fence, Attempt.external_id, Attempt.batch_token)
+        .where(Attempt.id == given("attempt_id")),
+        "job_submitted": lambda: update(Job.__table__).where(
+            jt.id == given("job_id"), jt.state == const("pending", J.PENDING, jt.state))
+        .values(state=const("submitted", J.SUBMITTED, jt.state), updated_at=given("now")),
+        "mtbf_history": lambda: mtbf.history_select(given("backend"), given("since")),
+        "node_failures": lambda: suspects.failures_select(given("backend"), given("since")),
+        "node_clears": lambda: suspects.clears_select(given("backend")),
+    }
+
+
+def compiled(stmt: ClauseElement) -> tuple[str, dict[str, Any]]:
+    """(SQLite text with named parameters, its constants as the column types store them); an expanding IN of
+    constants (the suspect classes) is rendered one name per value, as SQLAlchemy renders it when it executes."""
+    c = stmt.compile(dialect=sqlite.dialect(paramstyle="named"))
+    text, constants = str(c), {}
+    processors = c._bind_processors  # the column types' own conversions (an enum to its value, JSON to text)
+    for bind, name in c.bind_names.items():  # each parameter once, by the name the text uses
+        if bind.required:
+            continue  # the caller's
+        store = processors.get(name, lambda v: v)
+        if bind.expanding:
+            values = sorted(store(v) for v in bind.value)  # a set's order changes from run to run; IN's does not matter
+            names = [f"{name}_{i}" for i in range(1, len(values) + 1)]
+            text = text.replace(f"__[POSTCOMPILE_{name}]", ", ".join(f":{n}" for n in names))
+            constants.update(zip(names, values, strict=True))
+        else:
+            constants[name] = store(bind.value)
+    return text, constants
+
+
+def _literal(text: str, indent: str) -> list[str]:
+    """``text`` as Python string literals of at most ~100 characters, each on a line of its own."""
+    chunks, line = [], ""
+    for word in text.split(" "):
+        if line and len(json.dumps(line + " " + word)) > 100:
+            chunks.append(line + " ")
+            line = word
+        else:
+            line = f"{line} {word}" if line else word
+    chunks.append(line)
+    return [indent + json.dumps(c) for c in chunks]
+
+
+def _value(v: Any) -> str:
+    return json.dumps(v) if isinstance(v, str) else repr(v)
+
+
+def generate() -> str:
+    """The text of ``core/sqlitetext.py``."""
+    out = ['"""Generated by ``python -m orchestrator.ops.statements --write`` from ops/statements.py: do not edit.',
+           "",
+           "The SQLite text of every statement of the quick path (ops/quicksubmit, ops/quicksweep), with named",
+           "parameters; ``CONSTANTS`` holds the values it binds itself (states and model defaults, as the columns",
+           'store them). Stdlib only: the quick path imports it without SQLAlchemy.', '"""', "",
+           "from typing import Any", "", "SQL: dict[str, str] = {"]
+    constants = {}
+    for name, build in _statements().items():
+        text, consts = compiled(build())
+        out += [f"    {json.dumps(name)}: (", *_literal(text, " " * 8), "    ),"]
+        if consts:
+            constants[name] = consts
+    out += ["}", "", "CONSTANTS: dict[str, dict[str, Any]] = {"]
+    for name, consts in constants.items():
+        items = [f"        {json.dumps(k)}: {_value(v)}," for k, v in sorted(consts.items())]
+        out += [f"    {json.dumps(name)}: {{", *items, "    },"]
+    out += ["}", ""]
+    return "\n".join(out)
+
+
+def main(argv: list[str]) -> int:
+    if argv == ["--write"]:
+        TARGET.write_text(generate())
+        return 0
+    if argv == ["--check"]:
+        if TARGET.read_text() != generate():
+            print(f"{TARGET} is stale: run python -m orchestrator.ops.statements --write", file=sys.stderr)
+            return 1
+        return 0
+    print("usage: python -m orchestrator.ops.statements --write | --check", file=sys.stderr)
+    return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
