@@ -15,7 +15,8 @@ place), ``tokens_looked_up`` (a reconcile pass asked the backend for
 the tokens of launches in doubt, before it re-claims them), ``wrapper_marker_decided`` (the job wrapper,
 its program exited, has written or refused done.json; stop signals held), ``wrapper_end_decided`` (... and
 is about to write exit.json), ``rank_before_program`` (a rank's orch parent, its stop handlers set, has not
-started the program yet). Unset, each costs one environment lookup.
+started the program yet), ``quick:<statement>`` (the quick path ran that statement of ops/statements.py, its
+transaction not yet committed). Unset, each costs one environment lookup.
 ``abort_at_exit(name)``: with ``ORCH_FAULT=<name>`` the process aborts (SIGABRT) during interpreter
 finalization, as a C++ destructor that finds a thread still joinable does (site ``trainer_exit``).
 """

@@ -20,6 +20,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
+from orchestrator import testhooks
 from orchestrator.core import holdstop
 from orchestrator.core.config import Config, sqlite_path
 from orchestrator.core.schema import SCHEMA_HEAD
@@ -56,14 +57,18 @@ def connect(cfg: Config) -> sqlite3.Connection | None:
 
 def run(c: sqlite3.Connection | sqlite3.Cursor, statement: str, /, **values: Any) -> sqlite3.Cursor:
     """``statement`` (``ops/statements.py``, its text generated into ``core/sqlitetext.py``) with the caller's
-    parameters, by name, and its own constants."""
-    return c.execute(SQL[statement], {**CONSTANTS.get(statement, {}), **values})
+    parameters, by name, and its own constants. Test site ``quick:<statement>``: right after it ran, uncommitted."""
+    cur = c.execute(SQL[statement], {**CONSTANTS.get(statement, {}), **values})
+    testhooks.site(f"quick:{statement}")
+    return cur
 
 
 def run_many(c: sqlite3.Connection | sqlite3.Cursor, statement: str, rows: Iterable[dict[str, Any]]) -> sqlite3.Cursor:
     """``statement`` once per row of parameters (``executemany``: its rowcount is the total)."""
     constants = CONSTANTS.get(statement, {})
-    return c.executemany(SQL[statement], [{**constants, **row} for row in rows])
+    cur = c.executemany(SQL[statement], [{**constants, **row} for row in rows])
+    testhooks.site(f"quick:{statement}")
+    return cur
 
 
 def at_revision(conn: sqlite3.Connection) -> bool:
