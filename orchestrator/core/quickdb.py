@@ -71,6 +71,18 @@ def run_many(c: sqlite3.Connection | sqlite3.Cursor, statement: str, rows: Itera
     return cur
 
 
+class SqliteExecutor:
+    """``core/transactions.py``'s executor on a sqlite3 connection: the generated text, times stored as the
+    SQLAlchemy path stores them."""
+
+    def __init__(self, conn: sqlite3.Connection) -> None:
+        self.conn = conn
+
+    def rowcount(self, statement: str, /, **values: Any) -> int:
+        return run(self.conn, statement, **{k: stored_time(v) if isinstance(v, datetime) else v
+                                            for k, v in values.items()}).rowcount
+
+
 def at_revision(conn: sqlite3.Connection) -> bool:
     row = conn.execute("SELECT version_num FROM alembic_version").fetchone()
     return row is not None and row[0] == SCHEMA_HEAD

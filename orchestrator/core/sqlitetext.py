@@ -49,25 +49,25 @@ SQL: dict[str, str] = {
         ":attempt_id, :at, :from_state, :to_state, :reason)"
     ),
     "claim": (
-        "UPDATE attempts SET state=:launching, claimed_at=:now, fence=:fence WHERE attempts.id = "
+        "UPDATE attempts SET state=:launching, claimed_at=:now, fence=:new_fence WHERE attempts.id = "
         ":attempt_id AND attempts.state = :pending AND attempts.fence = :old_fence"
     ),
     "mark_batch": (
-        "UPDATE attempts SET batch_token=:batch_token WHERE attempts.id = :attempt_id AND attempts.state = "
+        "UPDATE attempts SET batch_token=:batch WHERE attempts.id = :attempt_id AND attempts.state = "
         ":launching"
     ),
     "renew": (
         "UPDATE attempts SET claimed_at=:now WHERE attempts.id = :attempt_id AND attempts.state = "
-        ":launching AND attempts.fence = :fence"
+        ":launching AND attempts.fence = :held_fence"
     ),
     "check_claim": (
-        "UPDATE attempts SET claimed_at=:now, launched_fence=:fence WHERE attempts.id = :attempt_id AND "
-        "attempts.state = :launching AND attempts.fence = :fence"
+        "UPDATE attempts SET claimed_at=:now, launched_fence=:held_fence WHERE attempts.id = :attempt_id "
+        "AND attempts.state = :launching AND attempts.fence = :held_fence"
     ),
     "record": (
-        "UPDATE attempts SET state=:submitted, external_id=:external_id, overrides_json=:overrides_json, "
+        "UPDATE attempts SET state=:submitted, external_id=:ext_id, overrides_json=:overrides, "
         "submitted_at=:now WHERE attempts.id = :attempt_id AND attempts.state = :launching AND "
-        "attempts.fence = :fence"
+        "attempts.fence = :held_fence"
     ),
     "claim_state": (
         "SELECT attempts.state, attempts.fence, attempts.external_id, attempts.batch_token \nFROM attempts "

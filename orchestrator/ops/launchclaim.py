@@ -13,13 +13,13 @@ import enum
 from dataclasses import dataclass, field
 from typing import Any
 
-from sqlalchemy import update
-
+from orchestrator.core import transactions
 from orchestrator.core.db import Database
 from orchestrator.core.lifecycle import AttemptState, Move, claim_expired, move_attempt, move_many, utcnow
 from orchestrator.core.models import Attempt, Job
 from orchestrator.errors import IllegalTransition, OrchError
 from orchestrator.ops.claimkeeper import ClaimKeeper, launch_grace_s
+from orchestrator.ops.statements import SessionExecutor
 from orchestrator.protocol import FailureClass
 
 A = AttemptState
@@ -121,18 +121,10 @@ def claim_keeper(db: Database) -> ClaimKeeper:
 def renew_claims(db: Database, claims: list[tuple[int, int]]) -> set[int]:
     """claimed_at = now for each (attempt id, fence) whose attempt is still ``launching`` under that fence,
     in one transaction; the ids still held."""
-    held: set[int] = set()
     if not claims:
-        return held
+        return set()
     with db.write() as s:
-        now = utcnow()
-        for attempt_id, fence in claims:
-            res = s.execute(update(Attempt).where(Attempt.id == attempt_id, Attempt.state == A.LAUNCHING,
-                                                  Attempt.fence == fence)
-                            .values(claimed_at=now).execution_options(synchronize_session=False))
-            if res.rowcount == 1:
-                held.add(attempt_id)
-    return held
+        return transactions.renew_claims(SessionExecutor(s), claims, utcnow())
 
 
 class LostClaim(OrchError):

@@ -28,11 +28,12 @@ from orchestrator.backends import get_backend
 from orchestrator.backends.base import Backend, BackendError
 from orchestrator.core.config import Config
 from orchestrator.core.environments import environment_record
-from orchestrator.core.quickdb import QuickDB, read_time, run, stored_time
+from orchestrator.core.quickdb import QuickDB, SqliteExecutor, read_time, run, stored_time
 from orchestrator.core.resumestate import keep_globs
 from orchestrator.core.rundir import check_run_dir, ensure_runs_root, run_dir_for
 from orchestrator.core.states import AttemptState, JobState, utcnow
 from orchestrator.core.tokens import new_token
+from orchestrator.core.transactions import renew_claims
 from orchestrator.decide.mtbf import mtbf_env_from
 from orchestrator.decide.suspects import excludes_nodes, exclusion_among, failures_of, suspects_from
 from orchestrator.errors import AlreadyVerified, Refused
@@ -135,7 +136,7 @@ def _launch(db: QuickDB, cfg: Config, backend: Backend, held: Held, job_id: int,
                      env=env, resources=resources, task=None, base_env=env_vars)
     with db.write() as c:
         now = utcnow()
-        claimed = run(c, "claim", now=stored_time(now), fence=held.fence, attempt_id=held.attempt_id,
+        claimed = run(c, "claim", now=stored_time(now), new_fence=held.fence, attempt_id=held.attempt_id,
                       old_fence=held.fence - 1).rowcount
         if claimed == 1:
             event(c, job_id, held.attempt_id, now, A.PENDING, A.LAUNCHING, f"claimed (fence {held.fence})")
@@ -158,7 +159,7 @@ def _launch(db: QuickDB, cfg: Config, backend: Backend, held: Held, job_id: int,
         held.moved = moved
         testhooks.site("before_backend_submit")
     with db.write() as c:
-        still = run(c, "check_claim", now=stored_time(utcnow()), fence=held.fence,
+        still = run(c, "check_claim", now=stored_time(utcnow()), held_fence=held.fence,
                     attempt_id=held.attempt_id).rowcount == 1
     if not still:  # a cancel came first (closed unlaunched), or a re-claimer has it: decided as launch decides
         from orchestrator.ops.launchclaim import check_claim
@@ -183,8 +184,8 @@ def _record(db: QuickDB, cfg: Config, backend: Backend, held: Held, job_id: int,
     submitted; if the claim is no longer this launcher's, ``launchrecord.record_own`` decides (cancel, adoption)."""
     with db.write() as c:
         now = utcnow()
-        ok = run(c, "record", external_id=external_id, now=stored_time(now), overrides_json=dumps(held.overrides),
-                 attempt_id=held.attempt_id, fence=held.fence).rowcount == 1
+        ok = run(c, "record", ext_id=external_id, now=stored_time(now), overrides=dumps(held.overrides),
+                 attempt_id=held.attempt_id, held_fence=held.fence).rowcount == 1
         if ok:
             event(c, job_id, held.attempt_id, now, A.LAUNCHING, A.SUBMITTED, f"submitted as {external_id}")
             if run(c, "job_submitted", now=stored_time(now), job_id=job_id).rowcount == 1:
@@ -244,8 +245,7 @@ def renew(cfg: Config, claims: list[tuple[int, int]]) -> set[int]:
         return {attempt_id for attempt_id, _ in claims}  # cannot tell now: kept, and asked again next time
     try:
         with db.write() as c:
-            now = stored_time(utcnow())
-            return {a for a, f in claims if run(c, "renew", now=now, attempt_id=a, fence=f).rowcount == 1}
+            return renew_claims(SqliteExecutor(c), claims, utcnow())
     finally:
         db.close()
 

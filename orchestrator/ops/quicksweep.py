@@ -150,7 +150,7 @@ def _claim_all(db: QuickDB, held: list[Held], job_ids: list[int]) -> None:
     """``launchclaim.claim_all`` of pending attempts: every one claimed under fence 1, or none (``_Mismatch``)."""
     with db.write() as c:
         now = utcnow()
-        n = run_many(c, "claim", (dict(now=stored_time(now), fence=1, attempt_id=h.attempt_id, old_fence=0)
+        n = run_many(c, "claim", (dict(now=stored_time(now), new_fence=1, attempt_id=h.attempt_id, old_fence=0)
                                   for h in held)).rowcount
         if n != len(held):
             raise _Mismatch
@@ -211,7 +211,7 @@ def _check_claims(db: QuickDB, cfg: Config, ready: list[Held], results: dict[str
     try:
         with db.write() as c:
             now = stored_time(utcnow())
-            if run_many(c, "check_claim", (dict(now=now, fence=h.fence, attempt_id=h.attempt_id)
+            if run_many(c, "check_claim", (dict(now=now, held_fence=h.fence, attempt_id=h.attempt_id)
                                            for h in ready)).rowcount != len(ready):
                 raise _Mismatch
         return ready
@@ -228,7 +228,7 @@ def _submit(db: QuickDB, cfg: Config, req: SweepRequest, backend: Backend, membe
     batch_token = members[0].spec.batch or new_batch_token()
     try:
         with db.write() as c:
-            if run_many(c, "mark_batch", (dict(batch_token=batch_token, attempt_id=h.attempt_id)
+            if run_many(c, "mark_batch", (dict(batch=batch_token, attempt_id=h.attempt_id)
                                           for h in members)).rowcount != len(members):
                 raise _Mismatch
     except _Mismatch:
@@ -265,8 +265,8 @@ def _record(db: QuickDB, members: list[Held], job_of: dict[int, int], ids: dict[
     with db.write() as c:
         now = utcnow()
         at = stored_time(now)
-        rows = [dict(external_id=ids[h.spec.token], now=at, overrides_json=dumps(h.overrides), attempt_id=h.attempt_id,
-                     fence=h.fence) for h in members]
+        rows = [dict(ext_id=ids[h.spec.token], now=at, overrides=dumps(h.overrides), attempt_id=h.attempt_id,
+                     held_fence=h.fence) for h in members]
         if run_many(c, "record", rows).rowcount != len(members):
             raise _Mismatch
         if run_many(c, "job_submitted", (dict(now=at, job_id=job_of[h.attempt_id]) for h in members)).rowcount \

@@ -8,9 +8,11 @@ models' own tables, columns, defaults and state values, and the SQLite text it c
 ``core/sqlitetext.py`` (checked in; ``tests/unit/test_sqlitetext.py`` regenerates it and compares, as
 ``docs/lifecycle.md`` is checked). Never a cache read at run time.
 
-Parameters are named. A parameter given a value here (a state, a model's default) is a constant: its value, as the
-column's type stores it, goes into ``sqlitetext.CONSTANTS`` and the quick path binds it with the caller's
-(``quickdb.bound``). The others are the caller's to give, by name.
+Parameters are named; an UPDATE's never as a column of its table (SQLAlchemy would take such an execution
+parameter for a SET value of its own: tests/unit/test_sqlitetext.py). A parameter given a value here (a state, a
+model's default) is a constant: its value, as the column's type stores it, goes into ``sqlitetext.CONSTANTS``, and
+``quickdb.run`` binds it with the caller's. The others are the caller's to give, by name. ``SessionExecutor`` runs
+the constructs themselves through SQLAlchemy, on any database (``core/transactions.py``).
 
     python -m orchestrator.ops.statements --write    # regenerate core/sqlitetext.py
     python -m orchestrator.ops.statements --check    # exit 1 if it is stale
@@ -18,6 +20,7 @@ column's type stores it, goes into ``sqlitetext.CONSTANTS`` and the quick path b
 
 from __future__ import annotations
 
+import functools
 import json
 import sys
 from collections.abc import Callable
@@ -93,12 +96,12 @@ def _statements() -> dict[str, Callable[[], ClauseElement]]:
         # launchclaim.claim_move of a pending attempt: compare-and-set on its state and fence, the fence + 1
         return update(Attempt.__table__).where(
             at.id == given("attempt_id"), at.state == const("pending", A.PENDING, at.state),
-            at.fence == given("old_fence")).values(claimed_at=given("now"), fence=given("fence"), state=launching)
+            at.fence == given("old_fence")).values(claimed_at=given("now"), fence=given("new_fence"), state=launching)
 
     def held(**values: Any) -> ClauseElement:
         """An update of an attempt still launching under this launcher's fence."""
         return update(Attempt.__table__).where(at.id == given("attempt_id"), at.state == launching,
-                                               at.fence == given("fence")).values(**values)
+                                               at.fence == given("held_fence")).values(**values)
 
     return {
         "job_state": lambda: select(Job.state).where(Job.name == given("name")),
@@ -120,12 +123,12 @@ def _statements() -> dict[str, Callable[[], ClauseElement]]:
         "claim": claim,
         # launchrecord.mark_batch: the group's token on each attempt still launching
         "mark_batch": lambda: update(Attempt.__table__).where(at.id == given("attempt_id"), at.state == launching)
-        .values(batch_token=given("batch_token")),
+        .values(batch_token=given("batch")),
         "renew": lambda: held(claimed_at=given("now")),
         # launchclaim.check_claims of a claim still held: renewed, and its generation noted as the one that may submit
-        "check_claim": lambda: held(claimed_at=given("now"), launched_fence=given("fence")),
-        "record": lambda: held(state=const("submitted", A.SUBMITTED, at.state), external_id=given("external_id"),
-                               submitted_at=given("now"), overrides_json=given("overrides_json")),
+        "check_claim": lambda: held(claimed_at=given("now"), launched_fence=given("held_fence")),
+        "record": lambda: held(state=const("submitted", A.SUBMITTED, at.state), external_id=given("ext_id"),
+                               submitted_at=given("now"), overrides_json=given("overrides")),
         "claim_state": lambda: select(Attempt.state, Attempt.fence, Attempt.external_id, Attempt.batch_token)
         .where(Attempt.id == given("attempt_id")),
         "job_submitted": lambda: update(Job.__table__).where(
@@ -135,6 +138,23 @@ def _statements() -> dict[str, Callable[[], ClauseElement]]:
         "node_failures": lambda: suspects.failures_select(given("backend"), given("since")),
         "node_clears": lambda: suspects.clears_select(given("backend")),
     }
+
+
+@functools.cache
+def statement(name: str) -> ClauseElement:
+    """Statement ``name``, built once per process (the SQLAlchemy executor runs the construct itself)."""
+    return _statements()[name]()
+
+
+class SessionExecutor:
+    """``core/transactions.py``'s executor on a SQLAlchemy session: the constructs themselves, on any database."""
+
+    def __init__(self, session: Any) -> None:
+        self.session = session
+
+    def rowcount(self, statement_name: str, /, **values: Any) -> int:
+        return self.session.execute(statement(statement_name), values,
+                                    execution_options={"synchronize_session": False}).rowcount
 
 
 def compiled(stmt: ClauseElement) -> tuple[str, dict[str, Any]]:

@@ -118,12 +118,14 @@ def _mover_calls() -> dict[tuple[str, str], set[str | None]]:
 
 
 def _quick_move(node: ast.AST) -> tuple[str, str] | None:
-    """(kind, destination) of a quick-path ``run(c, "<statement>", ...)`` / ``run_many(...)`` of a statement that
-    moves or creates a row."""
-    if not (isinstance(node, ast.Call) and _called_name(node) in ("run", "run_many") and len(node.args) > 1
-            and isinstance(node.args[1], ast.Constant) and node.args[1].value in statements.MOVES):
+    """(kind, destination) of a run of a statement that moves or creates a row: the quick path's
+    ``run(c, "<statement>", ...)`` / ``run_many(...)``, or an executor's ``ex.rowcount("<statement>", ...)``
+    (core/transactions.py, on either path)."""
+    at = {"run": 1, "run_many": 1, "rowcount": 0}.get(_called_name(node) or "") if isinstance(node, ast.Call) else None
+    if at is None or len(node.args) <= at or not isinstance(node.args[at], ast.Constant) \
+            or node.args[at].value not in statements.MOVES:
         return None
-    kind, state = statements.MOVES[node.args[1].value]
+    kind, state = statements.MOVES[node.args[at].value]
     return kind, state.name
 
 
@@ -147,6 +149,7 @@ def test_a_quick_run_of_a_move_is_seen_as_one():
     call = ast.parse('run(c, "claim", now=1)').body[0].value
     assert _quick_move(call) == ("attempt", "LAUNCHING")
     assert _quick_move(ast.parse('run_many(c, "renew", [])').body[0].value) is None
+    assert _quick_move(ast.parse('ex.rowcount("record", now=1)').body[0].value) == ("attempt", "SUBMITTED")
 
 
 def _declared() -> dict[str, dict[str, set[str]]]:

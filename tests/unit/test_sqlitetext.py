@@ -63,3 +63,15 @@ def test_the_generated_module_imports_nothing_but_typing():
                         "print(sorted(m for m in sys.modules if m.startswith('sqlalchemy')))"],
                        capture_output=True, text=True, timeout=60, cwd=ROOT)
     assert p.returncode == 0 and p.stdout.strip() == "[]", p.stdout + p.stderr
+
+
+def test_no_update_names_a_parameter_after_a_column_of_its_table():
+    """SQLAlchemy takes an execution parameter named as a column of the updated table for a SET value of its own
+    (CompileError, "bindparam() name 'fence' is reserved"): the SQLAlchemy executor could not run that statement."""
+    from sqlalchemy.sql.dml import Update
+
+    for name, build in statements._statements().items():
+        stmt = build()
+        if isinstance(stmt, Update):
+            given = {b.key for b in stmt._get_embedded_bindparams() if b.required}
+            assert not given & set(stmt.table.c.keys()), (name, given & set(stmt.table.c.keys()))
