@@ -32,8 +32,32 @@ GATED = ('echo "attempt=$ORCH_ATTEMPT" >> "$ORCH_RUN_DIR/ran.log"; t=0; '
 PREEMPTIBLE = ('echo "attempt=$ORCH_ATTEMPT" >> ran.log; if [ "$ORCH_ATTEMPT" = 1 ]; then t=0; '
                'while [ $t -lt 1200 ]; do sleep 0.05; t=$((t+1)); done; exit 1; fi; '
                'mkdir -p result; echo ok > result/out.txt')
+# One line per run in ran.log, then its result: a job launched twice shows two lines (a duplicate launch overlaps)
+ONCE = ('echo "attempt=$ORCH_ATTEMPT pid=$$" >> "$ORCH_RUN_DIR/ran.log"; sleep 0.3; mkdir -p result; '
+        'echo ok > result/out.txt')
 DONE = {"done_marker_verified"}
 RETRYABLE = {"retryable_failed"}
+NO_LAUNCH_GRACE = {"ORCH_LAUNCH_GRACE_S": "0"}  # a dead launcher's claim is not waited on
+
+
+def reconcile_until_verified(orch, name: str, timeout: float = 60) -> None:
+    """``orch reconcile`` (no launch grace) until ``name`` is verified, as cron would run it."""
+    def verified() -> bool:
+        if orch.state(name) == "done_marker_verified":
+            return True
+        orch("reconcile", env=NO_LAUNCH_GRACE, check=True)
+        return False
+
+    orchkit.wait_for(verified, timeout, f"{name} verified", interval=0.2, detail=lambda: orch.show(name))
+
+
+def assert_ran_once(orch, name: str) -> None:
+    """``name`` (an ``ONCE`` job) ran exactly once, as attempt 1, which succeeded."""
+    run = orch.runs / name
+    lines = (run / "ran.log").read_text().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("attempt=1 pid="), lines
+    assert sorted(q.name for q in (run / protocol.ATTEMPTS_DIR).iterdir()) == ["1"]
+    assert db_rows(orch.home, "SELECT n, state FROM attempts") == [(1, "succeeded")]
 
 
 tree_hash = orchkit.tree_hash

@@ -11,15 +11,10 @@ from __future__ import annotations
 
 import psutil
 import pytest
-from localkit import DONE, db_rows
+from localkit import DONE, ONCE, assert_ran_once, db_rows, reconcile_until_verified
 from orchkit import wait_for
 
 from orchestrator import protocol
-
-# Each run appends one line with its attempt and pid, sleeps a little (so a duplicate launch would
-# overlap the first one), then writes its result.
-ONCE = ('echo "attempt=$ORCH_ATTEMPT pid=$$" >> "$ORCH_RUN_DIR/ran.log"; sleep 0.3; mkdir -p result; '
-        'echo ok > result/out.txt')
 
 
 def _wrappers_of(token: str) -> list[psutil.Process]:
@@ -62,20 +57,9 @@ def test_submit_killed_at_a_fault_site_runs_the_job_exactly_once_after_reconcile
         orch("reconcile", env=fast, check=True)
         assert len(_wrappers_of(token)) <= 1
 
-
-    def verified() -> bool:
-        if orch.state("once") == "done_marker_verified":
-            return True
-        orch("reconcile", env=fast, check=True)
-        return False
-
-    wait_for(verified, 60, "once verified", interval=0.2, detail=lambda: orch.show("once"))
-
-    lines = (run / "ran.log").read_text().splitlines()
-    assert len(lines) == 1 and lines[0].startswith("attempt=1 pid="), lines
-    assert sorted(q.name for q in (run / "attempts").iterdir()) == ["1"]
+    reconcile_until_verified(orch, "once")
+    assert_ran_once(orch, "once")
     assert not list(protocol.attempt_dir(run, 1).glob("exit.prev-*"))  # no second wrapper in this attempt
-    assert db_rows(orch.home, "SELECT n, state FROM attempts") == [(1, "succeeded")]
     assert orch.state("once") in DONE
 
 

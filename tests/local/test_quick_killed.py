@@ -7,36 +7,15 @@ Killed before its rows were committed, no row of it exists, and the same submiss
 from __future__ import annotations
 
 import pytest
-from localkit import db_rows
-from orchkit import wait_for
+from localkit import ONCE, assert_ran_once, db_rows, reconcile_until_verified
 
-from orchestrator import protocol
-
-ONCE = ('echo "attempt=$ORCH_ATTEMPT pid=$$" >> "$ORCH_RUN_DIR/ran.log"; sleep 0.3; mkdir -p result; '
-        'echo ok > result/out.txt')
 # Each statement of one quick submission, in the order it runs, and whether the job's rows were committed before it
 BEFORE_ROWS = ["job_state", "names_taken", "environment", "new_environment", "new_job", "new_attempt"]
 AFTER_ROWS = ["mtbf_history", "claim", "event", "check_claim", "record", "job_submitted"]
-FAST = {"ORCH_LAUNCH_GRACE_S": "0"}  # the dead launcher's claim is not waited on
 
 
 def _submit(orch, env: dict[str, str] | None = None):
     return orch("submit", "--name", "once", "--outputs", "result/*", "--", "bash", "-c", ONCE, env=env or {})
-
-
-def _verified_once(orch) -> None:
-    def verified() -> bool:
-        if orch.state("once") == "done_marker_verified":
-            return True
-        orch("reconcile", env=FAST, check=True)
-        return False
-
-    wait_for(verified, 60, "once verified", interval=0.2, detail=lambda: orch.show("once"))
-    run = orch.runs / "once"
-    lines = (run / "ran.log").read_text().splitlines()
-    assert len(lines) == 1 and lines[0].startswith("attempt=1 pid="), lines
-    assert sorted(q.name for q in (run / protocol.ATTEMPTS_DIR).iterdir()) == ["1"]
-    assert db_rows(orch.home, "SELECT n, state FROM attempts") == [(1, "succeeded")]
 
 
 @pytest.mark.parametrize("statement", BEFORE_ROWS + AFTER_ROWS)
@@ -49,4 +28,5 @@ def test_a_quick_submit_killed_after_any_statement_runs_the_job_exactly_once(orc
         assert _submit(orch).returncode == 0
     else:
         assert db_rows(orch.home, "SELECT state FROM jobs") == [("pending",)]
-    _verified_once(orch)
+    reconcile_until_verified(orch, "once")
+    assert_ran_once(orch, "once")
