@@ -120,14 +120,14 @@ def latest_per_step(run_id: str, key: str, tracking_uri: str | None = None) -> l
 STATUS = {"verified": "FINISHED", "failed": "FAILED", "cancelled": "KILLED"}
 
 
-def finish_here(run_dir: Path, end: str) -> str:
+def finish_here(run_dir: Path, end: str) -> str | None:
     """In the child: mark the recorded run with the status of the job's end, as orch decided it, and note it in
-    ``trackers.json`` (``orch show``)."""
-    from mlflow.tracking import MlflowClient
-
+    ``trackers.json`` (``orch show``); None when the run dir records no MLflow run (mlflow is then not imported)."""
     rec = read_record(run_dir)
     if rec is None:
-        return f"{run_dir}: no MLflow run recorded"
+        return None
+    from mlflow.tracking import MlflowClient
+
     status = STATUS[end]
     MlflowClient(tracking_uri=rec["tracking_uri"]).set_terminated(rec["run_id"], status)
     _write_record(run_dir, {**rec, "end": status})

@@ -17,6 +17,7 @@ bounds itself (nobody waits on it): a W&B resume takes about a second, and none 
 from __future__ import annotations
 
 import json
+import math
 import signal
 import sys
 import time
@@ -30,11 +31,14 @@ WANDB_MIN_LEFT_S = 20.0
 WANDB_EXIT_CODE = {"failed": 1, "cancelled": 143}  # W&B: exit code 0 is "finished", any other "failed"
 
 
-def finish_wandb(run_dir: Path, end: str) -> str | None:
-    """Resume the recorded W&B run and finish it with ``end``'s exit code; None when there is nothing to mark."""
+def finish_wandb(run_dir: Path, end: str, deadline: float = math.inf) -> str | None:
+    """Resume the recorded W&B run and finish it with ``end``'s exit code; None when there is nothing to mark.
+    ``deadline`` (monotonic): none starts with under ``WANDB_MIN_LEFT_S`` left before it."""
     rec = protocol.wandb_record(run_dir)
     if rec is None or end not in WANDB_EXIT_CODE:
         return None
+    if deadline - time.monotonic() < WANDB_MIN_LEFT_S:
+        raise TimeoutError(f"W&B run not marked {end}: no time left in this pass")
     import wandb
 
     # The program's W&B dir when it lies in the run dir (an offline mark is synced with the attempts' files),
@@ -57,18 +61,12 @@ def finish_wandb(run_dir: Path, end: str) -> str | None:
 def finish_many(raw: str) -> int:
     """Mark every run of ``[[run_dir, end], ...]``; exit 1 when any mark failed."""
     deadline = time.monotonic() + TIMEOUT_S
+    marks = (("mlflow", mlflowrun.finish_here), ("wandb", lambda d, e: finish_wandb(d, e, deadline)))
     failed = 0
     for run_dir, end in json.loads(raw):
-        for tracker in ("mlflow", "wandb"):
+        for tracker, mark in marks:
             try:
-                if tracker == "mlflow":
-                    said = mlflowrun.finish_here(Path(run_dir), end) if mlflowrun.read_record(Path(run_dir)) else None
-                elif deadline - time.monotonic() < WANDB_MIN_LEFT_S and protocol.wandb_record(run_dir):
-                    said = None
-                    failed += 1
-                    print(f"{run_dir}: W&B run not marked {end}: no time left in this pass", file=sys.stderr)
-                else:
-                    said = finish_wandb(Path(run_dir), end)
+                said = mark(Path(run_dir), end)
             except ImportError as e:
                 failed += 1
                 print(f"{run_dir}: {e.name} is not importable by orch's Python ({sys.executable})", file=sys.stderr)

@@ -357,7 +357,7 @@ def tracker_env(environ: Mapping[str, str], run_dir: Path | str, job: str) -> di
         tags = [f"orch.job:{job}"] + ([f"orch.sweep:{sweep}", f"orch.task:{environ.get(ENV_TASK_INDEX, '')}"]
                                       if sweep else [])
         # W&B refuses a tag over 64 characters in wandb.init, which then raises in the user's program
-        out["WANDB_TAGS"] = ",".join(t for t in tags if len(t) <= WANDB_TAG_LIMIT and "," not in t)
-        if not out["WANDB_TAGS"]:
-            del out["WANDB_TAGS"]
+        fitting = ",".join(t for t in tags if len(t) <= WANDB_TAG_LIMIT and "," not in t)
+        if fitting:
+            out["WANDB_TAGS"] = fitting
     return out

@@ -121,3 +121,16 @@ def test_a_symlinked_wandb_dir_in_the_run_dir_is_never_written_through(tmp_path,
     assert trackerfinish.finish_many(json.dumps([[str(run_dir), "cancelled"]])) == 1
     assert "is a symlink: orch writes nothing through it" in capsys.readouterr().err
     assert list(outside.iterdir()) == [] and "end" not in protocol.wandb_record(run_dir)
+
+
+def test_no_w_and_b_mark_starts_without_the_time_to_finish_it(tmp_path, capsys):
+    """The child has 60 s for every job one command ended (a large sweep cancelled): a resume begun at its end
+    would be cut by the alarm, leaving the run resumed ("running") instead of as its last process left it."""
+    import time
+
+    from orchestrator.jobside import trackerfinish
+
+    protocol.write_tracker(tmp_path, "wandb", {**GOOD, "mode": "offline", "root_dir": str(tmp_path)})
+    with pytest.raises(TimeoutError, match="no time left"):
+        trackerfinish.finish_wandb(tmp_path, "cancelled", deadline=time.monotonic() + 1)
+    assert not (tmp_path / "wandb").exists() and "end" not in protocol.wandb_record(tmp_path)
