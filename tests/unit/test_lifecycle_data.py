@@ -145,6 +145,40 @@ def test_the_quick_statements_that_write_a_state_are_exactly_the_declared_moves(
             assert param is None, f"{name} writes a state: declare it in ops/statements.MOVES"
 
 
+def _functions(tree: ast.Module, module: str):
+    """('module.function' or 'module.Class.method', its node) of every top-level function and method."""
+    for top in tree.body:
+        if isinstance(top, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            yield f"{module}.{top.name}", top
+        for fn in getattr(top, "body", []) if isinstance(top, ast.ClassDef) else []:
+            if isinstance(fn, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                yield f"{module}.{top.name}.{fn.name}", fn
+
+
+def test_the_quick_paths_event_rows_are_written_only_beside_a_move_their_caller_declares():
+    """lifecycle's movers write each move's event row; the quick path writes its own (``quicksubmit.event``). Only
+    that helper runs the ``event`` statement, and each of its calls names a move (src, dst) that lifecycle.py gives
+    the calling function: an event for a move nobody declared would be history the state machine never allowed."""
+    edges = {(e.taker, e.src.name, e.dst.name) for e in (*JOB_EDGES, *ATTEMPT_EDGES)}
+    runners, calls = set(), []
+    for module, tree in _modules().items():
+        for qual, fn in _functions(tree, module):
+            for node in ast.walk(fn):
+                if not isinstance(node, ast.Call):
+                    continue
+                name = _called_name(node)
+                if name in ("run", "run_many") and len(node.args) > 1 and isinstance(node.args[1], ast.Constant) \
+                        and node.args[1].value == "event":
+                    runners.add(qual)
+                if name == "event" and module.startswith("ops.quick") and len(node.args) > 5:
+                    src, dst = node.args[4], node.args[5]
+                    assert isinstance(src, ast.Attribute) and isinstance(dst, ast.Attribute), ast.unparse(node)
+                    calls.append((qual, src.attr, dst.attr))
+    assert runners == {"ops.quicksubmit.event"}
+    assert len(calls) == 6, calls
+    assert [c for c in calls if c not in edges] == []
+
+
 def test_a_quick_run_of_a_move_is_seen_as_one():
     call = ast.parse('run(c, "claim", now=1)').body[0].value
     assert _quick_move(call) == ("attempt", "LAUNCHING")
