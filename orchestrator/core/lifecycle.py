@@ -63,10 +63,8 @@ class Birth:
 JOB_EDGES: tuple[Edge, ...] = (
     Edge(J.PENDING, J.SUBMITTED, "its attempt was accepted by the backend (or found by token after a crash)",
          "ops.launchrecord.record_in"),
-    Edge(J.PENDING, J.SUBMITTED, "orch submit's quick path: its first attempt was accepted by the backend",
-         "ops.quicksubmit._record"),
-    Edge(J.PENDING, J.SUBMITTED, "orch sweep's quick path: its task's first attempt was accepted by the backend",
-         "ops.quicksweep._record"),
+    Edge(J.PENDING, J.SUBMITTED, "the quick path (orch submit, orch sweep): its first attempt was accepted by the "
+         "backend", "core.transactions.record_submitted"),
     Edge(J.PENDING, J.RETRYABLE_FAILED, "the launch failed for a reason a retry can fix (ENOSPC, a transient error)",
          "ops.attemptend.finish"),
     Edge(J.PENDING, J.FAILED, "the launch was refused for good (invalid partition, symlinked attempts/)",
@@ -118,19 +116,15 @@ JOB_EDGES: tuple[Edge, ...] = (
 ATTEMPT_EDGES: tuple[Edge, ...] = (
     Edge(A.PENDING, A.LAUNCHING, "a launcher (submit, sweep, requeue, a reconcile pass) claimed it",
          "ops.launchclaim.claim_all"),
-    Edge(A.PENDING, A.LAUNCHING, "orch submit's quick path claimed its new attempt (fence 1)",
-         "ops.quicksubmit._launch"),
-    Edge(A.PENDING, A.LAUNCHING, "orch sweep's quick path claimed every new task's attempt (fence 1)",
-         "ops.quicksweep._claim_all"),
+    Edge(A.PENDING, A.LAUNCHING, "the quick path claimed its new attempts (orch submit's one, every task of orch "
+         "sweep's), each under fence 1", "core.transactions.claim_pending"),
     Edge(A.PENDING, A.CANCELLED, "orch cancel before anyone claimed it", "ops.cancel.cancel"),
     Edge(A.PENDING, A.CANCELLED, "orch requeue found its job's marker verifies", "ops.requeue._mark_verified"),
     Edge(A.LAUNCHING, A.LAUNCHING, "re-claimed after the claim expired (a new fence)", "ops.launchclaim.claim_all"),
     Edge(A.LAUNCHING, A.SUBMITTED, "the backend returned an id (or find_by_token found it after a crash)",
          "ops.launchrecord.record_in"),
-    Edge(A.LAUNCHING, A.SUBMITTED, "orch submit's quick path: the backend returned an id under its fence",
-         "ops.quicksubmit._record"),
-    Edge(A.LAUNCHING, A.SUBMITTED, "orch sweep's quick path: the group's ids, every task under its fence",
-         "ops.quicksweep._record"),
+    Edge(A.LAUNCHING, A.SUBMITTED, "the quick path: the backend returned the id of each attempt (orch sweep's "
+         "group: every task's) under its fence", "core.transactions.record_submitted"),
     Edge(A.LAUNCHING, A.FAILED, "the launch failed (refused, or a filesystem error); failure_class says which",
          "ops.attemptend.finish"),
     Edge(A.LAUNCHING, A.STOPPING, "orch cancel during the launch: whoever learns the id stops it", "ops.cancel.cancel"),

@@ -11,11 +11,12 @@ gate are the ones ``db.Database`` raises, with the same words.
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import sqlite3
 import stat
 import time
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Sequence
 from datetime import datetime
 from pathlib import Path
 from typing import Any
@@ -24,7 +25,7 @@ from orchestrator import testhooks
 from orchestrator.core import holdstop
 from orchestrator.core.config import Config, sqlite_path
 from orchestrator.core.schema import SCHEMA_HEAD
-from orchestrator.core.sqlitetext import CONSTANTS, SQL
+from orchestrator.core.sqlitetext import CONSTANTS, JSON_PARAMS, SQL
 from orchestrator.errors import DatabaseInterrupted, DatabaseProblem
 
 _LOOK_MS = 250  # a writer waiting for the lock looks at its holder this often (one read of /proc/locks)
@@ -58,7 +59,7 @@ def connect(cfg: Config) -> sqlite3.Connection | None:
 def run(c: sqlite3.Connection | sqlite3.Cursor, statement: str, /, **values: Any) -> sqlite3.Cursor:
     """``statement`` (``ops/statements.py``, its text generated into ``core/sqlitetext.py``) with the caller's
     parameters, by name, and its own constants. Test site ``quick:<statement>``: right after it ran, uncommitted."""
-    cur = c.execute(SQL[statement], {**CONSTANTS.get(statement, {}), **values})
+    cur = c.execute(SQL[statement], {**CONSTANTS.get(statement, {}), **_json(statement, values)})
     testhooks.site(f"quick:{statement}")
     return cur
 
@@ -66,9 +67,18 @@ def run(c: sqlite3.Connection | sqlite3.Cursor, statement: str, /, **values: Any
 def run_many(c: sqlite3.Connection | sqlite3.Cursor, statement: str, rows: Iterable[dict[str, Any]]) -> sqlite3.Cursor:
     """``statement`` once per row of parameters (``executemany``: its rowcount is the total)."""
     constants = CONSTANTS.get(statement, {})
-    cur = c.executemany(SQL[statement], [{**constants, **row} for row in rows])
+    cur = c.executemany(SQL[statement], [{**constants, **_json(statement, row)} for row in rows])
     testhooks.site(f"quick:{statement}")
     return cur
+
+
+def _json(statement: str, values: dict[str, Any]) -> dict[str, Any]:
+    """``values`` with those bound to a JSON column as text, as ``models.JSONType`` writes it."""
+    params = JSON_PARAMS.get(statement, ())
+    if not params:
+        return values
+    return {k: json.dumps(v, sort_keys=True, default=str) if k in params and v is not None else v
+            for k, v in values.items()}
 
 
 class SqliteExecutor:
@@ -79,8 +89,14 @@ class SqliteExecutor:
         self.conn = conn
 
     def rowcount(self, statement: str, /, **values: Any) -> int:
-        return run(self.conn, statement, **{k: stored_time(v) if isinstance(v, datetime) else v
-                                            for k, v in values.items()}).rowcount
+        return run(self.conn, statement, **_stored(values)).rowcount
+
+    def rowcount_many(self, statement: str, rows: Sequence[dict[str, Any]], /) -> int:
+        return run_many(self.conn, statement, [_stored(row) for row in rows]).rowcount if rows else 0
+
+
+def _stored(values: dict[str, Any]) -> dict[str, Any]:
+    return {k: stored_time(v) if isinstance(v, datetime) else v for k, v in values.items()}
 
 
 def at_revision(conn: sqlite3.Connection) -> bool:

@@ -137,3 +137,11 @@ CONSTANTS: dict[str, dict[str, Any]] = {
         "failure_class_1_4": "node_fail",
     },
 }
+
+# the caller's parameters bound to a JSON column, given as values: stored as JSONType does
+JSON_PARAMS: dict[str, tuple[str, ...]] = {
+    "new_environment": ("vars_json",),
+    "new_job": ("command_json", "outputs_json", "resources_json",),
+    "new_sweep": ("params_json",),
+    "record": ("overrides",),
+}

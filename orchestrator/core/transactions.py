@@ -3,15 +3,27 @@ or stdlib sqlite3's (the quick path, ``quickdb.SqliteExecutor``).
 
 Each function here takes an :class:`Executor` inside the caller's open transaction, and runs statements of
 ``ops/statements.py`` by name. The two paths used to spell the same transaction twice (a SQLAlchemy update here, a
-hand-written string there); now a change is made once, and ``tests/unit/test_transactions.py`` runs each function on
-both executors against the same rows. Stdlib only: the quick path imports it without SQLAlchemy.
+hand-written string there), and the two quick paths (``quicksubmit``, ``quicksweep``) a third and fourth time; now a
+change is made once, and ``tests/unit/test_transactions.py`` runs each function on both executors against the same
+rows, and against the rows the SQLAlchemy path's movers (``lifecycle.move_many``) leave.
+
+A batched move is all or nothing: each function that moves rows returns whether every row matched its
+compare-and-set (the state, the fence) and writes the events only then; on False the caller rolls its transaction
+back and decides row by row (``launch``'s functions), as a row moved meanwhile by a cancel or a re-claimer needs.
+Stdlib only: the quick path imports it without SQLAlchemy.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, Protocol
+
+from orchestrator.core.states import AttemptState, JobState
+
+A, J = AttemptState, JobState
+REASON_MAX = 2000  # events.reason is cut here, as lifecycle's movers cut it
 
 
 class Executor(Protocol):
@@ -21,9 +33,79 @@ class Executor(Protocol):
         """Run ``statement``; the number of rows it changed."""
         ...
 
+    def rowcount_many(self, statement: str, rows: Sequence[dict[str, Any]], /) -> int:
+        """Run ``statement`` once per row of parameters; the number of rows changed in all."""
+        ...
+
+
+@dataclass(frozen=True)
+class Held:
+    """An attempt this launcher claims (or holds) under ``fence``, and its job."""
+
+    job_id: int
+    attempt_id: int
+    fence: int
+
+
+@dataclass(frozen=True)
+class Submission:
+    """A held attempt the backend took: its id there, the overrides it runs with, its number."""
+
+    held: Held
+    external_id: str
+    overrides: dict[str, Any]
+    n: int = 1
+
+
+def events(ex: Executor, rows: Iterable[tuple[int, int | None, datetime, Any, Any, str]]) -> None:
+    """One event row per (job id, attempt id or None, at, from state, to state, reason), as lifecycle writes them."""
+    ex.rowcount_many("event", [dict(job_id=j, attempt_id=a, at=at, from_state=src.value, to_state=dst.value,
+                                    reason=why[:REASON_MAX]) for j, a, at, src, dst, why in rows])
+
+
+def claim_pending(ex: Executor, claims: Sequence[Held], now: datetime) -> bool:
+    """pending -> launching for each claim, its fence taken from ``fence - 1`` to ``fence`` in the same
+    compare-and-set (``launchclaim.claim_move`` of a pending attempt), an event each; False (write nothing
+    more, roll back) unless every one matched: another launcher or a cancel came first."""
+    n = ex.rowcount_many("claim", [dict(now=now, new_fence=c.fence, attempt_id=c.attempt_id, old_fence=c.fence - 1)
+                                   for c in claims])
+    if n != len(claims):
+        return False
+    events(ex, ((c.job_id, c.attempt_id, now, A.PENDING, A.LAUNCHING, f"claimed (fence {c.fence})") for c in claims))
+    return True
+
 
 def renew_claims(ex: Executor, claims: Iterable[tuple[int, int]], now: datetime) -> set[int]:
     """claimed_at = ``now`` for each (attempt id, fence) whose attempt is still ``launching`` under that fence;
     the ids still held (a claim another launcher took, or a cancel ended, is not renewed)."""
     return {attempt_id for attempt_id, fence in claims
             if ex.rowcount("renew", now=now, attempt_id=attempt_id, held_fence=fence) == 1}
+
+
+def check_held(ex: Executor, claims: Sequence[Held], now: datetime) -> bool:
+    """Right before the backend call (``launchclaim.check_claims`` of claims still held): each claim renewed and
+    its generation noted as the one that may submit; False (roll back) unless every one is still held."""
+    return ex.rowcount_many("check_claim", [dict(now=now, held_fence=c.fence, attempt_id=c.attempt_id)
+                                            for c in claims]) == len(claims)
+
+
+def mark_batch(ex: Executor, claims: Sequence[Held], batch: str) -> bool:
+    """The group's token on each attempt still launching (``launchrecord.mark_batch`` of a first launch);
+    False (roll back) unless every one is."""
+    return ex.rowcount_many("mark_batch", [dict(batch=batch, attempt_id=c.attempt_id) for c in claims]) == len(claims)
+
+
+def record_submitted(ex: Executor, subs: Sequence[Submission], now: datetime) -> bool:
+    """``launchrecord.record_group`` where every claim stands: each attempt launching -> submitted with its id
+    under its launcher's fence, its job pending -> submitted, an event each; False (roll back) unless every
+    row matched: a cancel or a re-claimer came first, and ``launchrecord.record_in`` decides each."""
+    if ex.rowcount_many("record", [dict(ext_id=s.external_id, now=now, overrides=s.overrides,
+                                        attempt_id=s.held.attempt_id, held_fence=s.held.fence) for s in subs]) \
+            != len(subs):
+        return False
+    if ex.rowcount_many("job_submitted", [dict(now=now, job_id=s.held.job_id) for s in subs]) != len(subs):
+        return False
+    events(ex, [row for s in subs for row in (
+        (s.held.job_id, s.held.attempt_id, now, A.LAUNCHING, A.SUBMITTED, f"submitted as {s.external_id}"),
+        (s.held.job_id, None, now, J.PENDING, J.SUBMITTED, f"attempt {s.n} submitted as {s.external_id}"))])
+    return True

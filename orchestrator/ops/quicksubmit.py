@@ -26,14 +26,14 @@ from typing import Any
 from orchestrator import protocol, testhooks
 from orchestrator.backends import get_backend
 from orchestrator.backends.base import Backend, BackendError
+from orchestrator.core import transactions
 from orchestrator.core.config import Config
 from orchestrator.core.environments import environment_record
 from orchestrator.core.quickdb import QuickDB, SqliteExecutor, read_time, run, stored_time
 from orchestrator.core.resumestate import keep_globs
 from orchestrator.core.rundir import check_run_dir, ensure_runs_root, run_dir_for
-from orchestrator.core.states import AttemptState, JobState, utcnow
+from orchestrator.core.states import AttemptState, utcnow
 from orchestrator.core.tokens import new_token
-from orchestrator.core.transactions import renew_claims
 from orchestrator.decide.mtbf import mtbf_env_from
 from orchestrator.decide.suspects import excludes_nodes, exclusion_among, failures_of, suspects_from
 from orchestrator.errors import AlreadyVerified, Refused
@@ -42,7 +42,7 @@ from orchestrator.ops.launchprep import Held, check_and_prepare, dumps, make_spe
 from orchestrator.ops.liveness import live_processes
 from orchestrator.protocol import FailureClass
 
-A, J = AttemptState, JobState
+A = AttemptState
 
 
 # ------------------------------------------------------------------------------------------
@@ -118,8 +118,8 @@ def _submit(db: QuickDB, cfg: Config, name: str, command: list[str], backend: Ba
         testhooks.site("names_checked")
         env_id = environment_id(c, digest, env_vars)
         now = stored_time(utcnow())
-        job_id = run(c, "new_job", name=name, backend=backend.name, run_dir=str(run_dir), command_json=dumps(command),
-                     resources_json=dumps(resources), outputs_json=dumps(outputs), max_attempts=max_attempts, now=now,
+        job_id = run(c, "new_job", name=name, backend=backend.name, run_dir=str(run_dir), command_json=command,
+                     resources_json=resources, outputs_json=outputs, max_attempts=max_attempts, now=now,
                      env_id=env_id, sweep_id=None, task_index=None).lastrowid
         attempt_id = run(c, "new_attempt", job_id=job_id, token=token, backend=backend.name, now=now).lastrowid
     return _launch(db, cfg, backend, Held(name, attempt_id, 1), job_id, token, run_dir, command, outputs, resources,
@@ -134,13 +134,10 @@ def _launch(db: QuickDB, cfg: Config, backend: Backend, held: Held, job_id: int,
         env.update(mtbf_env_from(lambda cutoff: history(c, backend.name, cutoff), backend.name, resources))
     spec = make_spec(cfg, job=held.name, attempt=1, token=token, run_dir=str(run_dir), argv=command, outputs=outputs,
                      env=env, resources=resources, task=None, base_env=env_vars)
+    claim = transactions.Held(job_id, held.attempt_id, held.fence)
     with db.write() as c:
-        now = utcnow()
-        claimed = run(c, "claim", now=stored_time(now), new_fence=held.fence, attempt_id=held.attempt_id,
-                      old_fence=held.fence - 1).rowcount
-        if claimed == 1:
-            event(c, job_id, held.attempt_id, now, A.PENDING, A.LAUNCHING, f"claimed (fence {held.fence})")
-    if claimed != 1:  # a reconcile pass claimed it first (this process was stopped between the two transactions)
+        claimed = transactions.claim_pending(SqliteExecutor(c), [claim], utcnow())
+    if not claimed:  # a reconcile pass claimed it first (this process was stopped between the two transactions)
         return _deviated(held, run_dir, "lost_claim")
     with ClaimKeeper(lambda claims: renew(cfg, claims)) as keeper:
         keeper.add(held.attempt_id, held.fence)
@@ -159,8 +156,7 @@ def _launch(db: QuickDB, cfg: Config, backend: Backend, held: Held, job_id: int,
         held.moved = moved
         testhooks.site("before_backend_submit")
     with db.write() as c:
-        still = run(c, "check_claim", now=stored_time(utcnow()), held_fence=held.fence,
-                    attempt_id=held.attempt_id).rowcount == 1
+        still = transactions.check_held(SqliteExecutor(c), [claim], utcnow())
     if not still:  # a cancel came first (closed unlaunched), or a re-claimer has it: decided as launch decides
         from orchestrator.ops.launchclaim import check_claim
 
@@ -175,22 +171,14 @@ def _launch(db: QuickDB, cfg: Config, backend: Backend, held: Held, job_id: int,
 
         submission_failed(slow_db(cfg), cfg, [held], e)
     testhooks.site("after_backend_submit")
-    return _record(db, cfg, backend, held, job_id, run_dir, external_id)
+    return _record(db, cfg, backend, held, claim, run_dir, external_id)
 
 
-def _record(db: QuickDB, cfg: Config, backend: Backend, held: Held, job_id: int, run_dir: Path,
+def _record(db: QuickDB, cfg: Config, backend: Backend, held: Held, claim: transactions.Held, run_dir: Path,
             external_id: str) -> Submitted:
     """``launchrecord.record_submitted`` under this launcher's fence: launching -> submitted, the job pending ->
     submitted; if the claim is no longer this launcher's, ``launchrecord.record_own`` decides (cancel, adoption)."""
-    with db.write() as c:
-        now = utcnow()
-        ok = run(c, "record", ext_id=external_id, now=stored_time(now), overrides=dumps(held.overrides),
-                 attempt_id=held.attempt_id, held_fence=held.fence).rowcount == 1
-        if ok:
-            event(c, job_id, held.attempt_id, now, A.LAUNCHING, A.SUBMITTED, f"submitted as {external_id}")
-            if run(c, "job_submitted", now=stored_time(now), job_id=job_id).rowcount == 1:
-                event(c, job_id, None, now, J.PENDING, J.SUBMITTED, f"attempt 1 submitted as {external_id}")
-    if ok:
+    if record(db, [transactions.Submission(claim, external_id, held.overrides)]):
         return Submitted(held.name, run_dir, external_id, moved=held.moved)
     stop_overtaken(db, backend, [(held, external_id)])
     from orchestrator.ops.launchrecord import record_own
@@ -227,15 +215,26 @@ def _deviated(held: Held, run_dir: Path, outcome: str) -> Submitted:
     return Submitted(held.name, run_dir, launched=Launched(moved=held.moved, outcome=LaunchOutcome(outcome)))
 
 
-def event(c: Any, job_id: int, attempt_id: int | None, at: Any, src: Any, dst: Any, reason: str) -> None:
-    run(c, "event", job_id=job_id, attempt_id=attempt_id, at=stored_time(at), from_state=src.value,
-        to_state=dst.value, reason=reason[:2000])
+class Mismatch(Exception):
+    """A batched compare-and-set did not match every row: its transaction is rolled back."""
+
+
+def record(db: QuickDB, subs: list[transactions.Submission]) -> bool:
+    """``transactions.record_submitted`` in a write transaction of its own, rolled back whole (False) unless every
+    submission was recorded."""
+    try:
+        with db.write() as c:
+            if not transactions.record_submitted(SqliteExecutor(c), subs, utcnow()):
+                raise Mismatch
+    except Mismatch:
+        return False
+    return True
 
 
 def environment_id(c: Any, digest: str, env_vars: dict[str, str]) -> int:
     """The id of the environment row with ``digest``, inserted if new (``jobqueries.environment_id``)."""
     found = run(c, "environment", sha256=digest).fetchone()
-    return found[0] if found else run(c, "new_environment", sha256=digest, vars_json=dumps(env_vars)).lastrowid
+    return found[0] if found else run(c, "new_environment", sha256=digest, vars_json=env_vars).lastrowid
 
 
 def renew(cfg: Config, claims: list[tuple[int, int]]) -> set[int]:
@@ -245,7 +244,7 @@ def renew(cfg: Config, claims: list[tuple[int, int]]) -> set[int]:
         return {attempt_id for attempt_id, _ in claims}  # cannot tell now: kept, and asked again next time
     try:
         with db.write() as c:
-            return renew_claims(SqliteExecutor(c), claims, utcnow())
+            return transactions.renew_claims(SqliteExecutor(c), claims, utcnow())
     finally:
         db.close()
 

@@ -26,12 +26,13 @@ from typing import Any
 from orchestrator import protocol, testhooks
 from orchestrator.backends import get_backend
 from orchestrator.backends.base import Backend, BackendError
+from orchestrator.core import transactions
 from orchestrator.core.config import Config
 from orchestrator.core.environments import environment_record
-from orchestrator.core.quickdb import QuickDB, run, run_many, stored_time
+from orchestrator.core.quickdb import QuickDB, SqliteExecutor, run, run_many, stored_time
 from orchestrator.core.resumestate import keep_globs
 from orchestrator.core.rundir import run_dir_for
-from orchestrator.core.states import AttemptState, JobState, utcnow
+from orchestrator.core.states import utcnow
 from orchestrator.core.tokens import new_token
 from orchestrator.decide.mtbf import mtbf_env_from
 from orchestrator.errors import OrchError, Refused
@@ -48,22 +49,18 @@ from orchestrator.ops.launchprep import (
     write_batch_records,
 )
 from orchestrator.ops.quicksubmit import (
+    Mismatch,
     environment_id,
-    event,
     exclusion,
     history,
+    record,
     renew,
     slow_db,
     stop_overtaken,
 )
 from orchestrator.ops.sweepspec import SweepRequest, names_exist, preflight_sweep
 
-A, J = AttemptState, JobState
 _CHUNK = 500  # names per IN (...): below every SQLite's bound-parameter limit
-
-
-class _Mismatch(Exception):
-    """A batched compare-and-set did not match every row: its transaction is rolled back."""
 
 
 @dataclass
@@ -96,7 +93,7 @@ def _sweep(db: QuickDB, cfg: Config, req: SweepRequest, backend: Backend, names:
            commands: list[list[str]]) -> SweepSubmitted:
     digest, env_vars = environment_record(os.environ)
     run_dirs = [run_dir_for(cfg, n) for n in names]
-    resources, outputs = dumps(dict(req.resources)), dumps(list(req.outputs))
+    resources, outputs = dict(req.resources), list(req.outputs)
     with db.write() as c:  # the sweep, its jobs and their first attempts (submit_sweep's transaction)
         taken = _taken(c, [req.name, *names])
         if taken:
@@ -104,9 +101,9 @@ def _sweep(db: QuickDB, cfg: Config, req: SweepRequest, backend: Backend, names:
         testhooks.site("names_checked")
         now = stored_time(utcnow())
         sweep_id = run(c, "new_sweep", name=req.name, backend=backend.name, throttle=req.throttle,
-                       params_json=dumps(req.params), now=now).lastrowid
+                       params_json=req.params, now=now).lastrowid
         env_id = environment_id(c, digest, env_vars)
-        run_many(c, "new_job", (dict(name=n, backend=backend.name, run_dir=str(d), command_json=dumps(cmd),
+        run_many(c, "new_job", (dict(name=n, backend=backend.name, run_dir=str(d), command_json=cmd,
                                      resources_json=resources, outputs_json=outputs, max_attempts=req.max_attempts,
                                      now=now, env_id=env_id, sweep_id=sweep_id, task_index=i)
                                 for i, (n, d, cmd) in enumerate(zip(names, run_dirs, commands, strict=True))))
@@ -127,13 +124,17 @@ def _sweep(db: QuickDB, cfg: Config, req: SweepRequest, backend: Backend, names:
                            fence=1)  # the generation _claim_all claims every task under, or it falls back
     try:
         _claim_all(db, held, [ids[i][0] for i in range(len(names))])
-    except _Mismatch:  # a reconcile pass launches some of them already: launch decides task by task
+    except Mismatch:  # a reconcile pass launches some of them already: launch decides task by task
         from orchestrator.ops.sweep import launch_queued
 
         launch_queued(slow_db(cfg), cfg, backend, sweep_id)
         return SweepSubmitted(req.name, len(names), False)
     testhooks.site("group_claimed")
     return _launch(db, cfg, req, backend, held, {h.attempt_id: ids[i][0] for i, h in enumerate(held)})
+
+
+def _held(h: Held, job_of: dict[int, int]) -> transactions.Held:
+    return transactions.Held(job_of[h.attempt_id], h.attempt_id, h.fence)
 
 
 def _taken(c: Any, names: list[str]) -> set[str]:
@@ -147,15 +148,11 @@ def _taken(c: Any, names: list[str]) -> set[str]:
 
 
 def _claim_all(db: QuickDB, held: list[Held], job_ids: list[int]) -> None:
-    """``launchclaim.claim_all`` of pending attempts: every one claimed under fence 1, or none (``_Mismatch``)."""
+    """``launchclaim.claim_all`` of pending attempts: every one claimed under fence 1, or none (``Mismatch``)."""
     with db.write() as c:
-        now = utcnow()
-        n = run_many(c, "claim", (dict(now=stored_time(now), new_fence=1, attempt_id=h.attempt_id, old_fence=0)
-                                  for h in held)).rowcount
-        if n != len(held):
-            raise _Mismatch
-        for h, job_id in zip(held, job_ids, strict=True):
-            event(c, job_id, h.attempt_id, now, A.PENDING, A.LAUNCHING, "claimed (fence 1)")
+        claims = [transactions.Held(job_id, h.attempt_id, 1) for h, job_id in zip(held, job_ids, strict=True)]
+        if not transactions.claim_pending(SqliteExecutor(c), claims, utcnow()):
+            raise Mismatch
 
 
 def _launch(db: QuickDB, cfg: Config, req: SweepRequest, backend: Backend, held: list[Held],
@@ -198,24 +195,23 @@ def _launch(db: QuickDB, cfg: Config, req: SweepRequest, backend: Backend, held:
                                                                                      h.attempt_id, e))
             ready = []
         testhooks.site("before_backend_submit")
-    ready = _check_claims(db, cfg, ready, results)
+    ready = _check_claims(db, cfg, ready, job_of, results)
     testhooks.site("fence_checked")
     if ready:
         _submit(db, cfg, req, backend, ready, job_of, results)
     return SweepSubmitted(req.name, len(held), len(results) == 0)
 
 
-def _check_claims(db: QuickDB, cfg: Config, ready: list[Held], results: dict[str, Any]) -> list[Held]:
+def _check_claims(db: QuickDB, cfg: Config, ready: list[Held], job_of: dict[int, int],
+                  results: dict[str, Any]) -> list[Held]:
     """``launchclaim.check_claims``: each claim still this launcher's, renewed and its generation noted; else
     (a cancel or a re-claimer came first) launch decides each from the DB."""
     try:
         with db.write() as c:
-            now = stored_time(utcnow())
-            if run_many(c, "check_claim", (dict(now=now, held_fence=h.fence, attempt_id=h.attempt_id)
-                                           for h in ready)).rowcount != len(ready):
-                raise _Mismatch
+            if not transactions.check_held(SqliteExecutor(c), [_held(h, job_of) for h in ready], utcnow()):
+                raise Mismatch
         return ready
-    except _Mismatch:
+    except Mismatch:
         lost = _slow_claims().check_claims(slow_db(cfg), [(h.attempt_id, h.fence) for h in ready])
         for h in ready:
             if lost[h.attempt_id] is not None:
@@ -228,10 +224,9 @@ def _submit(db: QuickDB, cfg: Config, req: SweepRequest, backend: Backend, membe
     batch_token = members[0].spec.batch or new_batch_token()
     try:
         with db.write() as c:
-            if run_many(c, "mark_batch", (dict(batch=batch_token, attempt_id=h.attempt_id)
-                                          for h in members)).rowcount != len(members):
-                raise _Mismatch
-    except _Mismatch:
+            if not transactions.mark_batch(SqliteExecutor(c), [_held(h, job_of) for h in members], batch_token):
+                raise Mismatch
+    except Mismatch:
         marked = _slow().mark_batch(slow_db(cfg), [h.attempt_id for h in members], batch_token)
         for h in members:
             if h.attempt_id not in marked:
@@ -250,32 +245,12 @@ def _submit(db: QuickDB, cfg: Config, req: SweepRequest, backend: Backend, membe
         results.update((h.name, err) for h in members)
         return
     testhooks.site("after_backend_submit")
-    try:
-        _record(db, members, job_of, ids)
-    except _Mismatch:  # a cancel came first, or a re-claimer: launch records each as it records one
+    subs = [transactions.Submission(_held(h, job_of), ids[h.spec.token], h.overrides) for h in members]
+    if not record(db, subs):  # a cancel came first, or a re-claimer: launch records each as it records one
         stop_overtaken(db, backend, [(h, ids[h.spec.token]) for h in members])
         for name, launched in _slow().record_group(slow_db(cfg), backend, members, ids, cancel=False).items():
             if launched.outcome.value != "submitted":
                 results[name] = launched
-
-
-def _record(db: QuickDB, members: list[Held], job_of: dict[int, int], ids: dict[str, str]) -> None:
-    """``launchrecord.record_group``: every member launching -> submitted under its fence, its job pending ->
-    submitted, in one transaction; ``_Mismatch`` (rolled back) if any row moved meanwhile."""
-    with db.write() as c:
-        now = utcnow()
-        at = stored_time(now)
-        rows = [dict(ext_id=ids[h.spec.token], now=at, overrides=dumps(h.overrides), attempt_id=h.attempt_id,
-                     held_fence=h.fence) for h in members]
-        if run_many(c, "record", rows).rowcount != len(members):
-            raise _Mismatch
-        if run_many(c, "job_submitted", (dict(now=at, job_id=job_of[h.attempt_id]) for h in members)).rowcount \
-                != len(members):
-            raise _Mismatch
-        for h in members:
-            ext = ids[h.spec.token]
-            event(c, job_of[h.attempt_id], h.attempt_id, now, A.LAUNCHING, A.SUBMITTED, f"submitted as {ext}")
-            event(c, job_of[h.attempt_id], None, now, J.PENDING, J.SUBMITTED, f"attempt 1 submitted as {ext}")
 
 
 def _handled(handler: Any) -> OrchError:

@@ -11,8 +11,9 @@ models' own tables, columns, defaults and state values, and the SQLite text it c
 Parameters are named; an UPDATE's never as a column of its table (SQLAlchemy would take such an execution
 parameter for a SET value of its own: tests/unit/test_sqlitetext.py). A parameter given a value here (a state, a
 model's default) is a constant: its value, as the column's type stores it, goes into ``sqlitetext.CONSTANTS``, and
-``quickdb.run`` binds it with the caller's. The others are the caller's to give, by name. ``SessionExecutor`` runs
-the constructs themselves through SQLAlchemy, on any database (``core/transactions.py``).
+``quickdb.run`` binds it with the caller's. The others are the caller's to give, by name; one bound to a JSON
+column is given as its value, and ``quickdb.run`` stores it as ``models.JSONType`` does (``sqlitetext.JSON_PARAMS``).
+``SessionExecutor`` runs the constructs themselves through SQLAlchemy, on any database (``core/transactions.py``).
 
     python -m orchestrator.ops.statements --write    # regenerate core/sqlitetext.py
     python -m orchestrator.ops.statements --check    # exit 1 if it is stale
@@ -23,7 +24,7 @@ from __future__ import annotations
 import functools
 import json
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -31,7 +32,7 @@ from sqlalchemy import Column, bindparam, insert, select, union_all, update
 from sqlalchemy.dialects import sqlite
 from sqlalchemy.sql import ClauseElement
 
-from orchestrator.core.models import Attempt, Environment, Event, Job, Sweep
+from orchestrator.core.models import Attempt, Environment, Event, Job, JSONType, Sweep
 from orchestrator.core.states import AttemptState, JobState
 from orchestrator.decide import mtbf, suspects
 
@@ -156,6 +157,17 @@ class SessionExecutor:
         return self.session.execute(statement(statement_name), values,
                                     execution_options={"synchronize_session": False}).rowcount
 
+    def rowcount_many(self, statement_name: str, rows: Sequence[dict[str, Any]], /) -> int:
+        stmt = statement(statement_name)
+        if not rows:
+            return 0
+        if stmt.is_insert:  # one executemany (an insert changes exactly its rows)
+            self.session.execute(stmt, list(rows))
+            return len(rows)
+        if len(rows) == 1 or not self.session.get_bind().dialect.supports_sane_multi_rowcount:
+            return sum(self.rowcount(statement_name, **row) for row in rows)  # a driver that cannot count a batch
+        return self.session.execute(stmt, list(rows), execution_options={"synchronize_session": False}).rowcount
+
 
 def compiled(stmt: ClauseElement) -> tuple[str, dict[str, Any]]:
     """(SQLite text with named parameters, its constants as the column types store them); an expanding IN of
@@ -212,8 +224,19 @@ def generate() -> str:
     for name, consts in constants.items():
         items = [f"        {json.dumps(k)}: {_value(v)}," for k, v in sorted(consts.items())]
         out += [f"    {json.dumps(name)}: {{", *items, "    },"]
+    out += ["}", "", "# the caller's parameters bound to a JSON column, given as values: stored as JSONType does",
+            "JSON_PARAMS: dict[str, tuple[str, ...]] = {"]
+    for name, build in _statements().items():
+        if params := json_params(build()):
+            out.append(f"    {json.dumps(name)}: ({', '.join(json.dumps(p) for p in params)},),")
     out += ["}", ""]
     return "\n".join(out)
+
+
+def json_params(stmt: ClauseElement) -> list[str]:
+    """The caller's parameters of ``stmt`` bound to a JSON column (SQLAlchemy serializes them; sqlite3 cannot)."""
+    c = stmt.compile(dialect=sqlite.dialect(paramstyle="named"))
+    return sorted(name for bind, name in c.bind_names.items() if bind.required and isinstance(bind.type, JSONType))
 
 
 def main(argv: list[str]) -> int:

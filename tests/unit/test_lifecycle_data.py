@@ -117,11 +117,15 @@ def _mover_calls() -> dict[tuple[str, str], set[str | None]]:
     return out
 
 
+# where a runner of a statement names it: quickdb's run(c, "<statement>", ...), an executor's ex.rowcount("<statement>")
+_STATEMENT_ARG = {"run": 1, "run_many": 1, "rowcount": 0, "rowcount_many": 0}
+
+
 def _quick_move(node: ast.AST) -> tuple[str, str] | None:
     """(kind, destination) of a run of a statement that moves or creates a row: the quick path's
     ``run(c, "<statement>", ...)`` / ``run_many(...)``, or an executor's ``ex.rowcount("<statement>", ...)``
     (core/transactions.py, on either path)."""
-    at = {"run": 1, "run_many": 1, "rowcount": 0}.get(_called_name(node) or "") if isinstance(node, ast.Call) else None
+    at = _STATEMENT_ARG.get(_called_name(node) or "") if isinstance(node, ast.Call) else None
     if at is None or len(node.args) <= at or not isinstance(node.args[at], ast.Constant) \
             or node.args[at].value not in statements.MOVES:
         return None
@@ -155,10 +159,11 @@ def _functions(tree: ast.Module, module: str):
                 yield f"{module}.{top.name}.{fn.name}", fn
 
 
-def test_the_quick_paths_event_rows_are_written_only_beside_a_move_their_caller_declares():
-    """lifecycle's movers write each move's event row; the quick path writes its own (``quicksubmit.event``). Only
-    that helper runs the ``event`` statement, and each of its calls names a move (src, dst) that lifecycle.py gives
-    the calling function: an event for a move nobody declared would be history the state machine never allowed."""
+def test_the_transactions_event_rows_are_written_only_beside_a_move_they_declare():
+    """lifecycle's movers write each move's event row; the transactions both paths share (``core/transactions.py``)
+    write their own, through ``transactions.events`` only. Nothing else runs the ``event`` statement, and each event
+    a transaction passes it names a move (src, dst) that lifecycle.py gives that transaction: an event for a move
+    nobody declared would be history the state machine never allowed."""
     edges = {(e.taker, e.src.name, e.dst.name) for e in (*JOB_EDGES, *ATTEMPT_EDGES)}
     runners, calls = set(), []
     for module, tree in _modules().items():
@@ -167,15 +172,18 @@ def test_the_quick_paths_event_rows_are_written_only_beside_a_move_their_caller_
                 if not isinstance(node, ast.Call):
                     continue
                 name = _called_name(node)
-                if name in ("run", "run_many") and len(node.args) > 1 and isinstance(node.args[1], ast.Constant) \
-                        and node.args[1].value == "event":
+                at = _STATEMENT_ARG.get(name or "")
+                if at is not None and len(node.args) > at and isinstance(node.args[at], ast.Constant) \
+                        and node.args[at].value == "event":
                     runners.add(qual)
-                if name == "event" and module.startswith("ops.quick") and len(node.args) > 5:
-                    src, dst = node.args[4], node.args[5]
-                    assert isinstance(src, ast.Attribute) and isinstance(dst, ast.Attribute), ast.unparse(node)
-                    calls.append((qual, src.attr, dst.attr))
-    assert runners == {"ops.quicksubmit.event"}
-    assert len(calls) == 6, calls
+                if name == "events":
+                    # (job id, attempt id, at, src, dst, reason): the move each event row records
+                    for row in (t for t in ast.walk(node) if isinstance(t, ast.Tuple) and len(t.elts) == 6):
+                        src, dst = row.elts[3], row.elts[4]
+                        assert isinstance(src, ast.Attribute) and isinstance(dst, ast.Attribute), ast.unparse(row)
+                        calls.append((qual, src.attr, dst.attr))
+    assert runners == {"core.transactions.events"}
+    assert len(calls) == 3, calls
     assert [c for c in calls if c not in edges] == []
 
 
@@ -184,6 +192,7 @@ def test_a_quick_run_of_a_move_is_seen_as_one():
     assert _quick_move(call) == ("attempt", "LAUNCHING")
     assert _quick_move(ast.parse('run_many(c, "renew", [])').body[0].value) is None
     assert _quick_move(ast.parse('ex.rowcount("record", now=1)').body[0].value) == ("attempt", "SUBMITTED")
+    assert _quick_move(ast.parse('ex.rowcount_many("job_submitted", [])').body[0].value) == ("job", "SUBMITTED")
 
 
 def _declared() -> dict[str, dict[str, set[str]]]:
