@@ -61,10 +61,8 @@ class Birth:
 
 
 JOB_EDGES: tuple[Edge, ...] = (
-    Edge(J.PENDING, J.SUBMITTED, "its attempt was accepted by the backend (or found by token after a crash)",
-         "ops.launchrecord.record_in"),
-    Edge(J.PENDING, J.SUBMITTED, "the quick path (orch submit, orch sweep): its first attempt was accepted by the "
-         "backend", "core.transactions.record_submitted"),
+    Edge(J.PENDING, J.SUBMITTED, "its attempt was accepted by the backend (or found by token after a crash), on "
+         "either path", "core.transactions.record_submitted"),
     Edge(J.PENDING, J.RETRYABLE_FAILED, "the launch failed for a reason a retry can fix (ENOSPC, a transient error)",
          "ops.attemptend.finish"),
     Edge(J.PENDING, J.FAILED, "the launch was refused for good (invalid partition, symlinked attempts/)",
@@ -114,17 +112,15 @@ JOB_EDGES: tuple[Edge, ...] = (
 )
 
 ATTEMPT_EDGES: tuple[Edge, ...] = (
-    Edge(A.PENDING, A.LAUNCHING, "a launcher (submit, sweep, requeue, a reconcile pass) claimed it",
-         "ops.launchclaim.claim_all"),
-    Edge(A.PENDING, A.LAUNCHING, "the quick path claimed its new attempts (orch submit's one, every task of orch "
-         "sweep's), each under fence 1", "core.transactions.claim_pending"),
+    Edge(A.PENDING, A.LAUNCHING, "a launcher (submit, sweep, requeue, a reconcile pass; either path) claimed it",
+         "core.transactions.claim_pending"),
     Edge(A.PENDING, A.CANCELLED, "orch cancel before anyone claimed it", "ops.cancel.cancel"),
     Edge(A.PENDING, A.CANCELLED, "orch requeue found its job's marker verifies", "ops.requeue._mark_verified"),
     Edge(A.LAUNCHING, A.LAUNCHING, "re-claimed after the claim expired (a new fence)", "ops.launchclaim.claim_all"),
-    Edge(A.LAUNCHING, A.SUBMITTED, "the backend returned an id (or find_by_token found it after a crash)",
-         "ops.launchrecord.record_in"),
-    Edge(A.LAUNCHING, A.SUBMITTED, "the quick path: the backend returned the id of each attempt (orch sweep's "
-         "group: every task's) under its fence", "core.transactions.record_submitted"),
+    Edge(A.LAUNCHING, A.SUBMITTED, "the backend returned an id (or find_by_token found it after a crash), on either "
+         "path; a group's ids in one transaction", "core.transactions.record_submitted"),
+    Edge(A.LAUNCHING, A.SUBMITTED, "the backend returned an id for an attempt whose job is no longer pending (not "
+         "reached today: a cancel stops the attempt too)", "ops.launchrecord.record_in"),
     Edge(A.LAUNCHING, A.FAILED, "the launch failed (refused, or a filesystem error); failure_class says which",
          "ops.attemptend.finish"),
     Edge(A.LAUNCHING, A.STOPPING, "orch cancel during the launch: whoever learns the id stops it", "ops.cancel.cancel"),

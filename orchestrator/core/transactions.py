@@ -65,8 +65,8 @@ def events(ex: Executor, rows: Iterable[tuple[int, int | None, datetime, Any, An
 
 def claim_pending(ex: Executor, claims: Sequence[Held], now: datetime) -> bool:
     """pending -> launching for each claim, its fence taken from ``fence - 1`` to ``fence`` in the same
-    compare-and-set (``launchclaim.claim_move`` of a pending attempt), an event each; False (write nothing
-    more, roll back) unless every one matched: another launcher or a cancel came first."""
+    compare-and-set, an event each; False (write nothing more, roll back) unless every one matched: another
+    launcher or a cancel came first. ``launchclaim.claim_all`` and the quick paths claim through it."""
     n = ex.rowcount_many("claim", [dict(now=now, new_fence=c.fence, attempt_id=c.attempt_id, old_fence=c.fence - 1)
                                    for c in claims])
     if n != len(claims):

@@ -71,26 +71,38 @@ def preload(s: Any, attempt_ids: list[int], jobs: bool = False) -> dict[int, Any
 
 def claim_all(db: Database, attempt_ids: list[int], reclaim: bool) -> dict[int, int]:
     """``claim`` of many attempts in ONE write transaction (each its own compare-and-set): attempt id ->
-    its new fence, for those this launcher now holds. A transaction per task was most of a sweep."""
+    its new fence, for those this launcher now holds. A transaction per task was most of a sweep.
+
+    A pending attempt is claimed by ``transactions.claim_pending`` (the quick path's claim, on this path's
+    executor); an expired claim is re-claimed by ``lifecycle``'s movers (``reclaim_move``)."""
     if not attempt_ids:
         return {}
     try:
         with db.write() as s, s.no_autoflush:
             rows = preload(s, attempt_ids)
-            now, moves, fences = utcnow(), [], {}
+            now, fresh, moves = utcnow(), [], []
             for attempt_id in attempt_ids:
-                move = claim_move(rows[attempt_id], reclaim, now)
-                if move is not None:
+                a = rows[attempt_id]
+                if a.state is A.PENDING:
+                    fresh.append(transactions.Held(a.job_id, a.id, a.fence + 1))
+                elif (move := reclaim_move(a, reclaim, now)) is not None:
                     moves.append(move)
-                    fences[attempt_id] = move.values["fence"]
+            if not transactions.claim_pending(SessionExecutor(s), fresh, now):
+                raise IllegalTransition("a pending attempt was claimed under us")  # rolls the batch back
             move_many(s, moves)
-            return fences
+            return {**{h.attempt_id: h.fence for h in fresh}, **{m.row.id: m.values["fence"] for m in moves}}
     except IllegalTransition:  # a row changed under the batch (rolled back whole): one by one instead
         pass
     fences = {}
     for attempt_id in attempt_ids:
         with db.write() as s:
-            move = claim_move(s.get(Attempt, attempt_id), reclaim, utcnow())
+            a = s.get(Attempt, attempt_id)
+            if a.state is A.PENDING:
+                held = transactions.Held(a.job_id, a.id, a.fence + 1)
+                if transactions.claim_pending(SessionExecutor(s), [held], utcnow()):
+                    fences[attempt_id] = held.fence
+                continue
+            move = reclaim_move(a, reclaim, utcnow())
             if move is None:
                 continue
             try:
@@ -102,16 +114,13 @@ def claim_all(db: Database, attempt_ids: list[int], reclaim: bool) -> dict[int, 
     return fences
 
 
-def claim_move(a: Attempt, reclaim: bool, now: Any) -> Move | None:
-    """The claim of ``a`` (pending, or with ``reclaim`` an expired launching claim), or None."""
-    fence = (a.fence or 0) + 1
-    if a.state is A.PENDING:
-        why = f"claimed (fence {fence})"
-    elif reclaim and a.state is A.LAUNCHING and claim_expired(a.claimed_at, now, launch_grace_s()):
-        why = f"re-claimed after the claim expired (fence {fence})"
-    else:
+def reclaim_move(a: Attempt, reclaim: bool, now: Any) -> Move | None:
+    """With ``reclaim``, the re-claim of ``a`` if its launching claim expired (a new fence), else None."""
+    if not (reclaim and a.state is A.LAUNCHING and claim_expired(a.claimed_at, now, launch_grace_s())):
         return None
-    return Move(a, a.state, A.LAUNCHING, {"claimed_at": now, "fence": fence}, fenced=True, fence=a.fence, why=why)
+    fence = a.fence + 1
+    return Move(a, a.state, A.LAUNCHING, {"claimed_at": now, "fence": fence}, fenced=True, fence=a.fence,
+                why=f"re-claimed after the claim expired (fence {fence})")
 
 
 def claim_keeper(db: Database) -> ClaimKeeper:
@@ -146,7 +155,7 @@ def check_claims(db: Database, claims: list[tuple[int, int]]) -> dict[int, Launc
         return out
     with db.write() as s, s.no_autoflush:
         rows = preload(s, [attempt_id for attempt_id, _ in claims])
-        now, held = utcnow(), []
+        held = []
         for attempt_id, fence in claims:
             a = rows[attempt_id]
             if a.fence != fence:
@@ -156,10 +165,11 @@ def check_claims(db: Database, claims: list[tuple[int, int]]) -> dict[int, Launc
                              detail="cancelled during its launch, before the backend call")
                 out[attempt_id] = LaunchOutcome.STOPPED
             elif a.state is A.LAUNCHING:
-                held.append(Move(a, A.LAUNCHING, None, {"claimed_at": now, "launched_fence": fence},
-                                 fenced=True, fence=fence))
+                held.append(transactions.Held(a.job_id, a.id, fence))
                 out[attempt_id] = None
             else:
                 out[attempt_id] = LaunchOutcome.LOST_CLAIM
-        move_many(s, held)  # rows read in this transaction: every guard holds, or all of it rolls back
+        # rows read in this transaction: every claim still held holds, or all of it rolls back
+        if not transactions.check_held(SessionExecutor(s), held, utcnow()):
+            raise IllegalTransition("a claim changed under us")
     return out

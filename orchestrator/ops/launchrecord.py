@@ -16,23 +16,23 @@ from typing import Any, NoReturn, Protocol
 from orchestrator import protocol
 from orchestrator.backends import get_backend
 from orchestrator.backends.base import AttemptRef, Backend, BackendError, SubmitSpec
+from orchestrator.core import transactions
 from orchestrator.core.config import Config
 from orchestrator.core.db import Database
 from orchestrator.core.jobqueries import attempt_ref
 from orchestrator.core.lifecycle import (
     AttemptState,
     JobState,
-    Move,
     move_attempt,
     move_job,
-    move_many,
     set_attempt_fields,
     utcnow,
 )
 from orchestrator.core.models import Attempt, Job
-from orchestrator.errors import OrchError, Refused
+from orchestrator.errors import IllegalTransition, OrchError, Refused
 from orchestrator.jobside.ballast import give_back
 from orchestrator.ops.launchclaim import Launched, LaunchOutcome, LostClaim, preload
+from orchestrator.ops.statements import SessionExecutor
 from orchestrator.protocol import FailureClass
 
 A, J = AttemptState, JobState
@@ -100,15 +100,17 @@ def mark_batch(db: Database, attempt_ids: list[int], batch: str) -> set[int]:
     """Record the group's token on each attempt still launching, in one transaction; the ids marked."""
     with db.write() as s:
         rows = preload(s, attempt_ids, jobs=True)
-        moves = [Move(a, A.LAUNCHING, None, {"batch_token": batch})
-                 for a in (rows[i] for i in attempt_ids) if a.state is A.LAUNCHING]
+        launching = [a for a in (rows[i] for i in attempt_ids) if a.state is A.LAUNCHING]
         # A relaunch under a new batch (the old one's launcher stopped or stalled, and its array was not found):
         # the room the old batch's pool held for the task is given back; an old wrapper that does start after
         # all finds this launch's fence and runs nothing (launchprep.BatchRecords).
-        earlier = [(rows["job", m.row.job_id].run_dir, m.row.batch_token, rows["job", m.row.job_id].task_index)
-                   for m in moves if m.row.batch_token and m.row.batch_token != batch]
-        move_many(s, moves)
-        marked = {m.row.id for m in moves}
+        earlier = [(rows["job", a.job_id].run_dir, a.batch_token, rows["job", a.job_id].task_index)
+                   for a in launching if a.batch_token and a.batch_token != batch]
+        # rows read in this transaction: every one is marked, or all of it rolls back
+        if not transactions.mark_batch(SessionExecutor(s), [transactions.Held(a.job_id, a.id, a.fence)
+                                                            for a in launching], batch):
+            raise IllegalTransition("an attempt moved under us")
+        marked = {a.id for a in launching}
     for run_dir, old, task in earlier:
         if task is not None:
             give_back(Path(run_dir), old, task)
@@ -200,12 +202,15 @@ def record_in(s: Any, attempt_id: int, external_id: str, overrides: dict[str, An
             out.cancel = attempt_ref(a, job, external_id)  # the attempt runs under another id: ours is dropped
             out.lost += "; it was cancelled"
         # else: the re-claimer may yet adopt it: left alone
-    elif a.state is A.LAUNCHING:
+    elif a.state is A.LAUNCHING and job.state is J.PENDING:  # as always: the job waits for its attempt
+        sub = transactions.Submission(transactions.Held(job.id, a.id, a.fence), external_id,
+                                      a.overrides if overrides is None else overrides, a.n)
+        if not transactions.record_submitted(SessionExecutor(s), [sub], utcnow()):
+            raise IllegalTransition(f"attempt {a.n}: state changed under us (expected launching)")
+    elif a.state is A.LAUNCHING:  # its job moved on without it (not reached today: a cancel stops the attempt too)
         extra = {"overrides": overrides} if overrides is not None else {}
         move_attempt(s, a, A.SUBMITTED, where=Attempt.fence == a.fence, why=f"submitted as {external_id}",
                      external_id=external_id, submitted_at=utcnow(), **extra)
-        if job.state is J.PENDING:
-            move_job(s, job, J.SUBMITTED, f"attempt {a.n} submitted as {external_id}")
     elif a.state is A.STOPPING and a.external_id is None:
         set_attempt_fields(s, a, A.STOPPING, external_id=external_id, submitted_at=utcnow())
         out.stopped, out.cancel = True, attempt_ref(a, job, external_id)
@@ -220,20 +225,18 @@ def record_group(db: Database, backend: Backend, members: list[Member], ids: dic
     recs: dict[str, Recorded] = {}
     with db.write() as s, s.no_autoflush:
         rows = preload(s, [r.attempt_id for r in members], jobs=True)
-        moves, now = [], utcnow()
+        subs = []
         for r in members:
             a, ext = rows[r.attempt_id], ids[r.spec.token]
             job = rows["job", a.job_id]
-            if a.fence != r.fence or a.state is not A.LAUNCHING:  # lost, or a cancel came first: one by one
-                recs[r.name] = record_in(s, r.attempt_id, ext, r.overrides, r.fence)
+            if a.fence != r.fence or a.state is not A.LAUNCHING or job.state is not J.PENDING:
+                recs[r.name] = record_in(s, r.attempt_id, ext, r.overrides, r.fence)  # lost, a cancel: one by one
                 continue
-            moves.append(Move(a, A.LAUNCHING, A.SUBMITTED, {"external_id": ext, "submitted_at": now,
-                                                            "overrides": r.overrides},
-                              fenced=True, fence=a.fence, why=f"submitted as {ext}"))
-            if job.state is J.PENDING:
-                moves.append(Move(job, J.PENDING, J.SUBMITTED, why=f"attempt {a.n} submitted as {ext}"))
+            subs.append(transactions.Submission(transactions.Held(job.id, a.id, a.fence), ext, r.overrides, a.n))
             recs[r.name] = Recorded(job.backend)
-        move_many(s, moves)  # rows read in this transaction: every guard holds, or all of it rolls back
+        # rows read in this transaction: every guard holds, or all of it rolls back
+        if not transactions.record_submitted(SessionExecutor(s), subs, utcnow()):
+            raise IllegalTransition("an attempt moved under us")
     cancels = [rec.cancel for rec in recs.values() if rec.cancel is not None]
     if cancels and cancel:
         backend.cancel(cancels)

@@ -94,7 +94,7 @@ def _statements() -> dict[str, Callable[[], ClauseElement]]:
             fence=default(at.fence), created_at=given("now"))
 
     def claim() -> ClauseElement:
-        # launchclaim.claim_move of a pending attempt: compare-and-set on its state and fence, the fence + 1
+        # the claim of a pending attempt: compare-and-set on its state and fence, the fence + 1
         return update(Attempt.__table__).where(
             at.id == given("attempt_id"), at.state == const("pending", A.PENDING, at.state),
             at.fence == given("old_fence")).values(claimed_at=given("now"), fence=given("new_fence"), state=launching)
@@ -122,11 +122,11 @@ def _statements() -> dict[str, Callable[[], ClauseElement]]:
             job_id=given("job_id"), attempt_id=given("attempt_id"), at=given("at"), from_state=given("from_state"),
             to_state=given("to_state"), reason=given("reason")),
         "claim": claim,
-        # launchrecord.mark_batch: the group's token on each attempt still launching
+        # the group's token on each attempt still launching
         "mark_batch": lambda: update(Attempt.__table__).where(at.id == given("attempt_id"), at.state == launching)
         .values(batch_token=given("batch")),
         "renew": lambda: held(claimed_at=given("now")),
-        # launchclaim.check_claims of a claim still held: renewed, and its generation noted as the one that may submit
+        # a claim still held, right before the backend call: renewed, its generation noted as the one that may submit
         "check_claim": lambda: held(claimed_at=given("now"), launched_fence=given("held_fence")),
         "record": lambda: held(state=const("submitted", A.SUBMITTED, at.state), external_id=given("ext_id"),
                                submitted_at=given("now"), overrides_json=given("overrides")),

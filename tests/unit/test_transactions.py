@@ -13,7 +13,7 @@ from sqlalchemy import select, update
 
 from orchestrator.core.config import sqlite_path
 from orchestrator.core.jobqueries import get_job
-from orchestrator.core.lifecycle import AttemptState, JobState, create_attempt, create_job, utcnow
+from orchestrator.core.lifecycle import AttemptState, JobState, Move, create_attempt, create_job, move_many, utcnow
 from orchestrator.core.models import Attempt, Event, Job
 from orchestrator.core.quickdb import QuickDB, SqliteExecutor
 from orchestrator.core.tokens import new_token
@@ -26,6 +26,7 @@ from orchestrator.core.transactions import (
     record_submitted,
     renew_claims,
 )
+from orchestrator.errors import IllegalTransition
 from orchestrator.ops import launchclaim, launchrecord
 from orchestrator.ops.statements import SessionExecutor
 from orchestrator.ops.submit import SubmitRequest, submit
@@ -107,8 +108,26 @@ def _pending(db, cfg, names: list[str]) -> list[Held]:
     return out
 
 
+def _movers_path(db, held: list[Held]) -> None:
+    """The oracle: claim, check, mark and record as ``lifecycle.move_many`` writes them, from Moves built here."""
+    def moved(build) -> None:
+        with db.write() as s, s.no_autoflush:
+            rows = launchclaim.preload(s, [h.attempt_id for h in held], jobs=True)
+            move_many(s, [m for k, h in enumerate(held) for m in build(k, rows[h.attempt_id], rows, utcnow())])
+
+    moved(lambda k, a, rows, now: [Move(a, A.PENDING, A.LAUNCHING, {"claimed_at": now, "fence": 1}, fenced=True,
+                                        fence=0, why="claimed (fence 1)")])
+    moved(lambda k, a, rows, now: [Move(a, A.LAUNCHING, None, {"claimed_at": now, "launched_fence": 1}, fenced=True,
+                                        fence=1)])
+    moved(lambda k, a, rows, now: [Move(a, A.LAUNCHING, None, {"batch_token": "B"})])
+    moved(lambda k, a, rows, now: [
+        Move(a, A.LAUNCHING, A.SUBMITTED, {"external_id": f"ext-{k}", "submitted_at": now, "overrides": {}},
+             fenced=True, fence=1, why=f"submitted as ext-{k}"),
+        Move(rows["job", a.job_id], JobState.PENDING, JobState.SUBMITTED, why=f"attempt 1 submitted as ext-{k}")])
+
+
 def _launch_path(db, held: list[Held]) -> None:
-    """Claim, check, mark and record through launch's functions, on lifecycle's movers."""
+    """Claim, check, mark and record through launch's functions (the SQLAlchemy path)."""
     ids = [h.attempt_id for h in held]
     assert launchclaim.claim_all(db, ids, reclaim=False) == {i: 1 for i in ids}
     assert launchclaim.check_claims(db, [(i, 1) for i in ids]) == {i: None for i in ids}
@@ -161,12 +180,15 @@ def _rows(db, held: list[Held]) -> list[dict]:
 @EXECUTORS
 def test_a_launch_written_once_leaves_the_rows_lifecycles_movers_leave(db, cfg, sched, executor):
     """Claim, check, mark and record of two new attempts: the same rows, fields and event history as
-    ``launchclaim``/``launchrecord`` make through ``lifecycle.move_many``, on each executor and database."""
-    theirs, ours = _pending(db, cfg, ["a0", "a1"]), _pending(db, cfg, ["b0", "b1"])
-    _launch_path(db, theirs)
+    ``lifecycle.move_many`` writes for the same moves, on each executor and database; and launch's own functions
+    (which run the same transactions) leave them too."""
+    oracle, ours, launched = (_pending(db, cfg, [f"{p}0", f"{p}1"]) for p in "abc")
+    _movers_path(db, oracle)
     times = _times()
     _transactions_path(_run_on(executor, db, cfg), ours, times)
-    assert _rows(db, ours) == _rows(db, theirs)
+    _launch_path(db, launched)
+    assert _rows(db, ours) == _rows(db, oracle)
+    assert _rows(db, launched) == _rows(db, oracle)
     with db.read() as s:
         stored = s.execute(select(Attempt.claimed_at, Attempt.submitted_at)
                            .where(Attempt.id.in_([h.attempt_id for h in ours]))).all()
@@ -177,7 +199,7 @@ def test_the_sqlite3_executor_stores_times_as_sqlalchemy_stores_them(db, cfg, sc
     """SQLite compares times as text: a claim written as '12:00:01.25' by one path and '12:00:01.250000' by the
     other would order wrongly against the grace cutoff. Every time column, byte for byte in SQLAlchemy's format."""
     theirs, ours = _pending(db, cfg, ["a0"]), _pending(db, cfg, ["b0"])
-    _launch_path(db, theirs)
+    _movers_path(db, theirs)
     _transactions_path(_run_on("sqlite3", db, cfg), ours, _times())
     with sqlite3.connect(sqlite_path(cfg.db_url)) as c:
         texts = [t for row in c.execute("SELECT created_at, claimed_at, submitted_at FROM attempts "
@@ -227,3 +249,95 @@ def test_each_batched_move_answers_false_unless_every_row_matched(db, cfg, sched
     with db.write() as s:  # the job moved on (not pending): the attempt alone is not recorded
         s.execute(update(Job).where(Job.id == held[0].job_id).values(state=JobState.CANCELLED))
     assert _answer(run, lambda ex: record_submitted(ex, subs[:1], T3)) is False
+
+
+# ------------------------------------------------------------------------------------------
+# launch's functions on the shared transactions: the guards around them
+# ------------------------------------------------------------------------------------------
+def _changed_after_the_read(monkeypatch, change) -> None:
+    """``launchclaim.preload`` that runs ``change(s)`` in the caller's transaction right after its first read: a row
+    moved between the read and the batched write (what the write lock or FOR UPDATE rules out, if either fails)."""
+    real, first = launchclaim.preload, [True]
+
+    def racing(s, ids, jobs=False):
+        rows = real(s, ids, jobs)
+        if first[0]:
+            first[0] = False
+            change(s)
+        return rows
+
+    monkeypatch.setattr(launchclaim, "preload", racing)
+    monkeypatch.setattr(launchrecord, "preload", racing)
+
+
+def test_claim_all_reports_a_claim_only_where_the_row_holds_it(db, cfg, sched, monkeypatch):
+    held = _pending(db, cfg, ["p", "q"])
+    _changed_after_the_read(monkeypatch, lambda s: s.execute(  # the table: the session's rows stay as read
+        update(Attempt.__table__).where(Attempt.id == held[1].attempt_id).values(state=A.CANCELLED)))
+    fences = launchclaim.claim_all(db, [h.attempt_id for h in held], reclaim=False)
+    with db.read() as s:
+        for attempt_id, fence in fences.items():
+            a = s.get(Attempt, attempt_id)
+            assert (a.state, a.fence) == (A.LAUNCHING, fence)
+        claims = s.scalars(select(Event.attempt_id).where(Event.to_state == "launching")).all()
+    assert sorted(claims) == sorted(fences)  # one claim event per claim, none for a batch rolled back
+
+
+def test_check_claims_refuses_a_batch_in_which_a_claim_moved(db, cfg, sched, monkeypatch):
+    held = _pending(db, cfg, ["p", "q"])
+    launchclaim.claim_all(db, [h.attempt_id for h in held], reclaim=False)
+    before = _claimed(db, {"p": held[0].attempt_id, "q": held[1].attempt_id})
+    _changed_after_the_read(monkeypatch, lambda s: s.execute(
+        update(Attempt.__table__).where(Attempt.id == held[1].attempt_id).values(fence=2)))
+    with pytest.raises(IllegalTransition):
+        launchclaim.check_claims(db, [(h.attempt_id, 1) for h in held])
+    assert _claimed(db, {"p": held[0].attempt_id, "q": held[1].attempt_id}) == before  # rolled back whole
+
+
+def test_mark_batch_refuses_a_batch_in_which_an_attempt_moved(db, cfg, sched, monkeypatch):
+    held = _pending(db, cfg, ["p", "q"])
+    launchclaim.claim_all(db, [h.attempt_id for h in held], reclaim=False)
+    _changed_after_the_read(monkeypatch, lambda s: s.execute(
+        update(Attempt.__table__).where(Attempt.id == held[1].attempt_id).values(state=A.STOPPING)))
+    with pytest.raises(IllegalTransition):
+        launchrecord.mark_batch(db, [h.attempt_id for h in held], "B")
+    with db.read() as s:
+        assert {s.get(Attempt, h.attempt_id).batch_token for h in held} == {None}  # rolled back whole
+
+
+def test_record_group_refuses_a_batch_in_which_a_claim_moved(db, cfg, sched, monkeypatch):
+    held = _pending(db, cfg, ["p", "q"])
+    launchclaim.claim_all(db, [h.attempt_id for h in held], reclaim=False)
+    members = [SimpleNamespace(name=n, attempt_id=h.attempt_id, overrides={}, fence=1, spec=SimpleNamespace(token=n),
+                               moved=[]) for n, h in zip("pq", held, strict=True)]
+    _changed_after_the_read(monkeypatch, lambda s: s.execute(
+        update(Attempt.__table__).where(Attempt.id == held[1].attempt_id).values(fence=2)))
+    with pytest.raises(IllegalTransition):
+        launchrecord.record_group(db, None, members, {"p": "ext-p", "q": "ext-q"})
+    with db.read() as s:
+        assert {s.get(Attempt, h.attempt_id).state for h in held} == {A.LAUNCHING}  # rolled back whole
+
+
+def test_record_group_records_an_attempt_whose_job_moved_on_without_moving_the_job(db, cfg, sched):
+    held = _pending(db, cfg, ["p", "q"])
+    launchclaim.claim_all(db, [h.attempt_id for h in held], reclaim=False)
+    with db.write() as s:
+        s.execute(update(Job).where(Job.id == held[1].job_id).values(state=JobState.CANCELLED))
+    members = [SimpleNamespace(name=n, attempt_id=h.attempt_id, overrides={}, fence=1, spec=SimpleNamespace(token=n),
+                               moved=[]) for n, h in zip("pq", held, strict=True)]
+    out = launchrecord.record_group(db, None, members, {"p": "ext-p", "q": "ext-q"})
+    assert {n: r.outcome.value for n, r in out.items()} == {"p": "submitted", "q": "submitted"}
+    with db.read() as s:
+        assert [s.get(Job, h.job_id).state for h in held] == [JobState.SUBMITTED, JobState.CANCELLED]
+        assert [s.get(Attempt, h.attempt_id).external_id for h in held] == ["ext-p", "ext-q"]
+
+
+def test_a_record_without_overrides_keeps_the_attempts_own(db, cfg, sched):
+    """The reconciler records an id it found by token (no overrides in hand): the attempt's stay as they were."""
+    [h] = _pending(db, cfg, ["p"])
+    launchclaim.claim_all(db, [h.attempt_id], reclaim=False)
+    _set(db, h.attempt_id, overrides={"lr": 0.1})
+    launchrecord.record_submitted(db, h.attempt_id, "ext-p")
+    with db.read() as s:
+        a = s.get(Attempt, h.attempt_id)
+        assert (a.state, a.external_id, a.overrides) == (A.SUBMITTED, "ext-p", {"lr": 0.1})
