@@ -32,6 +32,7 @@ from sqlalchemy import Column, bindparam, insert, select, union_all, update
 from sqlalchemy.dialects import sqlite
 from sqlalchemy.sql import ClauseElement
 
+from orchestrator import testhooks
 from orchestrator.core.models import Attempt, Environment, Event, Job, JSONType, Sweep
 from orchestrator.core.states import AttemptState, JobState
 from orchestrator.decide import mtbf, suspects
@@ -154,19 +155,20 @@ class SessionExecutor:
         self.session = session
 
     def rowcount(self, statement_name: str, /, **values: Any) -> int:
-        return self.session.execute(statement(statement_name), values,
-                                    execution_options={"synchronize_session": False}).rowcount
+        n = self.session.execute(statement(statement_name), values,
+                                 execution_options={"synchronize_session": False}).rowcount
+        testhooks.site(f"sqlalchemy:{statement_name}")  # ran, not committed (as quickdb.run's quick:<statement>)
+        return n
 
     def rowcount_many(self, statement_name: str, rows: Sequence[dict[str, Any]], /) -> int:
         stmt = statement(statement_name)
         if not rows:
             return 0
-        if stmt.is_insert:  # one executemany (an insert changes exactly its rows)
-            self.session.execute(stmt, list(rows))
-            return len(rows)
-        if len(rows) == 1 or not self.session.get_bind().dialect.supports_sane_multi_rowcount:
+        if len(rows) == 1 or (not stmt.is_insert and not self.session.get_bind().dialect.supports_sane_multi_rowcount):
             return sum(self.rowcount(statement_name, **row) for row in rows)  # a driver that cannot count a batch
-        return self.session.execute(stmt, list(rows), execution_options={"synchronize_session": False}).rowcount
+        n = self.session.execute(stmt, list(rows), execution_options={"synchronize_session": False}).rowcount
+        testhooks.site(f"sqlalchemy:{statement_name}")
+        return len(rows) if stmt.is_insert else n  # an insert changes exactly its rows (a driver may say -1)
 
 
 def compiled(stmt: ClauseElement) -> tuple[str, dict[str, Any]]:
