@@ -150,19 +150,14 @@ ATTEMPT_EDGES: tuple[Edge, ...] = (
 )
 
 JOB_BIRTHS: tuple[Birth, ...] = (
-    Birth(J.PENDING, "orch submit", "ops.submit.submit"),
-    Birth(J.PENDING, "orch sweep: one job per task", "ops.sweep.submit_sweep"),
-    Birth(J.PENDING, "orch submit's quick path", "ops.quicksubmit._submit"),
-    Birth(J.PENDING, "orch sweep's quick path: one job per task", "ops.quicksweep._sweep"),
+    Birth(J.PENDING, "orch submit, or orch sweep (one job per task), on either path", "core.transactions.born_pending"),
     # A lost DB: the task's run dir already holds a verified result of the same arguments. Never rerun.
     Birth(J.DONE, "orch sweep: the task's run dir already holds its verified marker", "ops.sweep.submit_sweep"),
 )
 
 ATTEMPT_BIRTHS: tuple[Birth, ...] = (
-    Birth(A.PENDING, "orch submit: attempt 1", "ops.submit.submit"),
-    Birth(A.PENDING, "orch sweep: attempt 1 of each task not already done", "ops.sweep.submit_sweep"),
-    Birth(A.PENDING, "orch submit's quick path: attempt 1", "ops.quicksubmit._submit"),
-    Birth(A.PENDING, "orch sweep's quick path: attempt 1 of each task", "ops.quicksweep._sweep"),
+    Birth(A.PENDING, "orch submit, or orch sweep (each task not already done), on either path: attempt 1",
+          "core.transactions.born_pending"),
     Birth(A.PENDING, "orch requeue / auto-requeue: the next attempt, in the job's move to pending",
           "ops.requeue._requeue_one"),
 )

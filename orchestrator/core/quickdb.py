@@ -94,6 +94,14 @@ class SqliteExecutor:
     def rowcount_many(self, statement: str, rows: Sequence[dict[str, Any]], /) -> int:
         return run_many(self.conn, statement, [_stored(row) for row in rows]).rowcount if rows else 0
 
+    def inserted(self, statement: str, /, **values: Any) -> int:
+        row_id = run(self.conn, statement, **_stored(values)).lastrowid
+        assert row_id is not None, statement
+        return row_id
+
+    def rows(self, statement: str, /, **values: Any) -> list[tuple[Any, ...]]:
+        return run(self.conn, statement, **_stored(values)).fetchall()
+
 
 def _stored(values: dict[str, Any]) -> dict[str, Any]:
     return {k: stored_time(v) if isinstance(v, datetime) else v for k, v in values.items()}

@@ -117,11 +117,9 @@ def _submit(db: QuickDB, cfg: Config, name: str, command: list[str], backend: Ba
             raise name_taken(name)
         testhooks.site("names_checked")
         env_id = environment_id(c, digest, env_vars)
-        now = stored_time(utcnow())
-        job_id = run(c, "new_job", name=name, backend=backend.name, run_dir=str(run_dir), command_json=command,
-                     resources_json=resources, outputs_json=outputs, max_attempts=max_attempts, now=now,
-                     env_id=env_id, sweep_id=None, task_index=None).lastrowid
-        attempt_id = run(c, "new_attempt", job_id=job_id, token=token, backend=backend.name, now=now).lastrowid
+        [(job_id, attempt_id)] = transactions.born_pending(
+            SqliteExecutor(c), [transactions.Newborn(name, str(run_dir), command, token)],
+            transactions.Births(backend.name, resources, outputs, max_attempts, env_id), utcnow())
     return _launch(db, cfg, backend, Held(name, attempt_id, 1), job_id, token, run_dir, command, outputs, resources,
                    env_vars)
 

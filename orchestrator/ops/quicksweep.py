@@ -29,7 +29,7 @@ from orchestrator.backends.base import Backend, BackendError
 from orchestrator.core import transactions
 from orchestrator.core.config import Config
 from orchestrator.core.environments import environment_record
-from orchestrator.core.quickdb import QuickDB, SqliteExecutor, run, run_many, stored_time
+from orchestrator.core.quickdb import QuickDB, SqliteExecutor, run, stored_time
 from orchestrator.core.resumestate import keep_globs
 from orchestrator.core.rundir import run_dir_for
 from orchestrator.core.states import utcnow
@@ -99,19 +99,16 @@ def _sweep(db: QuickDB, cfg: Config, req: SweepRequest, backend: Backend, names:
         if taken:
             raise names_exist(taken)
         testhooks.site("names_checked")
-        now = stored_time(utcnow())
+        now = utcnow()
         sweep_id = run(c, "new_sweep", name=req.name, backend=backend.name, throttle=req.throttle,
-                       params_json=req.params, now=now).lastrowid
+                       params_json=req.params, now=stored_time(now)).lastrowid
         env_id = environment_id(c, digest, env_vars)
-        run_many(c, "new_job", (dict(name=n, backend=backend.name, run_dir=str(d), command_json=cmd,
-                                     resources_json=resources, outputs_json=outputs, max_attempts=req.max_attempts,
-                                     now=now, env_id=env_id, sweep_id=sweep_id, task_index=i)
-                                for i, (n, d, cmd) in enumerate(zip(names, run_dirs, commands, strict=True))))
-        job_ids = dict(run(c, "sweep_jobs", sweep_id=sweep_id))
         tokens = [new_token() for _ in names]
-        run_many(c, "new_attempt", (dict(job_id=job_ids[i], token=tokens[i], backend=backend.name, now=now)
-                                    for i in range(len(names))))
-        ids = {i: (job_id, attempt_id) for i, job_id, attempt_id in run(c, "sweep_tasks", sweep_id=sweep_id)}
+        born = transactions.born_pending(
+            SqliteExecutor(c), [transactions.Newborn(n, str(d), cmd, tokens[i], i)
+                                for i, (n, d, cmd) in enumerate(zip(names, run_dirs, commands, strict=True))],
+            transactions.Births(backend.name, resources, outputs, req.max_attempts, env_id, sweep_id), now)
+        ids = dict(enumerate(born))
     held = [Held(n, ids[i][1], 1) for i, n in enumerate(names)]
     env = {protocol.ENV_OVERRIDES: dumps({})}
     with db.read() as c:  # ORCH_MTBF_S: one partition, one history read

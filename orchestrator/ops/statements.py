@@ -170,6 +170,14 @@ class SessionExecutor:
         testhooks.site(f"sqlalchemy:{statement_name}")
         return len(rows) if stmt.is_insert else n  # an insert changes exactly its rows (a driver may say -1)
 
+    def inserted(self, statement_name: str, /, **values: Any) -> int:
+        row_id = self.session.execute(statement(statement_name), values).inserted_primary_key[0]
+        testhooks.site(f"sqlalchemy:{statement_name}")
+        return row_id
+
+    def rows(self, statement_name: str, /, **values: Any) -> list[tuple[Any, ...]]:
+        return [tuple(r) for r in self.session.execute(statement(statement_name), values)]
+
 
 def compiled(stmt: ClauseElement) -> tuple[str, dict[str, Any]]:
     """(SQLite text with named parameters, its constants as the column types store them); an expanding IN of

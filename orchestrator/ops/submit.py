@@ -17,14 +17,16 @@ from sqlalchemy import select
 
 from orchestrator import testhooks
 from orchestrator.backends import get_backend
+from orchestrator.core import transactions
 from orchestrator.core.config import Config
 from orchestrator.core.db import Database
 from orchestrator.core.jobqueries import environment_id, get_job, names_taken
-from orchestrator.core.lifecycle import JobState, create_attempt, create_job
+from orchestrator.core.lifecycle import JobState, utcnow
 from orchestrator.core.models import Job
 from orchestrator.core.tokens import new_token
 from orchestrator.ops.launch import Launched, launch
 from orchestrator.ops.quicksubmit import name_taken, preflight
+from orchestrator.ops.statements import SessionExecutor
 
 
 @dataclass
@@ -49,11 +51,11 @@ def submit(db: Database, cfg: Config, req: SubmitRequest) -> Job:
         if names_taken(s, [req.name]):
             raise name_taken(req.name)
         testhooks.site("names_checked")
-        job = create_job(s, JobState.PENDING, name=req.name, backend=req.backend, run_dir=str(run_dir),
-                         command=list(req.command), resources=dict(req.resources), outputs=list(req.outputs),
-                         max_attempts=req.max_attempts, env_id=environment_id(s, os.environ))
-        create_attempt(s, job, 1, new_token())
-    req.launched = launch(db, cfg, job.name, get_backend(req.backend))
+        transactions.born_pending(
+            SessionExecutor(s), [transactions.Newborn(req.name, str(run_dir), list(req.command), new_token())],
+            transactions.Births(req.backend, dict(req.resources), list(req.outputs), req.max_attempts,
+                                environment_id(s, os.environ)), utcnow())
+    req.launched = launch(db, cfg, req.name, get_backend(req.backend))
     with db.read() as s:
         job = get_job(s, req.name)
         job.attempts  # noqa: B018 - load while the session is open; callers render it afterwards

@@ -25,16 +25,18 @@ from sqlalchemy import func, select
 from orchestrator import filelock, testhooks
 from orchestrator.backends import get_backend
 from orchestrator.backends.base import Backend
+from orchestrator.core import transactions
 from orchestrator.core.config import Config
 from orchestrator.core.db import Database
 from orchestrator.core.jobqueries import environment_id, names_taken
-from orchestrator.core.lifecycle import ATTEMPT_LIVE, AttemptState, JobState, create_attempt, create_job
+from orchestrator.core.lifecycle import ATTEMPT_LIVE, AttemptState, JobState, create_job, utcnow
 from orchestrator.core.models import Attempt, Job, Sweep
 from orchestrator.core.rundir import run_dir_for
 from orchestrator.core.tokens import new_token
 from orchestrator.errors import DatabaseProblem, OrchError
 from orchestrator.filelock import LockTimeout
 from orchestrator.ops.launch import Launched, launch, launch_group
+from orchestrator.ops.statements import SessionExecutor
 from orchestrator.ops.sweepspec import (  # noqa: F401 - re-exported: the sweep's argument work lives there
     MAX_TASKS,
     MAX_VALUE_BYTES,
@@ -69,18 +71,18 @@ def submit_sweep(db: Database, cfg: Config, req: SweepRequest) -> Sweep:
         s.add(sweep)
         s.flush()
         env_id = environment_id(s, os.environ)
-        jobs = []
-        for i, (n, cmd) in enumerate(zip(names, commands, strict=True)):
-            done = n in verified
-            jobs.append(create_job(s, JobState.DONE if done else JobState.PENDING,
-                                   "its run dir's marker verified at sweep submission" if done else "", flush=False,
-                                   name=n, backend=req.backend, run_dir=str(run_dir_for(cfg, n)), command=cmd,
-                                   resources=dict(req.resources), outputs=list(req.outputs),
-                                   max_attempts=req.max_attempts, sweep_id=sweep.id, task_index=i, env_id=env_id))
-        s.flush()  # every task's row in one batched INSERT: the attempts need their ids
-        for job in jobs:
-            if job.name not in verified:
-                create_attempt(s, job, 1, new_token())
+        tasks = list(enumerate(zip(names, commands, strict=True)))
+        for i, (n, cmd) in tasks:
+            if n in verified:  # never rerun: born done
+                create_job(s, JobState.DONE, "its run dir's marker verified at sweep submission", name=n,
+                           backend=req.backend, run_dir=str(run_dir_for(cfg, n)), command=cmd,
+                           resources=dict(req.resources), outputs=list(req.outputs), max_attempts=req.max_attempts,
+                           sweep_id=sweep.id, task_index=i, env_id=env_id)
+        transactions.born_pending(
+            SessionExecutor(s), [transactions.Newborn(n, str(run_dir_for(cfg, n)), cmd, new_token(), i)
+                                 for i, (n, cmd) in tasks if n not in verified],
+            transactions.Births(req.backend, dict(req.resources), list(req.outputs), req.max_attempts, env_id,
+                                sweep.id), utcnow())
         sweep_id = sweep.id
     try:
         launch_queued(db, cfg, backend, sweep_id)

@@ -118,7 +118,7 @@ def _mover_calls() -> dict[tuple[str, str], set[str | None]]:
 
 
 # where a runner of a statement names it: quickdb's run(c, "<statement>", ...), an executor's ex.rowcount("<statement>")
-_STATEMENT_ARG = {"run": 1, "run_many": 1, "rowcount": 0, "rowcount_many": 0}
+_STATEMENT_ARG = {"run": 1, "run_many": 1, "rowcount": 0, "rowcount_many": 0, "inserted": 0, "rows": 0}
 
 
 def _quick_move(node: ast.AST) -> tuple[str, str] | None:

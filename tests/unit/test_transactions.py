@@ -12,14 +12,17 @@ import pytest
 from sqlalchemy import select, update
 
 from orchestrator.core.config import sqlite_path
-from orchestrator.core.jobqueries import get_job
+from orchestrator.core.jobqueries import environment_id, get_job
 from orchestrator.core.lifecycle import AttemptState, JobState, Move, create_attempt, create_job, move_many, utcnow
-from orchestrator.core.models import Attempt, Event, Job
+from orchestrator.core.models import Attempt, Event, Job, Sweep
 from orchestrator.core.quickdb import QuickDB, SqliteExecutor
 from orchestrator.core.tokens import new_token
 from orchestrator.core.transactions import (
+    Births,
     Held,
+    Newborn,
     Submission,
+    born_pending,
     check_held,
     claim_pending,
     mark_batch,
@@ -341,3 +344,57 @@ def test_a_record_without_overrides_keeps_the_attempts_own(db, cfg, sched):
     with db.read() as s:
         a = s.get(Attempt, h.attempt_id)
         assert (a.state, a.external_id, a.overrides) == (A.SUBMITTED, "ext-p", {"lr": 0.1})
+
+
+# ------------------------------------------------------------------------------------------
+# births
+# ------------------------------------------------------------------------------------------
+def _born_by_lifecycle(s, names: list[str], sweep_id: int | None, env_id: int) -> None:
+    """The oracle: lifecycle's constructors (create_job, create_attempt), as orch submit once made them."""
+    for i, name in enumerate(names):
+        job = create_job(s, JobState.PENDING, name=name, backend="local", run_dir=f"/runs/{name}",
+                         command=["python", "t.py", name], resources={"cpus": 2}, outputs=["out/*"], max_attempts=4,
+                         env_id=env_id, sweep_id=sweep_id, task_index=None if sweep_id is None else i)
+        create_attempt(s, job, 1, new_token())
+
+
+def _born_rows(db, names: list[str]) -> list[tuple[dict, dict]]:
+    """Each named job's row and its attempt's, ids, names, tokens, sweeps and times left out."""
+    out = []
+    with db.read() as s:
+        for name in names:
+            job = dict(s.execute(select(Job.__table__).where(Job.name == name)).mappings().one())
+            attempt = dict(s.execute(select(Attempt.__table__).where(Attempt.job_id == job["id"])).mappings().one())
+            assert job["created_at"] <= job["updated_at"] and attempt["created_at"] >= job["created_at"]
+            out.append(tuple({k: v for k, v in row.items() if k not in PER_ROW | TIMES | {"sweep_id"}}
+                             for row in (job, attempt)))
+    return out
+
+
+@EXECUTORS
+@pytest.mark.parametrize("in_sweep", [False, True], ids=["submit", "sweep"])
+def test_births_written_once_leave_the_rows_lifecycles_constructors_leave(db, cfg, sched, executor, in_sweep):
+    """A job and its first attempt (orch submit's one, or three tasks of a sweep) created by ``born_pending`` on each
+    executor and database: every field as ``lifecycle.create_job``/``create_attempt`` write it, (job id, attempt id)
+    of each in order."""
+    with db.write() as s:
+        env_id = environment_id(s, {"ORCH_TEST": "1"})
+        sweeps = [Sweep(name=f"sw{k}", backend="local", params={}) for k in range(2)]
+        s.add_all(sweeps)
+        s.flush()
+        oracle_sweep, our_sweep = (sw.id if in_sweep else None for sw in sweeps)
+        _born_by_lifecycle(s, ["a0", "a1", "a2"] if in_sweep else ["a0"], oracle_sweep, env_id)
+    ours = ["b0", "b1", "b2"] if in_sweep else ["b0"]
+    born = [Newborn(n, f"/runs/{n}", ["python", "t.py", n], new_token(), k if in_sweep else None)
+            for k, n in enumerate(ours)]
+    common = Births("local", {"cpus": 2}, ["out/*"], 4, env_id, our_sweep)
+    ids = _run_on(executor, db, cfg)(lambda ex: born_pending(ex, born, common, utcnow()))
+    theirs = [n.replace("b", "a") for n in ours]
+
+    def fields(names):  # the command names its job: compared below
+        return [({k: v for k, v in j.items() if k != "command_json"}, a) for j, a in _born_rows(db, names)]
+
+    assert fields(ours) == fields(theirs)
+    with db.read() as s:
+        assert ids == [(get_job(s, n).id, get_job(s, n).attempts[0].id) for n in ours]
+        assert [get_job(s, n).command for n in ours] == [["python", "t.py", n] for n in ours]
