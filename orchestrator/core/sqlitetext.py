@@ -77,6 +77,48 @@ SQL: dict[str, str] = {
         "UPDATE jobs SET state=:submitted, updated_at=:now WHERE jobs.id = :job_id AND jobs.state = "
         ":pending"
     ),
+    "status": (
+        "SELECT jobs.name, jobs.state, jobs.backend, jobs.run_dir, anon_1.count, attempts.external_id, "
+        "attempts.failure_class, attempts.n, attempts.restarts, sweeps.name AS sweep, jobs.task_index, "
+        "attempts.state AS attempt_state \nFROM jobs LEFT OUTER JOIN (SELECT attempts.job_id AS job_id, "
+        "max(attempts.n) AS n, count(*) AS count \nFROM attempts GROUP BY attempts.job_id) AS anon_1 ON "
+        "anon_1.job_id = jobs.id LEFT OUTER JOIN attempts ON attempts.job_id = jobs.id AND attempts.n = "
+        "anon_1.n LEFT OUTER JOIN sweeps ON sweeps.id = jobs.sweep_id ORDER BY jobs.id"
+    ),
+    "status_in_state": (
+        "SELECT jobs.name, jobs.state, jobs.backend, jobs.run_dir, anon_1.count, attempts.external_id, "
+        "attempts.failure_class, attempts.n, attempts.restarts, sweeps.name AS sweep, jobs.task_index, "
+        "attempts.state AS attempt_state \nFROM jobs LEFT OUTER JOIN (SELECT attempts.job_id AS job_id, "
+        "max(attempts.n) AS n, count(*) AS count \nFROM attempts GROUP BY attempts.job_id) AS anon_1 ON "
+        "anon_1.job_id = jobs.id LEFT OUTER JOIN attempts ON attempts.job_id = jobs.id AND attempts.n = "
+        "anon_1.n LEFT OUTER JOIN sweeps ON sweeps.id = jobs.sweep_id \nWHERE jobs.state = :state ORDER BY "
+        "jobs.id"
+    ),
+    "report_jobs": (
+        "SELECT jobs.id, jobs.name, jobs.backend, jobs.run_dir, jobs.resources_json, jobs.created_at, "
+        "sweeps.name AS sweep \nFROM jobs LEFT OUTER JOIN sweeps ON sweeps.id = jobs.sweep_id ORDER BY "
+        "jobs.id"
+    ),
+    "report_attempts": (
+        "SELECT attempts.job_id, attempts.n, attempts.token, attempts.submitted_at, attempts.started_at, "
+        "attempts.ended_at, attempts.failure_class, attempts.stop_reason, attempts.stop_requested_at, "
+        "attempts.restarts, attempts.stale_age_s \nFROM attempts \nWHERE attempts.job_id IN (SELECT jobs.id "
+        "\nFROM jobs) ORDER BY attempts.job_id, attempts.n"
+    ),
+    "report_jobs_since": (
+        "SELECT jobs.id, jobs.name, jobs.backend, jobs.run_dir, jobs.resources_json, jobs.created_at, "
+        "sweeps.name AS sweep \nFROM jobs LEFT OUTER JOIN sweeps ON sweeps.id = jobs.sweep_id \nWHERE "
+        "jobs.created_at >= :cutoff OR jobs.id IN (SELECT attempts.job_id \nFROM attempts \nWHERE "
+        "attempts.ended_at IS NULL OR attempts.ended_at >= :cutoff) ORDER BY jobs.id"
+    ),
+    "report_attempts_since": (
+        "SELECT attempts.job_id, attempts.n, attempts.token, attempts.submitted_at, attempts.started_at, "
+        "attempts.ended_at, attempts.failure_class, attempts.stop_reason, attempts.stop_requested_at, "
+        "attempts.restarts, attempts.stale_age_s \nFROM attempts \nWHERE attempts.job_id IN (SELECT jobs.id "
+        "\nFROM jobs \nWHERE jobs.created_at >= :cutoff OR jobs.id IN (SELECT attempts.job_id \nFROM "
+        "attempts \nWHERE attempts.ended_at IS NULL OR attempts.ended_at >= :cutoff)) ORDER BY "
+        "attempts.job_id, attempts.n"
+    ),
     "mtbf_history": (
         "SELECT attempts.started_at, attempts.ended_at, attempts.failure_class, jobs.resources_json AS "
         "resources_json \nFROM attempts JOIN jobs ON jobs.id = attempts.job_id \nWHERE jobs.backend = "

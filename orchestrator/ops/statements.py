@@ -36,6 +36,8 @@ from orchestrator import testhooks
 from orchestrator.core.models import Attempt, Environment, Event, Job, JSONType, Sweep
 from orchestrator.core.states import AttemptState, JobState
 from orchestrator.decide import mtbf, suspects
+from orchestrator.views.goodputrows import report_selects
+from orchestrator.views.status import status_select
 
 A, J = AttemptState, JobState
 TARGET = Path(__file__).resolve().parents[1] / "core" / "sqlitetext.py"
@@ -136,6 +138,13 @@ def _statements() -> dict[str, Callable[[], ClauseElement]]:
         "job_submitted": lambda: update(Job.__table__).where(
             jt.id == given("job_id"), jt.state == const("pending", J.PENDING, jt.state))
         .values(state=const("submitted", J.SUBMITTED, jt.state), updated_at=given("now")),
+        # the read commands' quick paths (views.status, views.goodputquick): their queries, as the slow paths run them
+        "status": lambda: status_select(),
+        "status_in_state": lambda: status_select(given("state")),
+        "report_jobs": lambda: report_selects(False)[0],
+        "report_attempts": lambda: report_selects(False)[1],
+        "report_jobs_since": lambda: report_selects(True)[0],
+        "report_attempts_since": lambda: report_selects(True)[1],
         "mtbf_history": lambda: mtbf.history_select(given("backend"), given("since")),
         "node_failures": lambda: suspects.failures_select(given("backend"), given("since")),
         "node_clears": lambda: suspects.clears_select(given("backend")),

@@ -1,8 +1,7 @@
-"""The rows ``orch report`` reads, written once: the SQLAlchemy queries (``report_selects``), the SQLite text they
-compile to (``REPORT_SQL``, for the path without SQLAlchemy, goodputquick), and the plain objects both paths build from
-the rows (``jobs_from_rows``) for ``goodputview.job_split``.
-
-tests/unit/test_goodput_quick.py asserts the text equals the compiled queries and that both paths give one report.
+"""The rows ``orch report`` reads, written once: the SQLAlchemy queries (``report_selects``; the SQLite text they
+compile to, for the path without SQLAlchemy, goodputquick, is generated into core/sqlitetext.py by
+ops/statements.py), and the plain objects both paths build from the rows (``jobs_from_rows``) for
+``goodputview.job_split``. tests/unit/test_goodput_quick.py asserts that both paths give one report.
 """
 
 from __future__ import annotations
@@ -37,22 +36,6 @@ def report_selects(windowed: bool):  # two sqlalchemy Selects, imported lazily
     return jobs, attempts
 
 
-# What ``report_selects(False)`` / ``report_selects(True)`` compile to for SQLite (bind params: cutoff, cutoff).
-# tests/unit/test_goodput_quick.py compiles them and asserts equality: on a change, paste the printed text.
-_JOBS = ("SELECT jobs.id, jobs.name, jobs.backend, jobs.run_dir, jobs.resources_json, jobs.created_at, "
-         "sweeps.name AS sweep \nFROM jobs LEFT OUTER JOIN sweeps ON sweeps.id = jobs.sweep_id")
-_WINDOW = ("jobs.created_at >= ? OR jobs.id IN (SELECT attempts.job_id \nFROM attempts \nWHERE "
-           "attempts.ended_at IS NULL OR attempts.ended_at >= ?)")
-_ATTEMPTS = ("SELECT attempts.job_id, attempts.n, attempts.token, attempts.submitted_at, attempts.started_at, "
-             "attempts.ended_at, attempts.failure_class, attempts.stop_reason, attempts.stop_requested_at, "
-             "attempts.restarts, attempts.stale_age_s \n"
-             "FROM attempts \nWHERE attempts.job_id IN (SELECT jobs.id \nFROM jobs")
-_ATTEMPTS_ORDER = " ORDER BY attempts.job_id, attempts.n"
-REPORT_SQL: dict[str, dict[str, str]] = {
-    "all": {"jobs": _JOBS + " ORDER BY jobs.id", "attempts": _ATTEMPTS + ")" + _ATTEMPTS_ORDER},
-    "window": {"jobs": _JOBS + " \nWHERE " + _WINDOW + " ORDER BY jobs.id",
-               "attempts": _ATTEMPTS + " \nWHERE " + _WINDOW + ")" + _ATTEMPTS_ORDER},
-}
 JOB_KEYS = ("id", "name", "backend", "run_dir", "resources", "created_at", "sweep")
 ATTEMPT_KEYS = ("job_id", "n", "token", "submitted_at", "started_at", "ended_at", "failure_class", "stop_reason",
                 "stop_requested_at", "restarts", "stale_age_s")

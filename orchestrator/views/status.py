@@ -3,8 +3,8 @@
 Importing SQLAlchemy costs more than the whole latency goal of ``orch status`` on a login node
 (~180 ms here; the goal is 150 ms for 1,000 jobs). The query itself is written once, with the
 models' own columns (``status_select``); the slow path runs it through SQLAlchemy. The quick path
-(stdlib ``sqlite3``) runs ``STATUS_SQL``, the text SQLAlchemy compiles that query to for SQLite, kept
-in this source (a unit test asserts it equals what the models compile today), and only while the
+(stdlib ``sqlite3``) runs the text SQLAlchemy compiles that query to for SQLite, generated
+into ``core/sqlitetext.py`` with the quick path's other statements (``ops/statements.py``), and only while the
 DB is at ``schema.SCHEMA_HEAD``; anything else (a DB to create or upgrade, a home or DB file to tighten,
 PostgreSQL, any sqlite3 error) falls back to the slow path, which reports problems as every
 command does. No SQL is ever read from a file.
@@ -24,6 +24,7 @@ from typing import Any, TypeVar
 from orchestrator import protocol
 from orchestrator.core.config import Config
 from orchestrator.core.quickdb import at_revision, connect
+from orchestrator.core.sqlitetext import SQL
 from orchestrator.core.states import JobState
 from orchestrator.decide.staleness import judge
 from orchestrator.views.progressbounds import plausible
@@ -36,8 +37,9 @@ SLOW_MIN_SAMPLES = 5
 # ------------------------------------------------------------------------------------------
 # the query (SQLAlchemy, imported when called) and the row it yields
 # ------------------------------------------------------------------------------------------
-def status_select(state: str | None = None):  # a sqlalchemy Select, imported lazily
-    """One row per job with its latest attempt, its attempt count and its sweep's name."""
+def status_select(state: Any = None):  # a sqlalchemy Select, imported lazily
+    """One row per job with its latest attempt, its attempt count and its sweep's name; ``state``: only the jobs in
+    that state (a value, or a bind parameter: ``ops/statements.py`` generates the quick path's text from it)."""
     from sqlalchemy import func, select
 
     from orchestrator.core.models import Attempt, Job, Sweep
@@ -51,7 +53,7 @@ def status_select(state: str | None = None):  # a sqlalchemy Select, imported la
          .outerjoin(Attempt, (Attempt.job_id == Job.id) & (Attempt.n == latest.c.n))
          .outerjoin(Sweep, Sweep.id == Job.sweep_id)
          .order_by(Job.id))
-    return q.where(Job.state == state) if state else q
+    return q.where(Job.state == state) if state is not None else q
 
 
 def make_row(r: Mapping[str, Any], cfg: Config) -> dict[str, Any]:
@@ -122,21 +124,11 @@ def group_by_sweep(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 
 # ------------------------------------------------------------------------------------------
-# the quick path: the query as SQLAlchemy compiles it for SQLite, kept in the source
+# the quick path: the text SQLAlchemy compiles ``status_select`` to for SQLite, generated into core/sqlitetext.py
 # ------------------------------------------------------------------------------------------
-# What ``status_select()`` / ``status_select(state)`` compile to for SQLite, at ``schema.SCHEMA_HEAD``.
-# tests/unit/test_statusview.py compiles the models' query and asserts equality, so there is still one schema:
-# change models.py or status_select and that test prints the new text to paste here.
-# Never read from disk: the earlier cache file ($ORCH_HOME/cache/status-sql.json) ran whatever SQL a hand
-# edit put in it (an ATTACH created files), since a file's SQL cannot be trusted without recompiling it.
-_SELECT = ("SELECT jobs.name, jobs.state, jobs.backend, jobs.run_dir, anon_1.count, attempts.external_id, "
-           "attempts.failure_class, attempts.n, attempts.restarts, sweeps.name AS sweep, jobs.task_index, "
-           "attempts.state AS attempt_state \nFROM jobs LEFT OUTER JOIN (SELECT attempts.job_id AS job_id, "
-           "max(attempts.n) AS n, count(*) AS count \nFROM attempts GROUP BY attempts.job_id) AS anon_1 ON "
-           "anon_1.job_id = jobs.id LEFT OUTER JOIN attempts ON attempts.job_id = jobs.id AND attempts.n = "
-           "anon_1.n LEFT OUTER JOIN sweeps ON sweeps.id = jobs.sweep_id")
-_BY_STATE = " \nWHERE jobs.state = ? ORDER BY jobs.id"
-STATUS_SQL = {"all": _SELECT + " ORDER BY jobs.id", "state": _SELECT + _BY_STATE}
+# (SQL["status"], SQL["status_in_state"]), looked up when run. Never read from disk: the earlier cache file
+# ($ORCH_HOME/cache/status-sql.json) ran whatever SQL a hand edit put in it (an ATTACH created files), since a
+# file's SQL cannot be trusted without recompiling it.
 STATUS_KEYS = ("name", "state", "backend", "run_dir", "count", "external_id", "failure_class", "n", "restarts",
                "sweep", "task_index", "attempt_state")
 LEGACY_CACHE_FILE = Path("cache") / "status-sql.json"  # under ORCH_HOME: written by older orch, never read
@@ -168,9 +160,10 @@ def quick_read(cfg: Config, query: Callable[[sqlite3.Connection], T]) -> T | Non
 
 def quick_status_rows(cfg: Config, state: str | None = None) -> list[dict[str, Any]] | None:
     """The rows of ``status_select(state)`` through :func:`quick_read`, or None: take the slow path."""
-    params = (state,) if state else ()
+    params = {"state": state} if state else {}
     found = quick_read(cfg, lambda conn: [dict(zip(STATUS_KEYS, r, strict=True))
-                                          for r in conn.execute(STATUS_SQL["state" if state else "all"], params)])
+                                          for r in conn.execute(SQL["status_in_state" if state else "status"],
+                                                                params)])
     return None if found is None else [make_row(r, cfg) for r in found]
 
 

@@ -90,19 +90,18 @@ def test_heartbeat_writes_recent_rate_and_its_own_median(tmp_path):
     assert p["tokens_per_s_recent"] > 0 and p["tokens_per_s_median"] > 0
 
 
-def test_the_status_sql_in_the_source_is_what_the_models_compile_today():
-    """The quick path runs STATUS_SQL, never SQL from a file: it must be exactly what SQLAlchemy compiles
-    from the models now, for the schema revision the DB layer creates. On failure, paste the printed text."""
-    from sqlalchemy.dialects import sqlite
-
+def test_the_quick_status_runs_the_generated_text_of_the_models_query_by_its_columns():
+    """The quick path runs the text ``ops/statements.py`` generates from ``status_select`` (its freshness:
+    tests/unit/test_sqlitetext.py), never SQL from a file, and reads its rows by the query's own columns."""
+    from orchestrator.core.sqlitetext import SQL
+    from orchestrator.ops import statements
     from orchestrator.views import status as statusview
 
-    for variant, state in (("all", None), ("state", "running")):
+    for name, state in (("status", None), ("status_in_state", statements.given("state"))):
         q = statusview.status_select(state)
-        compiled = q.compile(dialect=sqlite.dialect())
-        assert statusview.STATUS_SQL[variant] == str(compiled), f"{variant}: {str(compiled)!r}"
-        assert len(compiled.positiontup or ()) == (1 if state else 0)
+        assert SQL[name] == statements.compiled(q)[0]
         assert statusview.STATUS_KEYS == tuple(q.selected_columns.keys())
+    assert ":state" in SQL["status_in_state"] and ":" not in SQL["status"]
 
 
 def test_a_sweeps_tasks_are_one_row_counting_their_states_and_att_is_the_furthest_task():
