@@ -112,6 +112,16 @@ def at_revision(conn: sqlite3.Connection) -> bool:
     return row is not None and row[0] == SCHEMA_HEAD
 
 
+def has_json(conn: sqlite3.Connection) -> bool:
+    """SQLite's JSON functions are there (built in since 3.38; a compile option before): a sweep's name check
+    reads its names with json_each."""
+    try:
+        conn.execute("SELECT json_valid('[]')")
+    except sqlite3.OperationalError:
+        return False
+    return True
+
+
 def stored_time(t: datetime) -> str:
     """A naive UTC time as SQLAlchemy stores it in SQLite (and compares it there: as text)."""
     return t.isoformat(" ", "microseconds")
@@ -138,7 +148,7 @@ class QuickDB:
             conn.execute("PRAGMA foreign_keys=ON")
             conn.execute("PRAGMA synchronous=NORMAL")
             mode = conn.execute("PRAGMA journal_mode").fetchone()
-            if mode is None or str(mode[0]).lower() != "wal" or not at_revision(conn):
+            if mode is None or str(mode[0]).lower() != "wal" or not at_revision(conn) or not has_json(conn):
                 conn.close()
                 return None
         except sqlite3.Error:

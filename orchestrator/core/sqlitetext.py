@@ -15,6 +15,11 @@ SQL: dict[str, str] = {
         "SELECT jobs.name \nFROM jobs \nWHERE jobs.name = :name UNION ALL SELECT sweeps.name \nFROM sweeps "
         "\nWHERE sweeps.name = :name"
     ),
+    "any_names_taken": (
+        "SELECT jobs.name \nFROM jobs \nWHERE jobs.name IN (SELECT anon_1.value \nFROM json_each(:names) AS "
+        "anon_1) UNION ALL SELECT sweeps.name \nFROM sweeps \nWHERE sweeps.name IN (SELECT anon_1.value "
+        "\nFROM json_each(:names) AS anon_1)"
+    ),
     "environment": (
         "SELECT environments.id \nFROM environments \nWHERE environments.sha256 = :sha256"
     ),
@@ -182,6 +187,7 @@ CONSTANTS: dict[str, dict[str, Any]] = {
 
 # the caller's parameters bound to a JSON column, given as values: stored as JSONType does
 JSON_PARAMS: dict[str, tuple[str, ...]] = {
+    "any_names_taken": ("names",),
     "new_environment": ("vars_json",),
     "new_job": ("command_json", "outputs_json", "resources_json",),
     "new_sweep": ("params_json",),

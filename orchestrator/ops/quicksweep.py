@@ -60,8 +60,6 @@ from orchestrator.ops.quicksubmit import (
 )
 from orchestrator.ops.sweepspec import SweepRequest, names_exist, preflight_sweep
 
-_CHUNK = 500  # names per IN (...): below every SQLite's bound-parameter limit
-
 
 @dataclass
 class SweepSubmitted:
@@ -95,7 +93,7 @@ def _sweep(db: QuickDB, cfg: Config, req: SweepRequest, backend: Backend, names:
     run_dirs = [run_dir_for(cfg, n) for n in names]
     resources, outputs = dict(req.resources), list(req.outputs)
     with db.write() as c:  # the sweep, its jobs and their first attempts (submit_sweep's transaction)
-        taken = _taken(c, [req.name, *names])
+        taken = {name for (name,) in run(c, "any_names_taken", names=[req.name, *names])}
         if taken:
             raise names_exist(taken)
         testhooks.site("names_checked")
@@ -132,16 +130,6 @@ def _sweep(db: QuickDB, cfg: Config, req: SweepRequest, backend: Backend, names:
 
 def _held(h: Held, job_of: dict[int, int]) -> transactions.Held:
     return transactions.Held(job_of[h.attempt_id], h.attempt_id, h.fence)
-
-
-def _taken(c: Any, names: list[str]) -> set[str]:
-    taken: set[str] = set()
-    for k in range(0, len(names), _CHUNK):
-        chunk = names[k:k + _CHUNK]
-        marks = ", ".join("?" * len(chunk))
-        taken |= {r[0] for r in c.execute(f"SELECT name FROM jobs WHERE name IN ({marks}) "  # marks only
-                                          f"UNION ALL SELECT name FROM sweeps WHERE name IN ({marks})", chunk * 2)}
-    return taken
 
 
 def _claim_all(db: QuickDB, held: list[Held], job_ids: list[int]) -> None:

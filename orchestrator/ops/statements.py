@@ -28,7 +28,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from sqlalchemy import Column, bindparam, insert, select, union_all, update
+from sqlalchemy import Column, bindparam, func, insert, select, union_all, update
 from sqlalchemy.dialects import sqlite
 from sqlalchemy.sql import ClauseElement
 
@@ -79,6 +79,12 @@ def _statements() -> dict[str, Callable[[], ClauseElement]]:
         return union_all(select(Job.name).where(Job.name == given("name")),
                          select(Sweep.name).where(Sweep.name == given("name")))
 
+    def any_names_taken() -> ClauseElement:
+        # a sweep's names, one JSON list parameter (SQLite's json_each; quickdb's gate checks it is there): an IN
+        # of bound names needs one parameter per name, past SQLite's limit for a large sweep
+        names = select(func.json_each(bindparam("names", type_=JSONType)).table_valued("value").c.value)
+        return union_all(select(Job.name).where(Job.name.in_(names)), select(Sweep.name).where(Sweep.name.in_(names)))
+
     def new_job() -> ClauseElement:
         return insert(Job.__table__).values(
             name=given("name"), state=const("pending", J.PENDING, jt.state), backend=given("backend"),
@@ -110,6 +116,7 @@ def _statements() -> dict[str, Callable[[], ClauseElement]]:
     return {
         "job_state": lambda: select(Job.state).where(Job.name == given("name")),
         "names_taken": names_taken,
+        "any_names_taken": any_names_taken,
         "environment": lambda: select(Environment.id).where(Environment.sha256 == given("sha256")),
         "new_environment": lambda: insert(Environment.__table__).values(sha256=given("sha256"),
                                                                        vars_json=given("vars_json")),

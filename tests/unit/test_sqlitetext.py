@@ -75,3 +75,37 @@ def test_no_update_names_a_parameter_after_a_column_of_its_table():
         if isinstance(stmt, Update):
             given = {b.key for b in stmt._get_embedded_bindparams() if b.required}
             assert not given & set(stmt.table.c.keys()), (name, given & set(stmt.table.c.keys()))
+
+
+def test_a_sweeps_name_check_reads_any_number_of_names_in_one_statement(db, cfg):
+    """2,000 names (past SQLite's 999 bound parameters of old) in one parameter: exactly the taken ones come back."""
+    import sqlite3
+
+    from orchestrator.core.config import sqlite_path
+    from orchestrator.core.lifecycle import JobState, create_job
+    from orchestrator.core.models import Sweep
+    from orchestrator.core.quickdb import run
+
+    with db.write() as s:
+        create_job(s, JobState.PENDING, name="n-1500", backend="local", run_dir="/r", command=["x"], resources={},
+                   outputs=[], max_attempts=1)
+        s.add(Sweep(name="n-7", backend="local", params={}))
+    names = [f"n-{i}" for i in range(2000)] + ["it's \"quoted\""]
+    with sqlite3.connect(sqlite_path(cfg.db_url)) as c:
+        assert sorted(r[0] for r in run(c, "any_names_taken", names=names)) == ["n-1500", "n-7"]
+        assert run(c, "any_names_taken", names=[]).fetchall() == []
+
+
+def test_the_quick_gate_sends_a_sqlite_without_json_functions_to_the_slow_path(db, cfg, monkeypatch):
+    import sqlite3
+
+    from orchestrator.core import quickdb
+
+    class NoJson:
+        def execute(self, sql, *args):
+            raise sqlite3.OperationalError("no such function: json_valid")
+
+    assert quickdb.has_json(NoJson()) is False
+    assert quickdb.QuickDB.open(cfg) is not None
+    monkeypatch.setattr(quickdb, "has_json", lambda conn: False)
+    assert quickdb.QuickDB.open(cfg) is None
