@@ -16,9 +16,8 @@ Stdlib only: the quick path imports it without SQLAlchemy.
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
 from datetime import datetime
-from typing import Any, Protocol
+from typing import Any, NamedTuple, Protocol
 
 from orchestrator.core.states import AttemptState, JobState
 
@@ -46,8 +45,7 @@ class Executor(Protocol):
         ...
 
 
-@dataclass(frozen=True)
-class Held:
+class Held(NamedTuple):
     """An attempt this launcher claims (or holds) under ``fence``, and its job."""
 
     job_id: int
@@ -55,8 +53,7 @@ class Held:
     fence: int
 
 
-@dataclass(frozen=True)
-class Submission:
+class Submission(NamedTuple):
     """A held attempt the backend took: its id there, the overrides it runs with, its number."""
 
     held: Held
@@ -65,8 +62,7 @@ class Submission:
     n: int = 1
 
 
-@dataclass(frozen=True)
-class Newborn:
+class Newborn(NamedTuple):
     """A job to create with its first attempt, both pending (``orch submit``'s one, or a sweep's task)."""
 
     name: str
@@ -76,8 +72,7 @@ class Newborn:
     task_index: int | None = None
 
 
-@dataclass(frozen=True)
-class Births:
+class Births(NamedTuple):
     """What every job of one submission shares."""
 
     backend: str
@@ -114,10 +109,12 @@ def born_pending(ex: Executor, jobs: Sequence[Newborn], common: Births, now: dat
     return [ids[b.task_index] for b in jobs]
 
 
-def events(ex: Executor, rows: Iterable[tuple[int, int | None, datetime, Any, Any, str]]) -> None:
-    """One event row per (job id, attempt id or None, at, from state, to state, reason), as lifecycle writes them."""
-    ex.rowcount_many("event", [dict(job_id=j, attempt_id=a, at=at, from_state=src.value, to_state=dst.value,
-                                    reason=why[:REASON_MAX]) for j, a, at, src, dst, why in rows])
+def events(ex: Executor, src: Any, dst: Any, rows: Iterable[tuple[int, int | None, datetime, str]]) -> None:
+    """One event row of the move ``src`` -> ``dst`` per (job id, attempt id or None, at, reason), as lifecycle
+    writes them."""
+    from_state, to_state = src.value, dst.value  # once: an enum's .value is a descriptor call
+    ex.rowcount_many("event", [dict(job_id=j, attempt_id=a, at=at, from_state=from_state, to_state=to_state,
+                                    reason=why[:REASON_MAX]) for j, a, at, why in rows])
 
 
 def claim_pending(ex: Executor, claims: Sequence[Held], now: datetime) -> bool:
@@ -128,7 +125,7 @@ def claim_pending(ex: Executor, claims: Sequence[Held], now: datetime) -> bool:
                                    for c in claims])
     if n != len(claims):
         return False
-    events(ex, ((c.job_id, c.attempt_id, now, A.PENDING, A.LAUNCHING, f"claimed (fence {c.fence})") for c in claims))
+    events(ex, A.PENDING, A.LAUNCHING, ((c.job_id, c.attempt_id, now, f"claimed (fence {c.fence})") for c in claims))
     return True
 
 
@@ -162,7 +159,8 @@ def record_submitted(ex: Executor, subs: Sequence[Submission], now: datetime) ->
         return False
     if ex.rowcount_many("job_submitted", [dict(now=now, job_id=s.held.job_id) for s in subs]) != len(subs):
         return False
-    events(ex, [row for s in subs for row in (
-        (s.held.job_id, s.held.attempt_id, now, A.LAUNCHING, A.SUBMITTED, f"submitted as {s.external_id}"),
-        (s.held.job_id, None, now, J.PENDING, J.SUBMITTED, f"attempt {s.n} submitted as {s.external_id}"))])
+    events(ex, A.LAUNCHING, A.SUBMITTED,
+           ((s.held.job_id, s.held.attempt_id, now, f"submitted as {s.external_id}") for s in subs))
+    events(ex, J.PENDING, J.SUBMITTED, ((s.held.job_id, None, now, f"attempt {s.n} submitted as {s.external_id}")
+                                        for s in subs))
     return True

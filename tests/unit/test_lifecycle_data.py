@@ -176,12 +176,10 @@ def test_the_transactions_event_rows_are_written_only_beside_a_move_they_declare
                 if at is not None and len(node.args) > at and isinstance(node.args[at], ast.Constant) \
                         and node.args[at].value == "event":
                     runners.add(qual)
-                if name == "events":
-                    # (job id, attempt id, at, src, dst, reason): the move each event row records
-                    for row in (t for t in ast.walk(node) if isinstance(t, ast.Tuple) and len(t.elts) == 6):
-                        src, dst = row.elts[3], row.elts[4]
-                        assert isinstance(src, ast.Attribute) and isinstance(dst, ast.Attribute), ast.unparse(row)
-                        calls.append((qual, src.attr, dst.attr))
+                if name == "events" and len(node.args) == 4:
+                    src, dst = node.args[1], node.args[2]  # events(ex, src, dst, rows): the move its rows record
+                    assert isinstance(src, ast.Attribute) and isinstance(dst, ast.Attribute), ast.unparse(node)
+                    calls.append((qual, src.attr, dst.attr))
     assert runners == {"core.transactions.events"}
     assert len(calls) == 3, calls
     assert [c for c in calls if c not in edges] == []

@@ -203,7 +203,8 @@ def test_the_sqlite3_executor_stores_times_as_sqlalchemy_stores_them(db, cfg, sc
     other would order wrongly against the grace cutoff. Every time column, byte for byte in SQLAlchemy's format."""
     theirs, ours = _pending(db, cfg, ["a0"]), _pending(db, cfg, ["b0"])
     _movers_path(db, theirs)
-    _transactions_path(_run_on("sqlite3", db, cfg), ours, _times())
+    t1, t2, t3 = _times()
+    _transactions_path(_run_on("sqlite3", db, cfg), ours, (t1, t2.replace(microsecond=0), t3))  # a whole second too
     with sqlite3.connect(sqlite_path(cfg.db_url)) as c:
         texts = [t for row in c.execute("SELECT created_at, claimed_at, submitted_at FROM attempts "
                                         "UNION ALL SELECT at, NULL, NULL FROM events") for t in row if t]
