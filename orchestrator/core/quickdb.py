@@ -60,27 +60,25 @@ def connect(cfg: Config) -> sqlite3.Connection | None:
 def run(c: sqlite3.Connection | sqlite3.Cursor, statement: str, /, **values: Any) -> sqlite3.Cursor:
     """``statement`` (``ops/statements.py``, its text generated into ``core/sqlitetext.py``) with the caller's
     parameters, by name, and its own constants. Test site ``quick:<statement>``: right after it ran, uncommitted."""
-    cur = c.execute(SQL[statement], {**CONSTANTS.get(statement, {}), **_json(statement, values)})
+    cur = c.execute(SQL[statement], _bound(statement, values))
     testhooks.site(f"quick:{statement}")
     return cur
 
 
 def run_many(c: sqlite3.Connection | sqlite3.Cursor, statement: str, rows: Iterable[dict[str, Any]]) -> sqlite3.Cursor:
     """``statement`` once per row of parameters (``executemany``: its rowcount is the total)."""
-    constants, memo = CONSTANTS.get(statement, {}), {}
-    cur = c.executemany(SQL[statement], [{**constants, **_json(statement, row, memo)} for row in rows])
+    memo: dict[int, str] = {}
+    cur = c.executemany(SQL[statement], [_bound(statement, row, memo) for row in rows])
     testhooks.site(f"quick:{statement}")
     return cur
 
 
-def _json(statement: str, values: dict[str, Any], memo: dict[int, str] | None = None) -> dict[str, Any]:
-    """``values`` with those bound to a JSON column as text, as ``models.JSONType`` writes it. ``memo``: the text
-    of each value object already encoded in this batch (a sweep's tasks share one resources dict)."""
-    params = JSON_PARAMS.get(statement, ())
-    if not params:
-        return values
-    out = dict(values)
-    for k in params:
+def _bound(statement: str, values: dict[str, Any], memo: dict[int, str] | None = None) -> dict[str, Any]:
+    """The parameters ``statement`` runs with: its constants and ``values``, those bound to a JSON column as text, as
+    ``models.JSONType`` writes it (times: the datetime adapter below). ``memo``: the text of each value object already
+    encoded in this batch (a sweep's tasks share one resources dict)."""
+    out = {**CONSTANTS.get(statement, {}), **values}
+    for k in JSON_PARAMS.get(statement, ()):
         v = out.get(k)
         if v is None:
             continue

@@ -29,7 +29,7 @@ from orchestrator.backends.base import Backend, BackendError
 from orchestrator.core import transactions
 from orchestrator.core.config import Config
 from orchestrator.core.environments import environment_record
-from orchestrator.core.quickdb import QuickDB, SqliteExecutor, read_time, run, stored_time
+from orchestrator.core.quickdb import QuickDB, SqliteExecutor, read_time, run
 from orchestrator.core.resumestate import keep_globs
 from orchestrator.core.rundir import check_run_dir, ensure_runs_root, run_dir_for
 from orchestrator.core.states import AttemptState, utcnow
@@ -249,7 +249,7 @@ def renew(cfg: Config, claims: list[tuple[int, int]]) -> set[int]:
 
 def history(c: Any, backend: str, cutoff: Any) -> list[tuple[Any, ...]]:
     return [(read_time(s), read_time(e), cls, res)
-            for s, e, cls, res in run(c, "mtbf_history", backend=backend, since=stored_time(cutoff))]
+            for s, e, cls, res in run(c, "mtbf_history", backend=backend, since=cutoff)]
 
 
 def _with_exclusion(db: QuickDB, cfg: Config, backend: Backend, spec: Any) -> Any:
@@ -264,7 +264,7 @@ def exclusion(db: QuickDB, cfg: Config, backend: Backend, resources: Any) -> tup
         return ()
     with db.read() as c:
         def failures(since: Any) -> list[Any]:
-            rows = run(c, "node_failures", backend=backend.name, since=stored_time(since.replace(tzinfo=None)))
+            rows = run(c, "node_failures", backend=backend.name, since=since.replace(tzinfo=None))
             return failures_of((n, sid, sw, k, FailureClass(cls), read_time(at), nodes)
                                for n, sid, sw, k, cls, at, nodes in rows)
 

@@ -29,7 +29,7 @@ from orchestrator.backends.base import Backend, BackendError
 from orchestrator.core import transactions
 from orchestrator.core.config import Config
 from orchestrator.core.environments import environment_record
-from orchestrator.core.quickdb import QuickDB, SqliteExecutor, run, stored_time
+from orchestrator.core.quickdb import QuickDB, SqliteExecutor, run
 from orchestrator.core.resumestate import keep_globs
 from orchestrator.core.rundir import run_dir_for
 from orchestrator.core.states import utcnow
@@ -99,7 +99,7 @@ def _sweep(db: QuickDB, cfg: Config, req: SweepRequest, backend: Backend, names:
         testhooks.site("names_checked")
         now = utcnow()
         sweep_id = run(c, "new_sweep", name=req.name, backend=backend.name, throttle=req.throttle,
-                       params_json=req.params, now=stored_time(now)).lastrowid
+                       params_json=req.params, now=now).lastrowid
         env_id = environment_id(c, digest, env_vars)
         tokens = [new_token() for _ in names]
         born = transactions.born_pending(

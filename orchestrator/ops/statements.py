@@ -36,8 +36,6 @@ from orchestrator import testhooks
 from orchestrator.core.models import Attempt, Environment, Event, Job, JSONType, Sweep
 from orchestrator.core.states import AttemptState, JobState
 from orchestrator.decide import mtbf, suspects
-from orchestrator.views.goodputrows import report_selects
-from orchestrator.views.status import status_select
 
 A, J = AttemptState, JobState
 TARGET = Path(__file__).resolve().parents[1] / "core" / "sqlitetext.py"
@@ -72,6 +70,10 @@ MOVES: dict[str, tuple[str, Any]] = {
 
 
 def _statements() -> dict[str, Callable[[], ClauseElement]]:
+    # the read views' queries: imported here, not by every command that imports this module for its executor
+    from orchestrator.views.goodputrows import report_selects
+    from orchestrator.views.status import status_select
+
     at, jt = Attempt.__table__.c, Job.__table__.c
     launching = const("launching", A.LAUNCHING, at.state)
 
