@@ -55,7 +55,9 @@ def test_a_cancelled_job_is_a_failed_w_and_b_run_marked_cancelled(orch):
     assert program.run_id == mark.run_id == run_id
     assert program.exit_code != 143, program  # the program's own end said nothing of the cancel
     assert (mark.exit_code, mark.summary.get("orch/end"), mark.rows) == (143, "cancelled", []), mark
-    shown = orch.show("wb")["trackers"]["wandb"]
+    # The child notes the end in trackers.json just after W&B finishes the run (the MLflow test's CI 74 race): wait.
+    shown = wait_for(lambda: (s := orch.show("wb")["trackers"]["wandb"]).get("end") and s, 30,
+                     "the W&B run's end noted in trackers.json")
     assert (shown["run_id"], shown["end"]) == (run_id, "cancelled"), shown
     assert f"W&B run: {run_id} in orch-examples (offline), marked cancelled" in orch("show", "wb", check=True).stdout
 
