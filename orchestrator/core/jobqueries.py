@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
@@ -11,7 +11,6 @@ from sqlalchemy.orm import Session
 
 from orchestrator.backends.base import AttemptRef
 from orchestrator.core.db import lock_names
-from orchestrator.core.environments import environment_record
 from orchestrator.core.lifecycle import JobState
 from orchestrator.core.models import Attempt, Job, Sweep
 from orchestrator.errors import JobNotFound
@@ -73,22 +72,3 @@ def expand_names(s: Session, names: list[str], skip: tuple[JobState, ...] = ()) 
             out += [t.name for t in sweep.tasks if t.state not in skip]
     return list(dict.fromkeys(out))
 
-
-def environment_id(s: Session, environ: Mapping[str, str]) -> int:
-    """The id of the stored environment equal to ``environ`` (inserted if new): jobs submitted from
-    the same shell share one row."""
-    from sqlalchemy.exc import IntegrityError
-
-    from orchestrator.core.models import Environment
-
-    digest, data = environment_record(environ)
-    found = s.scalar(select(Environment.id).where(Environment.sha256 == digest))
-    if found is not None:
-        return found
-    try:
-        with s.begin_nested():  # another submitter may insert the same environment meanwhile
-            env = Environment(sha256=digest, vars=data)
-            s.add(env)
-        return env.id
-    except IntegrityError:
-        return s.scalar(select(Environment.id).where(Environment.sha256 == digest))

@@ -24,7 +24,8 @@ SQL: dict[str, str] = {
         "SELECT environments.id \nFROM environments \nWHERE environments.sha256 = :sha256"
     ),
     "new_environment": (
-        "INSERT INTO environments (sha256, vars_json) VALUES (:sha256, :vars_json)"
+        "INSERT INTO environments (sha256, vars_json) VALUES (:sha256, :vars_json) ON CONFLICT (sha256) DO "
+        "NOTHING"
     ),
     "new_job": (
         "INSERT INTO jobs (name, state, backend, run_dir, command_json, resources_json, outputs_json, "

@@ -83,6 +83,22 @@ class Births(NamedTuple):
     sweep_id: int | None = None
 
 
+def environment_id(ex: Executor, digest: str, env_vars: dict[str, str]) -> int:
+    """The id of the environment row with ``digest`` (``core.environments.environment_record``), inserted if new:
+    jobs submitted from one shell share it. The insert does nothing where another submitter's row came first."""
+    found = ex.rows("environment", sha256=digest)
+    if not found:
+        ex.rowcount("new_environment", sha256=digest, vars_json=env_vars)
+        found = ex.rows("environment", sha256=digest)
+    return found[0][0]
+
+
+def new_sweep(ex: Executor, name: str, backend: str, throttle: int | None, params: list[dict[str, Any]],
+              now: datetime) -> int:
+    """The sweep row of ``orch sweep`` (either path), in the caller's transaction, which checked the names first."""
+    return ex.inserted("new_sweep", name=name, backend=backend, throttle=throttle, params_json=params, now=now)
+
+
 def born_pending(ex: Executor, jobs: Sequence[Newborn], common: Births, now: datetime) -> list[tuple[int, int]]:
     """Each job and its attempt 1 created pending (``lifecycle.JOB_BIRTHS``/``ATTEMPT_BIRTHS``), as ``orch submit``
     and ``orch sweep`` create them on either path, in the caller's transaction (which checked the names first);

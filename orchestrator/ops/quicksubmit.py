@@ -116,9 +116,10 @@ def _submit(db: QuickDB, cfg: Config, name: str, command: list[str], backend: Ba
         if run(c, "names_taken", name=name).fetchone() is not None:
             raise name_taken(name)
         testhooks.site("names_checked")
-        env_id = environment_id(c, digest, env_vars)
+        ex = SqliteExecutor(c)
+        env_id = transactions.environment_id(ex, digest, env_vars)
         [(job_id, attempt_id)] = transactions.born_pending(
-            SqliteExecutor(c), [transactions.Newborn(name, str(run_dir), command, token)],
+            ex, [transactions.Newborn(name, str(run_dir), command, token)],
             transactions.Births(backend.name, resources, outputs, max_attempts, env_id), utcnow())
     return _launch(db, cfg, backend, Held(name, attempt_id, 1), job_id, token, run_dir, command, outputs, resources,
                    env_vars)
@@ -227,12 +228,6 @@ def record(db: QuickDB, subs: list[transactions.Submission]) -> bool:
     except Mismatch:
         return False
     return True
-
-
-def environment_id(c: Any, digest: str, env_vars: dict[str, str]) -> int:
-    """The id of the environment row with ``digest``, inserted if new (``jobqueries.environment_id``)."""
-    found = run(c, "environment", sha256=digest).fetchone()
-    return found[0] if found else run(c, "new_environment", sha256=digest, vars_json=env_vars).lastrowid
 
 
 def renew(cfg: Config, claims: list[tuple[int, int]]) -> set[int]:

@@ -50,7 +50,6 @@ from orchestrator.ops.launchprep import (
 )
 from orchestrator.ops.quicksubmit import (
     Mismatch,
-    environment_id,
     exclusion,
     history,
     record,
@@ -97,13 +96,12 @@ def _sweep(db: QuickDB, cfg: Config, req: SweepRequest, backend: Backend, names:
         if taken:
             raise names_exist(taken)
         testhooks.site("names_checked")
-        now = utcnow()
-        sweep_id = run(c, "new_sweep", name=req.name, backend=backend.name, throttle=req.throttle,
-                       params_json=req.params, now=now).lastrowid
-        env_id = environment_id(c, digest, env_vars)
+        now, ex = utcnow(), SqliteExecutor(c)
+        sweep_id = transactions.new_sweep(ex, req.name, backend.name, req.throttle, req.params, now)
+        env_id = transactions.environment_id(ex, digest, env_vars)
         tokens = [new_token() for _ in names]
         born = transactions.born_pending(
-            SqliteExecutor(c), [transactions.Newborn(n, str(d), cmd, tokens[i], i)
+            ex, [transactions.Newborn(n, str(d), cmd, tokens[i], i)
                                 for i, (n, d, cmd) in enumerate(zip(names, run_dirs, commands, strict=True))],
             transactions.Births(backend.name, resources, outputs, req.max_attempts, env_id, sweep_id), now)
         ids = dict(enumerate(born))

@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from sqlalchemy import Column, bindparam, func, insert, select, union_all, update
-from sqlalchemy.dialects import sqlite
+from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.sql import ClauseElement
 
 from orchestrator import testhooks
@@ -69,7 +69,9 @@ MOVES: dict[str, tuple[str, Any]] = {
 }
 
 
-def _statements() -> dict[str, Callable[[], ClauseElement]]:
+def _statements(dialect: str = "sqlite") -> dict[str, Callable[[], ClauseElement]]:
+    """Each statement's builder; ``dialect`` (SQLite's or PostgreSQL's) only for an insert that tolerates a
+    duplicate, which SQLAlchemy spells per database."""
     # the read views' queries: imported here, not by every command that imports this module for its executor
     from orchestrator.views.goodputrows import report_selects
     from orchestrator.views.status import status_select
@@ -120,8 +122,10 @@ def _statements() -> dict[str, Callable[[], ClauseElement]]:
         "names_taken": names_taken,
         "any_names_taken": any_names_taken,
         "environment": lambda: select(Environment.id).where(Environment.sha256 == given("sha256")),
-        "new_environment": lambda: insert(Environment.__table__).values(sha256=given("sha256"),
-                                                                       vars_json=given("vars_json")),
+        # ON CONFLICT DO NOTHING: two submitters inserting one environment at once both go on (PostgreSQL: the
+        # second waits for the first's commit, then reads its row) without a savepoint per insert
+        "new_environment": lambda: _INSERT[dialect](Environment.__table__).values(
+            sha256=given("sha256"), vars_json=given("vars_json")).on_conflict_do_nothing(index_elements=["sha256"]),
         "new_job": new_job,
         "new_sweep": lambda: insert(Sweep.__table__).values(
             name=given("name"), backend=given("backend"), throttle=given("throttle"),
@@ -160,10 +164,13 @@ def _statements() -> dict[str, Callable[[], ClauseElement]]:
     }
 
 
+_INSERT = {"sqlite": sqlite.insert, "postgresql": postgresql.insert}
+
+
 @functools.cache
-def statement(name: str) -> ClauseElement:
-    """Statement ``name``, built once per process (the SQLAlchemy executor runs the construct itself)."""
-    return _statements()[name]()
+def statement(name: str, dialect: str = "sqlite") -> ClauseElement:
+    """Statement ``name`` for ``dialect``, built once per process (the SQLAlchemy executor runs the construct)."""
+    return _statements(dialect)[name]()
 
 
 class SessionExecutor:
@@ -171,30 +178,32 @@ class SessionExecutor:
 
     def __init__(self, session: Any) -> None:
         self.session = session
+        dialect = session.get_bind().dialect
+        self.dialect, self.counts_batches = dialect.name, dialect.supports_sane_multi_rowcount
 
     def rowcount(self, statement_name: str, /, **values: Any) -> int:
-        n = self.session.execute(statement(statement_name), values,
+        n = self.session.execute(statement(statement_name, self.dialect), values,
                                  execution_options={"synchronize_session": False}).rowcount
         testhooks.site(f"sqlalchemy:{statement_name}")  # ran, not committed (as quickdb.run's quick:<statement>)
         return n
 
     def rowcount_many(self, statement_name: str, rows: Sequence[dict[str, Any]], /) -> int:
-        stmt = statement(statement_name)
+        stmt = statement(statement_name, self.dialect)
         if not rows:
             return 0
-        if len(rows) == 1 or (not stmt.is_insert and not self.session.get_bind().dialect.supports_sane_multi_rowcount):
+        if len(rows) == 1 or (not stmt.is_insert and not self.counts_batches):
             return sum(self.rowcount(statement_name, **row) for row in rows)  # a driver that cannot count a batch
         n = self.session.execute(stmt, list(rows), execution_options={"synchronize_session": False}).rowcount
         testhooks.site(f"sqlalchemy:{statement_name}")
         return len(rows) if stmt.is_insert else n  # an insert changes exactly its rows (a driver may say -1)
 
     def inserted(self, statement_name: str, /, **values: Any) -> int:
-        row_id = self.session.execute(statement(statement_name), values).inserted_primary_key[0]
+        row_id = self.session.execute(statement(statement_name, self.dialect), values).inserted_primary_key[0]
         testhooks.site(f"sqlalchemy:{statement_name}")
         return row_id
 
     def rows(self, statement_name: str, /, **values: Any) -> list[tuple[Any, ...]]:
-        return [tuple(r) for r in self.session.execute(statement(statement_name), values)]
+        return [tuple(r) for r in self.session.execute(statement(statement_name, self.dialect), values)]
 
 
 def compiled(stmt: ClauseElement) -> tuple[str, dict[str, Any]]:

@@ -20,7 +20,8 @@ from orchestrator.backends import get_backend
 from orchestrator.core import transactions
 from orchestrator.core.config import Config
 from orchestrator.core.db import Database
-from orchestrator.core.jobqueries import environment_id, get_job, names_taken
+from orchestrator.core.environments import environment_record
+from orchestrator.core.jobqueries import get_job, names_taken
 from orchestrator.core.lifecycle import JobState, utcnow
 from orchestrator.core.models import Job
 from orchestrator.core.tokens import new_token
@@ -51,10 +52,11 @@ def submit(db: Database, cfg: Config, req: SubmitRequest) -> Job:
         if names_taken(s, [req.name]):
             raise name_taken(req.name)
         testhooks.site("names_checked")
+        ex = SessionExecutor(s)
         transactions.born_pending(
-            SessionExecutor(s), [transactions.Newborn(req.name, str(run_dir), list(req.command), new_token())],
+            ex, [transactions.Newborn(req.name, str(run_dir), list(req.command), new_token())],
             transactions.Births(req.backend, dict(req.resources), list(req.outputs), req.max_attempts,
-                                environment_id(s, os.environ)), utcnow())
+                                transactions.environment_id(ex, *environment_record(os.environ))), utcnow())
     req.launched = launch(db, cfg, req.name, get_backend(req.backend))
     with db.read() as s:
         job = get_job(s, req.name)

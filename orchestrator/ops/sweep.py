@@ -28,7 +28,8 @@ from orchestrator.backends.base import Backend
 from orchestrator.core import transactions
 from orchestrator.core.config import Config
 from orchestrator.core.db import Database
-from orchestrator.core.jobqueries import environment_id, names_taken
+from orchestrator.core.environments import environment_record
+from orchestrator.core.jobqueries import names_taken
 from orchestrator.core.lifecycle import ATTEMPT_LIVE, AttemptState, JobState, create_job, utcnow
 from orchestrator.core.models import Attempt, Job, Sweep
 from orchestrator.core.rundir import run_dir_for
@@ -67,23 +68,21 @@ def submit_sweep(db: Database, cfg: Config, req: SweepRequest) -> Sweep:
         if taken:
             raise names_exist(taken)
         testhooks.site("names_checked")
-        sweep = Sweep(name=req.name, backend=req.backend, throttle=req.throttle, params=req.params)
-        s.add(sweep)
-        s.flush()
-        env_id = environment_id(s, os.environ)
+        ex, now = SessionExecutor(s), utcnow()
+        sweep_id = transactions.new_sweep(ex, req.name, req.backend, req.throttle, req.params, now)
+        env_id = transactions.environment_id(ex, *environment_record(os.environ))
         tasks = list(enumerate(zip(names, commands, strict=True)))
         for i, (n, cmd) in tasks:
             if n in verified:  # never rerun: born done
                 create_job(s, JobState.DONE, "its run dir's marker verified at sweep submission", name=n,
                            backend=req.backend, run_dir=str(run_dir_for(cfg, n)), command=cmd,
                            resources=dict(req.resources), outputs=list(req.outputs), max_attempts=req.max_attempts,
-                           sweep_id=sweep.id, task_index=i, env_id=env_id)
+                           sweep_id=sweep_id, task_index=i, env_id=env_id)
         transactions.born_pending(
-            SessionExecutor(s), [transactions.Newborn(n, str(run_dir_for(cfg, n)), cmd, new_token(), i)
-                                 for i, (n, cmd) in tasks if n not in verified],
+            ex, [transactions.Newborn(n, str(run_dir_for(cfg, n)), cmd, new_token(), i)
+                 for i, (n, cmd) in tasks if n not in verified],
             transactions.Births(req.backend, dict(req.resources), list(req.outputs), req.max_attempts, env_id,
-                                sweep.id), utcnow())
-        sweep_id = sweep.id
+                                sweep_id), now)
     try:
         launch_queued(db, cfg, backend, sweep_id)
     except LockTimeout as e:  # another launcher (maybe stopped) holds the lock: the tasks wait, queued

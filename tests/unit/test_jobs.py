@@ -7,10 +7,13 @@ import re
 
 import pytest
 
-from orchestrator.core.jobqueries import attempt_view, environment_id, expand_names, get_job, names_taken
+from orchestrator.core.environments import environment_record
+from orchestrator.core.jobqueries import attempt_view, expand_names, get_job, names_taken
 from orchestrator.core.lifecycle import JobState
+from orchestrator.core.transactions import environment_id
 from orchestrator.errors import JobNotFound
 from orchestrator.ops.cancel import cancel
+from orchestrator.ops.statements import SessionExecutor
 from orchestrator.ops.submit import SubmitRequest, submit
 from orchestrator.ops.sweep import SweepRequest, submit_sweep
 
@@ -46,9 +49,9 @@ def test_a_sweep_name_expands_to_its_tasks_without_those_skipped_and_without_rep
 
 def test_equal_environments_share_one_stored_row(db):
     with db.write() as s:
-        a = environment_id(s, {"PATH": "/bin", "HOME": "/root"})
-        b = environment_id(s, {"HOME": "/root", "PATH": "/bin"})  # same variables, other order
-        c = environment_id(s, {"PATH": "/usr/bin", "HOME": "/root"})
+        a, b, c = (environment_id(SessionExecutor(s), *environment_record(env)) for env in (
+            {"PATH": "/bin", "HOME": "/root"}, {"HOME": "/root", "PATH": "/bin"},  # same variables, other order
+            {"PATH": "/usr/bin", "HOME": "/root"}))
     assert a == b != c
 
 

@@ -5,16 +5,19 @@ from __future__ import annotations
 
 import re
 import sqlite3
+import threading
 from datetime import datetime, timedelta
 from types import SimpleNamespace
 
 import pytest
-from sqlalchemy import select, update
+from orchkit import wait_for
+from sqlalchemy import select, text, update
 
 from orchestrator.core.config import sqlite_path
-from orchestrator.core.jobqueries import environment_id, get_job
+from orchestrator.core.environments import environment_record
+from orchestrator.core.jobqueries import get_job
 from orchestrator.core.lifecycle import AttemptState, JobState, Move, create_attempt, create_job, move_many, utcnow
-from orchestrator.core.models import Attempt, Event, Job, Sweep
+from orchestrator.core.models import Attempt, Environment, Event, Job, Sweep
 from orchestrator.core.quickdb import QuickDB, SqliteExecutor
 from orchestrator.core.tokens import new_token
 from orchestrator.core.transactions import (
@@ -25,7 +28,9 @@ from orchestrator.core.transactions import (
     born_pending,
     check_held,
     claim_pending,
+    environment_id,
     mark_batch,
+    new_sweep,
     record_submitted,
     renew_claims,
 )
@@ -379,7 +384,7 @@ def test_births_written_once_leave_the_rows_lifecycles_constructors_leave(db, cf
     executor and database: every field as ``lifecycle.create_job``/``create_attempt`` write it, (job id, attempt id)
     of each in order."""
     with db.write() as s:
-        env_id = environment_id(s, {"ORCH_TEST": "1"})
+        env_id = environment_id(SessionExecutor(s), *environment_record({"ORCH_TEST": "1"}))
         sweeps = [Sweep(name=f"sw{k}", backend="local", params={}) for k in range(2)]
         s.add_all(sweeps)
         s.flush()
@@ -399,3 +404,59 @@ def test_births_written_once_leave_the_rows_lifecycles_constructors_leave(db, cf
     with db.read() as s:
         assert ids == [(get_job(s, n).id, get_job(s, n).attempts[0].id) for n in ours]
         assert [get_job(s, n).command for n in ours] == [["python", "t.py", n] for n in ours]
+
+
+# ------------------------------------------------------------------------------------------
+# the sweep's row and the environment's
+# ------------------------------------------------------------------------------------------
+@EXECUTORS
+def test_the_sweep_and_environment_rows_written_once_are_the_models_rows(db, cfg, sched, executor):
+    """``new_sweep`` and ``environment_id`` on each executor and database leave the rows the models' constructors
+    leave (``Sweep(...)``, ``Environment(...)``); an equal environment is found again, not inserted twice."""
+    params = [{"lr": 0.1, "tag": "a"}, {"lr": 0.2, "tag": "b"}]
+    with db.write() as s:
+        s.add_all([Sweep(name="theirs", backend="slurm", throttle=3, params=params),
+                   Environment(sha256="0" * 64, vars={"PATH": "/bin", "HOME": "/root"})])
+    now = utcnow()
+    digest, env_vars = environment_record({"PATH": "/bin", "HOME": "/root"})
+    run = _run_on(executor, db, cfg)
+    sweep_id = run(lambda ex: new_sweep(ex, "ours", "slurm", 3, params, now))
+    first, again = (run(lambda ex: environment_id(ex, digest, env_vars)) for _ in range(2))
+    other = run(lambda ex: environment_id(ex, *environment_record({"PATH": "/usr/bin"})))
+    assert first == again != other
+    with db.read() as s:
+        sweeps = {r.name: r for r in s.execute(select(Sweep.__table__)).mappings()}
+        envs = {r.id: r for r in s.execute(select(Environment.__table__)).mappings()}
+    assert sweeps["ours"]["id"] == sweep_id and sweeps["ours"]["created_at"] == now
+    assert ({k: v for k, v in sweeps["ours"].items() if k not in {"id", "name", "created_at"}}
+            == {k: v for k, v in sweeps["theirs"].items() if k not in {"id", "name", "created_at"}})
+    assert (envs[first]["sha256"], envs[first]["vars_json"]) == (digest, {"PATH": "/bin", "HOME": "/root"})
+    assert envs[first]["vars_json"] == next(e["vars_json"] for e in envs.values() if e["sha256"] == "0" * 64)
+
+
+@pytest.mark.parametrize("db_kind", ["postgres"], indirect=True)
+def test_two_submitters_inserting_one_environment_at_once_both_go_on_with_one_row(db, cfg, db_kind):
+    """PostgreSQL: the second insert of one digest waits for the first's commit; without ON CONFLICT DO NOTHING it
+    then failed with a unique violation (the old path needed a savepoint per insert), and that submission with it."""
+    digest, env_vars = environment_record({"ORCH_TEST": "race"})
+    second: list = []
+    with db.write() as s:
+        first = environment_id(SessionExecutor(s), digest, env_vars)  # inserted, not committed yet
+
+        def submitter() -> None:
+            try:
+                with db.write() as s2:
+                    second.append(environment_id(SessionExecutor(s2), digest, env_vars))
+            except Exception as e:  # the assert below shows it
+                second.append(e)
+
+        t = threading.Thread(target=submitter)
+        t.start()
+        with db.read() as watcher:  # the second insert waits on the first's row lock: observed, not slept on
+            wait_for(lambda: watcher.execute(text("SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = "
+                                                  "'Lock' AND datname = current_database()")).scalar()
+                     or watcher.rollback(), 30, "the second insert waiting on the first")
+    t.join(30)
+    assert second == [first]
+    with db.read() as s:
+        assert s.execute(select(Environment.id).where(Environment.sha256 == digest)).scalars().all() == [first]
