@@ -22,6 +22,7 @@ column is given as its value, and ``quickdb.run`` stores it as ``models.JSONType
 from __future__ import annotations
 
 import functools
+import importlib
 import json
 import sys
 from collections.abc import Callable, Sequence
@@ -29,10 +30,11 @@ from pathlib import Path
 from typing import Any
 
 from sqlalchemy import Column, bindparam, func, insert, select, union_all, update
-from sqlalchemy.dialects import postgresql, sqlite
+from sqlalchemy.dialects import sqlite
 from sqlalchemy.sql import ClauseElement
 
 from orchestrator import testhooks
+from orchestrator.core.generated import write_or_check
 from orchestrator.core.models import Attempt, Environment, Event, Job, JSONType, Sweep
 from orchestrator.core.states import AttemptState, JobState
 from orchestrator.decide import mtbf, suspects
@@ -124,7 +126,7 @@ def _statements(dialect: str = "sqlite") -> dict[str, Callable[[], ClauseElement
         "environment": lambda: select(Environment.id).where(Environment.sha256 == given("sha256")),
         # ON CONFLICT DO NOTHING: two submitters inserting one environment at once both go on (PostgreSQL: the
         # second waits for the first's commit, then reads its row) without a savepoint per insert
-        "new_environment": lambda: _INSERT[dialect](Environment.__table__).values(
+        "new_environment": lambda: _insert_of(dialect)(Environment.__table__).values(
             sha256=given("sha256"), vars_json=given("vars_json")).on_conflict_do_nothing(index_elements=["sha256"]),
         "new_job": new_job,
         "new_sweep": lambda: insert(Sweep.__table__).values(
@@ -164,7 +166,9 @@ def _statements(dialect: str = "sqlite") -> dict[str, Callable[[], ClauseElement
     }
 
 
-_INSERT = {"sqlite": sqlite.insert, "postgresql": postgresql.insert}
+def _insert_of(dialect: str) -> Any:
+    """``dialect``'s own INSERT construct (the one with ON CONFLICT); PostgreSQL's imported only when used (29 ms)."""
+    return importlib.import_module(f"sqlalchemy.dialects.{dialect}").insert
 
 
 @functools.cache
@@ -277,16 +281,7 @@ def json_params(stmt: ClauseElement) -> list[str]:
 
 
 def main(argv: list[str]) -> int:
-    if argv == ["--write"]:
-        TARGET.write_text(generate())
-        return 0
-    if argv == ["--check"]:
-        if TARGET.read_text() != generate():
-            print(f"{TARGET} is stale: run python -m orchestrator.ops.statements --write", file=sys.stderr)
-            return 1
-        return 0
-    print("usage: python -m orchestrator.ops.statements --write | --check", file=sys.stderr)
-    return 2
+    return write_or_check(argv, TARGET, generate, "orchestrator.ops.statements")
 
 
 if __name__ == "__main__":

@@ -1,0 +1,23 @@
+"""The command line of a file generated from the code and checked in (``core/sqlitetext.py``,
+``docs/reference/cli.md``): ``--write`` regenerates it, ``--check`` says whether it is stale. Each file's own test
+regenerates and compares; this is how a person refreshes one after a change."""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Callable
+from pathlib import Path
+
+
+def write_or_check(argv: list[str], target: Path, generate: Callable[[], str], module: str) -> int:
+    """``python -m <module> --write | --check``: 0 written or fresh, 1 stale, 2 usage."""
+    if argv == ["--write"]:
+        target.write_text(generate())
+        return 0
+    if argv == ["--check"]:
+        if not target.exists() or target.read_text() != generate():
+            print(f"{target} is stale: run python -m {module} --write", file=sys.stderr)
+            return 1
+        return 0
+    print(f"usage: python -m {module} --write | --check", file=sys.stderr)
+    return 2
