@@ -342,7 +342,7 @@ def main() -> int:
     tab = table(spot, cancel)
     if fleet:
         tab += ("\n\n`orch report` over the same ORCH_HOME afterwards (every job above; the goodput split of "
-                "README's \"Goodput\"):\n\n```\n" + fleet + "\n```")
+                "docs/guides/goodput.md):\n\n```\n" + fleet + "\n```")
     print(tab)
     ok = all(r["state"] == DONE and r["verified"] and r["redone"] <= 1 and r["class"] == "preempted"
              for r in results) and all(r["attempts"] == 1 for r in spot) and all(r["attempts"] == 2 for r in cancel)

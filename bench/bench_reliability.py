@@ -150,7 +150,7 @@ def render(counts: dict[str, Count], rc: int, wall: float, long: bool, unmapped:
              "object; a sentinel tree outside the runs root is byte-identical; in the adversarial tests at most one "
              "live process tree per job at every sample and no job left pending/submitted without a live backend "
              "job after settling. Process kills only: data written but not yet fsynced survives a process kill, so "
-             "power loss is not simulated (see the README's reliability section).")
+             "power loss is not simulated (see docs/concepts/guarantees.md).")
     if unmapped:
         notes += "\n\nNot in any row (add them to ROWS): " + ", ".join(sorted(unmapped))
     return C.preamble("bench_reliability.py" + (" --long" if long else ""), notes)

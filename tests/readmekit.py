@@ -1,4 +1,4 @@
-"""The README as a new user reads it: its commands, and the directory and environment such a user runs
+"""The README and the docs as a new user reads them: their commands, and the directory and environment such a user runs
 them from (their own ``train.py`` on orch's plain-loop integration, ``prepare.sh``, ``runs.jsonl``; ``orch`` and
 this venv's ``python`` on PATH). Used by tests/local/test_readme_commands.py and the Slurm tier's."""
 
@@ -15,6 +15,8 @@ from pathlib import Path
 from orchkit import ROOT
 
 README = ROOT / "README.md"
+# What a new user reads: the README and the documentation site's pages (docs/), whose commands are run alike
+USER_DOCS = [README, *sorted((ROOT / "docs").rglob("*.md"))]
 QUICK_START = ("bash scripts/setup.sh && .venv/bin/orch submit --name demo --wait -- .venv/bin/python -m orch_trainer "
                "--preset tiny")
 DONE = "done_marker_verified"
@@ -53,9 +55,11 @@ PREPARE_SH = "#!/bin/sh\nmkdir -p out && echo data > out/part-0.parquet\n"
 
 
 def readme_commands() -> set[str]:
-    """Every ``orch`` command line of the README's bash blocks (and the quick start), normalised as LOCAL's keys."""
+    """Every ``orch`` command line of the bash blocks of the README and the docs (and the quick start), normalised
+    as LOCAL's keys."""
     out: set[str] = set()
-    for block in re.findall(r"```bash\n(.*?)```", README.read_text(), flags=re.S):
+    text = "\n".join(page.read_text() for page in USER_DOCS)
+    for block in re.findall(r"```bash\n(.*?)```", text, flags=re.S):
         for line in block.replace("\\\n", " ").splitlines():
             if not (line.startswith("orch ") or line.startswith("bash scripts/setup.sh")):
                 continue

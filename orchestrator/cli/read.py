@@ -165,7 +165,7 @@ def _say_events(events: list[dict[str, Any]]) -> None:
 
 
 def _goodput_lines(g: dict[str, Any] | None) -> list[Any]:
-    """[job's summary lines, then one line per attempt]: where the held time went (README: Goodput)."""
+    """[job's summary lines, then one line per attempt]: where the held time went (docs/guides/goodput.md)."""
     if not g:
         return []
     from orchestrator.views.goodputview import dur, split_line, summary_lines

@@ -24,7 +24,7 @@ AUTO_REQUEUE: frozenset[FailureClass] = frozenset(c for c in FailureClass if c.a
 UNCOUNTED: frozenset[FailureClass] = frozenset(c for c in FailureClass if not c.counted)
 CLASS_CAPS: dict[FailureClass, int] = {c: c.cap for c in FailureClass if c.cap is not None}
 
-# Always uncounted, whatever policy.uncounted says: neither is the job's fault, and the README's policy
+# Always uncounted, whatever policy.uncounted says: neither is the job's fault, and docs/concepts/failures.md's policy
 # table promises it (preempted 3 times at one step with --max-attempts 2 ended failed).
 NEVER_COUNTED: frozenset[FailureClass] = frozenset(c for c in FailureClass if c.fault is Fault.PLATFORM)
 

@@ -44,7 +44,7 @@ __all__ = ["Category", "Beat", "AttemptFacts", "AttemptSplit", "JobSplit", "spli
 
 
 class Category(enum.StrEnum):
-    """Where a held second went (README: Goodput); ``waiting`` is the one that is not held."""
+    """Where a held second went (docs/guides/goodput.md); ``waiting`` is the one that is not held."""
 
     USEFUL = "useful"
     LOST_WORK = "lost_work"

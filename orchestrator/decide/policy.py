@@ -64,7 +64,7 @@ def _decide(cfg: Config, job: Job, attempt: Attempt, cls: FailureClass, step: in
     def done(state: JobState, plan: RetryPlan, counted: bool, as_cls: FailureClass | None = None) -> Decision:
         return Decision(state, plan.with_(details={**plan.details_dict, STEP_KEY: ckpt}), counted, as_cls)
 
-    # Preemptions and node failures never count, whatever policy.uncounted says: the README's table is
+    # Preemptions and node failures never count, whatever policy.uncounted says: docs/concepts/failures.md's table is
     # the contract (preempted 3 times at one step with --max-attempts 2 ended failed).
     counted = cls not in cfg.uncounted and cls.fault is not Fault.PLATFORM
     if cls is C.CANCELLED:

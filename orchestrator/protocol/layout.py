@@ -251,7 +251,7 @@ class StopSource(enum.StrEnum):
 
 TIME_LIMIT_SOURCES = frozenset({StopSource.TIME_LIMIT, StopSource.WARNING})  # a stop of these is a timeout
 
-# Exit codes of the bundled trainer (documented in the README). A job that wrote failure.json is
+# Exit codes of the bundled trainer (documented in docs/guides/bundled-trainer.md). A job that wrote failure.json is
 # classified from it; the code is only a fallback for readers that cannot see the run dir.
 EXIT_OK = 0
 EXIT_USAGE = 2  # argparse: argument-only checks failed, nothing written

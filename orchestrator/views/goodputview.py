@@ -233,7 +233,7 @@ def goodput_families(by_partition: dict[str, dict[str, Any]], family: Any) -> li
 
     parts = sorted(by_partition.items())
     out = family("orch_goodput_seconds", "gauge",
-                 "Seconds of held machine time by goodput category (README: Goodput), per backend/partition, "
+                 "Seconds of held machine time by goodput category (docs/guides/goodput.md), per backend/partition, "
                  "over the jobs of the last 7 days (orch report --since 7d); category waiting is wall time "
                  "between attempts, not held.",
                  [(f"orch_goodput_seconds{{{lab(p, category=c)}}}", v) for p, g in parts

@@ -4,7 +4,7 @@ The job (a bring-your-own script on the kit: Heartbeat, PreemptionFlag, stall.bl
 of its loop start, of every step and of every save. Attempt 1 gets a real SIGTERM (a preemption: it saves and
 exits 143), attempt 2 a real SIGKILL (class killed: the steps after its last save are computed again), attempt 3
 finishes. `orch show --json` must split the held time as the logs say, within tolerances taken from the logs
-themselves (one heartbeat interval and one step), and add up to the held time exactly. README: Goodput.
+themselves (one heartbeat interval and one step), and add up to the held time exactly. docs/guides/goodput.md.
 """
 
 from __future__ import annotations

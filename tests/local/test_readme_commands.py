@@ -1,8 +1,9 @@
-"""Every command the README shows, run as a new user types it (the README's own multi-rank command was
+"""Every command the README and the docs show, run as a new user types it (the README's own multi-rank command was
 `invalid` at once, and `orch submit -- python train.py` could not open train.py: the job runs in its run dir).
 
-The README's ```bash blocks are read. Each ``orch ...`` line (continuations joined, its comment cut; a line with
-``[optional]`` parts once without them and once with all of them) must be a command this module knows:
+The ```bash blocks of the README and of every page under docs/ are read. Each ``orch ...`` line (continuations
+joined, its comment cut; a line with ``[optional]`` parts once without them and once with all of them) must be a
+command this module knows:
 
 * ``LOCAL``: run here by ``bash -c``, as written, in a directory holding the user's ``train.py``, ``prepare.sh`` and
   ``runs.jsonl``, with ``orch`` and ``python`` on PATH; the exit code it must give (the README's own where it
@@ -64,6 +65,11 @@ LOCAL: dict[str, int] = {
     "orch gc": 0,
     "orch cancel lm1": 3,  # lm1 is verified: "not cancelled: job is done_marker_verified"
     "orch cancel lr": 0,  # a sweep: its tasks, all done, none to cancel
+    # the README's tour: a job preempted at step 20 (the trainer's own SIGTERM), requeued and verified
+    "orch submit --name tour -- python -m orch_trainer --preset tiny --inject-fault sigterm@step=20": 0,
+    "orch watch tour": 0,
+    "orch show tour": 0,
+    "orch verify tour": 0,
 }
 SLURM = {
     "orch submit --name lm1 --backend slurm --partition spot --gpus 1 --cpus-per-task 8 --mem 32G "
@@ -74,6 +80,8 @@ SLURM = {
 }
 NOT_RUN = {
     "orch submit --wait ...": "'...' stands for any submit; --wait is run by the quick start",
+    "bash scripts/setup.sh --dev && .venv/bin/mkdocs serve": "a server until Ctrl-C; the strict build of the site it "
+    "serves is tests/unit/test_docs.py's",
 }
 
 
@@ -122,6 +130,8 @@ def test_every_local_readme_command_runs_as_written(tmp_path):
     assert set(states.values()) == {DONE}, states
     attempts = json.loads(run_cmd("orch show lm1 --json", work, env).stdout)["attempts"]
     assert [a["failure_class"] for a in attempts] == ["preempted", None], attempts
+    tour = json.loads(run_cmd("orch show tour --json", work, env).stdout)["attempts"]  # as the tour says
+    assert [a["failure_class"] for a in tour] == ["preempted", None], tour
 
     # `orch reconcile --watch 30`: its first pass ends a job whose program already exited; then Ctrl-C.
     assert run_cmd("orch submit --name w -- python train.py --max-steps 2", work, env).returncode == 0
