@@ -9,15 +9,17 @@ from collections.abc import Callable
 from pathlib import Path
 
 
-def write_or_check(argv: list[str], target: Path, generate: Callable[[], str], module: str) -> int:
-    """``python -m <module> --write | --check``: 0 written or fresh, 1 stale, 2 usage."""
+def write_or_check(argv: list[str], pages: Callable[[], dict[Path, str]], module: str) -> int:
+    """``python -m <module> --write | --check`` of the files ``pages()`` generates (path -> text): 0 written or
+    fresh, 1 stale, 2 usage."""
     if argv == ["--write"]:
-        target.write_text(generate())
+        for target, text in pages().items():
+            target.write_text(text)
         return 0
     if argv == ["--check"]:
-        if not target.exists() or target.read_text() != generate():
+        stale = [t for t, text in pages().items() if not t.exists() or t.read_text() != text]
+        for target in stale:
             print(f"{target} is stale: run python -m {module} --write", file=sys.stderr)
-            return 1
-        return 0
+        return 1 if stale else 0
     print(f"usage: python -m {module} --write | --check", file=sys.stderr)
     return 2

@@ -82,14 +82,45 @@ NUMERIC: tuple[Setting, ...] = (
 )
 BY_NAME: dict[str, Setting] = {s.name: s for s in NUMERIC}
 
-# Every key each orch.toml table may hold (the numeric ones above and the others config.py parses).
+
+
+@dataclass(frozen=True)
+class Other:
+    """A setting of orch.toml that is not one number (config.py parses and checks it): what it takes, its
+    default, and what it does, as the settings reference (docs/reference/settings.md) shows it."""
+
+    table: str
+    key: str
+    takes: str
+    default: str
+    help: str
+
+
+OTHER: tuple[Other, ...] = (
+    Other("runs", "root", "an absolute path", "$ORCH_HOME/runs",
+          "where run dirs are made: on a cluster, a filesystem the compute nodes see"),
+    Other("runs", "group_shared", "true or false", "false",
+          "run dirs 0750 and their files 0640 (the group may read them) instead of 0700 / 0600"),
+    # the three defaults below are the failure classes' own traits (config.py): the reference reads them there
+    Other("policy", "auto_requeue", "a list of failure classes", "",
+          "the classes `orch reconcile` requeues without a person"),
+    Other("policy", "uncounted", "a list of failure classes", "",
+          "the classes that do not count against max_attempts (preempted, node_fail and storage never count)"),
+    Other("policy", "caps", "a table: class = integer 0..1000000", "",
+          "give up after this many attempts of one class ([policy.caps] nan = 3)"),
+    Other("metrics", "textfile_dir", "an absolute path", "off",
+          "every reconcile pass rewrites orch.prom there, for node_exporter's textfile collector "
+          "(ORCH_METRICS_TEXTFILE_DIR overrides; empty: off)"),
+    Other("spot", "notice", "off, auto, aws, gcp or azure", "off",
+          "whose spot interruption notices job wrappers watch by default (orch submit --spot-notice)"),
+    Other("spot", "url", "an http:// URL", "http://169.254.169.254", "the metadata service the watcher polls"),
+    Other("spot", "interval_s", "a number 0.05..86400", "5", "seconds between the watcher's polls"),
+)
+
+# Every key each orch.toml table may hold: the numeric ones and the others, each declared once above.
 KNOWN_KEYS: dict[str, frozenset[str]] = {
-    "runs": frozenset({"root", "group_shared"}),
-    "policy": frozenset({"auto_requeue", "uncounted", "caps"} | {s.key for s in NUMERIC if s.table == "policy"}),
-    "reconcile": frozenset(s.key for s in NUMERIC if s.table == "reconcile"),
-    "metrics": frozenset({"textfile_dir"}),
-    "spot": frozenset({"notice", "url", "interval_s"}),
-    "nodes": frozenset(s.key for s in NUMERIC if s.table == "nodes"),
+    table: frozenset(s.key for s in (*NUMERIC, *OTHER) if s.table == table)
+    for table in dict.fromkeys(s.table for s in (*OTHER, *NUMERIC))
 }
 
 

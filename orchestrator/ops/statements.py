@@ -281,7 +281,7 @@ def json_params(stmt: ClauseElement) -> list[str]:
 
 
 def main(argv: list[str]) -> int:
-    return write_or_check(argv, TARGET, generate, "orchestrator.ops.statements")
+    return write_or_check(argv, lambda: {TARGET: generate()}, "orchestrator.ops.statements")
 
 
 if __name__ == "__main__":
