@@ -1,11 +1,12 @@
 """The reference pages of the docs, generated from the code itself: the CLI (each click command's ``--help``), every
-``orch.toml`` setting (``core/settings.py``) and every environment variable (``orchestrator/envvars.py``).
+``orch.toml`` setting (``core/settings.py``), every environment variable (``orchestrator/envvars.py``) and the kit's
+API (``cli/apiref.py``).
 
 A hand-written list drifts the day an option, a setting or a variable is added; these pages are rendered from the
 declarations the code runs on. ``tests/unit/test_docs.py`` regenerates them and compares, as ``docs/lifecycle.md``
 is checked.
 
-    python -m orchestrator.cli.reference --write    # regenerate docs/reference/{cli,settings,environment}.md
+    python -m orchestrator.cli.reference --write    # regenerate docs/reference/{cli,settings,environment,kit-api}.md
     python -m orchestrator.cli.reference --check    # exit 1 if one is stale
 """
 
@@ -104,7 +105,10 @@ def environment_page() -> str:
 
 def pages() -> dict[Path, str]:
     """Every reference page this module generates: path -> text."""
-    return {TARGET: generate(), PAGES / "settings.md": settings_page(), PAGES / "environment.md": environment_page()}
+    from orchestrator.cli.apiref import api_page
+
+    return {TARGET: generate(), PAGES / "settings.md": settings_page(), PAGES / "environment.md": environment_page(),
+            PAGES / "kit-api.md": api_page()}
 
 
 def main(argv: list[str]) -> int:

@@ -151,6 +151,7 @@ class OrchRun:
     # --- the loop ----------------------------------------------------------------------------------
     @property
     def result_dir(self) -> Path:
+        """``<run dir>/result``: what you write there is listed in the done marker."""
         return self.run.result_dir
 
     @property

@@ -301,6 +301,7 @@ class CheckpointManager:
     # --- writing ---------------------------------------------------------------------------------
     @property
     def in_flight(self) -> bool:
+        """Whether a background save is still being written."""
         return self._thread is not None and self._thread.is_alive()
 
     def save(self, step: int, files: Mapping[str, Any], *, background: bool = False) -> Path | None:

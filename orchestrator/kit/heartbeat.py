@@ -102,6 +102,8 @@ def for_rank(run_dir: Path, attempt: int, interval_s: float, *, writer: bool, ra
 
 
 class Heartbeat:
+    """``attempts/<n>/progress.json`` (rank 0) or ``progress.rank-<r>.json``, rewritten every ``interval_s`` from a
+    helper thread with what the loop last posted: orch's hang detector, ``orch status`` and ``orch watch`` read it."""
     def __init__(self, run_dir: Path, attempt: int, interval_s: float = 2.0, *, rank: int = 0,
                  world: int = 1) -> None:
         self.run_dir = run_dir
@@ -126,6 +128,7 @@ class Heartbeat:
         self._thread = threading.Thread(target=self._run, name="heartbeat", daemon=True)
 
     def start(self) -> Heartbeat:
+        """Start the writer thread; the heartbeat itself, for chaining."""
         self._thread.start()
         return self
 
@@ -135,6 +138,7 @@ class Heartbeat:
         self._posted += 1
 
     def beat_now(self) -> None:
+        """Ask the writer thread to write at once, not at its next interval."""
         self._wake.set()
 
     def write_now(self) -> None:

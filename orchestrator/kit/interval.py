@@ -101,6 +101,7 @@ class AutoSaveInterval:
         return max(self.min_interval_s, daly_interval(self.cost_s, self.mtbf_s))
 
     def due(self) -> bool:
+        """Whether a save is due now: the interval has passed since the last save ended."""
         return self.clock() - self._last_end >= self.interval_s
 
     def record_save(self, blocking_s: float, total_s: float | None = None) -> None:
@@ -114,7 +115,7 @@ class AutoSaveInterval:
         self.saves += 1
 
     def fields(self) -> dict[str, float]:
-        """What the heartbeat shows: the interval, δ and M the job uses (``orch show`` / the README)."""
+        """What the heartbeat shows: the interval, δ and M the job uses (``orch show``; docs/guides/goodput.md)."""
         out = {"save_interval_s": self.interval_s, "mtbf_s": self.mtbf_s}
         if self.cost_s is not None:
             out["save_cost_s"] = self.cost_s

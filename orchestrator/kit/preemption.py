@@ -65,6 +65,7 @@ class StopRecorder:
         self._thread: threading.Thread | None = None
 
     def start(self) -> StopRecorder:
+        """Start the thread that writes ``stop.json`` for a signal (a handler may not write files); under orch only."""
         if self.adir is None or self._thread is not None:
             return self
         self._r, self._w = os.pipe()
@@ -146,6 +147,7 @@ class PreemptionFlag:
 
     @property
     def requested(self) -> bool:
+        """Whether a stop was asked for (a signal, or ``set``) and not cleared."""
         return self.requested_at is not None
 
     def set(self, reason: str = "requested by code") -> None:
@@ -155,6 +157,7 @@ class PreemptionFlag:
             self.reason = reason
 
     def clear(self) -> None:
+        """Forget the stop asked for (a drill that goes on after it)."""
         self.signum, self.requested_at, self.reason = None, None, ""
         self.recorder.signum = None
 
@@ -172,12 +175,14 @@ class PreemptionFlag:
             self.recorder.record_step(step)
 
     def install(self, signals: tuple[int, ...] = DEFAULT_SIGNALS) -> PreemptionFlag:
+        """Handle ``signals`` (SIGTERM and SIGUSR2): each sets the flag and is recorded in ``stop.json``."""
         self.recorder.start()
         for s in signals:
             self._previous[s] = signal.signal(s, self._handle)
         return self
 
     def uninstall(self) -> None:
+        """Give each signal back the handler it had before ``install``, where ours is still the one."""
         for s, h in self._previous.items():
             # Only where ours is still the handler: a framework that restored its own meanwhile (HF's
             # enable_jit_checkpoint restores SIG_DFL at train end) must not get back a handler that

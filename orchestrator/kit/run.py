@@ -64,6 +64,7 @@ class Run:
     # --- paths and ids ----------------------------------------------------------------------------
     @property
     def result_dir(self) -> Path:
+        """``<run dir>/result``: the outputs the done marker lists."""
         return self.run_dir / protocol.RESULT_DIR
 
     @property
@@ -79,6 +80,7 @@ class Run:
 
     @property
     def heartbeat_s(self) -> float:
+        """Seconds between heartbeats: ``ORCH_HEARTBEAT_S`` (default 2, at least 0.05)."""
         try:
             return max(0.05, float(os.environ.get(ENV_HEARTBEAT_S, DEFAULT_HEARTBEAT_S)))
         except ValueError:

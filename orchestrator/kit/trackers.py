@@ -30,6 +30,7 @@ class StopTolerance:
         self.count = 0
 
     def wrap(self, fn: Callable[..., Any], name: str) -> Callable[..., Any]:
+        """``fn``, whose failure during a stop is noted (as ``name``) and skipped; at any other time it raises."""
         if getattr(fn, "orch_stop_tolerant", False):
             return fn  # wrapped once already (a second fit on the same trainer)
 

@@ -323,6 +323,7 @@ class OrchJob:
 
     @property
     def run_dir(self) -> Path:
+        """The job's run dir."""
         return Path(self._show()["run_dir"])
 
     @property
@@ -348,6 +349,7 @@ class OrchJob:
         return state in JOB_SETTLED and not (state is JobState.RETRYABLE_FAILED and d["auto_requeue"])
 
     def wait(self, timeout_s: float | None = None) -> None:
+        """Until ``done()``, polling every ``poll_s``; ``TimeoutError`` after ``timeout_s`` (default: no bound)."""
         t0 = time.monotonic()
         while not self.done():
             if timeout_s is not None and time.monotonic() - t0 > timeout_s:
@@ -365,9 +367,11 @@ class OrchJob:
         return outcome[0]
 
     def results(self) -> list[Any]:
+        """``[result()]``, as submitit's ``Job.results`` gives one per task."""
         return [self.result()]
 
     def exception(self) -> Exception | None:
+        """Wait, then what ``result()`` would raise, or None where it would return."""
         self.wait()
         outcome = self._outcome()
         return outcome if isinstance(outcome, Exception) else None
@@ -394,6 +398,7 @@ class OrchJob:
         return UncompletedJobError(f"{why}: {last.get('detail') or ''}")
 
     def cancel(self, check: bool = True) -> None:
+        """``orch cancel`` of the job: SIGTERM first, so it checkpoints (``check``: submitit's signature)."""
         from orchestrator.ops.cancel import cancel
 
         cfg, db = self.executor._ctx()
@@ -411,4 +416,5 @@ class OrchJob:
         return self._log(protocol.STDOUT_LOG)
 
     def stderr(self) -> str | None:
+        """The latest attempt's stderr (``attempts/<n>/stderr.log``)."""
         return self._log(protocol.STDERR_LOG)

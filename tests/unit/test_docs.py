@@ -56,9 +56,9 @@ def test_the_cli_reference_lists_every_command():
 
 
 def test_every_reference_page_is_generated_from_the_code():
-    """docs/reference/{cli,settings,environment}.md: regenerated here and compared (stale: this fails)."""
+    """docs/reference/{cli,settings,environment,kit-api}.md: regenerated here and compared (stale: this fails)."""
     pages = reference.pages()
-    assert {p.name for p in pages} == {"cli.md", "settings.md", "environment.md"}
+    assert {p.name for p in pages} == {"cli.md", "settings.md", "environment.md", "kit-api.md"}
     for path, text in pages.items():
         assert path.read_text() == text, f"{path} is stale: python -m orchestrator.cli.reference --write"
 
@@ -136,3 +136,12 @@ def test_every_exit_code_orch_and_its_trainer_give_is_in_the_reference():
     assert {c for c in orch_codes if f"**{c}**" not in commands} == set()
     said = set(map(int, re.findall(r"(\d+) (?:finished|crash|usage|failure classified|preempted)", trainer)))
     assert trainer_codes <= said, (trainer_codes, said)
+
+
+def test_the_kit_api_page_has_every_public_name_each_with_its_docstring():
+    import orchestrator.kit as kit
+
+    page = (reference.PAGES / "kit-api.md").read_text()
+    assert {n for n in kit.__all__ if f"### {n}\n" not in page} == set()
+    assert "### orch_run\n" in page and "### OrchExecutor\n" in page
+    assert "(no docstring)" not in page  # a public name or method without one: say what it does
