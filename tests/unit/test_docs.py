@@ -145,3 +145,13 @@ def test_the_kit_api_page_has_every_public_name_each_with_its_docstring():
     assert {n for n in kit.__all__ if f"### {n}\n" not in page} == set()
     assert "### orch_run\n" in page and "### OrchExecutor\n" in page
     assert "(no docstring)" not in page  # a public name or method without one: say what it does
+
+
+def test_every_message_the_troubleshooting_page_quotes_is_one_orch_writes():
+    """Each message of the table's first column, up to its first '...', is in orch's source as written."""
+    page = (ROOT / "docs" / "guides" / "troubleshooting.md").read_text()
+    source = "\n".join(p.read_text() for p in (ROOT / "orchestrator").rglob("*.py"))
+    quoted = [q for row in page.splitlines() if row.startswith("| `")
+              for q in re.findall(r"`([^`]+)`", row.split(" | ")[0])]
+    assert len(quoted) >= 12, quoted
+    assert [q for q in quoted if q not in source] == []
