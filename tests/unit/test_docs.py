@@ -21,7 +21,7 @@ ROOT = Path(__file__).resolve().parents[2]
 
 def _build(root: Path, site: Path) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", "mkdocs", "build", "--strict", "-f", str(root / "mkdocs.yml"),
-                           "-d", str(site)], capture_output=True, text=True, timeout=120,
+                           "-d", str(site)], capture_output=True, text=True, timeout=120, cwd=root,  # snippets' base
                           env={**os.environ, "NO_MKDOCS_2_WARNING": "1"})
 
 
@@ -31,21 +31,29 @@ def test_the_docs_site_builds_in_strict_mode(tmp_path):
     assert (tmp_path / "site" / "reference" / "cli" / "index.html").exists()
 
 
-@pytest.mark.parametrize("breakage", ["a link to a missing page", "a link to a missing anchor", "a page not in nav"])
+@pytest.mark.parametrize("breakage", ["nothing", "a link to a missing page", "a link to a missing anchor",
+                                      "a page not in nav", "an included file missing"])
 def test_a_broken_link_or_a_page_outside_the_nav_fails_the_build(tmp_path, breakage):
     copy = tmp_path / "tree"
     shutil.copytree(ROOT / "docs", copy / "docs")
     shutil.copy(ROOT / "mkdocs.yml", copy / "mkdocs.yml")
+    if breakage != "an included file missing":
+        shutil.copy(ROOT / "BENCHMARKS.md", copy / "BENCHMARKS.md")  # docs/explanation/benchmarks.md includes it
+    if breakage == "nothing":  # the copy itself builds: each failure below is the breakage's
+        p = _build(copy, tmp_path / "site")
+        assert p.returncode == 0, p.stdout[-2000:] + p.stderr[-2000:]
+        return
     if breakage == "a page not in nav":
         (copy / "docs" / "orphan.md").write_text("# Orphan\n")
-    else:
+    elif breakage != "an included file missing":
         target = "guides/nowhere.md" if breakage == "a link to a missing page" else "guides/sweeps.md#nowhere"
         with (copy / "docs" / "index.md").open("a") as f:
             f.write(f"\nSee [this]({target}).\n")
     p = _build(copy, tmp_path / "site")
     assert p.returncode != 0, p.stdout[-2000:] + p.stderr[-2000:]
     said = p.stdout + p.stderr
-    assert ("orphan.md" if breakage == "a page not in nav" else "nowhere") in said, said[-2000:]
+    expected = {"a page not in nav": "orphan.md", "an included file missing": "BENCHMARKS.md"}.get(breakage, "nowhere")
+    assert expected in said, said[-2000:]
 
 
 def test_the_cli_reference_lists_every_command():
