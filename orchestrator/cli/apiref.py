@@ -53,8 +53,10 @@ def _methods(cls: type) -> list[tuple[str, Any]]:
             continue  # private, or a framework's hook this class overrides (Lightning's setup, state_dict, ...)
         if isinstance(member, property):
             out.append((name, member))
-        elif isinstance(member, (staticmethod, classmethod)) or inspect.isfunction(member):
-            out.append((name, getattr(cls, name) if not inspect.isfunction(member) else _unbound_self(member)))
+        elif inspect.isfunction(member):
+            out.append((name, _unbound_self(member)))
+        elif isinstance(member, (staticmethod, classmethod)):
+            out.append((name, getattr(cls, name)))  # bound by the class: no cls in its signature
     return out
 
 
@@ -91,8 +93,7 @@ def api_page() -> str:
     for module_name, names in SECTIONS:
         module = importlib.import_module(module_name)
         names = names or tuple(module.__all__)
-        summary = _doc(module).split("\n\n")[0]
-        out += [f"## {module_name}", "", summary, ""]
+        out += [f"## {module_name}", "", _first(module), ""]
         for name in names:
             out += _entry(name, getattr(module, name))
     return "\n".join(line.rstrip() for line in out).rstrip("\n") + "\n"
