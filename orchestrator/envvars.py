@@ -22,6 +22,7 @@ GROUPS = {
     "controller": "What orch's commands read (the controller: orch submit, orch reconcile, ...)",
     "jobside": "What the job wrapper and the in-job kit read (set it for the job, or before orch submit)",
     "tests": "Fault injection and pauses for tests and drills (never set in production)",
+    "docs": "What the documentation build reads (mkdocs build, through scripts/docs_pictures.py)",
 }
 
 VARIABLES: tuple[Variable, ...] = (
@@ -83,4 +84,8 @@ VARIABLES: tuple[Variable, ...] = (
     Variable("ORCH_PAUSE_S", "tests", "3", "how long ORCH_PAUSE_AT pauses (at most 600 s)"),
     Variable("ORCH_PAUSE_UNTIL", "tests", "",
              "a file: the paused process creates <file>.reached and goes on once the file exists"),
+    # -- the documentation build reads
+    Variable("ORCH_DOCS_PICTURES", "docs", "",
+             "a folder holding the site's pictures (written by `python scripts/docs_pictures.py --out DIR`): the "
+             "build takes them from there instead of running the job that draws them (~20 s)"),
 )

@@ -19,29 +19,53 @@ from orchestrator.cli import reference
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def _build(root: Path, site: Path) -> subprocess.CompletedProcess:
+PICTURES = ("loss-across-preemptions.svg", "goodput-split.svg", "run.json")
+
+
+@pytest.fixture(scope="module")
+def pictures(tmp_path_factory) -> Path:
+    """Stand-ins for the site's pictures, so these builds need not run the job that draws them (a real build
+    does: tests/docs/test_docs_pictures.py)."""
+    d = tmp_path_factory.mktemp("pictures")
+    for name in PICTURES:
+        (d / name).write_text("{}\n" if name.endswith(".json") else '<svg xmlns="http://www.w3.org/2000/svg"/>\n')
+    return d
+
+
+def _build(root: Path, site: Path, pictures: Path) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", "mkdocs", "build", "--strict", "-f", str(root / "mkdocs.yml"),
                            "-d", str(site)], capture_output=True, text=True, timeout=120, cwd=root,  # snippets' base
-                          env={**os.environ, "NO_MKDOCS_2_WARNING": "1"})
+                          env={**os.environ, "NO_MKDOCS_2_WARNING": "1", "ORCH_DOCS_PICTURES": str(pictures)})
 
 
-def test_the_docs_site_builds_in_strict_mode(tmp_path):
-    p = _build(ROOT, tmp_path / "site")
+def test_the_docs_site_builds_in_strict_mode(tmp_path, pictures):
+    p = _build(ROOT, tmp_path / "site", pictures)
     assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
     assert (tmp_path / "site" / "reference" / "cli" / "index.html").exists()
+    assert sorted(p.name for p in (tmp_path / "site" / "pictures").iterdir()) == sorted(PICTURES)
 
 
 @pytest.mark.parametrize("breakage", ["nothing", "a link to a missing page", "a link to a missing anchor",
-                                      "a page not in nav", "an included file missing"])
-def test_a_broken_link_or_a_page_outside_the_nav_fails_the_build(tmp_path, breakage):
+                                      "a page not in nav", "an included file missing", "a picture missing"])
+def test_a_broken_link_or_a_page_outside_the_nav_fails_the_build(tmp_path, breakage, pictures):
     copy = tmp_path / "tree"
     shutil.copytree(ROOT / "docs", copy / "docs")
     shutil.copy(ROOT / "mkdocs.yml", copy / "mkdocs.yml")
+    shutil.copytree(ROOT / "scripts", copy / "scripts")  # the hook that adds the pictures
     if breakage != "an included file missing":
         shutil.copy(ROOT / "BENCHMARKS.md", copy / "BENCHMARKS.md")  # docs/explanation/benchmarks.md includes it
     if breakage == "nothing":  # the copy itself builds: each failure below is the breakage's
-        p = _build(copy, tmp_path / "site")
+        p = _build(copy, tmp_path / "site", pictures)
         assert p.returncode == 0, p.stdout[-2000:] + p.stderr[-2000:]
+        return
+    if breakage == "a picture missing":  # the hook refuses a folder without it, in one line
+        partial = tmp_path / "partial"
+        shutil.copytree(pictures, partial)
+        (partial / "goodput-split.svg").unlink()
+        p = _build(copy, tmp_path / "site", partial)
+        said = p.stdout + p.stderr
+        assert p.returncode == 1 and f"ORCH_DOCS_PICTURES={partial} lacks goodput-split.svg" in said, said[-2000:]
+        assert "Traceback" not in said, said[-2000:]
         return
     if breakage == "a page not in nav":
         (copy / "docs" / "orphan.md").write_text("# Orphan\n")
@@ -49,7 +73,7 @@ def test_a_broken_link_or_a_page_outside_the_nav_fails_the_build(tmp_path, break
         target = "guides/nowhere.md" if breakage == "a link to a missing page" else "guides/sweeps.md#nowhere"
         with (copy / "docs" / "index.md").open("a") as f:
             f.write(f"\nSee [this]({target}).\n")
-    p = _build(copy, tmp_path / "site")
+    p = _build(copy, tmp_path / "site", pictures)
     said = p.stdout + p.stderr
     if breakage == "an included file missing":  # snippets stops the build itself
         assert p.returncode == 1 and "Snippet at path 'BENCHMARKS.md' could not be found" in said, said[-2000:]
@@ -91,7 +115,7 @@ def test_every_orch_toml_key_is_in_the_settings_reference():
 def _orch_names_in_source() -> set[str]:
     """Every string constant of the source that is an ORCH_* variable name."""
     names = set()
-    for package in ("orchestrator", "orch_trainer", "trainer"):
+    for package in ("orchestrator", "orch_trainer", "trainer", "scripts"):
         for path in (ROOT / package).rglob("*.py"):
             for node in ast.walk(ast.parse(path.read_text(), str(path))):
                 if isinstance(node, ast.Constant) and isinstance(node.value, str) \
