@@ -52,6 +52,8 @@ def main() -> None:
     ap.add_argument("--max-steps", type=int, default=300)
     ap.add_argument("--batch-size", type=int, default=16)
     ap.add_argument("--save-every", type=int, default=50)
+    ap.add_argument("--lr", type=float, default=3e-3)
+    ap.add_argument("--seed", type=int, default=0, help="each rank's batches are drawn with seed + its rank")
     ap.add_argument("--run-dir", default=None, help="without orch (orch sets ORCH_RUN_DIR)")
     ap.add_argument("--step-log", default=None)
     ap.add_argument("--sleep-per-step", type=float, default=0.0)
@@ -66,12 +68,12 @@ def main() -> None:
     if world > 1:  # started by torchrun: orch submit --nproc-per-node K
         dist.init_process_group("gloo")
     rank = dist.get_rank() if world > 1 else 0
-    torch.manual_seed(rank)  # each rank its own batches; DDP gives every rank rank 0's initial weights
+    torch.manual_seed(a.seed + rank)  # each rank its own batches; DDP gives every rank rank 0's initial weights
     data = torch.tensor(list(TEXT)) % VOCAB
     model: nn.Module = TinyLM()
     if world > 1:
         model = nn.parallel.DistributedDataParallel(model)
-    opt = torch.optim.AdamW(model.parameters(), lr=3e-3)
+    opt = torch.optim.AdamW(model.parameters(), lr=a.lr)
     sched = torch.optim.lr_scheduler.CosineAnnealingLR(opt, T_max=a.max_steps)
     step_log = open(a.step_log, "a") if a.step_log else None
 

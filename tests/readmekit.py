@@ -22,6 +22,24 @@ QUICK_START = ("bash scripts/setup.sh && .venv/bin/orch submit --name demo --wai
 DONE = "done_marker_verified"
 PLACEHOLDERS = {"DIR": "textfile"}  # `orch metrics --textfile DIR`: a directory of the user's
 
+# The guides' "try it" commands, on the examples/ scripts (tests/docs/test_guide_examples.py runs them from a directory
+# that holds examples/, as the repository's root does), in the order they run, -> the exit code each must give.
+# The submits come first; the submitit example waits for its job; the rest read the jobs once all have ended.
+EXAMPLES: dict[str, int] = {
+    "orch submit --name loop1 -- python examples/plain_loop.py --max-steps 60": 0,
+    "orch submit --name lit1 -- python examples/lightning_train.py --max-steps 40": 0,
+    "orch submit --name hf1 -- python examples/hf_train.py --max-steps 40": 0,
+    "orch submit --name loop2 --nproc-per-node 2 -- python examples/plain_loop.py --max-steps 60": 0,
+    "orch sweep --name loop-lr --grid lr=1e-3,3e-3 --grid seed=0,1 --throttle 2 -- python examples/plain_loop.py "
+    "--max-steps 60 --lr {lr} --seed {seed}": 0,
+    "python examples/submitit_train.py --backend local --max-steps 60": 0,
+    "orch watch loop1": 0,
+    "orch show loop1": 0,
+    "orch show loop2": 0,
+    "orch status --tasks": 0,
+    "orch report --since 1h": 0,
+}
+
 # The user's own script: orch's plain-loop integration around a tiny model; any option the README passes it
 # (--lr, --seed, --config) is read and ignored. It writes out/ (the hf job's --outputs) and state/ (its --keep).
 TRAIN_PY = '''
@@ -61,7 +79,7 @@ def readme_commands() -> set[str]:
     text = "\n".join(page.read_text() for page in USER_DOCS)
     for block in re.findall(r"```bash\n(.*?)```", text, flags=re.S):
         for line in block.replace("\\\n", " ").splitlines():
-            if not (line.startswith("orch ") or line.startswith("bash scripts/setup.sh")):
+            if not line.startswith(("orch ", "bash scripts/setup.sh", "python examples/")):
                 continue
             cmd = re.sub(r"\s+#.*$", "", line).strip()
             cmd = re.sub(r"\s+", " ", cmd)

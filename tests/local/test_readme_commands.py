@@ -24,7 +24,7 @@ import subprocess
 from pathlib import Path
 
 from orchkit import ROOT, wait_for
-from readmekit import DONE, PLACEHOLDERS, QUICK_START, all_ended, readme_commands, run_cmd, status, user_dir
+from readmekit import DONE, EXAMPLES, PLACEHOLDERS, QUICK_START, all_ended, readme_commands, run_cmd, status, user_dir
 
 # The commands run by the local test, README text -> the exit code it must give.
 LOCAL: dict[str, int] = {
@@ -87,8 +87,9 @@ NOT_RUN = {
 
 
 def test_every_readme_command_is_known():
-    """Each README command is run here (or in the Slurm tier), or is listed as not a command, with why."""
-    known = set(LOCAL) | SLURM | set(NOT_RUN) | {QUICK_START}
+    """Each README command is run here (or in the Slurm tier; the guides' examples in tests/docs), or is listed as
+    not a command, with why."""
+    known = set(LOCAL) | SLURM | set(NOT_RUN) | set(EXAMPLES) | {QUICK_START}
     got = readme_commands()
     assert got - known == set(), f"README commands no test runs: {sorted(got - known)}"
     assert known - got == set(), f"commands the README no longer shows: {sorted(known - got)}"
