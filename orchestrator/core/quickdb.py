@@ -5,7 +5,8 @@ Only a DB the SQLAlchemy path would leave as it is gets through the gate: a regu
 that others cannot read, in a private home, in WAL mode, at the schema head (``schema.SCHEMA_HEAD``). Anything
 else (a DB to create, upgrade or tighten, PostgreSQL, any sqlite3 error at the gate) returns None and the caller
 takes the SQLAlchemy path, which creates, upgrades, tightens or reports as every command does. Errors after the
-gate are the ones ``db.Database`` raises, with the same words.
+gate are the ones ``db.Database`` raises, with the same words. Why a second path at all:
+docs/decisions/0004-read-commands-without-sqlalchemy.md.
 """
 
 from __future__ import annotations

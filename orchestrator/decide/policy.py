@@ -7,8 +7,9 @@ trash; preemption / time limit / node failure -> resume, not counted against --m
 
 Overrides reach every program, the bundled trainer included, as JSON in ORCH_OVERRIDES; the command
 is never changed (the bundled trainer was recognised by ``-m trainer`` in argv, so a user's
-own module named ``trainer`` got ``--lr``/``--resume`` appended). ``plan.overrides`` (lr, micro-batch, data offset) and
-``plan.resources`` (memory) stay for every later attempt; ``plan.resume`` applies to the next only.
+own module named ``trainer`` got ``--lr``/``--resume`` appended; docs/decisions/0006-overrides-not-argv.md).
+``plan.overrides`` (lr, micro-batch, data offset) and ``plan.resources`` (memory) stay for every later
+attempt; ``plan.resume`` applies to the next only.
 
 Every checkpoint a plan names has had its sha256 verified here first (a bit flip that kept
 the size made a NaN rollback resume from a checkpoint the trainer then refused, and the job failed

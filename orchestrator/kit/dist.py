@@ -157,6 +157,7 @@ class StopAgreement:
     every rank: each proposes N so that the measured agreement costs at most ``share`` of its step time
     (a 2 ms all-reduce every 5 ms step would otherwise cost 40 %), and never more steps than
     ``max_interval_s`` of step time (the stop must still fit in the grace).
+    docs/decisions/0005-one-stop-for-all-ranks.md says why.
     """
 
     def __init__(self, flag: _Flag, *, share: float = AGREEMENT_SHARE, max_interval_s: float | None = None) -> None:

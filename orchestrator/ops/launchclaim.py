@@ -4,7 +4,8 @@ A launcher claims a ``pending`` attempt (``pending -> launching``; an expired ``
 one UPDATE that also increments ``attempts.fence``; it renews the claim while it prepares (``ClaimKeeper``), and
 right before the backend call re-checks, in the DB, that the attempt is still ``launching`` under its generation
 (``check_claim``): a launcher that was stopped or slowed past the grace finds its claim taken and submits nothing.
-``launch.py`` says why (fencing, not timers); sweeps claim and re-check many attempts per transaction.
+``launch.py`` says why (fencing, not timers; docs/decisions/0003-fencing-not-timers.md); sweeps claim and re-check
+many attempts per transaction.
 """
 
 from __future__ import annotations

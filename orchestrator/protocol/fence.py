@@ -1,5 +1,6 @@
 """The fence (``fence.json``) a launcher writes before its backend call, and the group slots and batch
-directories of a sweep's launch: a stale launch's wrapper reads it and does not run.
+directories of a sweep's launch: a stale launch's wrapper reads it and does not run
+(docs/decisions/0003-fencing-not-timers.md).
 """
 
 from __future__ import annotations

@@ -1,5 +1,7 @@
 """The terminal marker (THE completion predicate) and committed checkpoints: both are a manifest
-of ``{relpath: {size, sha256}}`` written last, atomically, over files that were fsynced first."""
+of ``{relpath: {size, sha256}}`` written last, atomically, over files that were fsynced first.
+
+Why a file decides "finished", not the job table: docs/decisions/0002-the-marker-decides.md."""
 
 from __future__ import annotations
 

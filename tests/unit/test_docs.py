@@ -189,3 +189,28 @@ def test_every_message_the_troubleshooting_page_quotes_is_one_orch_writes():
               for q in re.findall(r"`([^`]+)`", row.split(" | ")[0])]
     assert len(quoted) >= 12, quoted
     assert [q for q in quoted if q not in source] == []
+
+
+def test_the_recovery_matrix_has_every_failure_class_and_each_test_it_names_exists():
+    from orchestrator.protocol.layout import FailureClass
+
+    rows = [line.split(" | ") for line in (ROOT / "docs" / "explanation" / "recovery-matrix.md").read_text()
+            .splitlines() if line.startswith("| ") and not line.startswith(("| what", "|---"))]
+    classes = {c for row in rows for c in re.findall(r"`([a-z_]+)`", row[2])}
+    assert classes == {c.value for c in FailureClass}, set(FailureClass) ^ classes
+    for row in rows:
+        path, _, name = re.fullmatch(r"`([^`]+)` \|", row[-1].strip()).group(1).partition("::")
+        assert (ROOT / path).is_file(), path
+        assert not name or f"def {name}(" in (ROOT / path).read_text(), f"{path}::{name}"
+
+
+def test_every_decision_record_is_referred_to_by_the_code_it_explains_and_every_reference_exists():
+    records = {p.relative_to(ROOT).as_posix() for p in (ROOT / "docs" / "decisions").glob("*.md")}
+    referred: dict[str, list[str]] = {}
+    sources = [p for d in ("orchestrator", "orch_trainer", "packaging", "scripts")
+               for p in (ROOT / d).rglob("*") if p.suffix in (".py", ".toml")]
+    for path in sources:
+        for ref in re.findall(r"docs/decisions/[\w.-]+\.md", path.read_text()):
+            referred.setdefault(ref, []).append(path.relative_to(ROOT).as_posix())
+    assert set(referred) - records == set(), {r: referred[r] for r in set(referred) - records}
+    assert records - set(referred) == set(), f"decision records no code refers to: {sorted(records - set(referred))}"
