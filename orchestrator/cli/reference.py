@@ -1,12 +1,12 @@
 """The reference pages of the docs, generated from the code itself: the CLI (each click command's ``--help``), every
-``orch.toml`` setting (``core/settings.py``), every environment variable (``orchestrator/envvars.py``) and the kit's
-API (``cli/apiref.py``).
+``orch.toml`` setting (``core/settings.py``), every environment variable (``orchestrator/envvars.py``), every exit
+code (``orchestrator/exitcodes.py``) and the kit's API (``cli/apiref.py``).
 
 A hand-written list drifts the day an option, a setting or a variable is added; these pages are rendered from the
 declarations the code runs on. ``tests/unit/test_docs.py`` regenerates them and compares, as ``docs/lifecycle.md``
 is checked.
 
-    python -m orchestrator.cli.reference --write    # regenerate docs/reference/{cli,settings,environment,kit-api}.md
+    python -m orchestrator.cli.reference --write    # regenerate docs/reference/{cli,settings,environment,...}.md
     python -m orchestrator.cli.reference --check    # exit 1 if one is stale
 """
 
@@ -103,12 +103,28 @@ def environment_page() -> str:
     return "\n".join(out)
 
 
+def exit_codes_page() -> str:
+    """The text of ``docs/reference/exit-codes.md``: every exit code, by the program that gives it."""
+    from orchestrator import exitcodes
+
+    lines = ["# Exit codes", "", "<!-- Generated from orchestrator/exitcodes.py by `python -m "
+             "orchestrator.cli.reference --write`; do not edit. -->", "",
+             "A script can rely on these: each is checked against the code that gives it. A job's own program exits "
+             "as it likes; orch classifies its end from its records first ([Failure classes and "
+             "policy](../concepts/failures.md)).", ""]
+    for program, title in exitcodes.PROGRAMS.items():
+        lines += [f"## {title}", "", "| code | meaning |", "|---|---|"]
+        lines += [f"| **{c.code}** | {_cell(c.meaning)} |" for c in exitcodes.CODES if c.program == program]
+        lines.append("")
+    return "\n".join(lines)
+
+
 def pages() -> dict[Path, str]:
     """Every reference page this module generates: path -> text."""
     from orchestrator.cli.apiref import api_page
 
     return {TARGET: generate(), PAGES / "settings.md": settings_page(), PAGES / "environment.md": environment_page(),
-            PAGES / "kit-api.md": api_page()}
+            PAGES / "kit-api.md": api_page(), PAGES / "exit-codes.md": exit_codes_page()}
 
 
 def main(argv: list[str]) -> int:
