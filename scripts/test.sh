@@ -56,7 +56,8 @@ else
   # Stream 1 is what the others leave out, so a new test folder is never missed.
   # ~Equal shares of the time, by JUnit (CI 71, s): slurm 1160 + bench 246 + policy 188; integrations 1421 + trainer
   # 194; the rest (local 768, adversarial 662, unit 154, reliability 70, packaging 18). Slurm + local was 1928 s.
-  # tests/docs (a real build of the site, ~30 s) joins the slurm stream, the one with the most slack (CI 77).
+  # tests/docs (the docs' commands and pictures run for real: a site build, the README's and the guides' commands,
+  # ~3 min) joins the slurm stream: with the README's commands in tests/local the main stream took 35:06 (CI 78).
   side=("tests/slurm tests/bench tests/policy tests/docs" "tests/integrations tests/trainer")
   ignore=(); pids=()
   for i in "${!side[@]}"; do

@@ -1,6 +1,6 @@
 """The README and the docs as a new user reads them: their commands, and the directory and environment such a user runs
 them from (their own ``train.py`` on orch's plain-loop integration, ``prepare.sh``, ``runs.jsonl``; ``orch`` and
-this venv's ``python`` on PATH). Used by tests/local/test_readme_commands.py and the Slurm tier's."""
+this venv's ``python`` on PATH). Used by tests/docs/test_readme_commands.py and the Slurm tier's."""
 
 from __future__ import annotations
 

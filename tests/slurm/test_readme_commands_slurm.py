@@ -4,7 +4,7 @@ The cluster is one node (``vm``: 2 CPUs, ~22 GB, gpu:2). What it can hold runs a
 task verified. ``lm1`` (8 CPUs, 32G) and ``big`` (4 nodes) ask for more than it has: orch submits them (exit 0) and
 Slurm holds them for good (``PartitionConfig``), which is Slurm's answer, not orch's; ``orch cancel`` then ends
 them. Each of the two is run again with its sizes scaled to this cluster (``AS_RUN_HERE``) and must end verified.
-tests/local/test_readme_commands.py checks that these are all of the README's Slurm commands.
+tests/docs/test_readme_commands.py checks that these are all of the README's Slurm commands.
 """
 
 from __future__ import annotations
