@@ -1,4 +1,5 @@
-"""An exclusive flock on a lock file orch owns (next to its DB, in ORCH_HOME), bounded and naming its holder.
+"""An exclusive flock on a lock file orch owns (next to its DB, in ORCH_HOME, or in the runs root: the tracker locks),
+bounded and naming its holder.
 
 One helper for every such lock: the file is created 0600 and opened without following links, so a
 symlink or directory planted there is refused rather than followed out of ORCH_HOME (hostile test).

@@ -16,7 +16,9 @@ the tokens of launches in doubt, before it re-claims them), ``wrapper_marker_dec
 its program exited, has written or refused done.json; stop signals held), ``wrapper_end_decided`` (... and
 is about to write exit.json), ``rank_before_program`` (a rank's orch parent, its stop handlers set, has not
 started the program yet), ``quick:<statement>`` (the quick path ran that statement of ops/statements.py, its
-transaction not yet committed), ``sqlalchemy:<statement>`` (the same, run by the SQLAlchemy path's executor).
+transaction not yet committed), ``sqlalchemy:<statement>`` (the same, run by the SQLAlchemy path's executor),
+``trackerfinish_start`` (the child that marks a job's tracker runs with its end, before it takes the job's
+tracker lock), ``trackerfinish_marking`` (... holding it, about to mark).
 Unset, each costs one environment lookup.
 ``abort_at_exit(name)``: with ``ORCH_FAULT=<name>`` the process aborts (SIGABRT) during interpreter
 finalization, as a C++ destructor that finds a thread still joinable does (site ``trainer_exit``).

@@ -29,7 +29,8 @@ _KEY = "orch_tracker_ends"
 
 
 def note(s: Session, run_dir: str | None, dst: JobState) -> None:
-    """Called by ``lifecycle`` for each job move in ``s``: remember a terminal one whose run dir has a tracker run."""
+    """Called by ``lifecycle`` for each job move in ``s``: remember a terminal one whose run dir has a tracker run,
+    with its newest attempt now (a mark made after a newer attempt exists is skipped: trackerlock.py)."""
     end = END_OF.get(dst)
     if end is None or not run_dir:
         return
@@ -38,7 +39,7 @@ def note(s: Session, run_dir: str | None, dst: JobState) -> None:
             return
     except OSError:
         return
-    s.info.setdefault(_KEY, []).append((run_dir, end))
+    s.info.setdefault(_KEY, []).append((run_dir, end, protocol.newest_attempt(run_dir)))
 
 
 @event.listens_for(Session, "after_commit")
@@ -53,7 +54,7 @@ def _after_rollback(s: Session) -> None:
     s.info.pop(_KEY, None)
 
 
-def spawn(ends: list[tuple[str, str]]) -> subprocess.Popen[bytes] | None:
+def spawn(ends: list[tuple[str, str, int | None]]) -> subprocess.Popen[bytes] | None:
     """One detached child marks every run (bounded by its own alarm); its output goes to nobody's terminal."""
     try:
         p = subprocess.Popen([sys.executable, "-m", "orchestrator.jobside.trackerfinish", "finish-many"],

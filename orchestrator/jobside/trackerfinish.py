@@ -1,7 +1,8 @@
 """Mark each tracker run of the jobs that ended with the end orch decided (the detached child of trackerend.py).
 
-``python -m orchestrator.jobside.trackerfinish finish-many`` reads ``[[run_dir, end], ...]`` on stdin (end: verified,
-failed or cancelled) and, per run dir, marks what ``trackers.json`` records:
+``python -m orchestrator.jobside.trackerfinish finish-many`` reads ``[[run_dir, end, attempt], ...]`` on stdin (end:
+verified, failed or cancelled; attempt: the newest when the end was decided) and, per run dir, holding its tracker
+lock, marks what ``trackers.json`` records, unless a newer attempt was made since (trackerlock.py):
 
 - MLflow: the run's status FINISHED / FAILED / KILLED (mlflowrun.py);
 - W&B, for a failed or cancelled end only: the run is resumed once and finished with exit code 1 (failed) or 143
@@ -23,8 +24,8 @@ import sys
 import time
 from pathlib import Path
 
-from orchestrator import protocol
-from orchestrator.jobside import mlflowrun
+from orchestrator import protocol, testhooks
+from orchestrator.jobside import mlflowrun, trackerlock
 
 TIMEOUT_S = mlflowrun.TIMEOUT_S
 WANDB_MIN_LEFT_S = 20.0
@@ -59,32 +60,51 @@ def finish_wandb(run_dir: Path, end: str, deadline: float = math.inf) -> str | N
 
 
 def finish_many(raw: str) -> int:
-    """Mark every run of ``[[run_dir, end], ...]``; exit 1 when any mark failed."""
+    """Mark every run of ``[[run_dir, end, attempt], ...]``; exit 1 when any mark failed."""
     deadline = time.monotonic() + TIMEOUT_S
-    marks = (("mlflow", mlflowrun.finish_here), ("wandb", lambda d, e: finish_wandb(d, e, deadline)))
     failed = 0
-    for run_dir, end in json.loads(raw):
-        for tracker, mark in marks:
-            try:
-                said = mark(Path(run_dir), end)
-            except ImportError as e:
-                failed += 1
-                print(f"{run_dir}: {e.name} is not importable by orch's Python ({sys.executable})", file=sys.stderr)
-                continue
-            except Exception as e:  # one line per run, whatever the tracker raised
-                failed += 1
-                print(f"{run_dir}: {tracker}: {type(e).__name__}: {e}", file=sys.stderr)
-                continue
-            if said:
-                print(said)
+    for run_dir, end, *newest in json.loads(raw):
+        attempt = newest[0] if newest else None  # [run_dir, end]: an older orch's request, marked as before
+        testhooks.site("trackerfinish_start")
+        if not (Path(run_dir) / protocol.TRACKERS_FILE).is_file():
+            continue  # nothing recorded to mark (a run dir moved or deleted since): no lock file made there
+        try:
+            with trackerlock.held(run_dir, max(0.0, deadline - time.monotonic())):
+                if trackerlock.superseded(run_dir, attempt):
+                    print(f"{run_dir}: not marked {end}: attempt {protocol.newest_attempt(run_dir)} was made since")
+                    continue
+                testhooks.site("trackerfinish_marking")
+                failed += _mark(Path(run_dir), end, deadline)
+        except trackerlock.TrackerLockError as e:
+            failed += 1
+            print(f"{run_dir}: not marked {end}: {e}", file=sys.stderr)
     return 1 if failed else 0
+
+
+def _mark(run_dir: Path, end: str, deadline: float) -> int:
+    """Mark the run dir's MLflow and W&B runs; the number of marks that failed (each one line on stderr)."""
+    failed = 0
+    for tracker, mark in (("mlflow", mlflowrun.finish_here), ("wandb", lambda d, e: finish_wandb(d, e, deadline))):
+        try:
+            said = mark(run_dir, end)
+        except ImportError as e:
+            failed += 1
+            print(f"{run_dir}: {e.name} is not importable by orch's Python ({sys.executable})", file=sys.stderr)
+            continue
+        except Exception as e:  # one line per run, whatever the tracker raised
+            failed += 1
+            print(f"{run_dir}: {tracker}: {type(e).__name__}: {e}", file=sys.stderr)
+            continue
+        if said:
+            print(said)
+    return failed
 
 
 def main(argv: list[str]) -> int:
     if argv == ["finish-many"]:
         signal.alarm(int(TIMEOUT_S))  # detached: nobody waits on it, so it bounds itself
         return finish_many(sys.stdin.read())
-    print("usage: python -m orchestrator.jobside.trackerfinish finish-many  ([[run_dir, end], ...] on stdin)",
+    print("usage: python -m orchestrator.jobside.trackerfinish finish-many  ([[run_dir, end, attempt], ...] on stdin)",
           file=sys.stderr)
     return 2
 

@@ -57,9 +57,10 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import BinaryIO
 
 from orchestrator import protocol, testhooks
-from orchestrator.jobside import memlimit, mlflowrun, rankend, ranklaunch, spotnotice
+from orchestrator.jobside import memlimit, mlflowrun, rankend, ranklaunch, spotnotice, trackerlock
 from orchestrator.jobside.ballast import Ballast, give_back
 from orchestrator.jobside.cmdline import parse_with_command
 from orchestrator.jobside.stoppedwatch import StoppedWatch
@@ -132,6 +133,22 @@ def write_outputs_marker(run_dir: Path, job: str, attempt: int, patterns: list[s
 
 
 TORCHRUN_DIR = rankend.TORCHRUN_DIR  # attempts/<n>/torchrun: torchrun's own files (each rank's error record)
+TRACKER_LOCK_WAIT_S = mlflowrun.TIMEOUT_S + 5  # a mark in flight ends within its child's alarm
+
+
+def _arrange_trackers(run_dir: Path, job: str, attempt: int, env: dict[str, str],
+                      err: BinaryIO) -> tuple[str | None, str]:
+    """``mlflowrun.arrange``, after any mark of the job's previous end still in flight (trackerlock.py): the program
+    starts only once its tracker run can no longer be marked ended under it. Never blocks for good: a lock that
+    stays held, or a stopped holder, is said on stderr and the attempt goes on."""
+    if not (run_dir / protocol.TRACKERS_FILE).exists() and not env.get(mlflowrun.URI_ENV):
+        return None, ""  # no tracker run to mark or arrange: no lock file made
+    try:
+        with trackerlock.held(run_dir, TRACKER_LOCK_WAIT_S):
+            return mlflowrun.arrange(run_dir, job, attempt, env)
+    except trackerlock.TrackerLockError as e:
+        err.write(f"orch wrapper: {e}; going on without it\n".encode())
+        return mlflowrun.arrange(run_dir, job, attempt, env)
 
 
 def _torchrun_dir(a: argparse.Namespace) -> Path:
@@ -350,7 +367,7 @@ def _attempt(a: argparse.Namespace, run_dir: Path, adir: Path, restart: int, bal
     flags = os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_NOFOLLOW
     with open(os.open(adir / protocol.STDOUT_LOG, flags, 0o666), "ab") as out, \
             open(os.open(adir / protocol.STDERR_LOG, flags, 0o666), "ab") as err:
-        run_id, said = mlflowrun.arrange(run_dir, a.job, a.attempt, env)  # One MLflow run per job
+        run_id, said = _arrange_trackers(run_dir, a.job, a.attempt, env, err)  # One MLflow run per job
         if said:
             err.write(f"orch wrapper: {said}\n".encode())
         if run_id is not None:

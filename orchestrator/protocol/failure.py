@@ -17,13 +17,13 @@ from orchestrator.protocol.durable import (
     read_json_bounded,
 )
 from orchestrator.protocol.layout import (
-    ATTEMPTS_DIR,
     COMMAND_FILE,
     FAILURE_CLASSES,
     FAILURE_FILE,
     FailureClass,
     StopSource,
     attempt_dir,
+    newest_attempt,
     now_iso,
 )
 
@@ -56,13 +56,9 @@ def last_attempt_command(run_dir: Path | str) -> tuple[int, list[str]] | None:
     """(n, argv) recorded in the highest-numbered ``attempts/<n>/command.json`` (written by orch
     before the launch, rewritten by the bundled trainer); None when there is none or it is not a
     small JSON object whose ``argv`` is a list of strings (the file is the job's to write)."""
-    try:
-        numbers = [int(d.name) for d in (Path(run_dir) / ATTEMPTS_DIR).iterdir() if d.name.isdigit()]
-    except OSError:
+    n = newest_attempt(run_dir)
+    if n is None:
         return None
-    if not numbers:
-        return None
-    n = max(numbers)
     try:
         rec = read_json_bounded(attempt_dir(run_dir, n) / COMMAND_FILE, limit=1 << 20)
     except (OSError, ValueError):

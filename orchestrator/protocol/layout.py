@@ -63,6 +63,12 @@ SLURM_SCRIPT = "job.sbatch"
 SLURM_SUBMITTED = "submitted.json"
 SLURM_OUTPUT_PATTERN = "slurm-%j.out"
 BATCHES_DIR = ".orch-batches"  # <runs root>/.orch-batches/<token>/: a group submission's files
+# <runs root>/.orch-locks/<job>.trackers.lock: held by the child that marks a job's tracker run with its end and by
+# the wrapper arranging the next attempt's run, so the two never interleave (a requeue a second after `orch cancel`
+# had its new attempt's MLflow run marked KILLED). Beside the run dir, not in it: a holder with a file open in the
+# run dir reads as a process of an old attempt still running there, and `orch requeue` refused.
+LOCKS_DIR = ".orch-locks"
+TRACKERS_LOCK_SUFFIX = ".trackers.lock"
 # A group launch's attempt records for tasks whose run dir it made: each task's wrapper puts its own
 # command.json and fence.json in place from these when it starts, and takes its ballast from the batch's pool.
 BATCH_RECORDS = "records.json"
@@ -307,6 +313,17 @@ def resolve_inside(root: Path, rel: str) -> Path:
 
 def attempt_dir(run_dir: Path | str, attempt: int) -> Path:
     return Path(run_dir) / ATTEMPTS_DIR / str(int(attempt))
+
+
+def newest_attempt(run_dir: Path | str) -> int | None:
+    """The highest n of the run dir's ``attempts/<n>/`` (made by the launcher before the backend call); None when
+    there is none, or ``attempts/`` cannot be read."""
+    try:
+        numbers = [int(d.name) for d in (Path(run_dir) / ATTEMPTS_DIR).iterdir()
+                   if d.name.isascii() and d.name.isdigit()]
+    except OSError:
+        return None
+    return max(numbers, default=None)
 
 
 def checkpoint_name(step: int) -> str:
