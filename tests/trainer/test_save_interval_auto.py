@@ -47,11 +47,13 @@ def test_auto_interval_follows_the_measured_save_cost(tmp_path, monkeypatch):
     assert len(fast) >= 2 and len(slow) >= 2, [b["saved_step"] for b in saves]
     assert slow[-1]["save_cost_s"] >= 0.2 > fast[-1]["save_cost_s"]
     assert slow[-1]["save_interval_s"] > fast[-1]["save_interval_s"]
-    # the saves come one interval apart: a save's beat -> the next one's is the interval in force, plus the
-    # next save itself, plus at most one step and one heartbeat write (0.2 s here)
+    # No save comes before the interval in force has passed since the one before. (An upper bound on the gap was a
+    # wall-clock assert: on a loaded CI machine (CI 79) five steps took 2.6 s and a save came 2.64 s after the one
+    # before, against an interval of 1.45 s; how late a save may come depends on the step time, not on the kit.)
     for a, b in zip(saves, saves[1:], strict=False):
-        gap = b["time"] - a["time"]
-        assert a["save_interval_s"] - 0.05 <= gap <= a["save_interval_s"] + 0.3 + 0.5 + 0.2, (a, b)
+        assert b["time"] - a["time"] >= a["save_interval_s"] - 0.05, (a, b)
+    # How late one may come is the step time's business (the save waits for the step in flight): that the interval
+    # follows the cost is what the assertions above hold.
 
 
 def test_a_resumed_attempt_keeps_its_predecessors_save_cost_and_does_not_save_at_once(tmp_path, monkeypatch):
