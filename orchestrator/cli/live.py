@@ -1,4 +1,4 @@
-"""The two ways a followed job is drawn: a live bar on a terminal, plain lines everywhere else.
+"""The two ways a followed job (or sweep) is drawn: a live bar on a terminal, plain lines everywhere else.
 
 ``make_view`` picks: a bar (rich, imported here and only here, when one is drawn) when the stream is
 a terminal that can redraw, plain lines when it is a pipe, a file or ``TERM=dumb`` (cron mail, CI logs
@@ -11,7 +11,16 @@ import os
 import time
 from typing import IO, Any
 
-from orchestrator.views.progressview import JobProgress, View, measures, state_line, stats_text
+from orchestrator.views.progressview import (
+    VERIFIED,
+    JobProgress,
+    SweepProgress,
+    View,
+    measures,
+    state_line,
+    stats_text,
+    sweep_line,
+)
 
 PLAIN_EVERY_S = 5.0  # plain mode: a progress-only line at most this often (state changes at once)
 
@@ -56,8 +65,8 @@ class PlainView(View):
         pass
 
 
-class BarView(View):
-    """A rich progress bar redrawn in place, with each state change printed above it."""
+class _RichBar(View):
+    """A rich progress bar redrawn in place (rich imported here, when one is drawn), lines printed above it."""
 
     def __init__(self, stream: IO[str]) -> None:
         from rich.console import Console
@@ -69,23 +78,32 @@ class BarView(View):
                                  refresh_per_second=4, expand=True)
         self.task = self.progress.add_task("", total=None, stats="")
         self.t0 = time.monotonic()
-        self._key: tuple[Any, ...] | None = None
         self.progress.start()
+
+    def above(self, line: str) -> None:
+        self.progress.console.print(f"[{time.monotonic() - self.t0:6.1f}s] {line}", markup=False, highlight=False)
+
+    def close(self, snap: Any) -> None:
+        self.progress.refresh()
+        self.progress.stop()
+
+
+class BarView(_RichBar):
+    """A job's bar, with each state change printed above it."""
+
+    def __init__(self, stream: IO[str]) -> None:
+        super().__init__(stream)
+        self._key: tuple[Any, ...] | None = None
 
     def update(self, snap: JobProgress) -> None:
         key = (snap.state, snap.attempt, snap.restarts)
         if key != self._key:
-            self.progress.console.print(f"[{time.monotonic() - self.t0:6.1f}s] {state_line(snap)}",
-                                        markup=False, highlight=False)
+            self.above(state_line(snap))
             self._key = key
         total = snap.max_steps if snap.max_steps else None
         done = min(snap.step, total) if snap.step is not None and total else (snap.step or 0)
         self.progress.update(self.task, description=f"{snap.name} {snap.state}", total=total, completed=done,
                              stats=bar_stats(snap))
-
-    def close(self, snap: JobProgress | None) -> None:
-        self.progress.refresh()
-        self.progress.stop()
 
 
 def bar_stats(snap: JobProgress) -> str:
@@ -94,3 +112,45 @@ def bar_stats(snap: JobProgress) -> str:
     if snap.step is not None:
         parts.append(f"{snap.step}/{snap.max_steps}" if snap.max_steps else f"step {snap.step}")
     return " · ".join([*parts, *measures(snap), f"attempt {snap.attempt}", f"restarts {snap.restarts}"])
+
+
+def make_sweep_view(stream: IO[str], plain: bool = False) -> View:
+    if not plain and can_redraw(stream):
+        return SweepBarView(stream)
+    return SweepPlainView(stream)
+
+
+class SweepPlainView(View):
+    """``[  12.3s] lr: sweep of 4: 2 done_marker_verified, 2 running``: a line whenever the counts change."""
+
+    def __init__(self, stream: IO[str]) -> None:
+        self.stream = stream
+        self.t0 = time.monotonic()
+        self._line: str | None = None
+
+    def update(self, snap: SweepProgress) -> None:  # type: ignore[override]
+        line = sweep_line(snap)
+        if line != self._line:
+            self.stream.write(f"[{time.monotonic() - self.t0:6.1f}s] {line}\n")
+            self.stream.flush()
+            self._line = line
+
+    def close(self, snap: SweepProgress | None) -> None:  # type: ignore[override]
+        pass
+
+
+class SweepBarView(_RichBar):
+    """A bar of the tasks verified out of all, each change of the counts printed above it."""
+
+    def __init__(self, stream: IO[str]) -> None:
+        super().__init__(stream)
+        self._line: str | None = None
+
+    def update(self, snap: SweepProgress) -> None:  # type: ignore[override]
+        line = sweep_line(snap)
+        if line != self._line:
+            self.above(line)
+            self._line = line
+        done = snap.states.get(VERIFIED, 0)
+        self.progress.update(self.task, description=f"{snap.name} sweep", total=snap.tasks or None, completed=done,
+                             stats=f"{done}/{snap.tasks} verified")

@@ -1,4 +1,5 @@
-"""``orch watch NAME``: follow a job to its end with a live bar (plain lines when not on a terminal).
+"""``orch watch NAME``: follow a job (or every task of a sweep) to its end with a live bar (plain lines when not on
+a terminal).
 
 Also the follower behind ``orch submit --wait`` (``follow_job``): both run reconcile passes while they
 wait, so a job moves on without cron, and both end with exit 0 (verified) or 4 (not verified).
@@ -29,12 +30,25 @@ EXIT_INTERRUPTED = 130
               help="Only read; another reconciler (cron, another host) moves the job.")
 @click.option("--json", "as_json", is_flag=True, help="Print nothing while waiting, then the job as JSON.")
 def watch(name: str, interval: float, plain: bool, no_reconcile: bool, as_json: bool) -> None:
-    """Follow job NAME until it ends: step/max, loss, tokens/s, ETA, attempt and restarts.
+    """Follow job NAME until it ends: step/max, loss, tokens/s, ETA, attempt and restarts. NAME may be a
+    sweep: its tasks counted by state until every one has ended.
 
-    Exit 0 when its done marker verifies, 4 when it ends otherwise, 2 for an unknown job,
-    130 on Ctrl-C (the job goes on).
+    Exit 0 when its done marker verifies (a sweep: every task's), 4 when it ends otherwise, 2 for an
+    unknown name, 130 on Ctrl-C (the job goes on).
     """
     cfg, db = _ctx()
+    from orchestrator.views.progressview import sweep_snapshot
+
+    if sweep_snapshot(db, name) is not None:  # `orch watch SWEEP` was refused, though show, cancel and status took one
+        verified = follow_sweep(cfg, db, name, sys.stdout, quiet=as_json, plain=plain, poll_s=interval,
+                                reconcile=not no_reconcile)
+        if verified is None:
+            sys.exit(EXIT_INTERRUPTED)
+        if as_json:
+            from orchestrator.views.show import show_sweep
+
+            _emit(show_sweep(db, name))
+        sys.exit(0 if verified else EXIT_NOT_VERIFIED)
     state = follow_job(cfg, db, name, sys.stdout, quiet=as_json, plain=plain, poll_s=interval,
                        reconcile=not no_reconcile)
     if state is None:
@@ -59,6 +73,20 @@ def follow_job(cfg, db, name: str, stream: IO[str], *, quiet: bool = False, plai
     with _ctrl_c() as stop:
         last = follow(db, cfg, name, view, poll_s=poll_s, stop=stop, pass_fn=reconcile_pass if reconcile else None)
     return None if last is None else last.state
+
+
+def follow_sweep(cfg, db, name: str, stream: IO[str], *, quiet: bool = False, plain: bool = False,
+                 poll_s: float = 1.0, reconcile: bool = True) -> bool | None:
+    """Follow sweep ``name`` until every task settles: whether all verified, or None after Ctrl-C."""
+    from orchestrator.cli.live import make_sweep_view
+    from orchestrator.ops.reconcile import reconcile_pass
+    from orchestrator.views import progressview
+
+    view = progressview.QuietView() if quiet else make_sweep_view(stream, plain)
+    with _ctrl_c() as stop:
+        last = progressview.follow_sweep(db, cfg, name, view, poll_s=poll_s, stop=stop,
+                                         pass_fn=reconcile_pass if reconcile else None)
+    return None if last is None else last.verified
 
 
 @contextlib.contextmanager

@@ -1,4 +1,4 @@
-"""Following one job until it settles: what ``orch watch`` and ``orch submit --wait`` show.
+"""Following one job, or one sweep's tasks, until it settles: what ``orch watch`` and ``orch submit --wait`` show.
 
 A ``JobProgress`` is everything a progress display needs (job and attempt state from the DB, the latest
 heartbeat from ``attempts/<n>/progress.json`` through the protocol's checked reader); ``follow`` runs
@@ -20,6 +20,8 @@ from orchestrator.core.config import Config
 from orchestrator.core.db import Database
 from orchestrator.core.jobqueries import get_job
 from orchestrator.core.lifecycle import JOB_SETTLED, JobState
+from orchestrator.core.models import Sweep
+from orchestrator.errors import JobNotFound
 from orchestrator.views.progressbounds import plausible
 
 VERIFIED = JobState.DONE.value
@@ -48,6 +50,42 @@ class JobProgress:
     @property
     def verified(self) -> bool:
         return self.state == VERIFIED
+
+
+@dataclass(frozen=True)
+class SweepProgress:
+    """One look at a sweep: how many of its tasks are in each state. ``settled`` once every task is (as a job is:
+    nothing will move it without a person, or the back-off of an auto requeue)."""
+
+    name: str
+    tasks: int
+    states: dict[str, int]
+    settled: bool
+
+    @property
+    def verified(self) -> bool:
+        return self.states.get(VERIFIED, 0) == self.tasks
+
+
+def sweep_snapshot(db: Database, name: str) -> SweepProgress | None:
+    """The sweep's tasks counted by state; None when no sweep has that name."""
+    from sqlalchemy import select
+
+    with db.read() as s:
+        sweep = s.scalar(select(Sweep).where(Sweep.name == name))
+        if sweep is None:
+            return None
+        tasks = [(t.state, t.auto_requeue) for t in sweep.tasks]
+    states: dict[str, int] = {}
+    for state, _ in tasks:
+        states[state.value] = states.get(state.value, 0) + 1
+    settled = all(state in JOB_SETTLED and not (state is JobState.RETRYABLE_FAILED and auto) for state, auto in tasks)
+    return SweepProgress(name=name, tasks=len(tasks), states=dict(sorted(states.items())), settled=settled)
+
+
+def sweep_line(snap: SweepProgress) -> str:
+    """``lr: sweep of 4: 2 done_marker_verified, 2 running``: the words of ``orch status``'s row for it."""
+    return f"{snap.name}: sweep of {snap.tasks}: " + ", ".join(f"{n} {st}" for st, n in snap.states.items())
 
 
 def snapshot(db: Database, name: str) -> JobProgress:
@@ -133,15 +171,38 @@ def follow(db: Database, cfg: Config, name: str, view: View, *, poll_s: float = 
     to run); None only reads, for a job another host's reconciler moves. Handed in: a view runs no operation of
     its own.
     """
-    stop = stop or threading.Event()
     meter = RateMeter()
-    last: JobProgress | None = None
+
+    def look() -> JobProgress:
+        snap = snapshot(db, name)
+        return _with_eta(snap, meter.eta_s(snap))
+
+    return _until_settled(look, view, poll_s, stop, lambda: pass_fn(db, cfg) if pass_fn is not None else None)
+
+
+def follow_sweep(db: Database, cfg: Config, name: str, view: Any, *, poll_s: float = 1.0,
+                 stop: threading.Event | None = None,
+                 pass_fn: Callable[[Database, Config], Any] | None = None) -> SweepProgress | None:
+    """``follow`` for a sweep: until every task settles (its last snapshot), or ``stop`` (None). The view gets
+    ``SweepProgress`` snapshots."""
+    def look() -> SweepProgress:
+        snap = sweep_snapshot(db, name)
+        if snap is None:  # the sweep's rows went away under us (the DB replaced): nothing left to follow
+            raise JobNotFound(f"no job or sweep named {name!r}")
+        return snap
+
+    return _until_settled(look, view, poll_s, stop, lambda: pass_fn(db, cfg) if pass_fn is not None else None)
+
+
+def _until_settled(look: Callable[[], Any], view: Any, poll_s: float, stop: threading.Event | None,
+                   run_pass: Callable[[], Any]) -> Any:
+    """Pass, look, draw, until the look says settled (returned) or ``stop`` is set (None); the view closed."""
+    stop = stop or threading.Event()
+    last = None
     try:
         while not stop.is_set():
-            if pass_fn is not None:
-                pass_fn(db, cfg)
-            snap = snapshot(db, name)
-            last = _with_eta(snap, meter.eta_s(snap))
+            run_pass()
+            last = look()
             view.update(last)
             if last.settled:
                 return last

@@ -65,6 +65,7 @@ LOCAL: dict[str, int] = {
     "orch gc": 0,
     "orch cancel lm1": 3,  # lm1 is verified: "not cancelled: job is done_marker_verified"
     "orch cancel lr": 0,  # a sweep: its tasks, all done, none to cancel
+    "orch watch lr": 0,  # a sweep whose tasks all verified
     # the README's tour: a job preempted at step 20 (the trainer's own SIGTERM), requeued and verified
     "orch submit --name tour -- python -m orch_trainer --preset tiny --inject-fault sigterm@step=20": 0,
     "orch watch tour": 0,

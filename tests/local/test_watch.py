@@ -182,3 +182,43 @@ def test_watch_on_a_pipe_and_plot_json_import_no_torch_no_rich_no_matplotlib(orc
         r = subprocess.run([sys.executable, "-c", IMPORTS_OF, *args], capture_output=True, text=True, env=orch.env,
                            cwd=ROOT, timeout=60)
         assert r.stdout.splitlines()[-1] in ("[] 4", "[] 0"), (args, r.stdout, r.stderr)
+
+
+SWEEP_TASK = "mkdir -p result; echo {i} > result/out.txt; exit $(( {i} > 2 ))"  # task i=3 fails (crash)
+SWEEP_LINE = re.compile(r"^\[\s*\d+\.\ds\] (\w+): sweep of (\d+): (.+)$")
+
+
+def test_watch_of_a_sweep_follows_every_task_and_exits_0_when_all_verify(orch):
+    """`orch watch SWEEP` was refused (exit 2) though show, cancel and status take sweep names."""
+    orch("sweep", "--name", "sw", "--grid", "i=0,1,2", "--outputs", "result/*", "--", "bash", "-c", SWEEP_TASK,
+         check=True)
+    p = orch("watch", "sw", timeout=90)
+    assert p.returncode == 0, p.stdout + p.stderr
+    lines = p.stdout.splitlines()
+    assert lines and all(SWEEP_LINE.match(x) for x in lines), lines
+    assert SWEEP_LINE.match(lines[-1]).groups() == ("sw", "3", "3 done_marker_verified")
+    assert len(set(lines)) == len(lines), lines  # a line per change of the counts, not per look
+    assert [t["state"] for t in orch.json("show", "sw", "--json")["task_list"]] == ["done_marker_verified"] * 3
+
+
+def test_watch_of_a_sweep_with_a_failed_task_exits_4_and_json_prints_the_sweep(orch):
+    orch("sweep", "--name", "swf", "--grid", "i=2,3", "--outputs", "result/*", "--", "bash", "-c", SWEEP_TASK,
+         check=True)
+    p = orch("watch", "swf", "--json", timeout=90)
+    assert p.returncode == 4, p.stdout + p.stderr
+    d = json.loads(p.stdout)
+    assert (d["name"], d["kind"], d["tasks"]) == ("swf", "sweep", 2)
+    assert sorted(t["state"] for t in d["task_list"]) == ["done_marker_verified", "retryable_failed"]
+
+
+def test_watch_of_a_sweep_on_a_terminal_draws_a_bar_of_the_tasks_verified(orch):
+    orch("sweep", "--name", "swbar", "--grid", "i=0,1", "--outputs", "result/*", "--", "bash", "-c", SWEEP_TASK,
+         check=True)
+    term = PtyProcess([*CLI, "watch", "swbar"], orch.env, ROOT)
+    try:
+        term.expect(r"swbar sweep.*2/2 verified")
+        assert term.wait() == 0
+    finally:
+        term.kill()
+    assert "swbar: sweep of 2: 2 done_marker_verified" in term.text and "━" in term.text
+    assert "Traceback" not in term.text
