@@ -20,9 +20,10 @@ from orchestrator.core.config import Config
 from orchestrator.core.db import Database
 from orchestrator.core.jobqueries import get_job
 from orchestrator.core.lifecycle import JOB_SETTLED, JobState
-from orchestrator.core.models import Sweep
 from orchestrator.errors import JobNotFound
 from orchestrator.views.progressbounds import plausible
+from orchestrator.views.show import sweep_of, sweep_summary
+from orchestrator.views.status import sweep_state
 
 VERIFIED = JobState.DONE.value
 CLOCK_MAX_S = 999 * 86400  # an ETA beyond this shows as ">999d"
@@ -67,25 +68,25 @@ class SweepProgress:
         return self.states.get(VERIFIED, 0) == self.tasks
 
 
-def sweep_snapshot(db: Database, name: str) -> SweepProgress | None:
-    """The sweep's tasks counted by state; None when no sweep has that name."""
-    from sqlalchemy import select
+def _settled(state: JobState, auto_requeue: bool) -> bool:
+    """Nothing moves the job without a person (or the back-off of an auto requeue, which will)."""
+    return state in JOB_SETTLED and not (state is JobState.RETRYABLE_FAILED and auto_requeue)
 
-    with db.read() as s:
-        sweep = s.scalar(select(Sweep).where(Sweep.name == name))
-        if sweep is None:
-            return None
-        tasks = [(t.state, t.auto_requeue) for t in sweep.tasks]
-    states: dict[str, int] = {}
-    for state, _ in tasks:
-        states[state.value] = states.get(state.value, 0) + 1
-    settled = all(state in JOB_SETTLED and not (state is JobState.RETRYABLE_FAILED and auto) for state, auto in tasks)
-    return SweepProgress(name=name, tasks=len(tasks), states=dict(sorted(states.items())), settled=settled)
+
+def sweep_snapshot(db: Database, name: str) -> SweepProgress | None:
+    """The sweep's tasks counted by state (``sweep_summary``, as ``orch show SWEEP``); None when no sweep has that
+    name."""
+    sweep = sweep_of(db, name)
+    if sweep is None:
+        return None
+    summary = sweep_summary(sweep)
+    return SweepProgress(name=name, tasks=summary["tasks"], states=summary["states"],
+                         settled=all(_settled(t.state, t.auto_requeue) for t in sweep.tasks))
 
 
 def sweep_line(snap: SweepProgress) -> str:
     """``lr: sweep of 4: 2 done_marker_verified, 2 running``: the words of ``orch status``'s row for it."""
-    return f"{snap.name}: sweep of {snap.tasks}: " + ", ".join(f"{n} {st}" for st, n in snap.states.items())
+    return f"{snap.name}: {sweep_state(snap.tasks, snap.states)}"
 
 
 def snapshot(db: Database, name: str) -> JobProgress:
@@ -97,7 +98,7 @@ def snapshot(db: Database, name: str) -> JobProgress:
         n = last.n if last else 0
         a_state = last.state.value if last else None
         restarts = sum(a.restarts or 0 for a in job.attempts)
-    settled = state in JOB_SETTLED and not (state is JobState.RETRYABLE_FAILED and auto)
+    settled = _settled(state, auto)
     p = plausible(protocol.read_progress(run_dir, n) if n else None)  # a job's 1e308 is dropped, field by field
     return JobProgress(name=name, state=state.value, attempt=n, attempt_state=a_state, restarts=restarts,
                     settled=settled, step=p.get("step"), max_steps=p.get("max_steps"), loss=p.get("loss"),
@@ -177,7 +178,7 @@ def follow(db: Database, cfg: Config, name: str, view: View, *, poll_s: float = 
         snap = snapshot(db, name)
         return _with_eta(snap, meter.eta_s(snap))
 
-    return _until_settled(look, view, poll_s, stop, lambda: pass_fn(db, cfg) if pass_fn is not None else None)
+    return _until_settled(look, view, poll_s, stop, db, cfg, pass_fn)
 
 
 def follow_sweep(db: Database, cfg: Config, name: str, view: Any, *, poll_s: float = 1.0,
@@ -191,17 +192,18 @@ def follow_sweep(db: Database, cfg: Config, name: str, view: Any, *, poll_s: flo
             raise JobNotFound(f"no job or sweep named {name!r}")
         return snap
 
-    return _until_settled(look, view, poll_s, stop, lambda: pass_fn(db, cfg) if pass_fn is not None else None)
+    return _until_settled(look, view, poll_s, stop, db, cfg, pass_fn)
 
 
-def _until_settled(look: Callable[[], Any], view: Any, poll_s: float, stop: threading.Event | None,
-                   run_pass: Callable[[], Any]) -> Any:
+def _until_settled(look: Callable[[], Any], view: Any, poll_s: float, stop: threading.Event | None, db: Database,
+                   cfg: Config, pass_fn: Callable[[Database, Config], Any] | None) -> Any:
     """Pass, look, draw, until the look says settled (returned) or ``stop`` is set (None); the view closed."""
     stop = stop or threading.Event()
     last = None
     try:
         while not stop.is_set():
-            run_pass()
+            if pass_fn is not None:
+                pass_fn(db, cfg)
             last = look()
             view.update(last)
             if last.settled:

@@ -119,8 +119,14 @@ def group_by_sweep(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
         g["counts"][r["state"]] = g["counts"].get(r["state"], 0) + 1
         g["flags"] = sorted(set(g["flags"]) | set(r["flags"]))
     for g in sweeps.values():
-        g["state"] = f"sweep of {g['tasks']}: " + ", ".join(f"{n} {st}" for st, n in sorted(g["counts"].items()))
+        g["state"] = sweep_state(g["tasks"], g["counts"])
     return out
+
+
+def sweep_state(tasks: int, counts: Mapping[str, int]) -> str:
+    """``sweep of 9: 7 done_marker_verified, 2 running``: a sweep's tasks counted by state (``orch status``'s
+    STATE column, ``orch watch SWEEP``'s lines)."""
+    return f"sweep of {tasks}: " + ", ".join(f"{n} {st}" for st, n in sorted(counts.items()))
 
 
 # ------------------------------------------------------------------------------------------
