@@ -258,6 +258,9 @@ def main(argv: list[str] | None = None) -> int:
     if slot is not None:
         _command_record(run_dir, adir, slot)
     protocol.set_aside(adir / protocol.EXIT_FILE)
+    # Each run of an in-place requeue keeps its own start record (wrapper.prev-<k>.json): the rerun overwrote the
+    # first run's, and goodput and `orch plot` lost where it began (issue 45).
+    protocol.set_aside(adir / protocol.WRAPPER_FILE)
     # A Slurm in-place rerun of this attempt (same token): the earlier run's completion or stop is not this one's.
     protocol.set_aside(adir / protocol.COMPLETE_FILE)
     protocol.set_aside(adir / protocol.STOP_FILE)

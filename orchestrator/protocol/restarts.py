@@ -21,6 +21,7 @@ from orchestrator.protocol.layout import (
     FAILURE_CLASSES,
     FAILURE_FILE,
     RESTART_CAUSES_FILE,
+    WRAPPER_FILE,
     FailureClass,
     StopSource,
     attempt_dir,
@@ -128,3 +129,34 @@ def in_place_preemptions(history: list[dict[str, Any]], restarts: int) -> int:
     ``orch show``, the metrics and goodput (a NODE_FAIL rerun was counted as a preemption)."""
     return sum(1 for h in history[:restarts] if h["class"] == FailureClass.PREEMPTED.value) + \
         max(0, restarts - len(history))
+
+
+RUN_RECORD_LIMIT = 64 * 1024
+
+
+def run_records(run_dir: Path | str, attempt: int, token: str | None) -> list[dict[str, Any]]:
+    """The wrapper's start record of each run of one attempt, oldest first: ``wrapper.prev-<k>.json`` (run k-1,
+    set aside when the next run began) then ``wrapper.json`` (the newest). ``{"run": r, "started_at": str | None,
+    "host": str | None}`` per run; a run whose record is missing, unreadable or of another token has
+    ``started_at`` None. Job-written: informative (where a run began, for `orch plot`), never held time.
+    """
+    d = attempt_dir(run_dir, attempt)
+    names = []
+    for k in range(1, MAX_RESTARTS_SHOWN + 1):
+        if not (d / aside_name(WRAPPER_FILE, k)).exists():
+            break
+        names.append(aside_name(WRAPPER_FILE, k))
+    names.append(WRAPPER_FILE)
+    out: list[dict[str, Any]] = []
+    for r, name in enumerate(names):
+        try:
+            w = read_json_bounded(d / name, limit=RUN_RECORD_LIMIT)
+        except (OSError, ValueError):
+            w = None
+        ok = isinstance(w, dict) and (token is None or w.get("token") == token)
+        started, host = (w.get("started_at"), w.get("host")) if ok else (None, None)
+        out.append({"run": r, "started_at": started if isinstance(started, str) else None,
+                    "host": host[:200] if isinstance(host, str) else None})
+    if out[-1]["started_at"] is None and not (d / WRAPPER_FILE).exists():
+        out.pop()  # the newest run has not started its program yet (or never will)
+    return out

@@ -67,8 +67,8 @@ def held_interval(a: Any, run_dir: str) -> tuple[float | None, float | None]:
 
     The DB's started_at/ended_at are when a reconcile pass *observed* the start and the end (a pass every
     few seconds locally, a minute on a cron): the wrapper's ``wrapper.json`` started_at and ``exit.json``
-    ended_at are when the program started and exited. wrapper.json is rewritten by each in-place restart,
-    so with restarts the DB's start is used.
+    ended_at are when the program started and exited. Each in-place restart sets the run before's wrapper.json
+    aside (``wrapper.prev-<k>.json``): the first run's record is the attempt's start.
 
     An attempt killed with its wrapper left no exit record: its newest heartbeat is then its last sign of life.
     Those files are the job's to write, so a time in them counts only inside what the DB saw: a start
@@ -82,14 +82,10 @@ def held_interval(a: Any, run_dir: str) -> tuple[float | None, float | None]:
     # The latest the program can have started: when a pass saw it run, else saw it end (an attempt that ended
     # between two passes was never seen running), else now.
     latest = start if start is not None else end if end is not None else time.time()
-    if not a.restarts:
-        try:
-            w = protocol.read_json_bounded(adir / protocol.WRAPPER_FILE, limit=64 * 1024)
-        except (OSError, ValueError):
-            w = None
-        if isinstance(w, dict) and w.get("token") == a.token and (t := _iso_epoch(w.get("started_at"))) and \
-                (submitted is None or t >= submitted - CLOCK_SLACK_S) and t <= latest + CLOCK_SLACK_S:
-            start = min(t, latest)
+    runs = protocol.run_records(run_dir, a.n, a.token)
+    if runs and (t := _iso_epoch(runs[0]["started_at"])) and \
+            (submitted is None or t >= submitted - CLOCK_SLACK_S) and t <= latest + CLOCK_SLACK_S:
+        start = min(t, latest)
     if end is not None:
         rec = protocol.read_exit(adir, a.token)
         if rec is not None and (t := _iso_epoch(rec.ended_at)) is not None and start is not None and \

@@ -58,6 +58,14 @@ def test_an_in_place_requeue_is_a_preemption_in_metrics_and_show_with_steps_redo
     assert second.wait(180) == 0
     wait_for_file(run_dir / protocol.DONE_MARKER)
     assert protocol.verify_done_marker(run_dir).verified
+    # Each run kept its own start record: the rerun set the first run's wrapper.json aside (issue 45: it was
+    # overwritten, and where the first run began was lost to goodput and plot).
+    adir = protocol.attempt_dir(run_dir, 1)
+    first_rec = protocol.read_json_bounded(adir / "wrapper.prev-1.json", limit=1 << 16)
+    assert (first_rec["restart_count"], first_rec["pid"]) == (0, first.pid), first_rec
+    assert protocol.read_json_bounded(adir / protocol.WRAPPER_FILE, limit=1 << 16)["restart_count"] == 1
+    runs = protocol.run_records(run_dir, 1, TOKEN)
+    assert [r["run"] for r in runs] == [0, 1] and runs[0]["started_at"] < runs[1]["started_at"], runs
     with db.write() as s:  # what the reconciler records for it: one attempt, restarted once, succeeded
         job = Job(name="ip", state=JobState.DONE, backend="slurm", run_dir=str(run_dir), command=TRAINER,
                   resources={}, outputs=[], max_attempts=3)

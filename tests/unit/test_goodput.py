@@ -236,3 +236,20 @@ def test_an_attempt_killed_with_its_wrapper_is_held_until_its_last_heartbeat(tmp
         (protocol.attempt_dir(str(tmp_path / name), 1) / "exit.json").unlink()
         protocol.write_progress(str(tmp_path / name), 1, step=7, time=beat)
         assert held_interval(a, str(tmp_path / name)) == (db_start, want), name
+
+
+def test_an_attempt_restarted_in_place_starts_at_its_first_runs_wrapper_record(tmp_path):
+    """A Slurm rerun in place sets the first run's wrapper.json aside (wrapper.prev-1.json): the hold starts where
+    that first run began, not where a pass first saw the attempt run (it saw only the rerun)."""
+    from orchestrator import protocol
+    from orchestrator.views.goodputview import held_interval
+
+    db_start, db_end = 1780315260.0, 1780318800.0
+    a = _attempt_files(tmp_path, "2026-06-01T12:00:50+00:00", "2026-06-01T12:59:10+00:00")
+    adir = protocol.attempt_dir(str(tmp_path), 1)
+    protocol.set_aside(adir / protocol.WRAPPER_FILE)  # what the rerun's wrapper does first
+    protocol.atomic_write_json(adir / protocol.WRAPPER_FILE, {"token": "t1", "started_at": "2026-06-01T12:30:00+00:00"})
+    a.restarts = 1
+    assert held_interval(a, str(tmp_path)) == (db_start - 10, db_end - 50)
+    assert [r["run"] for r in protocol.run_records(str(tmp_path), 1, "t1")] == [0, 1]
+    assert protocol.run_records(str(tmp_path), 1, "other")[0]["started_at"] is None  # another token's: not read
