@@ -174,6 +174,10 @@ class Outcome:
     # restart; None where it gave no cause). The scheduler's account wins over the class the program guessed
     # from the stop signal it saw: a node failure Slurm reran in place was shown as a preemption.
     restart_causes: tuple[FailureClass | None, ...] = ()
+    # (start, end) in epoch seconds of each run of this attempt that started, oldest first, as the scheduler
+    # accounted them (end None while it runs): goodput's held time (Slurm's per-run Start and End). Empty where the
+    # backend keeps no such account (locally, orch's own observations bound the hold).
+    runs: tuple[tuple[float, float | None], ...] = ()
     # UNKNOWN although the scheduler was asked: its live view does not list it as pending or running (not at all,
     # or ended) and its accounting has no record. All Slurm leaves of a pending array task cancelled before it
     # started (dropped from its array, never accounted).

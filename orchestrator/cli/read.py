@@ -144,8 +144,8 @@ def show(name: str, as_json: bool, events: bool) -> None:
             _say(f"    moved to trash at launch: {t.get('path')} ({t.get('why') or 'no reason recorded'})")
         for t in a.get("set_aside") or []:
             _say(f"    set aside at launch: {t.get('path')} -> {t.get('as')} ({t.get('why')})")
-        if gp:
-            _say(f"    {gp.pop(0)}")
+        for line in gp.pop(0) if gp else []:
+            _say(f"    {line}")
     if d.get("foreign_checkpoint_files"):
         _say(f"  left in place (not orch's): checkpoints/{', checkpoints/'.join(d['foreign_checkpoint_files'])}")
     for problem in d.get("problems") or []:
@@ -174,7 +174,11 @@ def _goodput_lines(g: dict[str, Any] | None) -> list[Any]:
     for a in g["attempts"]:
         steps = (f"; {a['steps_computed']} steps, {a['steps_redone']} redone later, "
                  f"{dur(a['step_time_s'])}/step" if a["steps_computed"] else "")
-        out.append(f"held {dur(a['held_s'])}: {split_line(a['seconds'], a['held_s'])}{steps}")
+        runs = a.get("runs") or 1
+        held = f"held {dur(a['held_s'])}" + (f" in {runs} runs" if runs > 1 else "") + \
+            (" (the scheduler's account)" if a.get("held_from") == "scheduler" else "")
+        out.append([f"{held}: {split_line(a['seconds'], a['held_s'])}{steps}",
+                    *(f"  goodput note: {x}" for x in a.get("assumptions") or [])])
     return out
 
 

@@ -1,14 +1,16 @@
 """Goodput accounting: where a job's held machine time went, from what orch already records (pure functions).
 
-Every second an attempt held its machine (its start -> its end, or now while it runs; goodputview takes them
-from the wrapper's records, else the DB) falls in
-exactly one category, so the categories of an attempt add up to its held time; ``waiting`` is wall time
-between attempts, not held. The definitions follow Google's ml-goodput-measurement (productive step spans,
-wasted progress after a disruption = a step logged again, startup, checkpoint save time) and Meta's ETT
+Every second an attempt held its machine falls in exactly one category. What it held: each run the scheduler
+accounted (``AttemptFacts.holds``, Slurm's per-run Start and End), else its start -> its end (or now while it
+runs) as reconcile passes saw them (goodputview; the wrapper's records only inside those bounds). The job's own
+heartbeat times only split a hold, never set it. The categories of an attempt add up to its held time;
+``waiting`` is wall time between attempts (and between the runs of one), not held. The definitions follow
+Google's ml-goodput-measurement (productive step spans, wasted progress after a disruption = a step logged
+again, startup, checkpoint save time) and Meta's ETT
 (allocation -> first batch, failure -> productive again); see ../shared/notes/goodput.md. Inputs, per
 attempt: the DB's times and failure class, and the heartbeat history (``progress.jsonl``: wall time,
-step, ``resumed_from``, and the kit's cumulative ``save_stall_s``). One attempt, one run of it (a Slurm
-in-place requeue appends a second run to the same history)::
+step, ``resumed_from``, and the kit's cumulative ``save_stall_s``). One run of an attempt (a Slurm in-place
+requeue appends a second run to the same history; the queue between two held runs is ``waiting``)::
 
     started ── startup ── t_a ──── training: useful | lost | save_stall ──── t_L ── tail ── ended
                           (loop start: the beat at the resume step)      (last beat)   hang_detection
@@ -93,6 +95,11 @@ class AttemptFacts:
     # How many restarts were preemptions (protocol.in_place_preemptions); None: all of them (a NODE_FAIL
     # rerun in place is no preemption).
     preempted_restarts: int | None = None
+    # The scheduler's account of each run it held (start, end; end None: the run still holds it, up to ``ended``
+    # or now), oldest first. Empty: no account, the attempt held its machine from ``started`` to ``ended``.
+    holds: tuple[tuple[float, float | None], ...] = ()
+    # Why each run but the last ended (the restart's class: preempted, node_fail, ...), for the waits between runs.
+    run_causes: tuple[str, ...] = ()
 
 
 @dataclass
@@ -109,12 +116,16 @@ class AttemptSplit:
     restarts: int = 0  # in-place requeues by the scheduler
     preempted_restarts: int | None = None  # of them preemptions (None: all; views._preemptions' rule)
     assumptions: list[str] = field(default_factory=list)
+    # Between the runs of an in-place requeue: (seconds, why the run before ended); wall time, not held.
+    waits: list[tuple[float, str]] = field(default_factory=list)
+    runs: int = 1  # the held runs counted (the scheduler's, or one from orch's own observations)
+    held_from: str = "orch"  # "scheduler": its per-run account; "orch": what reconcile passes saw, clamped
 
     def as_dict(self) -> dict[str, Any]:
         return {"n": self.n, "held_s": self.held_s, "seconds": dict(self.seconds), "gpus": self.gpus,
                 "steps_computed": self.steps_computed, "steps_kept": self.steps_kept,
                 "steps_redone": self.steps_redone, "step_time_s": self.step_time_s, "cause": self.cause,
-                "restarts": self.restarts,
+                "restarts": self.restarts, "runs": self.runs, "held_from": self.held_from,
                 "assumptions": list(self.assumptions)}
 
 
@@ -166,13 +177,20 @@ def _totals(seconds: dict[str, float], held: float, gpu: dict[str, float] | None
 # ------------------------------------------------------------------------------------------
 # one attempt
 # ------------------------------------------------------------------------------------------
+def starts_a_run(prev_step: int, prev_resumed: Any, step: int, resumed: Any) -> bool:
+    """Whether a heartbeat begins a new run of its attempt (a Slurm in-place requeue appends the rerun's beats to
+    the same history): its step goes back, or its ``resumed_from`` changes. The step alone missed the rerun of a
+    job that saved on the signal and resumed at its last step (`orch plot` marked no resume). One rule for goodput
+    and the plot."""
+    return step < prev_step or resumed != prev_resumed
+
+
 def runs_of(beats: Sequence[Beat]) -> list[list[Beat]]:
-    """The runs of one attempt: a new run starts where ``resumed_from`` changes or the step goes back
-    (a Slurm in-place requeue appends its heartbeats to the same history)."""
+    """The runs of one attempt, by :func:`starts_a_run`."""
     runs: list[list[Beat]] = []
     for b in sorted(beats, key=lambda b: b.time):
         prev = runs[-1][-1] if runs else None
-        if prev is None or b.step < prev.step or b.resumed_from != prev.resumed_from:
+        if prev is None or starts_a_run(prev.step, prev.resumed_from, b.step, b.resumed_from):
             runs.append([])
         runs[-1].append(b)
     return runs
@@ -233,32 +251,86 @@ def _split_run(run: list[Beat], start: float, end: float, kept_until: int | None
     return t_last
 
 
+# A heartbeat's time is the node's clock; a hold's bounds are the controller's or the scheduler's.
+CLOCK_SLACK_S = 5.0
+
+
 def split_attempt(a: AttemptFacts, kept_until: int | None, now: float) -> AttemptSplit:
-    """Split attempt ``a``'s held time. ``kept_until``: the step the next attempt resumed from (None: none yet)."""
+    """Split attempt ``a``'s held time. ``kept_until``: the step the next attempt resumed from (None: none yet).
+
+    Held time is each hold's length (the scheduler's runs, or orch's one observed interval); the heartbeats, whose
+    times the job writes, only split a hold: a beat outside every hold is ignored, and the assumptions say so.
+    """
     out = AttemptSplit(n=a.n, held_s=0.0, seconds={c.value: 0.0 for c in HELD}, cause=a.failure_class, gpus=a.gpus,
                        restarts=a.restarts, preempted_restarts=a.preempted_restarts)
     if a.started is None:
         return out
     ended = a.ended is not None
     end = max(a.ended if ended else now, a.started)
-    out.held_s = end - a.started
-    runs = runs_of(_until_hang(a, [b for b in a.beats if math.isfinite(b.time)]))
-    if not runs:  # a program without orch's kit: nothing to split by
+    holds = _holds(a, end)
+    out.runs, out.held_from = len(holds), "scheduler" if a.holds else "orch"
+    out.held_s = sum(e - s for s, e in holds)
+    out.waits = [(max(0.0, holds[i + 1][0] - holds[i][1]), a.run_causes[i] if i < len(a.run_causes) else "restart")
+                 for i in range(len(holds) - 1)]
+    per_hold = _beats_by_hold(a, _until_hang(a, [b for b in a.beats if math.isfinite(b.time)]), holds, out)
+    if not any(per_hold):  # a program without orch's kit: nothing to split by
         cat = (Category.STARTUP if not ended else Category.USEFUL if a.failure_class is None
                else Category.FAILED_ATTEMPT)
         out.seconds[cat] = out.held_s
         out.assumptions.append(f"attempt {a.n}: no heartbeats; all held time counted as {cat.value}")
         return out
-    start = a.started
-    for k, run in enumerate(runs):
-        last = k == len(runs) - 1
-        nxt = runs[k + 1][0].resumed_from if not last else kept_until
-        run_end = end if last else _clamp(run[-1].time, start, end)
+    pieces = [(h, run) for h, beats in enumerate(per_hold) for run in runs_of(beats)]
+    for i, (h, run) in enumerate(pieces):
+        s, e = holds[h]
+        first_in_hold = i == 0 or pieces[i - 1][0] != h
+        last_in_hold = i == len(pieces) - 1 or pieces[i + 1][0] != h
+        last = last_in_hold and h == len(holds) - 1
+        start = s if first_in_hold else _clamp(pieces[i - 1][1][-1].time, s, e)
+        nxt = pieces[i + 1][1][0].resumed_from if i + 1 < len(pieces) else kept_until
+        run_end = e if last_in_hold else _clamp(run[-1].time, start, e)
         tail_from = _split_run(run, start, run_end, nxt, last, ended, out)
-        if tail_from is not None and last:
-            _split_tail(a, tail_from, end, out)
-        start = run_end
+        if tail_from is not None and last_in_hold:
+            if last:
+                _split_tail(a, tail_from, e, out)
+            else:  # the run's last beat -> the scheduler took the machine back
+                out.seconds[Category.TEARDOWN] += e - tail_from
+    for h, beats in enumerate(per_hold):
+        if not beats:  # a run that wrote no heartbeat: it computed nothing
+            failed = (ended and out.cause is not None) or h < len(holds) - 1
+            out.seconds[Category.FAILED_ATTEMPT if failed else Category.STARTUP] += holds[h][1] - holds[h][0]
     return out
+
+
+def _holds(a: AttemptFacts, end: float) -> list[tuple[float, float]]:
+    """The attempt's held intervals, in order and apart: the scheduler's runs (an open end runs to the next run's
+    start, the last to ``end``), or ``started`` -> ``end``."""
+    if not a.holds:
+        return [(a.started if a.started is not None else end, end)]
+    out: list[tuple[float, float]] = []
+    for k, (s, e) in enumerate(a.holds):
+        s = max(s, out[-1][1]) if out else s
+        if e is None:
+            e = a.holds[k + 1][0] if k + 1 < len(a.holds) else end
+        out.append((s, max(s, e)))
+    return out
+
+
+def _beats_by_hold(a: AttemptFacts, beats: list[Beat], holds: list[tuple[float, float]],
+                   out: AttemptSplit) -> list[list[Beat]]:
+    """Each hold's heartbeats (by time, with ``CLOCK_SLACK_S`` for the node's clock); the others are named in the
+    assumptions and ignored (a job that dated its heartbeats a year ahead turned useful time into start-up)."""
+    per: list[list[Beat]] = [[] for _ in holds]
+    outside = 0
+    for b in beats:
+        h = next((k for k, (s, e) in enumerate(holds) if s - CLOCK_SLACK_S <= b.time <= e + CLOCK_SLACK_S), None)
+        if h is None:
+            outside += 1
+        else:
+            per[h].append(b)
+    if outside:
+        out.assumptions.append(f"attempt {a.n}: {outside} heartbeat(s) dated outside its held time ignored "
+                               "(the job writes their times; held time comes from orch and the scheduler)")
+    return per
 
 
 def _until_hang(a: AttemptFacts, beats: list[Beat]) -> list[Beat]:
@@ -309,6 +381,7 @@ def split_job(name: str, attempts: Sequence[AttemptFacts], created: float, now: 
         splits.append(split_attempt(a, kept_until, now))
         wait_end = a.started if a.started is not None else (a.ended if a.ended is not None else now)
         waiting.append((max(0.0, wait_end - prev_end), prev_cause))
+        waiting.extend(splits[-1].waits)  # between the runs of an in-place requeue
         prev_end = max(prev_end, a.ended if a.ended is not None else (a.started or prev_end))
         prev_cause = a.failure_class or "ok"
     return JobSplit(name=name, attempts=splits, waiting=waiting, group=dict(group or {}))

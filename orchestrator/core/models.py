@@ -200,6 +200,10 @@ class Attempt(Base):
     stale_rank: Mapped[int | None] = mapped_column(default=None)
     stale_step: Mapped[int | None] = mapped_column(default=None)
     stale_age_s: Mapped[float | None] = mapped_column(Float, default=None)
+    # The scheduler's account of each run (migration 0011): [[start, end], ...] in epoch seconds, oldest first, end
+    # null while it runs (Slurm's per-run Start and End, kept by observe). Goodput's held time: a run of an in-place
+    # requeue that no pass saw was counted as queue waiting, and the queue time between two runs as held.
+    runs: Mapped[list[list[float | None]] | None] = mapped_column("runs_json", JSONType, default=None)
     submitted_at: Mapped[datetime | None] = mapped_column(default=None)
     started_at: Mapped[datetime | None] = mapped_column(default=None)
     ended_at: Mapped[datetime | None] = mapped_column(default=None)

@@ -62,6 +62,7 @@ class Row:
     stop_requested_at: Any
     batch_token: str | None
     task_index: int | None
+    runs: list[list[float | None]] | None = None
 
     @property
     def ref(self) -> AttemptRef:
@@ -72,7 +73,7 @@ class Row:
 def polled_rows(db: Database, attempt_ids: list[int] | None = None) -> list[Row]:
     q = (select(Attempt.id, Attempt.token, Attempt.external_id, Attempt.n, Job.run_dir, Job.backend,
                 Attempt.state, Attempt.restarts, Job.state.label("job_state"), Attempt.stop_reason,
-                Attempt.stop_requested_at, Attempt.batch_token, Job.task_index)
+                Attempt.stop_requested_at, Attempt.batch_token, Job.task_index, Attempt.runs)
          .join(Job).where(open_attempt_term(), Attempt.state.in_(ATTEMPT_POLLED), Attempt.external_id.is_not(None)))
     if attempt_ids is not None:
         q = q.where(Attempt.id.in_(attempt_ids))
@@ -118,6 +119,9 @@ def observe(db: Database, cfg: Config, backend: Callable[[str], Backend], rows: 
 
 
 def _apply(db: Database, cfg: Config, backend: Backend, r: Row, out: Outcome, rep: PassReport) -> None:
+    if (runs := _new_runs(r, out)) is not None:
+        with db.write() as s:  # before the end below: the finished attempt's hold is complete with it
+            set_attempt_fields(s, s.get(Attempt, r.id), r.state, runs=runs)
     if out.restart_causes and (out.phase in (Phase.EXITED, Phase.VANISHED) or out.restart_count > (r.restarts or 0)):
         _record_restart_causes(r.ref, out)
     if out.phase in (Phase.EXITED, Phase.VANISHED):
@@ -158,6 +162,22 @@ def _apply(db: Database, cfg: Config, backend: Backend, r: Row, out: Outcome, re
         # then (a later pass, _escalate) KILL.
         backend.cancel([r.ref])
         rep.changed.append(Change(Path(r.run_dir).name, A.STOPPING, StopReason.HANG))
+
+
+MAX_RUNS_KEPT = protocol.MAX_RESTARTS_SHOWN + 1
+
+
+def _new_runs(r: Row, out: Outcome) -> list[list[float | None]] | None:
+    """The scheduler's per-run account of the attempt's hold when it differs from the one stored (a run began or
+    ended), else None: a steady pass writes nothing. Only ever longer or more complete: an answer listing fewer
+    runs than stored (accounting that lags after a controller restart) keeps what was learnt."""
+    if not out.runs:
+        return None
+    new = [[start, end] for start, end in out.runs][:MAX_RUNS_KEPT]
+    stored = r.runs if isinstance(r.runs, list) else []
+    if len(new) < len(stored) or new == stored:
+        return None
+    return new
 
 
 def _record_restart_causes(ref: AttemptRef, out: Outcome) -> None:

@@ -31,14 +31,14 @@ def report_selects(windowed: bool):  # two sqlalchemy Selects, imported lazily
     attempts = (select(Attempt.job_id, Attempt.n, Attempt.token, Attempt.submitted_at, Attempt.started_at,
                        Attempt.ended_at,
                        Attempt.failure_class, Attempt.stop_reason, Attempt.stop_requested_at, Attempt.restarts,
-                       Attempt.stale_age_s)
+                       Attempt.stale_age_s, Attempt.runs)
                 .where(Attempt.job_id.in_(ids)).order_by(Attempt.job_id, Attempt.n))
     return jobs, attempts
 
 
 JOB_KEYS = ("id", "name", "backend", "run_dir", "resources", "created_at", "sweep")
 ATTEMPT_KEYS = ("job_id", "n", "token", "submitted_at", "started_at", "ended_at", "failure_class", "stop_reason",
-                "stop_requested_at", "restarts", "stale_age_s")
+                "stop_requested_at", "restarts", "stale_age_s", "runs")
 
 
 @dataclass
@@ -60,6 +60,7 @@ class AttemptRow:
     stop_requested_at: datetime | None
     restarts: int
     stale_age_s: float | None = None
+    runs: Any = None  # the scheduler's per-run account, as stored (JSON text on the quick path, decoded here)
 
 
 @dataclass
@@ -94,6 +95,11 @@ def jobs_from_rows(job_rows: Any, attempt_rows: Any) -> list[JobRow]:
         job = jobs.get(a.pop("job_id"))
         if job is not None:
             cls = a["failure_class"]
+            if isinstance(a["runs"], str):
+                try:
+                    a["runs"] = json.loads(a["runs"])
+                except ValueError:
+                    a["runs"] = None
             job.attempts.append(AttemptRow(**{**a, "failure_class": getattr(cls, "value", cls), **{
                 k: _dt(a[k]) for k in ("submitted_at", "started_at", "ended_at", "stop_requested_at")}}))
     return list(jobs.values())

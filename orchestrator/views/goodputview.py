@@ -106,21 +106,42 @@ def _last_beat(run_dir: str, n: int) -> float | None:
 
 
 def attempt_facts(a: Any, run_dir: str, gpus: int | None) -> AttemptFacts:
-    """One attempt row (models.Attempt) and its heartbeats as the pure module's input."""
+    """One attempt row (models.Attempt) and its heartbeats as the pure module's input.
+
+    Held time: the scheduler's account of each run (``attempts.runs``, sacct's Start and End) where it kept one,
+    else ``held_interval`` (what reconcile passes saw, the wrapper's records only inside it)."""
     cls = a.failure_class
-    started, ended = held_interval(a, run_dir)
+    history = protocol.restart_history(run_dir, a.n, a.token) if a.restarts else []
+    holds = scheduler_runs(getattr(a, "runs", None))
+    if holds:
+        started, observed_end = holds[0][0], _epoch(a.ended_at)
+        ended = None if observed_end is None else (holds[-1][1] or observed_end)
+    else:
+        started, ended = held_interval(a, run_dir)
     return AttemptFacts(n=a.n, started=started, ended=ended,
                         failure_class=getattr(cls, "value", cls), stop_reason=a.stop_reason,
                         stop_requested=_epoch(a.stop_requested_at), stale_age_s=a.stale_age_s,
                         beats=beats_of(run_dir, a.n),
-                        gpus=gpus, restarts=a.restarts or 0, preempted_restarts=_preempted_restarts(a, run_dir))
+                        gpus=gpus, restarts=a.restarts or 0,
+                        preempted_restarts=protocol.in_place_preemptions(history, a.restarts) if a.restarts else 0,
+                        holds=holds, run_causes=tuple(h["class"] for h in history))
 
 
-def _preempted_restarts(a: Any, run_dir: str) -> int:
-    """The attempt's in-place restarts that were preemptions, by the scheduler's account where it gave one."""
-    if not a.restarts:
-        return 0
-    return protocol.in_place_preemptions(protocol.restart_history(run_dir, a.n, a.token), a.restarts)
+def scheduler_runs(stored: Any) -> tuple[tuple[float, float | None], ...]:
+    """``attempts.runs`` as (start, end | None) pairs, oldest first; () when absent or not of that shape (orch
+    writes it, from sacct; a hand-edited DB is no reason for a traceback)."""
+    if not isinstance(stored, list):
+        return ()
+    out: list[tuple[float, float | None]] = []
+    for r in stored:
+        if not (isinstance(r, list) and len(r) == 2 and _num(r[0]) and (r[1] is None or _num(r[1]))):
+            return ()
+        out.append((float(r[0]), None if r[1] is None else float(r[1])))
+    return tuple(out)
+
+
+def _num(v: Any) -> bool:
+    return isinstance(v, float | int) and not isinstance(v, bool) and 0 < v < 1 << 40
 
 
 def _gpus(resources: dict[str, Any]) -> int | None:

@@ -11,7 +11,7 @@ Marks, each ``{"kind", "attempt", "step", "loss", ...}``:
 * ``rollback``: an attempt hit NaN (the bad step; ``to_step`` is where the policy rolled back to);
 * ``failure``: any other end without a verified marker (``class`` says which);
 * ``resume``: an attempt began from an earlier one's checkpoint (``in_place``: the scheduler requeued
-  the same attempt, seen as its step going backwards).
+  the same attempt, seen as its step going back or its ``resumed_from`` changing, ``goodput.starts_a_run``).
 """
 
 from __future__ import annotations
@@ -20,6 +20,7 @@ from typing import Any
 
 from orchestrator import protocol
 from orchestrator.core.db import Database
+from orchestrator.core.goodput import starts_a_run
 from orchestrator.core.jobqueries import get_job
 from orchestrator.protocol import FailureClass
 from orchestrator.views.progressbounds import plausible
@@ -71,7 +72,8 @@ def loss_curve(db: Database, name: str) -> dict[str, Any]:
 def _split_at_restarts(records: list[dict]) -> list[list[dict]]:
     runs: list[list[dict]] = []
     for r in records:
-        if not runs or r["step"] < runs[-1][-1]["step"]:
+        prev = runs[-1][-1] if runs else None
+        if prev is None or starts_a_run(prev["step"], prev.get("resumed_from"), r["step"], r.get("resumed_from")):
             runs.append([])
         runs[-1].append(r)
     return runs

@@ -94,18 +94,28 @@ def _groups(cols: np.ndarray) -> list[list[int]]:
     return out
 
 
+def _job_writing(orch, name: str, beats: str) -> dict:
+    """Submit a job whose program writes the heartbeats ``beats`` (Python over ``p``, the protocol, ``rd`` and
+    ``n``) and completes; its ``orch plot --json``."""
+    job = ("import os; from orchestrator import protocol as p; rd, n = os.environ['ORCH_RUN_DIR'], "
+           "int(os.environ['ORCH_ATTEMPT'])\n" + beats + "\nos.makedirs('result'); open('result/x', 'w').write('x')")
+    p = orch("submit", "--name", name, "--wait", "--outputs", "result/*", "--", sys.executable, "-c", job, timeout=60)
+    assert p.returncode == 0, p.stderr
+    return orch.json("plot", name)
+
+
 def test_in_place_restart_within_one_attempt_is_a_resume_mark(orch):
     # One attempt whose steps go back (what a Slurm in-place requeue resuming a checkpoint leaves).
-    job = ("import os; from orchestrator import protocol as p; rd, n = os.environ['ORCH_RUN_DIR'], "
-           "int(os.environ['ORCH_ATTEMPT'])\n"
-           "for s in (1, 2, 3, 4, 5, 3, 4, 6): p.write_progress(rd, n, step=s, loss=10.0 - s)\n"
-           "os.makedirs('result'); open('result/x', 'w').write('x')")
-    p = orch("submit", "--name", "inplace", "--wait", "--outputs", "result/*", "--", sys.executable, "-c", job,
-             timeout=60)
-    assert p.returncode == 0, p.stderr
-    d = orch.json("plot", "inplace")
+    d = _job_writing(orch, "inplace",
+                     "for s in (1, 2, 3, 4, 5, 3, 4, 6): p.write_progress(rd, n, step=s, loss=10.0 - s)")
     assert [s["points"] for s in d["series"]] == [[[1, 9.0], [2, 8.0], [3, 7.0], [4, 6.0], [5, 5.0]],
                                                   [[3, 7.0], [4, 6.0], [6, 4.0]]]
+    assert d["marks"] == [{"kind": "resume", "attempt": 1, "step": 3, "loss": 7.0, "in_place": True}]
+    # A rerun that resumed at the very step the first run saved on its SIGTERM: no step goes back, but its
+    # resumed_from changes (issue 45: `orch plot` marked no resume of a Slurm in-place requeue like this one).
+    d = _job_writing(orch, "inplace-same", "for s, r in ((0, 0), (1, 0), (2, 0), (3, 0), (3, 3), (4, 3), (5, 3)):\n"
+                     "    p.write_progress(rd, n, step=s, loss=10.0 - s, resumed_from=r)")
+    assert [len(s["points"]) for s in d["series"]] == [4, 3], d["series"]
     assert d["marks"] == [{"kind": "resume", "attempt": 1, "step": 3, "loss": 7.0, "in_place": True}]
 
 

@@ -253,3 +253,53 @@ def test_an_attempt_restarted_in_place_starts_at_its_first_runs_wrapper_record(t
     assert held_interval(a, str(tmp_path)) == (db_start - 10, db_end - 50)
     assert [r["run"] for r in protocol.run_records(str(tmp_path), 1, "t1")] == [0, 1]
     assert protocol.run_records(str(tmp_path), 1, "other")[0]["started_at"] is None  # another token's: not read
+
+
+def test_the_schedulers_runs_are_the_held_time_and_the_queue_between_them_is_waiting():
+    """The same in-place requeue with the scheduler's account of its two runs (sacct: 0 -> 13, then 28 -> 43): the
+    queue between them (13 -> 28) is waiting after a preemption, not a second start-up; each run's tail is its own
+    teardown. Held: 13 + 15 = 28 s (issue 45: 43 s were counted held, the queue time among them)."""
+    a = AttemptFacts(1, 0.0, 43.0, None, restarts=1, beats=(
+        Beat(2, 0, 0), Beat(12, 10, 0), Beat(30, 8, 8), Beat(42, 20, 8)),
+        holds=((0.0, 13.0), (28.0, 43.0)), run_causes=("preempted",))
+    job = split_job("j", [a], created=0.0, now=100.0)
+    s = job.attempts[0]
+    assert (s.held_s, s.runs, s.held_from) == (28.0, 2, "scheduler")
+    assert (s.steps_kept, s.steps_redone) == (8 + 12, 2)
+    assert s.seconds[C.STARTUP] == pytest.approx(2 + 2)
+    assert s.seconds[C.USEFUL] == pytest.approx(8 + 12)
+    assert s.seconds[C.LOST_WORK] == pytest.approx(2)
+    assert s.seconds[C.TEARDOWN] == pytest.approx(1 + 1)
+    assert held_sum(s) == pytest.approx(28)
+    assert job.waiting == [(0.0, "queue"), (15.0, "preempted")]
+    assert job.seconds[C.WAITING] == 15.0
+
+
+def test_a_run_still_holding_and_a_run_with_no_heartbeat_are_counted_from_the_schedulers_account():
+    # run 1 (0 -> 10) was preempted in its start-up: no beat, time in a failed run; run 2 (20 -> ...) still runs.
+    a = AttemptFacts(1, 0.0, None, None, restarts=1, beats=(Beat(22, 0, 0), Beat(32, 10, 0)),
+                     holds=((0.0, 10.0), (20.0, None)))
+    s = split_attempt(a, None, now=40.0)
+    assert s.held_s == 30.0 and s.waits == [(10.0, "restart")]
+    assert s.seconds[C.FAILED_ATTEMPT] == 10.0
+    assert (s.seconds[C.STARTUP], s.seconds[C.USEFUL], s.seconds[C.TEARDOWN]) == pytest.approx((2, 10, 8))
+    assert held_sum(s) == pytest.approx(30)
+
+
+@pytest.mark.parametrize("shift", [-365 * 86400.0, 365 * 86400.0])
+def test_heartbeats_dated_outside_the_held_time_are_ignored_and_named(shift):
+    """The job writes its heartbeats' times: dated a year back they made held time vanish, a year ahead they made it
+    all start-up. The hold stays what orch saw; the beats are ignored, and the assumptions say so."""
+    beats = tuple(Beat(t + shift, step, 0) for t, step in ((10, 0), (20, 10), (30, 20)))
+    s = split_attempt(AttemptFacts(1, 0.0, 40.0, None, beats=beats), None, now=100.0)
+    assert s.held_s == 40.0 and held_sum(s) == pytest.approx(40.0)
+    assert s.seconds[C.USEFUL] == 40.0  # succeeded, nothing to split by: counted as for a program without beats
+    assert any("3 heartbeat(s) dated outside its held time ignored" in x for x in s.assumptions), s.assumptions
+
+
+def test_stored_scheduler_runs_of_the_wrong_shape_are_no_account():
+    from orchestrator.views.goodputview import scheduler_runs
+
+    assert scheduler_runs([[1.0e9, 1.0e9 + 5], [1.0e9 + 9, None]]) == ((1.0e9, 1.0e9 + 5), (1.0e9 + 9, None))
+    for bad in (None, "x", [[1.0e9]], [[True, None]], [["1", None]], [[1.0e9, "end"]], [[-5, None]]):
+        assert scheduler_runs(bad) == (), bad

@@ -40,9 +40,12 @@ def test_quick_and_slow_paths_report_the_same(cfg, db, tmp_path):
                       sweep_id=sw.id if k == 0 else None, task_index=0 if k == 0 else None)
             s.add(job)
             s.flush()
+            began = created.replace(tzinfo=UTC).timestamp() + 10
+            # j0: the scheduler accounted two runs of 20 s (an in-place requeue); j1: none, the DB's 60 s
+            runs = [[began, began + 20], [began + 40, began + 60]] if k == 0 else None
             s.add(Attempt(job_id=job.id, n=1, token=f"t{k}", state=AttemptState.FAILED, backend="slurm",
                           started_at=created + timedelta(seconds=10), ended_at=created + timedelta(seconds=70),
-                          failure_class=cls))
+                          failure_class=cls, restarts=1 if k == 0 else 0, runs=runs))
     now = t0.replace(tzinfo=UTC).timestamp() + 3600  # the DB's times are naive UTC
     for since in (None, timedelta(days=7)):
         slow = report(db, since, now)
@@ -53,7 +56,8 @@ def test_quick_and_slow_paths_report_the_same(cfg, db, tmp_path):
         assert quick == slow
         assert quick["fleet"]["jobs"] == (2 if since is None else 1)
     assert slow["by_partition"]["slurm/spot"]["unsignalled_failures"] == 1
-    assert slow["by_sweep"]["sw"]["gpu_seconds"]["failed_attempt"] == pytest.approx(120)
+    assert slow["by_sweep"]["sw"]["gpu_seconds"]["failed_attempt"] == pytest.approx(2 * 40)  # two runs of 20 s
+    assert report(db, None, now)["fleet"]["held_s"] == pytest.approx(40 + 60)
 
 
 def test_a_db_at_another_revision_takes_the_slow_path(cfg, db):

@@ -222,3 +222,28 @@ def test_a_fifo_or_symlink_as_the_heartbeat_history_blocks_no_pass_and_the_start
     assert done.wait(30), "a reconcile pass blocked on a FIFO named progress.jsonl"
     for name in ("fifo", "link"):
         assert _stopped(db, name)[:3] == (AttemptState.STOPPING, 1, None), name
+
+
+def test_the_schedulers_runs_are_kept_as_they_grow_and_never_shrink_and_a_steady_pass_writes_nothing(db, cfg, sched):
+    """observe keeps each run's Start and End as the scheduler accounted them (goodput's held time, issue 45): a run
+    that began or ended is written, an answer that knows fewer runs (accounting lagging) keeps what was learnt,
+    and an unchanged answer opens no write transaction."""
+    submit(db, cfg, SubmitRequest(name="j", command=["true"]))
+    answers = [Outcome(Phase.RUNNING, runs=((1000.0, None),)),
+               Outcome(Phase.PENDING, restart_count=1, runs=((1000.0, 1013.0),)),
+               Outcome(Phase.RUNNING, restart_count=1, runs=((1000.0, 1013.0), (1028.0, None))),
+               Outcome(Phase.RUNNING, restart_count=1, runs=((1000.0, 1013.0),)),  # lagging: kept as it was
+               Outcome(Phase.RUNNING, restart_count=1, runs=())]  # a backend with no account: kept
+    stored = []
+    for out in answers:
+        sched.poll = lambda refs, out=out: {r.token: out for r in refs}
+        _pass(db, cfg, sched)
+        with db.read() as s:
+            stored.append(get_job(s, "j").attempts[-1].runs)
+    assert stored == [[[1000.0, None]], [[1000.0, 1013.0]], [[1000.0, 1013.0], [1028.0, None]],
+                      [[1000.0, 1013.0], [1028.0, None]], [[1000.0, 1013.0], [1028.0, None]]]
+    writes = []
+    real_write = db.write
+    db.write = lambda *a, **k: writes.append(1) or real_write(*a, **k)
+    _pass(db, cfg, sched)
+    assert writes == []

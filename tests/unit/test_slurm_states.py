@@ -68,6 +68,27 @@ def test_requeued_in_place_rerun_is_running_never_exited() -> None:
     assert oc.phase is Phase.RUNNING and oc.restart_count == 1
 
 
+def test_each_started_run_is_held_from_its_start_to_its_end_in_epoch_seconds() -> None:
+    """sacct's Start and End, asked with SLURM_TIME_FORMAT=%s: a run preempted (1000 -> 1013), its rerun still
+    running (1028 -> Unknown), a record that never started left out; an ISO time (sacct without the format) and
+    garbage read too."""
+    lines = [rec("PREEMPTED", 1) + "|7|n1|1000|1013", rec("RUNNING", 4) + "|7|n1|1028|Unknown",
+             rec("PENDING", 6) + "|7|None assigned|Unknown|Unknown"]
+    recs = st.parse_sacct("\n".join(lines))["7"]
+    assert [(r.start, r.end) for r in recs] == [(1000.0, 1013.0), (1028.0, None), (None, None)]
+    oc = st.outcome_from_records(recs)
+    assert oc.runs == ((1000.0, 1013.0), (1028.0, None))
+    assert st.parse_time("2026-12-07T01:43:36") == __import__("datetime").datetime(2026, 12, 7, 1, 43, 36).timestamp()
+    for junk in ("Unknown", "None", "", "99999999999999999", "Tomorr 12:00", "2026-13-40T00:00:00"):
+        assert st.parse_time(junk) is None, junk
+    ended = st.outcome_from_records(st.parse_sacct(rec("PREEMPTED", 1) + "|7|n1|1000|990")["7"])
+    assert ended.runs == ((1000.0, None),)  # an end before its start is no end
+    # squeue lists the rerun before sacct has its record: the runs sacct accounted travel on
+    live = st.combine(st.outcome_from_records(st.parse_sacct(lines[0])["7"]), ("orch-t1", "RUNNING", ""),
+                      live_known=True)
+    assert (live.phase, live.restart_count, live.runs) == (Phase.RUNNING, 1, ((1000.0, 1013.0),))
+
+
 def test_failed_0_9_with_over_memory_line_is_out_of_memory() -> None:
     recs = st.parse_sacct(rec("FAILED", code="0:9"))["7"]
     line = "slurmstepd-vm: error: StepId=9.batch exceeded memory limit (643219456 > 104857600), being killed"
@@ -126,6 +147,9 @@ class FakeSlurm:
 
     def __call__(self, argv: list[str], timeout_s: float, env: dict | None = None):
         self.calls.append(argv)
+        # times as epoch seconds, whatever the caller's own SLURM_TIME_FORMAT
+        if argv[0] == "sacct" and any("Start" in a for a in argv):
+            assert env is not None and env["SLURM_TIME_FORMAT"] == "%s" and "PATH" in env, env
         a = self.answers.get(argv[0], subprocess.CompletedProcess(argv, 0, "", ""))
         if isinstance(a, Exception):
             raise a

@@ -293,7 +293,7 @@ class SlurmBackend(RunDirJobs, Backend):
         asked_ids = ",".join(sorted({slurm_states.array_of(i) for i in by_id}))  # an array's id lists its tasks
         argv = ["sacct", "-X", "--duplicates", "-n", "--parsable2", "-o", fields, "-j", asked_ids]
         try:
-            p = _run(argv, self.query_timeout_s)
+            p = _run(argv, self.query_timeout_s, env={**os.environ, **slurm_states.SACCT_ENV})
             err = None if p.returncode == 0 else (_first_line(p.stderr) or f"exit {p.returncode}")
         except subprocess.TimeoutExpired:
             err = f"timed out after {self.query_timeout_s:.0f} s"

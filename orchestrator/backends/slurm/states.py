@@ -25,6 +25,7 @@ from __future__ import annotations
 import re
 from collections.abc import Iterable
 from dataclasses import dataclass
+from datetime import datetime
 
 from orchestrator.backends.base import Outcome, Phase
 from orchestrator.protocol import FailureClass
@@ -114,12 +115,20 @@ class SacctRecord:
     db_index: int
     reason: str = ""
     nodes: str | None = None  # NodeList (compressed); None for "None assigned" (never started)
+    # When this run started and ended (epoch s; None: not started, or still running): the scheduler's account of
+    # the machine time each run held, which goodput counts (issue 45: a run no reconcile pass saw was lost).
+    start: float | None = None
+    end: float | None = None
 
 
 # JobID: for array tasks it is "<array id>_<task>" (JobIDRaw is a per-task number that orch never learns);
 # for plain jobs it equals JobIDRaw. Lines without it parse as plain jobs. NodeList comes last: where the run
-# was (suspect nodes need it for an attempt whose wrapper left no exit record). Parsed by position.
-SACCT_FIELDS = ("JobIDRaw", "JobName", "State", "ExitCode", "DBIndex", "Reason", "JobID", "NodeList")
+# was (suspect nodes need it for an attempt whose wrapper left no exit record). Start and End: each run's hold,
+# asked as epoch seconds (``SACCT_ENV``). Parsed by position.
+SACCT_FIELDS = ("JobIDRaw", "JobName", "State", "ExitCode", "DBIndex", "Reason", "JobID", "NodeList", "Start", "End")
+# Slurm prints times in the caller's SLURM_TIME_FORMAT: "%s" makes them epoch seconds, whatever the controller's
+# time zone or a user's own format ("relative" prints "Tomorr 12:00").
+SACCT_ENV = {"SLURM_TIME_FORMAT": "%s"}
 _MIN_SACCT_FIELDS = 6  # JobIDRaw..Reason: JobID and NodeList may be missing
 _NO_NODES = ("", "None assigned", "None")
 _ARRAY_TASK_RE = re.compile(r"^(\d+)_(\d+)$")
@@ -167,6 +176,7 @@ def parse_sacct(text: str) -> dict[str, list[SacctRecord]]:
         raw, name, state, exit_field, dbi, reason = (x.strip() for x in parts[:6])
         keys = record_keys(raw, parts[6].strip() if len(parts) > 6 else raw)
         nodes = parts[7].strip() if len(parts) > 7 else ""
+        start, end = (parse_time(parts[i]) if len(parts) > i else None for i in (8, 9))
         try:
             db_index = int(dbi)
         except ValueError:
@@ -174,9 +184,21 @@ def parse_sacct(text: str) -> dict[str, list[SacctRecord]]:
         code, sig = parse_exit_code(exit_field)
         for key in keys:
             rec = SacctRecord(key, name, normalize_state(state), code, sig, db_index, reason,
-                              None if nodes in _NO_NODES else nodes)
+                              None if nodes in _NO_NODES else nodes, start, end)
             out.setdefault(key, []).append((db_index, n, rec))
     return {k: [r for _, _, r in sorted(v, key=lambda t: (t[0], t[1]))] for k, v in out.items()}
+
+
+def parse_time(text: str) -> float | None:
+    """sacct's Start or End as epoch seconds: ``1796607816`` (``SACCT_ENV``), or an ISO time in this host's zone
+    (sacct without it); ``Unknown``, ``None`` and anything else: None (not started, or still running)."""
+    t = text.strip()
+    if t.isdigit():
+        return float(t) if 0 < int(t) < 1 << 40 else None
+    try:
+        return datetime.fromisoformat(t).timestamp() if t[:1].isdigit() else None
+    except ValueError:
+        return None
 
 
 SQUEUE_FORMAT = "%i|%j|%T|%r"
@@ -219,13 +241,14 @@ def outcome_from_records(records: Iterable[SacctRecord], *, over_memory_line: st
     newest = recs[-1]
     restarts = len(recs) - 1
     causes = restart_causes(recs[:-1])
+    runs = held_runs(recs)
     phase = phase_of(newest.state)
     if phase is Phase.UNKNOWN:
         return Outcome(Phase.UNKNOWN, backend_state=newest.state, restart_count=restarts,
-                       reason=f"unrecognised Slurm state {newest.state!r}", restart_causes=causes)
+                       reason=f"unrecognised Slurm state {newest.state!r}", restart_causes=causes, runs=runs)
     if phase is not Phase.EXITED:
         return Outcome(phase, backend_state=newest.state, restart_count=restarts, reason=_reason(newest),
-                       restart_causes=causes)
+                       restart_causes=causes, runs=runs)
     state = newest.state
     reason = _reason(newest)
     if over_memory_line and state in ("FAILED", "CANCELLED"):
@@ -233,7 +256,14 @@ def outcome_from_records(records: Iterable[SacctRecord], *, over_memory_line: st
         reason = over_memory_line.strip()[:300]
     return Outcome(Phase.EXITED, exit_code=newest.exit_code, signal=newest.signal, backend_state=state,
                    reason=reason, restart_count=restarts, cause=STATE_CAUSE.get(state), nodes=newest.nodes,
-                   restart_causes=causes)
+                   restart_causes=causes, runs=runs)
+
+
+def held_runs(recs: Iterable[SacctRecord]) -> tuple[tuple[float, float | None], ...]:
+    """(start, end) of every run that started, oldest first; end None while it runs. A run that never started
+    (cancelled while pending) held nothing and is left out; an end before its start is read as none."""
+    return tuple((r.start, r.end if r.end is not None and r.end >= r.start else None)
+                 for r in recs if r.start is not None)
 
 
 def restart_causes(earlier: Iterable[SacctRecord]) -> tuple[FailureClass | None, ...]:
@@ -275,7 +305,8 @@ def combine(sacct_outcome: Outcome | None, live: tuple[str, str, str] | None, *,
                 restarts += 1
                 causes = (*causes, RESTART_CAUSE.get(sacct_outcome.backend_state))
             return Outcome(lphase, backend_state=lstate, restart_count=restarts,
-                           reason="" if lreason in ("", "None") else lreason, restart_causes=causes)
+                           reason="" if lreason in ("", "None") else lreason, restart_causes=causes,
+                           runs=sacct_outcome.runs if sacct_outcome else ())
     if sacct_outcome is None or sacct_outcome.phase is Phase.UNKNOWN:
         why = "no sacct record" + (f"; squeue says {live[1]}" if live else "; squeue does not list it")
         return Outcome(Phase.UNKNOWN, backend_state=live[1] if live else None, reason=why,
