@@ -100,6 +100,7 @@ class AttemptFacts:
     holds: tuple[tuple[float, float | None], ...] = ()
     # Why each run but the last ended (the restart's class: preempted, node_fail, ...), for the waits between runs.
     run_causes: tuple[str, ...] = ()
+    notes: tuple[str, ...] = ()  # how its bounds were taken where a record was ignored (the split's assumptions)
 
 
 @dataclass
@@ -185,6 +186,20 @@ def starts_a_run(prev_step: int, prev_resumed: Any, step: int, resumed: Any) -> 
     return step < prev_step or resumed != prev_resumed
 
 
+def record_runs(records: Iterable[dict[str, Any]]) -> list[list[dict[str, Any]]]:
+    """The runs of one attempt's heartbeat records (``progress.jsonl`` lines, in file order; those without a step
+    skipped), by :func:`starts_a_run`: `orch plot`'s resume marks and `orch metrics`' steps redone."""
+    runs: list[list[dict[str, Any]]] = []
+    for r in records:
+        if "step" not in r:
+            continue
+        prev = runs[-1][-1] if runs else None
+        if prev is None or starts_a_run(prev["step"], prev.get("resumed_from"), r["step"], r.get("resumed_from")):
+            runs.append([])
+        runs[-1].append(r)
+    return runs
+
+
 def runs_of(beats: Sequence[Beat]) -> list[list[Beat]]:
     """The runs of one attempt, by :func:`starts_a_run`."""
     runs: list[list[Beat]] = []
@@ -262,7 +277,7 @@ def split_attempt(a: AttemptFacts, kept_until: int | None, now: float) -> Attemp
     times the job writes, only split a hold: a beat outside every hold is ignored, and the assumptions say so.
     """
     out = AttemptSplit(n=a.n, held_s=0.0, seconds={c.value: 0.0 for c in HELD}, cause=a.failure_class, gpus=a.gpus,
-                       restarts=a.restarts, preempted_restarts=a.preempted_restarts)
+                       restarts=a.restarts, preempted_restarts=a.preempted_restarts, assumptions=list(a.notes))
     if a.started is None:
         return out
     ended = a.ended is not None

@@ -62,7 +62,7 @@ def _iso_epoch(v: Any) -> float | None:
 CLOCK_SLACK_S = 5.0
 
 
-def held_interval(a: Any, run_dir: str) -> tuple[float | None, float | None]:
+def held_interval(a: Any, run_dir: str, notes: list[str] | None = None) -> tuple[float | None, float | None]:
     """(start, end) of the attempt's hold: the wrapper's own records when they are this attempt's, else the DB.
 
     The DB's started_at/ended_at are when a reconcile pass *observed* the start and the end (a pass every
@@ -75,7 +75,10 @@ def held_interval(a: Any, run_dir: str) -> tuple[float | None, float | None]:
     after the submission and no later than the observed start, an end after that start and no later than
     the observed end (a hostile pass forged wrapper.json's started_at a year back and `orch report` put a
     year of held time on the fleet). ``CLOCK_SLACK_S`` allows for the node's clock against the controller's.
+    A start no pass saw and no record gave is the submission (a job that ended between two passes and forged
+    its wrapper.json held "nothing"). Each time ignored, and each bound taken instead, is said in ``notes``.
     """
+    say = notes.append if notes is not None else (lambda _line: None)
     adir = protocol.attempt_dir(run_dir, a.n)
     start, end = _epoch(a.started_at), _epoch(a.ended_at)
     submitted = _epoch(getattr(a, "submitted_at", None))
@@ -83,9 +86,15 @@ def held_interval(a: Any, run_dir: str) -> tuple[float | None, float | None]:
     # between two passes was never seen running), else now.
     latest = start if start is not None else end if end is not None else time.time()
     runs = protocol.run_records(run_dir, a.n, a.token)
-    if runs and (t := _iso_epoch(runs[0]["started_at"])) and \
-            (submitted is None or t >= submitted - CLOCK_SLACK_S) and t <= latest + CLOCK_SLACK_S:
-        start = min(t, latest)
+    if runs and (t := _iso_epoch(runs[0]["started_at"])) is not None:
+        if (submitted is None or t >= submitted - CLOCK_SLACK_S) and t <= latest + CLOCK_SLACK_S:
+            start = min(t, latest)
+        else:
+            say(f"attempt {a.n}: its wrapper record's start ({runs[0]['started_at'][:40]}) lies outside what orch "
+                "saw (submission .. first seen running); ignored")
+    if start is None and submitted is not None and end is not None:
+        start = submitted
+        say(f"attempt {a.n}: no start seen or recorded; held from its submission")
     if end is not None:
         rec = protocol.read_exit(adir, a.token)
         if rec is not None and (t := _iso_epoch(rec.ended_at)) is not None and start is not None and \
@@ -96,6 +105,9 @@ def held_interval(a: Any, run_dir: str) -> tuple[float | None, float | None]:
             # Killed with its wrapper (no exit record): the hold ends at its last sign of life, not at the pass that
             # noticed it (up to a cron interval of held `teardown` per kill).
             end = min(t, end)
+        elif rec is not None and _iso_epoch(rec.ended_at) is not None:
+            say(f"attempt {a.n}: its exit record's end ({(rec.ended_at or '')[:40]}) lies outside what orch saw; "
+                "held until a pass saw it end")
     return start, end
 
 
@@ -111,20 +123,21 @@ def attempt_facts(a: Any, run_dir: str, gpus: int | None) -> AttemptFacts:
     Held time: the scheduler's account of each run (``attempts.runs``, sacct's Start and End) where it kept one,
     else ``held_interval`` (what reconcile passes saw, the wrapper's records only inside it)."""
     cls = a.failure_class
+    notes: list[str] = []
     history = protocol.restart_history(run_dir, a.n, a.token) if a.restarts else []
     holds = scheduler_runs(getattr(a, "runs", None))
     if holds:
         started, observed_end = holds[0][0], _epoch(a.ended_at)
         ended = None if observed_end is None else (holds[-1][1] or observed_end)
     else:
-        started, ended = held_interval(a, run_dir)
+        started, ended = held_interval(a, run_dir, notes)
     return AttemptFacts(n=a.n, started=started, ended=ended,
                         failure_class=getattr(cls, "value", cls), stop_reason=a.stop_reason,
                         stop_requested=_epoch(a.stop_requested_at), stale_age_s=a.stale_age_s,
                         beats=beats_of(run_dir, a.n),
                         gpus=gpus, restarts=a.restarts or 0,
                         preempted_restarts=protocol.in_place_preemptions(history, a.restarts) if a.restarts else 0,
-                        holds=holds, run_causes=tuple(h["class"] for h in history))
+                        holds=holds, run_causes=tuple(h["class"] for h in history), notes=tuple(notes))
 
 
 def scheduler_runs(stored: Any) -> tuple[tuple[float, float | None], ...]:

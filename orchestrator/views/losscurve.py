@@ -20,7 +20,7 @@ from typing import Any
 
 from orchestrator import protocol
 from orchestrator.core.db import Database
-from orchestrator.core.goodput import starts_a_run
+from orchestrator.core.goodput import record_runs
 from orchestrator.core.jobqueries import get_job
 from orchestrator.protocol import FailureClass
 from orchestrator.views.progressbounds import plausible
@@ -45,7 +45,7 @@ def loss_curve(db: Database, name: str) -> dict[str, Any]:
     for n, cls, failure_step, action in attempts:
         # plausible(): a job's loss of 1e308 made the plot's axis 2e308 wide (LinAlgError, exit 1)
         records = [r for r in map(plausible, protocol.read_progress_history(run_dir, n)) if "step" in r]
-        runs = _split_at_restarts(records)
+        runs = record_runs(records)
         if n > 1 and (prev_action is not None or runs):
             step = _resume_step(prev_action, runs)
             if step is not None:
@@ -67,16 +67,6 @@ def loss_curve(db: Database, name: str) -> dict[str, Any]:
         earlier += mine
         prev_action = action
     return {"name": name, "state": state, "run_dir": run_dir, "series": series, "marks": marks}
-
-
-def _split_at_restarts(records: list[dict]) -> list[list[dict]]:
-    runs: list[list[dict]] = []
-    for r in records:
-        prev = runs[-1][-1] if runs else None
-        if prev is None or starts_a_run(prev["step"], prev.get("resumed_from"), r["step"], r.get("resumed_from")):
-            runs.append([])
-        runs[-1].append(r)
-    return runs
 
 
 def _points(run: list[dict]) -> list[Point]:

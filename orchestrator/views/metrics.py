@@ -23,6 +23,7 @@ from sqlalchemy.orm import Session, aliased
 from orchestrator import protocol
 from orchestrator.core.config import Config
 from orchestrator.core.db import Database
+from orchestrator.core.goodput import record_runs
 from orchestrator.core.lifecycle import JobState, utcnow
 from orchestrator.core.models import Attempt, Job, PassStats
 from orchestrator.core.passchanges import PassReport
@@ -121,7 +122,7 @@ def in_place_steps_redone(run_dir: str, n: int, history: list[dict], restarts: i
     of its last heartbeat and the step its set-aside failure report names; the next run's ``resumed_from`` is
     where it began. Unless the history splits into exactly ``restarts + 1`` runs, nothing is measured.
     """
-    runs = _runs(protocol.read_progress_history(run_dir, n))
+    runs = record_runs(protocol.read_progress_history(run_dir, n))
     if len(runs) != restarts + 1:
         return [None] * restarts
     out: list[int | None] = []
@@ -131,18 +132,6 @@ def in_place_steps_redone(run_dir: str, n: int, history: list[dict], restarts: i
         resumed = runs[k + 1][0].get("resumed_from")
         out.append(None if reached is None or resumed is None else max(0, reached - resumed))
     return out
-
-
-def _runs(records: list[dict]) -> list[list[dict]]:
-    runs: list[list[dict]] = []
-    for r in records:
-        if "step" not in r:
-            continue
-        prev = runs[-1][-1] if runs else None
-        if prev is None or r["step"] < prev["step"] or r.get("resumed_from") != prev.get("resumed_from"):
-            runs.append([])
-        runs[-1].append(r)
-    return runs
 
 
 def steps_redone(run_dir: str, n: int, failure_step: int | None) -> int | None:

@@ -218,3 +218,47 @@ def check_report_metrics_and_show_agree(orch, names: list[str]) -> None:
     bad = orch("report", "--since", "7x")
     assert bad.returncode == 2 and bad.stderr.strip().count("\n") == 0 and "--since '7x'" in bad.stderr
     assert not bad.stdout
+
+
+FORGER = r"""
+import json, os, sys, time
+from orchestrator import protocol as p
+rd, n = os.environ["ORCH_RUN_DIR"], int(os.environ["ORCH_ATTEMPT"])
+shift, forged_start = float(sys.argv[1]), sys.argv[2]
+adir = p.attempt_dir(rd, n)
+for s in range(31):  # 3 s of heartbeats, every one dated `shift` away
+    p.write_progress(rd, n, step=s, resumed_from=0, time=time.time() + shift)
+    time.sleep(0.1)
+deadline = time.time() + 30
+while not (adir / "wrapper.json").exists() and time.time() < deadline:
+    time.sleep(0.05)
+w = json.loads((adir / "wrapper.json").read_text())
+p.atomic_write_json(adir / "wrapper.json", {**w, "started_at": forged_start})
+os.makedirs("result", exist_ok=True)
+open("result/out.txt", "w").write("ok")
+"""
+
+
+@pytest.mark.parametrize("shift,forged_start", [(-365 * 86400, "2020-01-01T00:00:00+00:00"),
+                                                (365 * 86400, "2099-01-01T00:00:00+00:00")])
+def test_a_job_that_forges_every_time_it_writes_keeps_the_held_time_the_test_measured(orch, shift, forged_start):
+    """Issue 45: a job that dated its wrapper.json start to 2020 or 2099 and its heartbeats a year back made its
+    held time vanish ("nothing held yet"); a year ahead made useful time all start-up. Held stays inside what the
+    test measured around `orch submit --wait` (at least the 3 s the program beat, at most submit -> return), and
+    every ignored record is named."""
+    import time
+
+    t0 = time.time()
+    p = orch("submit", "--name", "forger", "--wait", "--outputs", "result/*", "--", sys.executable, "-c", FORGER,
+             str(shift), forged_start, timeout=120)
+    t1 = time.time()
+    assert p.returncode == 0, p.stdout + p.stderr
+    g = orch.show("forger")["goodput"]
+    a = g["attempts"][0]
+    # ≥ 3 s of beating, less the interval between two of --wait's passes if none saw it start (1.5 s to spare)
+    assert 1.5 <= g["held_s"] <= t1 - t0, (g["held_s"], t1 - t0, a)
+    assert abs(sum(a["seconds"].values()) - a["held_s"]) < 1e-6
+    assert any("31 heartbeat(s) dated outside its held time ignored" in x for x in a["assumptions"]), a
+    assert any(forged_start[:19] in x and "ignored" in x for x in a["assumptions"]), a
+    out = orch("show", "forger", check=True).stdout
+    assert "goodput note: attempt 1: 31 heartbeat(s) dated outside" in out and "nothing held" not in out, out

@@ -208,6 +208,14 @@ def test_the_held_time_takes_the_wrappers_times_only_inside_what_the_db_saw(tmp_
     unseen = _attempt_files(tmp_path / "unseen", "2026-06-01T12:00:30+00:00", "2026-06-01T12:59:10+00:00")
     unseen.started_at = None
     assert held_interval(unseen, str(tmp_path / "unseen")) == (db_start - 30, db_end - 50)
+    # Never seen running, and its wrapper record forged: held from its submission, not "nothing held" (issue 45).
+    # Each bound that ignored a record says so.
+    notes: list[str] = []
+    hidden = _attempt_files(tmp_path / "hidden", "2099-06-01T12:00:30+00:00", "2027-06-01T13:00:00+00:00")
+    hidden.started_at = None
+    assert held_interval(hidden, str(tmp_path / "hidden"), notes) == (db_start - 60, db_end)
+    assert len(notes) == 3 and "2099-06-01T12:00:30" in notes[0] and "ignored" in notes[0], notes
+    assert "held from its submission" in notes[1] and "held until a pass saw it end" in notes[2], notes
 
 
 def test_a_wrapper_time_within_the_clock_slack_past_what_the_db_saw_is_clamped_to_it(tmp_path):
