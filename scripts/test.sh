@@ -58,7 +58,9 @@ else
   # 194; the rest (local 768, adversarial 662, unit 154, reliability 70, packaging 18). Slurm + local was 1928 s.
   # tests/docs (the docs' commands and pictures run for real: a site build, the README's and the guides' commands,
   # ~3 min) joins the slurm stream: with the README's commands in tests/local the main stream took 35:06 (CI 78).
-  side=("tests/slurm tests/bench tests/policy tests/docs" "tests/integrations tests/trainer")
+  # tests/policy (~190 s) moved to the integrations stream when tests/slurm gained the multi-node and goodput
+  # tests (~4 min).
+  side=("tests/slurm tests/bench tests/docs" "tests/integrations tests/trainer tests/policy")
   ignore=(); pids=()
   for i in "${!side[@]}"; do
     read -ra dirs <<<"${side[$i]}"

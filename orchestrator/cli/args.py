@@ -231,9 +231,6 @@ def _check_extras(backend: str, extras: dict[str, Any]) -> None:
         raise click.BadParameter(f"{'/'.join(EXTRA_OPTIONS.values())} need {takers}") from None
 
 
-RANK_SBATCH_OPTIONS = ("nodes", "ntasks", "ntasks-per-node", "gpus-per-node")
-
-
 def rank_resources(opts: dict[str, Any]) -> dict[str, Any]:
     """``nodes``/``nproc_per_node``/``gpus_per_node`` from the options, refused (exit 2) where the backend cannot
     run them: asked of the backend's ``multi_node`` capability, never its name."""
@@ -251,13 +248,12 @@ def rank_resources(opts: dict[str, Any]) -> dict[str, Any]:
     if nproc is not None:
         out["nproc_per_node"] = nproc
         out.setdefault("nodes", 1)
-        for arg in opts.get("sbatch_args") or ():
+        from orchestrator.core.resources import rank_option_taken
+
+        if (arg := rank_option_taken(opts.get("sbatch_args"))) is not None:
             opt = arg[2:].split("=", 1)[0].lower()
-            # sbatch takes the last --nodes (and getopt prefixes: --nod=2): srun would use the nodes orch asked for
-            # while the allocation held others, idle.
-            if opt and any(owned.startswith(opt) for owned in RANK_SBATCH_OPTIONS):
-                raise click.BadParameter(f"{arg!r}: with --nproc-per-node, orch sets --{opt} itself (use --nodes, "
-                                         "--gpus-per-node)", param_hint="--sbatch-arg")
+            raise click.BadParameter(f"{arg!r}: with --nproc-per-node, orch sets --{opt} itself (use --nodes, "
+                                     "--gpus-per-node)", param_hint="--sbatch-arg")
     if gpn is not None:
         if opts.get("gpus") is not None:
             raise click.BadParameter("give --gpus and --gpus-per-node not both (per node is what a node gets)",

@@ -67,22 +67,34 @@ def reconcile(watch: float | None, as_json: bool) -> None:
 @click.argument("names", nargs=-1)
 @click.option("--failed", is_flag=True, help="Every retryable_failed job.")
 @click.option("--dry-run", is_flag=True, help="Say what would be cleared and requeued; change nothing.")
+@click.option("--nodes", type=click.IntRange(1, 100_000), default=None, metavar="N",
+              help="Run the next attempt on N nodes (a multi-rank job; the checkpoint resumes on any world size).")
+@click.option("--nproc-per-node", type=click.IntRange(1, 1024), default=None, metavar="K",
+              help="Run the next attempt as K ranks per node (torchrun), from now on.")
 @click.option("--json", "as_json", is_flag=True)
-def requeue(names: tuple[str, ...], failed: bool, dry_run: bool, as_json: bool) -> None:
+def requeue(names: tuple[str, ...], failed: bool, dry_run: bool, nodes: int | None, nproc_per_node: int | None,
+            as_json: bool) -> None:
     """Clear what a failed job left that is not verified, and submit its next attempt.
 
     A job whose done marker verifies is never cleared or resubmitted (`orch requeue NAME` on it
     exits 3). Unverified leftovers go to $ORCH_HOME/trash/<job>/<time>/; verified checkpoints stay
     so the next attempt resumes. Exit 3 when any job was refused (the others are still requeued).
+
+    --nodes/--nproc-per-node change the job's rank layout for this and later attempts (say 2 nodes -> 1
+    after losing a node): orch's kit resumes a checkpoint on any world size; keeping the effective batch is
+    the program's (a global batch split over the ranks it finds). Refused, with nothing written, where the
+    job's backend cannot run it.
     """
     if bool(names) == failed:
         raise click.UsageError("give job NAMEs or --failed (not both)")
+    if failed and (nodes is not None or nproc_per_node is not None):
+        raise click.UsageError("--nodes/--nproc-per-node change the named jobs only (not --failed)")
     from orchestrator.errors import OrchError, Refused
     from orchestrator.ops.requeue import RequeueOutcome, RequeueTarget
     from orchestrator.ops.requeue import requeue as do_requeue
 
     cfg, db = _ctx()
-    target = RequeueTarget.named(names) if names else RequeueTarget.failed()
+    target = RequeueTarget.named(names, nodes, nproc_per_node) if names else RequeueTarget.failed()
     results = do_requeue(db, cfg, target, dry_run=dry_run)
     if as_json:
         _emit([r.as_dict() for r in results])

@@ -215,7 +215,9 @@ def _record(a: argparse.Namespace, rc: int, stopped: bool) -> None:
         os.makedirs(a.dir, exist_ok=True)
         protocol.atomic_write_json(record_path(a.dir, a.launch, int(rank)), {
             "token": os.environ.get(protocol.ENV_TOKEN, ""), "launch": a.launch, "rank": int(rank),
-            "returncode": rc, "stopped": stopped, "at": time.time(), "pid": os.getpid()})
+            "returncode": rc, "stopped": stopped, "at": time.time(), "pid": os.getpid(),
+            # which node it ran on: Slurm's name for it (several nodes may share one host name), else the host's
+            "node": os.environ.get("SLURMD_NODENAME") or os.uname().nodename})
     except OSError as e:
         print(f"orch rankend: cannot record rank {rank}'s end: {e}", file=sys.stderr, flush=True)
 

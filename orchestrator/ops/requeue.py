@@ -37,6 +37,7 @@ from orchestrator.core.lifecycle import (
 )
 from orchestrator.core.models import Attempt, Job
 from orchestrator.core.passchanges import PassReport
+from orchestrator.core.resources import layout_text, reshape_refusal, reshaped
 from orchestrator.core.resumestate import keep_globs
 from orchestrator.core.retryplan import Action
 from orchestrator.core.rundir import check_run_dir
@@ -60,10 +61,20 @@ class RequeueTarget:
 
     names: tuple[str, ...] | None = None
     auto_only: bool = False
+    # A new rank layout for the next attempt (`orch requeue NAME --nodes N --nproc-per-node K`): the kit resumes on
+    # any world size, and nothing else could change the shape of an existing job (a new submit of the name is
+    # refused). None: as the job was.
+    nodes: int | None = None
+    nproc_per_node: int | None = None
 
     @classmethod
-    def named(cls, names: list[str] | tuple[str, ...]) -> RequeueTarget:
-        return cls(names=tuple(names))
+    def named(cls, names: list[str] | tuple[str, ...], nodes: int | None = None,
+              nproc_per_node: int | None = None) -> RequeueTarget:
+        return cls(names=tuple(names), nodes=nodes, nproc_per_node=nproc_per_node)
+
+    @property
+    def reshapes(self) -> bool:
+        return self.nodes is not None or self.nproc_per_node is not None
 
     @classmethod
     def failed(cls) -> RequeueTarget:
@@ -247,6 +258,15 @@ def _requeue_one(db: Database, cfg: Config, name: str, target: RequeueTarget, dr
         job = get_job(s, name)
         state, run_dir, outputs = job.state, Path(job.run_dir), list(job.outputs)
         keep = keep_globs(job.resources)
+        resources, backend = dict(job.resources), job.backend
+    shape = ""
+    if target.reshapes:  # arguments against the job, before anything is written
+        why = reshape_refusal(resources, target.nodes, target.nproc_per_node,
+                              get_backend(backend).capabilities.multi_node)
+        if why is not None:
+            return RequeueResult(name, R.REFUSED, why)
+        resources = reshaped(resources, target.nodes, target.nproc_per_node)
+        shape = f"; on {layout_text(resources)}"
     if state is J.DONE and not target.explicit:
         return RequeueResult(name, R.REFUSED, "verified: done_marker_verified jobs are never rerun", verified=True)
     if state in REQUEUEABLE:
@@ -296,15 +316,18 @@ def _requeue_one(db: Database, cfg: Config, name: str, target: RequeueTarget, dr
         clears = unverified_leftovers(run_dir, outputs, plan.quarantine if plan else (), keep)
         clears += [p for p in (plan.prune if plan else ()) if p not in clears]
         torn = [f"{rel} ({why})" for rel, why in resumestate.torn(run_dir, keep)]
-        return RequeueResult(name, R.WOULD_REQUEUE, action, (last.n + 1) if last else 1, clears, torn)
+        return RequeueResult(name, R.WOULD_REQUEUE, f"{action}{shape}", (last.n + 1) if last else 1, clears, torn)
     with db.write() as s:
         job = get_job(s, name)
         if job.state is not state:
             raise IllegalTransition("changed")
-        move_job(s, job, J.PENDING, f"requeue ({action})")
+        if shape:
+            shape += f", was {layout_text(job.resources)}"
+            job.resources = resources
+        move_job(s, job, J.PENDING, f"requeue ({action}){shape}")
         n = (max(a.n for a in job.attempts) + 1) if job.attempts else 1
         create_attempt(s, job, n, new_token(), plan=plan if plan and plan.action.retries else None)
-    return RequeueResult(name, R.REQUEUED, action, n)  # launched by _launch_created
+    return RequeueResult(name, R.REQUEUED, f"{action}{shape}", n)  # launched by _launch_created
 
 
 def _unverify(db: Database, name: str, v: protocol.Verification) -> None:

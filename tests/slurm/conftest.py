@@ -1,4 +1,4 @@
-"""Real-Slurm tests: the single-node dev cluster of deploy/slurm/cluster.sh (Slurm 22.05).
+"""Real-Slurm tests: the dev cluster of deploy/slurm/cluster.sh (Slurm 22.05; three slurmd nodes on this machine).
 
 Every test here is marked ``slurm``. The session fixture brings the cluster up (idempotent: about
 2 s when it already runs, under a minute from scratch with the packages' install). With CI=true a

@@ -106,3 +106,21 @@ def test_the_partition_is_read_where_each_orch_version_wrote_it():
     assert partition_of({}) is None and partition_of(None) is None and partition_of({"extras": "x"}) is None
     assert partition_key("slurm", new) == "slurm/spot"
     assert group_of(SimpleNamespace(resources=new, backend="slurm", sweep=None))["partition"] == "slurm/spot"
+
+
+def test_a_reshape_is_refused_where_the_job_cannot_run_it_and_applied_where_it_can():
+    """`orch requeue NAME --nodes N --nproc-per-node K` (issue 31): submit's rules, against what the job has."""
+    from orchestrator.core.resources import layout_text, reshape_refusal, reshaped
+
+    ranks = {"nodes": 2, "nproc_per_node": 2, "extras": {"partition": "multi"}}
+    assert reshape_refusal(ranks, 1, None, multi_node=True) is None
+    assert reshaped(ranks, 1, None) == {**ranks, "nodes": 1}
+    assert layout_text(reshaped(ranks, 1, None)) == "1 node x 2 ranks"
+    assert "one machine only" in reshape_refusal(ranks, 2, None, multi_node=False)
+    assert "--nodes needs --nproc-per-node" in reshape_refusal({}, 2, None, multi_node=True)
+    assert reshape_refusal({}, 2, 4, multi_node=True) is None
+    assert layout_text(reshaped({}, None, 4)) == "1 node x 4 ranks" and layout_text({}) == "the program as given"
+    # a job that ran as given with its own --sbatch-arg=--nodes=2: orch would then set --nodes itself as well
+    own = {"extras": {"extra_sbatch": ["--nodes=2"]}}
+    assert "'--nodes=2'" in reshape_refusal(own, None, 2, multi_node=True)
+    assert reshape_refusal(own, None, None, multi_node=True) is None  # nothing reshaped: nothing to refuse

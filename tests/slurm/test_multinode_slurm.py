@@ -1,0 +1,131 @@
+"""Many nodes for real (issue 31): a 2-node job on the dev cluster's several slurmd nodes (deploy/slurm/cluster.sh:
+this host's node and n2, n3, each its own slurmd; partitions multi and multi-prio).
+
+`orch submit --backend slurm --nodes 2 --nproc-per-node 2` runs one torchrun per node through srun, with the c10d
+rendezvous at the first node's name: four ranks on two nodes train the plain-loop example with DDP over gloo. A real
+`multi-prio` job preempts it; every rank on both nodes stops at the same step (orch's stop agreement), Slurm requeues
+the job in place, and the rerun resumes with no step computed twice by any rank. All nodes share one kernel and one
+network namespace (what that does and does not show: deploy/slurm/README.md).
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from collections import Counter
+
+import pytest
+from orchkit import ROOT, wait_for
+from slurmkit import cancel_all_of, node_idle, run
+
+from orchestrator import protocol
+
+STEPS = 600
+LOOP = [sys.executable, str(ROOT / "examples" / "plain_loop.py"), "--max-steps", str(STEPS), "--save-every", "50",
+        "--sleep-per-step", "0.05"]
+
+
+@pytest.fixture
+def cleanup(orch):
+    extra: list[str] = []
+    yield extra
+    cancel_all_of(orch, extra)
+
+
+def hostnames(nodelist: str) -> list[str]:
+    p = run("scontrol", "show", "hostnames", nodelist)
+    assert p.returncode == 0, p.stderr
+    return p.stdout.split()
+
+
+def test_a_two_node_job_rendezvous_across_slurmd_nodes_survives_a_preemption_with_no_step_redone(orch, cleanup):
+    node_idle()
+    step_log = orch.home / "steps.log"  # every rank appends "<attempt> <step> <rank>" per step it completes
+    p = orch("submit", "--backend", "slurm", "--partition", "multi", "--nodes", "2", "--nproc-per-node", "2",
+             "--cpus-per-task", "1", "--mem", "2G", "--name", "mn", "--", *LOOP, "--step-log", str(step_log))
+    assert p.returncode == 0, p.stdout + p.stderr
+    run_dir = orch.runs / "mn"
+    job_id = orch.show("mn")["attempts"][0]["external_id"]
+
+    def step() -> int:
+        return int((protocol.read_progress(run_dir, 1) or {}).get("step") or 0)
+
+    wait_for(lambda: step() >= 20, 180, "the 2-node job at step 20", detail=lambda: (
+        run("squeue", "-j", job_id).stdout, (run_dir / "attempts" / "1" / "stderr.log").read_text()[-2000:]
+        if (run_dir / "attempts" / "1" / "stderr.log").exists() else ""))
+    q = run("sbatch", "--parsable", "-p", "multi-prio", "-N", "3", "-c", "2", "--mem=200M", "-o", "/dev/null",
+            "--wrap", "sleep 2")
+    assert q.returncode == 0, q.stderr  # every CPU of every node: it preempts the job on both of its nodes
+    cleanup.append(q.stdout.strip())
+
+    def settled() -> bool:
+        orch.reconcile_paced()
+        return orch.polled_state("mn") in ("done_marker_verified", "failed", "retryable_failed")
+
+    wait_for(settled, 420, "the 2-node job to end", interval=1, detail=lambda: (
+        run("sacct", "-X", "-n", "-P", "--duplicates", "-j", job_id, "-o", "State,NodeList").stdout,
+        json.dumps(orch.show("mn"))[-3000:]))
+    show = orch.show("mn")
+    a = show["attempts"][0]
+    assert show["state"] == "done_marker_verified", show
+    # one attempt, requeued in place once by Slurm, on two distinct nodes, four ranks
+    runs = run("sacct", "-X", "-n", "-P", "--duplicates", "-j", job_id, "-o", "State,NodeList").stdout.split()
+    assert [r.split("|")[0] for r in runs] == ["PREEMPTED", "COMPLETED"], runs
+    assert (a["restarts"], a["world_size"]) == (1, 4), a
+    nodes = hostnames(a["nodes"])
+    assert len(set(nodes)) == 2, a["nodes"]
+    # each rank says where it ran: torchrun's ranks 0-1 on the first node, 2-3 on the second
+    ends = {}
+    for path in (run_dir / "attempts" / "1" / "torchrun").glob("rank-end.*.json"):
+        r = json.loads(path.read_text())
+        ends.setdefault(r["launch"], {})[r["rank"]] = r["node"]
+    launch = json.loads((run_dir / "attempts" / "1" / protocol.WRAPPER_FILE).read_text())["launch"]
+    assert ends[launch] == {0: nodes[0], 1: nodes[0], 2: nodes[1], 3: nodes[1]}, ends
+    # every rank stopped at the same step and the rerun resumed there: each (step, rank) computed exactly once
+    first_run = json.loads((run_dir / "attempts" / "1" / "failure.prev-1.json").read_text())
+    assert first_run["class"] == "preempted" and 20 <= first_run["step"] < STEPS, first_run
+    done = Counter(tuple(line.split()) for line in step_log.read_text().splitlines())
+    assert [k for k, n in done.items() if n > 1] == [], "steps computed twice"
+    assert set(done) == {("1", str(s), str(r)) for s in range(1, STEPS + 1) for r in range(4)}
+    assert show["preemptions"] == {"total": 1, "in_place": 1}
+    g = show["goodput"]["attempts"][0]
+    assert (g["runs"], g["held_from"], g["steps_redone"]) == (2, "scheduler", 0), g
+    print(f"\n[measured] 2 nodes x 2 ranks on {a['nodes']}: preempted at step {first_run['step']}, "
+          f"resumed in place; held {g['held_s']:.1f} s in 2 runs")
+
+
+def test_a_two_node_job_requeued_on_one_node_resumes_there_with_no_step_redone(orch, cleanup):
+    """After losing a node a user asks for fewer: `orch requeue NAME --nodes 1` runs the next attempt on one node
+    (sbatch --nodes=1, one torchrun), resuming the 2-node checkpoint (the kit resumes on any world size)."""
+    node_idle()
+    step_log = orch.home / "steps.log"
+    p = orch("submit", "--backend", "slurm", "--partition", "multi", "--nodes", "2", "--nproc-per-node", "1",
+             "--cpus-per-task", "1", "--mem", "2G", "--name", "shrink", "--", *LOOP[:3], "200", *LOOP[4:],
+             "--step-log", str(step_log))
+    assert p.returncode == 0, p.stdout + p.stderr
+    run_dir = orch.runs / "shrink"
+    wait_for(lambda: int((protocol.read_progress(run_dir, 1) or {}).get("step") or 0) >= 20, 180, "step 20")
+    assert orch("cancel", "shrink").returncode == 0
+
+    def ended(state: str):
+        def check() -> bool:
+            orch.reconcile_paced()
+            return orch.polled_state("shrink") == state
+        return check
+
+    wait_for(ended("cancelled"), 120, "the cancel to settle", interval=1)
+    wait_for(lambda: orch.reconcile_paced() or orch.show("shrink")["attempts"][0]["state"] == "cancelled", 120,
+             "attempt 1 to have exited (a requeue waits for it)", interval=1)
+    r = orch("requeue", "shrink", "--nodes", "1")
+    assert r.returncode == 0 and "on 1 node x 1 rank, was 2 nodes x 1 rank" in r.stdout, r.stdout + r.stderr
+    wait_for(ended("done_marker_verified"), 300, "the 1-node attempt to verify", interval=1)
+    a1, a2 = orch.show("shrink")["attempts"]
+    assert (a1["world_size"], len(set(hostnames(a1["nodes"])))) == (2, 2), a1
+    assert (a2["world_size"], len(hostnames(a2["nodes"]))) == (1, 1), a2
+    resumed = protocol.read_progress(run_dir, 2)["resumed_from"]
+    done = Counter(tuple(line.split()[:2]) for line in step_log.read_text().splitlines())
+    # attempt 1's two ranks each logged steps 1..resumed; attempt 2's one rank resumed..200, none twice
+    assert {k for k in done if k[0] == "1"} == {("1", str(s)) for s in range(1, resumed + 1)}, resumed
+    assert all(done[("1", str(s))] == 2 for s in range(1, resumed + 1))
+    assert {k for k in done if k[0] == "2"} == {("2", str(s)) for s in range(resumed + 1, 201)}
+    assert all(done[("2", str(s))] == 1 for s in range(resumed + 1, 201))
