@@ -167,6 +167,9 @@ InactiveLimit=0
 MinJobAge=300
 # TERM -> KILL wait at cancel / time limit: short, so tests end fast (the default is 30 s).
 KillWait=10
+# How long a silent slurmd is waited for before its node is marked DOWN (its jobs then end NODE_FAIL); Slurm's
+# default, 300 s, unless ORCH_SLURM_SLURMD_TIMEOUT_S says otherwise (a node-kill test wants it short).
+SlurmdTimeout=${ORCH_SLURM_SLURMD_TIMEOUT_S:-300}
 Waittime=0
 # Scheduling: every 2 s instead of 60 s, so a prio job preempts within seconds.
 SchedulerType=sched/backfill
