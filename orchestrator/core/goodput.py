@@ -101,6 +101,11 @@ class AttemptFacts:
     # Why each run but the last ended (the restart's class: preempted, node_fail, ...), for the waits between runs.
     run_causes: tuple[str, ...] = ()
     notes: tuple[str, ...] = ()  # how its bounds were taken where a record was ignored (the split's assumptions)
+    # The step each run but the last reached by its own report (the set-aside failure.json of an in-place restart),
+    # and the step the attempt's failure report names: a kill lands between two heartbeats, and the steps after the
+    # last beat were unseen (a node killed at step 119 after a beat at 100: 19 steps computed again, 0 lost_work).
+    run_steps: tuple[int | None, ...] = ()
+    failure_step: int | None = None
 
 
 @dataclass
@@ -305,6 +310,9 @@ def split_attempt(a: AttemptFacts, kept_until: int | None, now: float) -> Attemp
         run_end = e if last_in_hold else _clamp(run[-1].time, start, e)
         tail_from = _split_run(run, start, run_end, nxt, last, ended, out)
         if tail_from is not None and last_in_hold:
+            reached = a.failure_step if last and a.failure_class else \
+                (a.run_steps[k] if (k := h if a.holds else i) < len(a.run_steps) and not last else None)
+            tail_from = _after_last_beat(run, reached, nxt, tail_from, e, ended and a.failure_class is not None, out)
             if last:
                 _split_tail(a, tail_from, e, out)
             else:  # the run's last beat -> the scheduler took the machine back
@@ -314,6 +322,29 @@ def split_attempt(a: AttemptFacts, kept_until: int | None, now: float) -> Attemp
             failed = (ended and out.cause is not None) or h < len(holds) - 1
             out.seconds[Category.FAILED_ATTEMPT if failed else Category.STARTUP] += holds[h][1] - holds[h][0]
     return out
+
+
+def _after_last_beat(run: list[Beat], reached: int | None, kept_until: int | None, t_last: float, end: float,
+                     failed: bool, out: AttemptSplit) -> float:
+    """Count the steps a run's own report says it reached after its last heartbeat, at the run's step time, out of
+    its tail (never more than the tail); return where the tail now begins. Kept up to ``kept_until`` (where the
+    next run resumed; unknown: none of them after a failure, all of them otherwise), the rest lost."""
+    s_last, dt = max(b.step for b in run), out.step_time_s
+    if reached is None or dt is None or dt <= 0 or reached <= s_last or end <= t_last:
+        return t_last
+    extra = reached - s_last
+    spent = min(extra * dt, end - t_last)
+    keep_to = kept_until if kept_until is not None else (s_last if failed else reached)
+    kept = int(_clamp(keep_to - s_last, 0, extra))
+    out.seconds[Category.USEFUL] += spent * kept / extra
+    out.seconds[Category.LOST_WORK] += spent * (extra - kept) / extra
+    out.steps_computed += extra
+    out.steps_kept += kept
+    out.steps_redone += extra - kept
+    if extra * dt > end - t_last:
+        out.assumptions.append(f"attempt {out.n}: the {extra} step(s) it reported after its last heartbeat take "
+                               "longer than the time left; counted within it")
+    return t_last + spent
 
 
 def _holds(a: AttemptFacts, end: float) -> list[tuple[float, float]]:

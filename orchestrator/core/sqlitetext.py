@@ -108,8 +108,8 @@ SQL: dict[str, str] = {
     "report_attempts": (
         "SELECT attempts.job_id, attempts.n, attempts.token, attempts.submitted_at, attempts.started_at, "
         "attempts.ended_at, attempts.failure_class, attempts.stop_reason, attempts.stop_requested_at, "
-        "attempts.restarts, attempts.stale_age_s, attempts.runs_json \nFROM attempts \nWHERE "
-        "attempts.job_id IN (SELECT jobs.id \nFROM jobs) ORDER BY attempts.job_id, attempts.n"
+        "attempts.restarts, attempts.stale_age_s, attempts.runs_json, attempts.failure_step \nFROM attempts "
+        "\nWHERE attempts.job_id IN (SELECT jobs.id \nFROM jobs) ORDER BY attempts.job_id, attempts.n"
     ),
     "report_jobs_since": (
         "SELECT jobs.id, jobs.name, jobs.backend, jobs.run_dir, jobs.resources_json, jobs.created_at, "
@@ -120,10 +120,10 @@ SQL: dict[str, str] = {
     "report_attempts_since": (
         "SELECT attempts.job_id, attempts.n, attempts.token, attempts.submitted_at, attempts.started_at, "
         "attempts.ended_at, attempts.failure_class, attempts.stop_reason, attempts.stop_requested_at, "
-        "attempts.restarts, attempts.stale_age_s, attempts.runs_json \nFROM attempts \nWHERE "
-        "attempts.job_id IN (SELECT jobs.id \nFROM jobs \nWHERE jobs.created_at >= :cutoff OR jobs.id IN "
-        "(SELECT attempts.job_id \nFROM attempts \nWHERE attempts.ended_at IS NULL OR attempts.ended_at >= "
-        ":cutoff)) ORDER BY attempts.job_id, attempts.n"
+        "attempts.restarts, attempts.stale_age_s, attempts.runs_json, attempts.failure_step \nFROM attempts "
+        "\nWHERE attempts.job_id IN (SELECT jobs.id \nFROM jobs \nWHERE jobs.created_at >= :cutoff OR "
+        "jobs.id IN (SELECT attempts.job_id \nFROM attempts \nWHERE attempts.ended_at IS NULL OR "
+        "attempts.ended_at >= :cutoff)) ORDER BY attempts.job_id, attempts.n"
     ),
     "mtbf_history": (
         "SELECT attempts.started_at, attempts.ended_at, attempts.failure_class, jobs.resources_json AS "

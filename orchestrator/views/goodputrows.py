@@ -31,14 +31,14 @@ def report_selects(windowed: bool):  # two sqlalchemy Selects, imported lazily
     attempts = (select(Attempt.job_id, Attempt.n, Attempt.token, Attempt.submitted_at, Attempt.started_at,
                        Attempt.ended_at,
                        Attempt.failure_class, Attempt.stop_reason, Attempt.stop_requested_at, Attempt.restarts,
-                       Attempt.stale_age_s, Attempt.runs)
+                       Attempt.stale_age_s, Attempt.runs, Attempt.failure_step)
                 .where(Attempt.job_id.in_(ids)).order_by(Attempt.job_id, Attempt.n))
     return jobs, attempts
 
 
 JOB_KEYS = ("id", "name", "backend", "run_dir", "resources", "created_at", "sweep")
 ATTEMPT_KEYS = ("job_id", "n", "token", "submitted_at", "started_at", "ended_at", "failure_class", "stop_reason",
-                "stop_requested_at", "restarts", "stale_age_s", "runs")
+                "stop_requested_at", "restarts", "stale_age_s", "runs", "failure_step")
 
 
 @dataclass
@@ -61,6 +61,7 @@ class AttemptRow:
     restarts: int
     stale_age_s: float | None = None
     runs: Any = None  # the scheduler's per-run account, as stored (JSON text on the quick path, decoded here)
+    failure_step: int | None = None
 
 
 @dataclass

@@ -137,7 +137,9 @@ def attempt_facts(a: Any, run_dir: str, gpus: int | None) -> AttemptFacts:
                         beats=beats_of(run_dir, a.n),
                         gpus=gpus, restarts=a.restarts or 0,
                         preempted_restarts=protocol.in_place_preemptions(history, a.restarts) if a.restarts else 0,
-                        holds=holds, run_causes=tuple(h["class"] for h in history), notes=tuple(notes))
+                        holds=holds, run_causes=tuple(h["class"] for h in history), notes=tuple(notes),
+                        run_steps=tuple(h["step"] if isinstance(h["step"], int) else None for h in history),
+                        failure_step=a.failure_step if isinstance(getattr(a, "failure_step", None), int) else None)
 
 
 def scheduler_runs(stored: Any) -> tuple[tuple[float, float | None], ...]:

@@ -311,3 +311,26 @@ def test_stored_scheduler_runs_of_the_wrong_shape_are_no_account():
     assert scheduler_runs([[1.0e9, 1.0e9 + 5], [1.0e9 + 9, None]]) == ((1.0e9, 1.0e9 + 5), (1.0e9 + 9, None))
     for bad in (None, "x", [[1.0e9]], [[True, None]], [["1", None]], [[1.0e9, "end"]], [[-5, None]]):
         assert scheduler_runs(bad) == (), bad
+
+
+def test_steps_a_run_reported_after_its_last_heartbeat_are_counted_out_of_its_tail():
+    """A kill lands between two heartbeats: a node killed at step 119 after a beat at step 100 had 19 steps
+    computed again and 0 lost_work (measured on the dev cluster). The run's own report (an in-place restart's
+    set-aside failure.json, the attempt's failure_step) names the step reached; those steps take the run's step
+    time out of its tail, kept up to where the next run resumed and lost after."""
+    # run 1 (0 -> 30): 1 s/step, last beat step 10 at t=12, reported 15; run 2 (40 -> 60) resumed from 10, last
+    # beat step 20 at t=52, then killed: reported 25 (its beats name no save: what they saw counts as kept, as
+    # before; the 5 steps after them, unseen and after a failure, are lost).
+    a = AttemptFacts(1, 0.0, 60.0, "killed", restarts=1, beats=(
+        Beat(2, 0, 0), Beat(12, 10, 0), Beat(42, 10, 10), Beat(52, 20, 10)),
+        holds=((0.0, 30.0), (40.0, 60.0)), run_causes=("node_fail",), run_steps=(15,), failure_step=25)
+    s = split_attempt(a, None, now=100.0)
+    assert (s.steps_computed, s.steps_kept, s.steps_redone) == (10 + 5 + 10 + 5, 20, 10), s
+    assert s.seconds[C.LOST_WORK] == pytest.approx(5 + 5)  # each run's 5 steps after its last beat
+    assert s.seconds[C.TEARDOWN] == pytest.approx((30 - 17) + (60 - 57))
+    assert held_sum(s) == pytest.approx(50)
+    # reported steps that would need more time than the tail has: counted within it, and said
+    b = AttemptFacts(1, 0.0, 13.0, "killed", beats=(Beat(2, 0, 0), Beat(12, 10, 0)), failure_step=40)
+    t = split_attempt(b, None, now=100.0)
+    assert t.seconds[C.LOST_WORK] == pytest.approx(1) and held_sum(t) == pytest.approx(13)  # the 1 s tail
+    assert any("take longer than the time left" in x for x in t.assumptions), t.assumptions
