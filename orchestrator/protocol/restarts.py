@@ -136,9 +136,9 @@ RUN_RECORD_LIMIT = 64 * 1024
 
 def run_records(run_dir: Path | str, attempt: int, token: str | None) -> list[dict[str, Any]]:
     """The wrapper's start record of each run of one attempt, oldest first: ``wrapper.prev-<k>.json`` (run k-1,
-    set aside when the next run began) then ``wrapper.json`` (the newest). ``{"run": r, "started_at": str | None,
-    "host": str | None}`` per run; a run whose record is missing, unreadable or of another token has
-    ``started_at`` None. Job-written: informative (where a run began, for `orch plot`), never held time.
+    set aside when the next run began) then ``wrapper.json`` (the newest). ``{"run": r, "started_at": str | None}``
+    per run; a run whose record is missing, unreadable or of another token has ``started_at`` None. Job-written:
+    where a run began, never held time by itself.
     """
     d = attempt_dir(run_dir, attempt)
     names = []
@@ -147,16 +147,26 @@ def run_records(run_dir: Path | str, attempt: int, token: str | None) -> list[di
             break
         names.append(aside_name(WRAPPER_FILE, k))
     names.append(WRAPPER_FILE)
-    out: list[dict[str, Any]] = []
-    for r, name in enumerate(names):
-        try:
-            w = read_json_bounded(d / name, limit=RUN_RECORD_LIMIT)
-        except (OSError, ValueError):
-            w = None
-        ok = isinstance(w, dict) and (token is None or w.get("token") == token)
-        started, host = (w.get("started_at"), w.get("host")) if ok else (None, None)
-        out.append({"run": r, "started_at": started if isinstance(started, str) else None,
-                    "host": host[:200] if isinstance(host, str) else None})
+    out = [{"run": r, "started_at": _run_start(d / name, token)} for r, name in enumerate(names)]
     if out[-1]["started_at"] is None and not (d / WRAPPER_FILE).exists():
         out.pop()  # the newest run has not started its program yet (or never will)
     return out
+
+
+def first_run_start(run_dir: Path | str, attempt: int, token: str | None) -> str | None:
+    """``started_at`` of the attempt's first run (``wrapper.prev-1.json`` once a restart set it aside, else
+    ``wrapper.json``): one file read, where goodput needs no other run's (``run_records`` reads them all)."""
+    d = attempt_dir(run_dir, attempt)
+    first = d / aside_name(WRAPPER_FILE, 1)
+    return _run_start(first if first.exists() else d / WRAPPER_FILE, token)
+
+
+def _run_start(path: Path, token: str | None) -> str | None:
+    try:
+        w = read_json_bounded(path, limit=RUN_RECORD_LIMIT)
+    except (OSError, ValueError):
+        return None
+    if not isinstance(w, dict) or (token is not None and w.get("token") != token):
+        return None
+    started = w.get("started_at")
+    return started if isinstance(started, str) else None

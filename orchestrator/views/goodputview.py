@@ -85,12 +85,12 @@ def held_interval(a: Any, run_dir: str, notes: list[str] | None = None) -> tuple
     # The latest the program can have started: when a pass saw it run, else saw it end (an attempt that ended
     # between two passes was never seen running), else now.
     latest = start if start is not None else end if end is not None else time.time()
-    runs = protocol.run_records(run_dir, a.n, a.token)
-    if runs and (t := _iso_epoch(runs[0]["started_at"])) is not None:
+    first = protocol.first_run_start(run_dir, a.n, a.token)
+    if (t := _iso_epoch(first)) is not None:
         if (submitted is None or t >= submitted - CLOCK_SLACK_S) and t <= latest + CLOCK_SLACK_S:
             start = min(t, latest)
         else:
-            say(f"attempt {a.n}: its wrapper record's start ({runs[0]['started_at'][:40]}) lies outside what orch "
+            say(f"attempt {a.n}: its wrapper record's start ({first[:40]}) lies outside what orch "
                 "saw (submission .. first seen running); ignored")
     if start is None and submitted is not None and end is not None:
         start = submitted

@@ -61,7 +61,7 @@ def test_a_two_rank_job_requeued_on_one_rank_resumes_where_both_stopped_with_no_
 
     plain = orch("submit", "--name", "plain", "--max-attempts", "1", "--wait", "--", sys.executable, "-c",
                  "raise SystemExit(3)")
-    assert plain.returncode != 0
+    assert plain.returncode == 4, plain.stdout + plain.stderr  # ended without a verified marker
     r = orch("requeue", "plain", "--nodes", "1")
     assert r.returncode == 3 and "--nodes needs --nproc-per-node" in r.stdout + r.stderr, r.stdout + r.stderr
     assert len(_attempts(orch, "plain")) == 1
