@@ -58,6 +58,8 @@ class Resources:
     nodes: int | None = None
     nproc_per_node: int | None = None
     gpus_per_node: int | None = None
+    # Restarts of the ranks inside the allocation, per attempt, after a transient rank failure (jobside/rankrestart.py).
+    rank_restarts: int | None = None
 
 
 @dataclass(frozen=True)
@@ -135,6 +137,8 @@ class SubmitSpec:
             argv += ["--nproc-per-node", str(self.resources.nproc_per_node), "--nodes", str(self.resources.nodes or 1)]
             if self.grace_s is not None:
                 argv += ["--grace", f"{self.grace_s:g}"]
+            if self.resources.rank_restarts:
+                argv += ["--rank-restarts", str(self.resources.rank_restarts)]
         if self.spot_notice != "off":
             argv += ["--spot-notice", self.spot_notice, "--spot-interval", str(self.spot_interval_s)]
             if self.spot_url:

@@ -186,6 +186,11 @@ def job_options(f: Any) -> Any:
         click.option("--nodes", type=click.IntRange(1, 100_000), default=None,
                      help="Nodes of a multi-rank job (with --nproc-per-node; only on a backend that runs several "
                           "nodes). Default 1."),
+        click.option("--rank-restarts", type=click.IntRange(0, 100), default=None,
+                     help="With --nproc-per-node: restart the ranks inside the job's own allocation, from the "
+                          "newest checkpoint, up to this many times per attempt when a rank is killed (SIGKILL, "
+                          "SIGSEGV, SIGBUS) or the program reports a storage fault, and only while each restart "
+                          "committed a newer checkpoint. Default 0: the attempt ends and orch's policy requeues it."),
         click.option("--gpus-per-node", type=click.IntRange(1, 1024), default=None,
                      help="GPUs on each node (Slurm: --gpus-per-node)."),
         click.option("--mem", help="Memory, Slurm style: 500M, 16G."),
@@ -254,6 +259,11 @@ def rank_resources(opts: dict[str, Any]) -> dict[str, Any]:
             opt = arg[2:].split("=", 1)[0].lower()
             raise click.BadParameter(f"{arg!r}: with --nproc-per-node, orch sets --{opt} itself (use --nodes, "
                                      "--gpus-per-node)", param_hint="--sbatch-arg")
+    if opts.get("rank_restarts") is not None:
+        if nproc is None:  # orch restarts only ranks it launched itself
+            raise click.BadParameter("--rank-restarts needs --nproc-per-node (orch restarts the ranks it launches)",
+                                     param_hint="--rank-restarts")
+        out["rank_restarts"] = opts["rank_restarts"]
     if gpn is not None:
         if opts.get("gpus") is not None:
             raise click.BadParameter("give --gpus and --gpus-per-node not both (per node is what a node gets)",

@@ -126,6 +126,9 @@ def show(name: str, as_json: bool, events: bool) -> None:
         _say(f"  attempt {a['n']}: {a['state']}  " + "  ".join(fields))
         if a.get("detail"):
             _say(f"    detail: {a['detail']}")
+        if a.get("rank_restarts"):
+            _say(f"    rank restarts in the allocation: {len(a['rank_restarts'])} ("
+                 + "; ".join(_rank_restart_text(r) for r in a["rank_restarts"]) + ")")
         if a.get("trained_again"):
             first, last = a["trained_again"]
             _say(f"    trained again: steps {first}..{last} at least (attempt {a['n'] - 1} had reached them; W&B keeps "
@@ -152,6 +155,13 @@ def show(name: str, as_json: bool, events: bool) -> None:
         _say(f"  problem: {problem}")
     if events:
         _say_events(d["events"])
+
+
+def _rank_restart_text(r: dict[str, Any]) -> str:
+    """One rank restart: ``killed: rank 1 ended -9 at step 47, resumed from step 40``."""
+    who = "" if r.get("failed_rank") is None else f"rank {r['failed_rank']} ended {_cell(r.get('rank_returncode'))} "
+    return (f"{r['class']}: {who}at step {_cell(r.get('failed_step'))}, resumed from step "
+            f"{_cell(r.get('resume_step') or 0)}")
 
 
 def _say_events(events: list[dict[str, Any]]) -> None:

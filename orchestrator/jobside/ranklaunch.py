@@ -104,10 +104,12 @@ def slurm_hosts(nodelist: str) -> list[str]:
 
 
 def slurm_step_argv(python: str, r: RankLayout, command: Sequence[str], env: Mapping[str, str],
-                    log_dir: str | None = None) -> list[str]:
+                    log_dir: str | None = None, relaunch: int = 0) -> list[str]:
     """srun starting one torchrun per node of the allocation, rendezvous on its first node.
 
     ``--cpus-per-task`` is passed on explicitly: srun of Slurm 22.05 does not inherit the batch job's.
+    ``relaunch``: the k-th rank restart in this allocation (rankrestart.py) rendezvous under an id and port of its
+    own, never the failed launch's (whose store may still be closing).
     """
     job_id = env.get("SLURM_JOB_ID") or ""
     nodelist = env.get("SLURM_JOB_NODELIST") or env.get("SLURM_NODELIST") or ""
@@ -118,4 +120,5 @@ def slurm_step_argv(python: str, r: RankLayout, command: Sequence[str], env: Map
     cpus = env.get("SLURM_CPUS_PER_TASK") or ""
     if cpus.isdigit():
         srun.append(f"--cpus-per-task={cpus}")
-    return srun + torchrun_argv(python, r, command, rdzv=(master, rdzv_port(job_id), job_id), log_dir=log_dir)
+    rid = job_id if not relaunch else f"{job_id}-r{relaunch}"
+    return srun + torchrun_argv(python, r, command, rdzv=(master, rdzv_port(rid), rid), log_dir=log_dir)

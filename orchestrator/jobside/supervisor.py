@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -20,9 +21,13 @@ import time
 from orchestrator import protocol
 from orchestrator.filelock import is_stopped
 from orchestrator.jobside import proctable
+from orchestrator.jobside.ranklaunch import SCONTROL_TIMEOUT_S
 
 STOPS = frozenset({signal.SIGTERM, signal.SIGINT, signal.SIGUSR2})  # what makes an attempt "stopped"
 LEFTOVER_GRACE_S = 5.0  # what a program's leftover processes get between SIGTERM and SIGKILL
+# How long, at most, a multi-rank Slurm wrapper waits for Slurm's end-of-grace signal after a preemption ended
+# its ranks' step (Slurm signals the batch process GraceTime + up to ~10 s after the step).
+PREEMPT_LINGER_S = float(os.environ.get("ORCH_PREEMPT_LINGER_S", "600"))
 
 
 class Supervisor:
@@ -122,6 +127,18 @@ class Supervisor:
         except ChildProcessError:  # reaped meanwhile by the main thread
             return False
 
+    def await_preemption(self, job_id: str) -> None:
+        """The ranks' step ended but no stop reached us: if Slurm is preempting the job, wait (bounded) for its
+        signal to the batch process at the grace's end. Exiting now ends the job FAILED during the grace, and
+        Slurm does not requeue it in place (measured on 22.05; deploy/slurm/README.md)."""
+        if self.stop_signal is not None or not being_preempted(job_id):
+            return
+        print(f"orch wrapper: the job is being preempted; waiting up to {PREEMPT_LINGER_S:.0f} s for Slurm's "
+              "signal so it is requeued in place", file=sys.stderr, flush=True)
+        deadline = time.monotonic() + PREEMPT_LINGER_S
+        while self.stop_signal is None and time.monotonic() < deadline:
+            time.sleep(0.2)  # on_signal notes the stop
+
     def wait(self, time_limit: float | None, kill_grace: float) -> tuple[int, bool]:
         """Wait for the program; at the time limit SIGTERM it, SIGKILL the session after the grace."""
         timed_out = False
@@ -139,6 +156,19 @@ class Supervisor:
                 else:
                     kill_session(signal.SIGKILL, self.token)
                     deadline = None
+
+
+def being_preempted(job_id: str) -> bool:
+    """Slurm says the job is in a preemption's grace (``scontrol show job``'s PreemptTime is set, measured on
+    22.05 while the job still shows RUNNING). False when it cannot be asked: the wrapper then ends as usual
+    and orch requeues the stopped attempt by itself."""
+    try:
+        p = subprocess.run(["scontrol", "show", "job", "-o", job_id], capture_output=True, text=True,
+                           timeout=SCONTROL_TIMEOUT_S, stdin=subprocess.DEVNULL, check=False)
+    except (OSError, subprocess.TimeoutExpired):
+        return False
+    m = re.search(r"\bPreemptTime=(\S+)", p.stdout if p.returncode == 0 else "")
+    return bool(m) and m.group(1) not in ("None", "Unknown", "(null)")
 
 
 def session_members(token: str | None = None) -> list[int]:

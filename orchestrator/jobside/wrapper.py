@@ -51,7 +51,6 @@ import errno
 import glob
 import json
 import os
-import re
 import signal
 import subprocess
 import sys
@@ -60,7 +59,7 @@ from pathlib import Path
 from typing import BinaryIO
 
 from orchestrator import protocol, testhooks
-from orchestrator.jobside import memlimit, mlflowrun, rankend, ranklaunch, spotnotice, trackerlock
+from orchestrator.jobside import memlimit, mlflowrun, rankend, ranklaunch, rankrestart, spotnotice, trackerlock
 from orchestrator.jobside.ballast import Ballast, give_back
 from orchestrator.jobside.cmdline import parse_with_command
 from orchestrator.jobside.stoppedwatch import StoppedWatch
@@ -68,9 +67,6 @@ from orchestrator.jobside.supervisor import STOPS, Supervisor, stop_leftovers
 
 FORWARDED = (signal.SIGTERM, signal.SIGUSR2, signal.SIGINT, signal.SIGUSR1)
 WRAPPER_FILE = protocol.WRAPPER_FILE  # back-compat name
-# How long, at most, a multi-rank Slurm wrapper waits for Slurm's end-of-grace signal after a preemption ended
-# its ranks' step (Slurm signals the batch process GraceTime + up to ~10 s after the step).
-PREEMPT_LINGER_S = float(os.environ.get("ORCH_PREEMPT_LINGER_S", "600"))
 
 
 def _parse(argv: list[str]) -> argparse.Namespace:
@@ -100,11 +96,16 @@ def _parse(argv: list[str]) -> argparse.Namespace:
     ap.add_argument("--nodes", type=int, default=1, help="nodes of a multi-rank job (Slurm: one torchrun each)")
     ap.add_argument("--grace", type=float, default=ranklaunch.DEFAULT_GRACE_S,
                     help="seconds torchrun gives the ranks between a stop signal and SIGKILL (--shutdown-timeout)")
+    ap.add_argument("--rank-restarts", type=int, default=0,
+                    help="restart a multi-rank program's ranks in this allocation up to this many times after a "
+                         "transient rank failure (rankrestart.py)")
     ap.add_argument("--mem-mb", type=int, default=None,
                     help="run the program in a memory cgroup with this limit (local backend; memlimit.py)")
     a = parse_with_command(ap, argv)
     if not 0.05 <= a.spot_interval <= 86400:  # also refuses nan
         ap.error(f"--spot-interval {a.spot_interval} is not 0.05..86400 seconds")
+    if not 0 <= a.rank_restarts <= protocol.MAX_RANK_RESTARTS:
+        ap.error(f"--rank-restarts {a.rank_restarts} is not 0..{protocol.MAX_RANK_RESTARTS}")
     if (a.nproc_per_node is not None and a.nproc_per_node < 1) or a.nodes < 1 or not 0 < a.grace <= 10**7:
         ap.error(f"--nproc-per-node {a.nproc_per_node} --nodes {a.nodes} --grace {a.grace}: need K, N >= 1, grace > 0")
     return a
@@ -156,7 +157,7 @@ def _torchrun_dir(a: argparse.Namespace) -> Path:
     return protocol.attempt_dir(Path(a.run_dir), a.attempt) / TORCHRUN_DIR
 
 
-def _program(a: argparse.Namespace, launch: str) -> tuple[list[str], int | None, str | None]:
+def _program(a: argparse.Namespace, launch: str, relaunch: int = 0) -> tuple[list[str], int | None, str | None]:
     """(argv to run, the world size orch launched or None, the Slurm job whose steps run the ranks or None).
 
     Raises ``ranklaunch.RankLaunchError``. Without ``--nproc-per-node`` the command runs as given, a user's own
@@ -170,7 +171,8 @@ def _program(a: argparse.Namespace, launch: str) -> tuple[list[str], int | None,
     command = ranklaunch.recorded(sys.executable, log_dir, launch, a.command)
     job_id = os.environ.get("SLURM_JOB_ID")
     if job_id:
-        return ranklaunch.slurm_step_argv(sys.executable, r, command, os.environ, log_dir), r.world_size, job_id
+        return (ranklaunch.slurm_step_argv(sys.executable, r, command, os.environ, log_dir, relaunch=relaunch),
+                r.world_size, job_id)
     if a.nodes > 1:  # torchrun --standalone would wait for nodes that never come
         raise ranklaunch.RankLaunchError(f"--nodes {a.nodes} needs a Slurm allocation; this machine is one node")
     return ranklaunch.torchrun_argv(sys.executable, r, command, log_dir=log_dir), r.world_size, None
@@ -184,32 +186,6 @@ def _failed_rank(a: argparse.Namespace, launch: str, rc: int, world_size: int | 
     end = rankend.first_own_end(rankend.read_rank_ends(_torchrun_dir(a), launch, a.token, world_size),
                                 world_size)
     return {} if end is None else {"failed_rank": end.rank, "rank_returncode": end.returncode}
-
-
-def _being_preempted(job_id: str) -> bool:
-    """Slurm says the job is in a preemption's grace (``scontrol show job``'s PreemptTime is set, measured on
-    22.05 while the job still shows RUNNING). False when it cannot be asked: the wrapper then ends as usual
-    and orch requeues the stopped attempt by itself."""
-    try:
-        p = subprocess.run(["scontrol", "show", "job", "-o", job_id], capture_output=True, text=True,
-                           timeout=ranklaunch.SCONTROL_TIMEOUT_S, stdin=subprocess.DEVNULL, check=False)
-    except (OSError, subprocess.TimeoutExpired):
-        return False
-    m = re.search(r"\bPreemptTime=(\S+)", p.stdout if p.returncode == 0 else "")
-    return bool(m) and m.group(1) not in ("None", "Unknown", "(null)")
-
-
-def _await_preemption(sup: Supervisor, job_id: str) -> None:
-    """The ranks' step ended but no stop reached us: if Slurm is preempting the job, wait (bounded) for its
-    signal to the batch process at the grace's end. Exiting now ends the job FAILED during the grace, and
-    Slurm does not requeue it in place (measured on 22.05; deploy/slurm/README.md)."""
-    if sup.stop_signal is not None or not _being_preempted(job_id):
-        return
-    print(f"orch wrapper: the job is being preempted; waiting up to {PREEMPT_LINGER_S:.0f} s for Slurm's "
-          "signal so it is requeued in place", file=sys.stderr, flush=True)
-    deadline = time.monotonic() + PREEMPT_LINGER_S
-    while sup.stop_signal is None and time.monotonic() < deadline:
-        time.sleep(0.2)  # on_signal notes the stop
 
 
 def _start_watcher(a: argparse.Namespace, sup: Supervisor) -> spotnotice.Watcher | None:
@@ -398,10 +374,21 @@ def _attempt(a: argparse.Namespace, run_dir: Path, adir: Path, restart: int, bal
                 **({"ranks_command": argv, "launch": launch} if world_size else {})})
         except OSError as e:
             ballast.disk_full |= e.errno == errno.ENOSPC
-        rc, timed_out = sup.wait(a.time_limit, a.kill_grace)
-        program_ended_at = protocol.now_iso()  # before its leftovers are stopped (their stop records come after)
-        if step_job is not None:
-            _await_preemption(sup, step_job)
+        deadline = None if not a.time_limit else time.monotonic() + a.time_limit
+        while True:
+            left = None if deadline is None else max(1e-3, deadline - time.monotonic())
+            rc, timed_out = sup.wait(left, a.kill_grace)
+            program_ended_at = protocol.now_iso()  # before its leftovers are stopped (their stop records come after)
+            if step_job is not None:
+                sup.await_preemption(step_job)
+            relaunched = None if not world_size or timed_out else rankrestart.relaunch(rankrestart.Launch(
+                a.token, a.attempt, a.rank_restarts, run_dir, adir, _torchrun_dir(a), world_size, launch,
+                lambda new, k: _program(a, new, relaunch=k)[0]), rc, env, sup, cgroup, out, err, deadline)
+            if relaunched is None:
+                break
+            launch, argv, child = relaunched
+            stopped_watch.stop()
+            stopped_watch = StoppedWatch(child.pid, adir)
         # From the program's exit until exit.json is written, a stop stays pending instead of running
         # the handler: the marker decision below sees every stop that arrived before it commits.
         signal.pthread_sigmask(signal.SIG_BLOCK, STOPS)

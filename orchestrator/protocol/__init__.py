@@ -48,6 +48,7 @@ from orchestrator.protocol.layout import (  # noqa: F401 - names the star import
 )
 from orchestrator.protocol.marker import *  # noqa: F403
 from orchestrator.protocol.progress import *  # noqa: F403
+from orchestrator.protocol.rankrestarts import *  # noqa: F403
 from orchestrator.protocol.restarts import *  # noqa: F403
 from orchestrator.protocol.runconfig import *  # noqa: F403
 from orchestrator.protocol.rundirreport import *  # noqa: F403

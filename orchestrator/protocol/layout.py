@@ -55,6 +55,12 @@ SUPERSEDED_FILE = "superseded.json"  # written by a wrapper that found its fence
 # Written by orch (the controller) from the scheduler's account: why each earlier run of an attempt restarted in
 # place ended (Slurm's per-run sacct State). It wins over the class the program guessed from a stop signal.
 RESTART_CAUSES_FILE = "restart_causes.json"
+# Written by the wrapper: each time it restarted a multi-rank program's ranks inside the job's own allocation
+# (``--rank-restarts``), why and from which step. The failed launch's own reports (failure.json, its ranks'
+# failure.rank-<r>.json, stop.json) move to ``rank-restarts/<k>/``: left in place, the next launch's survivors read
+# a peer's old crash as their own cause, and ``*.prev-<k>`` names belong to the scheduler's in-place reruns.
+RANK_RESTARTS_FILE = "rank_restarts.json"
+RANK_RESTARTS_DIR = "rank-restarts"
 WRAPPER_LOG = "wrapper.log"  # the wrapper's own stdout/stderr (local backend)
 STDOUT_LOG = "stdout.log"
 STDERR_LOG = "stderr.log"

@@ -58,6 +58,9 @@ def show_job(db: Database, name: str, events: bool = False) -> dict[str, Any]:
     for a in d["attempts"]:
         # A Slurm in-place requeue keeps the attempt; what stopped each earlier run was set aside in its dir.
         a["restart_history"] = protocol.restart_history(d["run_dir"], a["n"], a["token"]) if a["restarts"] else []
+        # The ranks orch launched, restarted inside the allocation after a transient failure (--rank-restarts).
+        a["rank_restarts"] = protocol.read_rank_restarts(protocol.attempt_dir(d["run_dir"], a["n"]), a["token"]) \
+            if (d["resources"] or {}).get("nproc_per_node") else []
         # What this attempt's launch moved to the trash and set aside as torn, and why (a
         # requeue trashed HF's checkpoints and show said nothing).
         a.update(launch_record(d["run_dir"], a["n"]))

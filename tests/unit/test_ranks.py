@@ -36,6 +36,9 @@ BAD = [
     ("sbatch-arg getopt prefix --ntasks-per with ranks", ["--backend", "slurm", "--nproc-per-node", "2",
      "--sbatch-arg", "--ntasks-per=4"], "orch sets --ntasks-per itself"),
     ("gpus-per-node 0", ["--backend", "slurm", "--gpus-per-node", "0"], "Invalid value for '--gpus-per-node'"),
+    ("rank-restarts without nproc", ["--rank-restarts", "2"], "--rank-restarts needs --nproc-per-node"),
+    ("rank-restarts -1", ["--nproc-per-node", "2", "--rank-restarts", "-1"], "Invalid value for '--rank-restarts'"),
+    ("rank-restarts 101", ["--nproc-per-node", "2", "--rank-restarts", "101"], "Invalid value for '--rank-restarts'"),
 ]
 
 
@@ -98,6 +101,14 @@ def test_wrapper_argv_carries_the_ranks_and_the_grace_only_when_asked():
     assert head[head.index("--grace") + 1] == "90"
     plain = _spec().wrapper_argv("/py")
     assert "--nproc-per-node" not in plain and "--grace" not in plain  # `orch submit -- torchrun ...`: as before
+    assert "--rank-restarts" not in argv  # not asked for
+    asked = _spec(nproc_per_node=2, rank_restarts=3).wrapper_argv("/py")
+    assert asked[asked.index("--rank-restarts") + 1] == "3"
+
+
+def test_submit_stores_rank_restarts_with_the_ranks(orch):
+    orch("submit", "--name", "rr", "--nproc-per-node", "2", "--rank-restarts", "2", "--", "true", check=True)
+    assert orch.show("rr")["resources"]["rank_restarts"] == 2
 
 
 def test_local_torchrun_is_standalone_with_the_job_grace_as_shutdown_timeout():
@@ -138,6 +149,10 @@ def test_two_nodes_one_torchrun_per_node_through_srun_rendezvous_on_the_first_no
     assert torchrun[torchrun.index("--rdzv-id") + 1] == "4242"
     assert torchrun[torchrun.index("--nnodes") + 1] == "2" and torchrun[torchrun.index("--nproc-per-node") + 1] == "4"
     assert torchrun[torchrun.index("--shutdown-timeout") + 1] == "75"
+    # a rank restart in the allocation rendezvous under an id and port of its own, never the failed launch's
+    again = ranks.slurm_step_argv("/py", ranks.RankLayout(nodes=2, nproc_per_node=4, grace_s=75), CMD, env, relaunch=1)
+    assert again[again.index("--rdzv-id") + 1] == "4242-r1"
+    assert again[again.index("--rdzv-endpoint") + 1] == f"gpu-a17:{ranks.rdzv_port('4242-r1')}"
     assert "--standalone" not in torchrun and torchrun[-len(CMD):] == list(CMD)
 
 
@@ -198,14 +213,14 @@ def test_wrapper_stops_of_its_own_go_to_the_job_steps_never_to_srun(tmp_path, mo
 
 @pytest.mark.parametrize("preempt_time,expected", [("2026-12-01T17:53:32", True), ("None", False)])
 def test_preemption_is_read_from_scontrol(tmp_path, monkeypatch, preempt_time, expected):
-    from orchestrator.jobside import wrapper
+    from orchestrator.jobside import supervisor
 
     log = tmp_path / "calls.log"
     line = (f"JobId=318 JobState=RUNNING Requeue=1 Restarts=0 PreemptEligibleTime=2026-12-01T17:53:28 "
             f"PreemptTime={preempt_time} SuspendTime=None NodeList=vm")
     _fake_tool(tmp_path / "bin", "scontrol", line, log)
     monkeypatch.setenv("PATH", f"{tmp_path / 'bin'}:/usr/bin:/bin")
-    assert wrapper._being_preempted("318") is expected
+    assert supervisor.being_preempted("318") is expected
     assert log.read_text().splitlines() == ["scontrol show job -o 318"]
 
 
