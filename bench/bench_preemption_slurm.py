@@ -166,7 +166,7 @@ def trial(orch: Orch, partition: str, i: int, args: argparse.Namespace, rng: ran
     orch("submit", "--backend", "slurm", "--name", name, "--partition", partition, "--cpus-per-task", "1",
          "--mem", "1G", "--", C.PY, "-m", "orch_trainer", "--preset", "tiny", "--threads", "1",
          "--max-steps", str(args.max_steps), "--save-interval", str(args.save_interval), "--log-interval", "1",
-         "--heartbeat-interval", "0.2")
+         "--heartbeat-interval", "0.2", "--sleep-per-step", str(args.sleep_per_step))
     rd = orch.home / "runs" / name
     target = rng.randint(args.save_interval // 4, args.max_steps // 5)
     reconcile_until(orch, name, lambda r: ((protocol.read_progress(rd, 1) or {}).get("step") or 0) >= target,
@@ -284,14 +284,18 @@ def main() -> int:
     ap.add_argument("--trials", type=int, default=3, help="preemptions on spot (Slurm requeues in place)")
     ap.add_argument("--cancel-trials", type=int, default=1, help="preemptions on spot-cancel (orch requeues)")
     ap.add_argument("--max-steps", type=int, default=2500)
+    ap.add_argument("--sleep-per-step", type=float, default=0.0,
+                    help="the trainer's --sleep-per-step (--quick: 0.05 s, so 600 steps outlast the preemption)")
     ap.add_argument("--save-interval", type=int, default=200)
     ap.add_argument("--seed", type=int, default=11)
     ap.add_argument("--wait-limit", type=float, default=3600, help="seconds to wait for a busy cluster")
     ap.add_argument("--no-write", action="store_true")
     C.add_quick(ap)
     args = ap.parse_args()
-    if args.quick:  # one in-place requeue (the run must outlast Slurm's preemption delay: steps as by default)
+    if args.quick:  # one in-place requeue (the run must outlast Slurm's preemption delay)
         args.trials, args.cancel_trials, args.wait_limit, args.no_write = 1, 0, 300, True
+        # 2,500 steps at the trainer's own speed (21-54 steps/s with load) took ~100 s; slept steps take a known time
+        args.max_steps, args.sleep_per_step = 600, 0.05
     if shutil.which("sbatch") is None or sh("sinfo", "-h").returncode != 0:
         print("no Slurm cluster here (sinfo failed); see deploy/slurm/README.md", file=sys.stderr)
         return 2

@@ -68,6 +68,16 @@ def _positive_float(text: str) -> float:
     return v
 
 
+def _nonnegative_float(text: str) -> float:
+    try:
+        v = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+    if not 0 <= v <= 3600:  # also refuses nan and inf
+        raise argparse.ArgumentTypeError(f"must be 0..3600, got {text}")
+    return v
+
+
 def _fault(text: str) -> FaultSpec:
     try:
         return parse_fault(text)
@@ -126,6 +136,9 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--threads", type=pos1, default=1, help="torch CPU threads (default 1)")
     ap.add_argument("--background-save", action=argparse.BooleanOptionalAction, default=True,
                     help="write periodic checkpoints in a worker thread (default: on)")
+    ap.add_argument("--sleep-per-step", type=_nonnegative_float, default=0.0, metavar="SECONDS",
+                    help="sleep this long after each step: stands in for a slower model (tests and benchmarks that "
+                         "must outlast a scheduler's delay, whatever this machine's speed)")
     ap.add_argument("--log-interval", type=pos1, default=10)
     ap.add_argument("--heartbeat-interval", type=_positive_float, default=2.0, metavar="SECONDS")
     return ap

@@ -258,6 +258,8 @@ class TrainLoop:
             if (s % a.log_interval == 0 or s == a.max_steps) and self.rank == 0:
                 log(f"step {s}/{a.max_steps} loss {loss_v:.4f} lr {self.scheduler.get_last_lr()[0]:.2e} "
                     f"tok/s {tok_s:.0f}")
+            if a.sleep_per_step:
+                time.sleep(a.sleep_per_step)  # a slower model's stand-in (--sleep-per-step)
             self._poll_save()
             if self._save_due(s):
                 self._save(s, background=a.background_save)

@@ -60,7 +60,10 @@ else
   # ~3 min) joins the slurm stream: with the README's commands in tests/local the main stream took 35:06 (CI 78).
   # tests/policy (~190 s) moved to the integrations stream when tests/slurm gained the multi-node and goodput
   # tests (~4 min).
-  side=("tests/slurm tests/bench tests/docs" "tests/integrations tests/trainer tests/policy")
+  # The three multi-rank local files (~4 min: two of them launch torchrun twice or more) run with the slurm stream:
+  # the main stream was the longest (CI 82 by JUnit: main 2675 s, integrations 2540, slurm 2311; under load).
+  slurm_side="tests/slurm tests/bench tests/docs tests/local/test_rank_restarts_local.py tests/local/test_reshape.py"
+  side=("$slurm_side tests/local/test_old_entry_points.py" "tests/integrations tests/trainer tests/policy")
   ignore=(); pids=()
   for i in "${!side[@]}"; do
     read -ra dirs <<<"${side[$i]}"

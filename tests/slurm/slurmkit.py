@@ -31,6 +31,31 @@ def run(*argv: str, timeout: float = 60) -> subprocess.CompletedProcess:
     return subprocess.run(list(argv), capture_output=True, text=True, timeout=timeout)
 
 
+def cluster_up_with(**env: str) -> None:
+    """``cluster.sh up`` with these settings (``ORCH_SLURM_SLURMD_TIMEOUT_S="20"``): a changed slurm.conf restarts
+    the daemons. ``cluster_up_with()`` puts the defaults back, and any node a test killed with them."""
+    p = subprocess.run(["bash", str(CLUSTER_SH), "up"], capture_output=True, text=True, timeout=600,
+                       env={**os.environ, **env})
+    assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
+
+
+def kill_node(node: str) -> list[int]:
+    """A power loss's stand-in for one dev-cluster node: SIGKILL to its slurmd and to every process in its
+    ``slurm_<node>`` memory cgroups (the job's steps on it), no signal to the job first. The pids killed."""
+    pids = []
+    pidfile = STATE / "run" / f"slurmd-{node}.pid"
+    if pidfile.exists():
+        pids.append(int(pidfile.read_text().split()[0]))
+    for procs in Path(f"/sys/fs/cgroup/memory/slurm_{node}").rglob("cgroup.procs"):
+        pids += [int(x) for x in procs.read_text().split()]
+    for pid in pids:
+        try:
+            os.kill(pid, 9)
+        except ProcessLookupError:
+            pass
+    return pids
+
+
 @dataclass
 class SlurmKit:
     """The backend under test plus the bookkeeping that keeps tests from disturbing each other."""

@@ -62,8 +62,10 @@ def slurm_cleanup(orch):
 
 
 def submit(orch, name: str, *opts: str, steps: int, save: int = 50) -> None:
-    p = orch("submit", "--backend", "slurm", "--name", name, "--cpus-per-task", "1", *opts, "--",
-             *TRAINER, "--max-steps", str(steps), "--save-interval", str(save))
+    """``opts`` before a "--" go to orch submit, after it to the trainer."""
+    cut = opts.index("--") if "--" in opts else len(opts)
+    p = orch("submit", "--backend", "slurm", "--name", name, "--cpus-per-task", "1", *opts[:cut], "--",
+             *TRAINER, "--max-steps", str(steps), "--save-interval", str(save), *opts[cut + 1:])
     assert p.returncode == 0, p.stdout + p.stderr
     assert re.match(rf"submitted {name} \(slurm \d+\)", p.stdout), p.stdout
 
@@ -107,14 +109,14 @@ def assert_lost_at_most_one_step(report: dict, resumed: int | None) -> None:
 
 
 def test_e2e_preemption_spot_requeues_in_place_spot_cancel_requeues_by_orch(orch, slurm_cleanup) -> None:
-    steps = 4000
+    steps = 800
     node_idle()
-    # Preemption reached the trainers 13-22 s after the prio job's submission. The trainer's speed
-    # varies ~3x with load (21-33 steps/s under other work, ~54 on an idle CI machine, where 1500
-    # steps once finished first); 4000 steps outlast the preemption at any of these speeds. (A job
-    # ending after its grace but before Slurm acted was recorded TIMEOUT 0:0 although it exited 0.)
-    submit(orch, "pre-spot", "--partition", "spot", steps=steps)
-    submit(orch, "pre-cancel", "--partition", "spot-cancel", steps=steps)
+    # Preemption reached the trainers 13-22 s after the prio job's submission. The trainer's own speed
+    # varies ~3x with load (21-54 steps/s), so 4000 steps were run to outlast it, 75-190 s per job; with 0.05 s
+    # slept per step, 800 steps take at least 40 s at any speed (stopped at step ~330, 22 s after the prio job).
+    # (A job ending after its grace but before Slurm acted was recorded TIMEOUT 0:0 although it exited 0.)
+    submit(orch, "pre-spot", "--partition", "spot", "--", "--sleep-per-step", "0.05", steps=steps)
+    submit(orch, "pre-cancel", "--partition", "spot-cancel", "--", "--sleep-per-step", "0.05", steps=steps)
     spot, cancel = orch.runs / "pre-spot", orch.runs / "pre-cancel"
     log: list = []
     drive(orch, ["pre-spot", "pre-cancel"], lambda r: step_of(spot, 1) >= 20 and step_of(cancel, 1) >= 20,

@@ -11,12 +11,16 @@ network namespace (what that does and does not show: deploy/slurm/README.md).
 from __future__ import annotations
 
 import json
+import os
+import signal
 import sys
+import time
 from collections import Counter
+from pathlib import Path
 
 import pytest
 from orchkit import ROOT, wait_for
-from slurmkit import cancel_all_of, node_idle, run
+from slurmkit import cancel_all_of, cluster_up_with, kill_node, node_idle, run
 
 from orchestrator import protocol
 
@@ -30,6 +34,12 @@ def cleanup(orch):
     extra: list[str] = []
     yield extra
     cancel_all_of(orch, extra)
+
+
+def settled(orch, name: str) -> bool:
+    """One paced reconcile pass (as cron would), then whether the job has ended."""
+    orch.reconcile_paced()
+    return orch.polled_state(name) in ("done_marker_verified", "failed", "retryable_failed")
 
 
 def hostnames(nodelist: str) -> list[str]:
@@ -58,11 +68,7 @@ def test_a_two_node_job_rendezvous_across_slurmd_nodes_survives_a_preemption_wit
     assert q.returncode == 0, q.stderr  # every CPU of every node: it preempts the job on both of its nodes
     cleanup.append(q.stdout.strip())
 
-    def settled() -> bool:
-        orch.reconcile_paced()
-        return orch.polled_state("mn") in ("done_marker_verified", "failed", "retryable_failed")
-
-    wait_for(settled, 420, "the 2-node job to end", interval=1, detail=lambda: (
+    wait_for(lambda: settled(orch, "mn"), 420, "the 2-node job to end", interval=1, detail=lambda: (
         run("sacct", "-X", "-n", "-P", "--duplicates", "-j", job_id, "-o", "State,NodeList").stdout,
         json.dumps(orch.show("mn"))[-3000:]))
     show = orch.show("mn")
@@ -129,3 +135,117 @@ def test_a_two_node_job_requeued_on_one_node_resumes_there_with_no_step_redone(o
     assert all(done[("1", str(s))] == 2 for s in range(1, resumed + 1))
     assert {k for k in done if k[0] == "2"} == {("2", str(s)) for s in range(resumed + 1, 201)}
     assert all(done[("2", str(s))] == 1 for s in range(resumed + 1, 201))
+
+
+def rank_program_pid(job_id: str, rank: int) -> int | None:
+    """The pid of rank ``rank``'s program (plain_loop.py itself, not orch's per-rank parent) of Slurm job
+    ``job_id``: every node's processes share this kernel, so a node's rank is a process here."""
+    want = {f"SLURM_JOB_ID={job_id}".encode(), f"RANK={rank}".encode()}
+    for d in Path("/proc").iterdir():
+        if not d.name.isdigit():
+            continue
+        try:
+            argv = (d / "cmdline").read_bytes().split(b"\0")
+            if len(argv) > 1 and argv[1].endswith(b"plain_loop.py") and \
+                    want <= set((d / "environ").read_bytes().split(b"\0")):
+                return int(d.name)
+        except OSError:
+            continue
+    return None
+
+
+def test_a_rank_killed_on_a_two_node_job_is_restarted_inside_the_allocation_not_requeued(orch, cleanup):
+    """`--rank-restarts`: a rank SIGKILLed (an ECC error, a kill -9) ends the job step; the wrapper starts a new step
+    in the same allocation, resuming from the commit, with no trip through Slurm's queue."""
+    node_idle()
+    step_log = orch.home / "steps.log"
+    steps = 200
+    p = orch("submit", "--backend", "slurm", "--partition", "multi", "--nodes", "2", "--nproc-per-node", "1",
+             "--rank-restarts", "2", "--cpus-per-task", "1", "--mem", "2G", "--name", "rk", "--", *LOOP[:3],
+             str(steps), *LOOP[4:], "--step-log", str(step_log))
+    assert p.returncode == 0, p.stdout + p.stderr
+    run_dir = orch.runs / "rk"
+    job_id = orch.show("rk")["attempts"][0]["external_id"]
+    wait_for(lambda: int((protocol.read_progress(run_dir, 1) or {}).get("step") or 0) >= 60, 180, "step 60")
+    pid = rank_program_pid(job_id, 1)
+    assert pid is not None
+    killed_at = time.time()
+    os.kill(pid, signal.SIGKILL)
+
+    wait_for(lambda: settled(orch, "rk"), 300, "the job to end", interval=1,
+             detail=lambda: json.dumps(orch.show("rk"))[-3000:])
+    show = orch.show("rk")
+    assert show["state"] == "done_marker_verified", show
+    (a,) = show["attempts"]
+    assert (a["restarts"], a["world_size"]) == (0, 2), a  # never requeued: Slurm ran the job once
+    (r,) = a["rank_restarts"]
+    assert (r["class"], r["failed_rank"], r["rank_returncode"]) == ("killed", 1, -signal.SIGKILL), r
+    assert r["resume_step"] >= 50, r
+    runs = run("sacct", "-X", "-n", "-P", "--duplicates", "-j", job_id, "-o", "State").stdout.split()
+    assert runs == ["COMPLETED"], runs
+    steps_run = run("sacct", "-n", "-P", "-j", job_id, "-o", "JobID").stdout.split()
+    assert {f"{job_id}.0", f"{job_id}.1"} <= set(steps_run), steps_run  # the failed step and the relaunch
+    done = Counter(tuple(line.split()[1:]) for line in step_log.read_text().splitlines())
+    assert set(done) == {(str(s), str(rk)) for s in range(1, steps + 1) for rk in range(2)}
+    again = sorted({int(s) for (s, _rk), n in done.items() if n > 1})
+    assert all(r["resume_step"] < s <= r["failed_step"] + 1 for s in again), (again, r)
+    beats = [json.loads(x) for x in (run_dir / "attempts" / "1" / protocol.PROGRESS_HISTORY).read_text().splitlines()]
+    back = min(b["time"] for b in beats if b["time"] > killed_at and b.get("resumed_from") == r["resume_step"]
+               and (b.get("step") or 0) > r["resume_step"])  # the relaunch's first step, not a survivor's last beat
+    print(f"\n[measured] rank 1 SIGKILLed at step {r['failed_step']}: training again (a step past {r['resume_step']}) "
+          f"{back - killed_at:.1f} s later, in the same allocation; {len(again)} steps computed again")
+
+
+@pytest.fixture
+def short_slurmd_timeout():
+    """SlurmdTimeout 20 s for one test (Slurm's 300 s would hold a dead node's job 5 minutes); then the defaults
+    again, and the node the test killed back up."""
+    cluster_up_with(ORCH_SLURM_SLURMD_TIMEOUT_S="20")
+    yield
+    cluster_up_with()
+
+
+def test_a_node_killed_under_a_two_node_job_ends_node_fail_and_the_rerun_on_healthy_nodes_verifies(
+        orch, cleanup, short_slurmd_timeout):
+    """A power loss under a running 2-node job: its second node's slurmd and processes SIGKILLed, no signal first.
+    Slurm marks the node down, the run ends NODE_FAIL and is requeued in place onto healthy nodes; orch counts
+    one restart of class node_fail (no preemption, never against --max-attempts), and only steps after the last
+    commit are computed again."""
+    node_idle()
+    step_log = orch.home / "steps.log"
+    steps = 300
+    p = orch("submit", "--backend", "slurm", "--partition", "multi", "--nodes", "2", "--nproc-per-node", "1",
+             "--cpus-per-task", "1", "--mem", "2G", "--name", "nk", "--", *LOOP[:3], str(steps), *LOOP[4:],
+             "--step-log", str(step_log))
+    assert p.returncode == 0, p.stdout + p.stderr
+    run_dir = orch.runs / "nk"
+    job_id = orch.show("nk")["attempts"][0]["external_id"]
+    wait_for(lambda: int((protocol.read_progress(run_dir, 1) or {}).get("step") or 0) >= 60, 180, "step 60")
+    first_nodes = hostnames(run("squeue", "-h", "-j", job_id, "-o", "%N").stdout.strip())
+    assert len(first_nodes) == 2, first_nodes
+    dead = first_nodes[1]  # not the batch node: the wrapper there sees the run end
+    assert kill_node(dead)
+    wait_for(lambda: "down" in run("sinfo", "-h", "-n", dead, "-o", "%T").stdout, 120, f"{dead} marked down",
+             interval=1)
+
+    wait_for(lambda: settled(orch, "nk"), 300, "the job to end", interval=1, detail=lambda: (
+        run("sacct", "-X", "-n", "-P", "--duplicates", "-j", job_id, "-o", "State,NodeList").stdout,
+        json.dumps(orch.show("nk"))[-3000:]))
+    show = orch.show("nk")
+    assert show["state"] == "done_marker_verified", show
+    (a,) = show["attempts"]
+    runs = [r.split("|") for r in run("sacct", "-X", "-n", "-P", "--duplicates", "-j", job_id, "-o",
+                                      "State,NodeList").stdout.split()]
+    assert [state for state, _ in runs] == ["NODE_FAIL", "COMPLETED"], runs
+    assert dead not in hostnames(runs[1][1]), runs  # the rerun landed on healthy nodes
+    assert (a["restarts"], [h["class"] for h in a["restart_history"]]) == (1, ["node_fail"]), a
+    assert show["preemptions"]["total"] == 0, show["preemptions"]  # a node's death is no preemption
+    done = Counter(tuple(line.split()[1:]) for line in step_log.read_text().splitlines())
+    assert set(done) == {(str(s), str(rk)) for s in range(1, steps + 1) for rk in range(2)}
+    resumed = [b for b in (json.loads(x) for x in (run_dir / "attempts" / "1" / protocol.PROGRESS_HISTORY)
+                           .read_text().splitlines()) if b.get("resumed_from")]
+    resume = resumed[0]["resumed_from"]
+    again = sorted({int(s) for (s, _rk), n in done.items() if n > 1})
+    assert all(s > resume for s in again), (resume, again)  # nothing committed was computed twice
+    print(f"\n[measured] node {dead} killed at step >= 60: NODE_FAIL, rerun in place on {runs[1][1]}, resumed from "
+          f"{resume}; {len(again)} steps computed again")

@@ -22,6 +22,8 @@ from orchestrator import protocol
     (["--lr", "nan"], "--lr: must be a finite number > 0"),
     (["--keep-last-k", "0"], "--keep-last-k: must be >= 1"),
     (["--skip-batches", "-1"], "--skip-batches: must be >= 0"),
+    (["--sleep-per-step", "-1"], "--sleep-per-step: must be 0..3600"),
+    (["--sleep-per-step", "nan"], "--sleep-per-step: must be 0..3600"),
     (["--inject-fault", "oom@5"], "malformed fault 'oom@5'"),
     (["--inject-fault", "boom@step=3"], "unknown fault kind 'boom'"),
     (["--inject-fault", "nan@step=0"], "fault step must be >= 1"),
