@@ -165,7 +165,10 @@ def main() -> int:
         notes = (f"{a.trials} trials each, interleaved; median (min-max). Both paths resume from the commit at step "
                  "20 and start torch on 2 ranks again (most of either figure, on this 2-core machine). The requeue's "
                  "figure is its best case: a reconcile pass every 0.5 s, no backoff; a cron's minute and, on Slurm, "
-                 "the queue wait add to it and not to the restart inside the allocation.")
+                 "the queue wait add to it and not to the restart inside the allocation. On the dev Slurm cluster "
+                 "a 2-node job's rank SIGKILLed was training again 7.8 s later in a new job step of the same "
+                 "allocation (tests/slurm/test_multinode_slurm.py prints it), where a requeue goes back through the "
+                 "queue.")
         C.replace_section(TITLE, C.preamble("bench_rank_restart.py", notes) + "\n" + tab + "\n")
         print(f"wrote section '{TITLE}' of {C.BENCHMARKS}")
     return 0
