@@ -125,12 +125,19 @@ def record(adir: Path, token: str, f: Failed, cause: str, failed_step: int | Non
     ``rank-restarts/<k>/`` (the next launch's must not be read as its: a survivor takes a peer's failure record
     as its cause) and add the restart to ``rank_restarts.json``; returns how many restarts the attempt made."""
     k = len(protocol.read_rank_restarts(adir, token)) + 1
-    aside = protocol.rank_restart_dir(adir, k)
+    try:  # a rank-restarts/ the job planted as a symlink would take the reports out of the run dir: refused
+        aside = protocol.resolve_inside(adir, f"{protocol.RANK_RESTARTS_DIR}/{k}")
+    except protocol.UnsafePath:
+        aside = None
     reports = [adir / protocol.FAILURE_FILE, adir / protocol.STOP_FILE, *adir.glob(RANK_FAILURES)]
     for src in reports:
-        if src.exists() or src.is_symlink():
-            aside.mkdir(parents=True, exist_ok=True)
-            os.replace(src, aside / src.name)
+        if not (src.exists() or src.is_symlink()):
+            continue
+        if aside is None:
+            src.unlink()  # never read as the next launch's; the record below keeps what it said
+            continue
+        aside.mkdir(parents=True, exist_ok=True)
+        os.replace(src, aside / src.name)
     return protocol.append_rank_restart(adir, token, {
         "at": at, "class": cause, "failed_step": failed_step, "resume_step": resume_step,
         "failed_rank": None if f.end is None else f.end.rank,

@@ -110,3 +110,15 @@ def test_the_relaunch_resumes_from_the_newest_commit_not_the_attempts_rollback_t
     rankrestart.resume_env(tmp_path, 2, env)
     assert json.loads(env[protocol.ENV_OVERRIDES]) == {"batch_size": 8}  # the policy's other overrides stay
     assert env[protocol.ENV_RESUME_STEP] == "60"
+
+
+def test_a_rank_restarts_dir_planted_as_a_symlink_is_never_written_through(tmp_path):
+    adir = tmp_path / "attempts" / "1"
+    adir.mkdir(parents=True)
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    (adir / "rank-restarts").symlink_to(outside)
+    (adir / protocol.FAILURE_FILE).write_text(json.dumps({"class": "killed", "step": 3}))
+    assert rankrestart.record(adir, "tok", failed(), "killed", 3, 0, 1.0) == 1
+    assert list(outside.iterdir()) == []  # nothing moved out of the run dir
+    assert not (adir / protocol.FAILURE_FILE).exists()  # and the next launch never reads it as its own

@@ -103,3 +103,31 @@ def test_the_slurm_backend_declares_node_exclusion_and_the_local_one_does_not():
     from orchestrator.backends.local import LocalBackend
 
     assert slurm.SlurmBackend.capabilities.node_exclusion and not LocalBackend.capabilities.node_exclusion
+
+
+@pytest.mark.parametrize("extra_sbatch, hosts, want", [
+    (["--nodelist=gpu[01-02]"], "gpu01\ngpu02\n", {"gpu01", "gpu02"}),
+    (["--nodel=gpu05"], "gpu05\n", {"gpu05"}),  # getopt's prefix: sbatch takes it as --nodelist
+    (["--nodelist=gpu01", "--nodelist=gpu02"], "gpu02\n", {"gpu02"}),  # the last one, as sbatch
+    (["--nodelist=gpu03"], "gpu03\n", set()),  # pinned to a drained node: none usable
+    (["--nodes=2"], None, {"gpu01", "gpu02", "gpu05"}),  # not a pin
+])
+def test_a_job_pinned_to_nodes_can_use_only_those(monkeypatch, extra_sbatch, hosts, want):
+    """A job whose own --nodelist names a suspect can run only there: its usable nodes are its pin's, so the rule
+    keeps the suspect and says so (the exclusion was computed, then dropped unsaid by exclude_options)."""
+    def run(argv, t, env=None):
+        if argv[:3] == ["scontrol", "show", "hostnames"]:
+            assert hosts is not None and argv[3] == extra_sbatch[-1].split("=", 1)[1]
+            return subprocess.CompletedProcess(argv, 0, hosts, "")
+        return subprocess.CompletedProcess(argv, 0, SINFO, "")
+
+    monkeypatch.setattr(slurm, "_run", run)
+    res = Resources(extras={"partition": "gpu", "extra_sbatch": extra_sbatch})
+    assert slurm.SlurmBackend().usable_nodes(res) == frozenset(want)
+
+
+def test_a_pin_read_from_a_file_or_unreadable_excludes_nothing(monkeypatch):
+    monkeypatch.setattr(slurm, "_run", lambda argv, t, env=None: subprocess.CompletedProcess(
+        argv, 1 if argv[0] == "scontrol" else 0, SINFO, ""))
+    assert slurm.SlurmBackend().usable_nodes(Resources(extras={"extra_sbatch": ["--nodelist=./nodes.txt"]})) is None
+    assert slurm.SlurmBackend().usable_nodes(Resources(extras={"extra_sbatch": ["--nodelist=gpu01"]})) is None

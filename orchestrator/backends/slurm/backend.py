@@ -97,6 +97,7 @@ from orchestrator.backends.slurm.sbatch import (
     clean_submit_env,
     exclude_options,
     job_name_for,
+    pinned_nodelist,
     positive_or_zero,
     resource_options,
     warning_lead_s,
@@ -258,7 +259,18 @@ class SlurmBackend(RunDirJobs, Backend):
             return None
         if p.returncode != 0:
             return None
-        return slurm_states.usable_nodes(p.stdout, resources.extra("partition"))
+        usable = slurm_states.usable_nodes(p.stdout, resources.extra("partition"))
+        pin = pinned_nodelist(resources.extra("extra_sbatch"))
+        if pin is None:
+            return usable
+        # A job pinned to its nodes can use only those: a suspect among them stays (never unschedulable).
+        if "/" in pin:  # sbatch reads a node list with a slash from that file: unknown here, exclude nothing
+            return None
+        try:
+            h = _run(["scontrol", "show", "hostnames", pin], self.query_timeout_s)
+        except (OSError, subprocess.TimeoutExpired):
+            return None
+        return usable & frozenset(h.stdout.split()) if h.returncode == 0 else None
 
     # ------------------------------------------------------------------------------------------
     def _squeue(self, ids: Sequence[str]) -> dict[str, tuple[str, str, str]] | None:

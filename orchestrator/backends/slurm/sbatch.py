@@ -101,6 +101,19 @@ def validate_extra_sbatch(extra: Sequence[str]) -> list[str]:
     return out
 
 
+def pinned_nodelist(extra: Sequence[str] | None) -> str | None:
+    """The node list a job's own sbatch options pin it to (``--nodelist=L``, or an unambiguous getopt prefix of it:
+    ``--nodel=L``), the last one given, as sbatch takes it; None when the job pins none. Its usable nodes are those:
+    an exclusion of a node it pinned would leave sbatch nothing to run it on ("Requested node configuration is not
+    available", a refusal for good); ``exclude_options`` drops orch's exclusion whenever the job chooses nodes."""
+    pin = None
+    for arg in extra or ():
+        opt, eq, value = str(arg)[2:].partition("=")
+        if eq and len(opt) >= len("nodel") and "nodelist".startswith(opt.lower()):
+            pin = value
+    return pin
+
+
 def warning_lead_s(time_s: int | None) -> int:
     """Seconds before the time limit at which the job gets SIGUSR2 to checkpoint.
 
