@@ -60,6 +60,9 @@ class Resources:
     gpus_per_node: int | None = None
     # Restarts of the ranks inside the allocation, per attempt, after a transient rank failure (jobside/rankrestart.py).
     rank_restarts: int | None = None
+    # Nodes held beside ``nodes`` (sbatch --nodes N+K --no-kill): a node lost under the ranks is replaced by one of
+    # these inside the allocation, the ranks restarted there (needs rank_restarts).
+    spare_nodes: int | None = None
 
 
 @dataclass(frozen=True)
@@ -139,6 +142,8 @@ class SubmitSpec:
                 argv += ["--grace", f"{self.grace_s:g}"]
             if self.resources.rank_restarts:
                 argv += ["--rank-restarts", str(self.resources.rank_restarts)]
+            if self.resources.spare_nodes:
+                argv += ["--spare-nodes", str(self.resources.spare_nodes)]
         if self.spot_notice != "off":
             argv += ["--spot-notice", self.spot_notice, "--spot-interval", str(self.spot_interval_s)]
             if self.spot_url:

@@ -191,6 +191,10 @@ def job_options(f: Any) -> Any:
                           "newest checkpoint, up to this many times per attempt when a rank is killed (SIGKILL, "
                           "SIGSEGV, SIGBUS) or the program reports a storage fault, and only while each restart "
                           "committed a newer checkpoint. Default 0: the attempt ends and orch's policy requeues it."),
+        click.option("--spare-nodes", type=click.IntRange(1, 100), default=None,
+                     help="With --nodes and --rank-restarts (Slurm): hold this many more nodes (sbatch --nodes N+K "
+                          "--no-kill); when a node dies under the ranks, they are restarted on a spare inside the "
+                          "allocation, from the newest checkpoint, instead of the job going back to the queue."),
         click.option("--gpus-per-node", type=click.IntRange(1, 1024), default=None,
                      help="GPUs on each node (Slurm: --gpus-per-node)."),
         click.option("--mem", help="Memory, Slurm style: 500M, 16G."),
@@ -264,6 +268,11 @@ def rank_resources(opts: dict[str, Any]) -> dict[str, Any]:
             raise click.BadParameter("--rank-restarts needs --nproc-per-node (orch restarts the ranks it launches)",
                                      param_hint="--rank-restarts")
         out["rank_restarts"] = opts["rank_restarts"]
+    if opts.get("spare_nodes") is not None:
+        if nodes is None or not opts.get("rank_restarts"):  # a spare is used only by a restart of the ranks
+            raise click.BadParameter("--spare-nodes needs --nodes and --rank-restarts (the ranks restart on a spare)",
+                                     param_hint="--spare-nodes")
+        out["spare_nodes"] = opts["spare_nodes"]
     if gpn is not None:
         if opts.get("gpus") is not None:
             raise click.BadParameter("give --gpus and --gpus-per-node not both (per node is what a node gets)",

@@ -160,6 +160,8 @@ def show(name: str, as_json: bool, events: bool) -> None:
 def _rank_restart_text(r: dict[str, Any]) -> str:
     """One rank restart: ``killed: rank 1 ended -9 at step 47, resumed from step 40``."""
     who = "" if r.get("failed_rank") is None else f"rank {r['failed_rank']} ended {_cell(r.get('rank_returncode'))} "
+    if r.get("lost_nodes"):
+        who = f"node(s) {','.join(r['lost_nodes'])} lost "
     return (f"{r['class']}: {who}at step {_cell(r.get('failed_step'))}, resumed from step "
             f"{_cell(r.get('resume_step') or 0)}")
 

@@ -89,6 +89,29 @@ def rdzv_port(job_id: str) -> int:
     return RDZV_PORT_BASE + zlib.crc32(job_id.encode()) % RDZV_PORT_SPAN
 
 
+LOST_NODE_STATES = ("down", "drain", "fail", "maint", "unk")  # sinfo %t prefixes of a node that cannot run a step
+
+
+def lost_nodes(hosts: Sequence[str]) -> list[str] | None:
+    """Of ``hosts``, those Slurm says cannot run a step now (down, drained, failing, or not responding: a ``*``
+    suffix); None when sinfo cannot be asked."""
+    if not hosts:
+        return []
+    try:
+        p = subprocess.run(["sinfo", "-h", "-N", "-n", ",".join(hosts), "-o", "%N|%t"], capture_output=True,
+                           text=True, timeout=SCONTROL_TIMEOUT_S, stdin=subprocess.DEVNULL, check=False)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    if p.returncode != 0:
+        return None
+    lost = set()
+    for line in p.stdout.splitlines():
+        node, _, state = line.strip().partition("|")
+        if node in hosts and (state.endswith("*") or state.startswith(LOST_NODE_STATES)):
+            lost.add(node)
+    return sorted(lost)
+
+
 def slurm_hosts(nodelist: str) -> list[str]:
     """``scontrol show hostnames NODELIST``: the allocation's hosts, in Slurm's order."""
     try:
@@ -104,19 +127,33 @@ def slurm_hosts(nodelist: str) -> list[str]:
 
 
 def slurm_step_argv(python: str, r: RankLayout, command: Sequence[str], env: Mapping[str, str],
-                    log_dir: str | None = None, relaunch: int = 0) -> list[str]:
+                    log_dir: str | None = None, relaunch: int = 0, avoid: Sequence[str] = (),
+                    spare: int = 0) -> list[str]:
     """srun starting one torchrun per node of the allocation, rendezvous on its first node.
 
     ``--cpus-per-task`` is passed on explicitly: srun of Slurm 22.05 does not inherit the batch job's.
     ``relaunch``: the k-th rank restart in this allocation (rankrestart.py) rendezvous under an id and port of its
-    own, never the failed launch's (whose store may still be closing).
+    own, never the failed launch's (whose store may still be closing). ``spare``: the allocation holds that many
+    nodes beyond ``r.nodes``; the step then names its nodes (``--nodelist``): the allocation's first ``r.nodes``
+    not in ``avoid`` (nodes lost under an earlier launch), and the rendezvous is on the first of them.
     """
     job_id = env.get("SLURM_JOB_ID") or ""
     nodelist = env.get("SLURM_JOB_NODELIST") or env.get("SLURM_NODELIST") or ""
     if not job_id or not nodelist:
         raise RankLaunchError("not inside a Slurm allocation (no SLURM_JOB_ID / SLURM_JOB_NODELIST)")
-    master = slurm_hosts(nodelist)[0]
+    hosts = slurm_hosts(nodelist)
+    chosen = [h for h in hosts if h not in set(avoid)][:r.nodes]
+    if len(chosen) < r.nodes:
+        raise RankLaunchError(f"{len(chosen)} usable node(s) of the allocation ({','.join(hosts)}; lost: "
+                              f"{','.join(avoid) or 'none'}), the ranks need {r.nodes}")
+    master = chosen[0]
     srun = ["srun", f"--nodes={r.nodes}", f"--ntasks={r.nodes}", "--ntasks-per-node=1", "--kill-on-bad-exit=1"]
+    if spare or avoid:
+        srun.append(f"--nodelist={','.join(chosen)}")
+    if relaunch:
+        # The failed step may hold its CPUs until its lost node is gone for good ("step creation temporarily
+        # disabled ... Requested nodes are busy", measured on 22.05 after a node's death): the new one shares them.
+        srun.append("--overlap")
     cpus = env.get("SLURM_CPUS_PER_TASK") or ""
     if cpus.isdigit():
         srun.append(f"--cpus-per-task={cpus}")

@@ -37,7 +37,7 @@ from pathlib import Path
 from typing import BinaryIO
 
 from orchestrator import protocol
-from orchestrator.jobside import memlimit, rankend
+from orchestrator.jobside import memlimit, rankend, ranklaunch
 from orchestrator.jobside.supervisor import STOPS, Supervisor, stop_leftovers
 
 # Signals no peer's death sends a rank (rankend.CONSEQUENCE_SIGNALS is the one it does) and that a relaunch can
@@ -63,12 +63,15 @@ class Failed:
     oom_kills: int  # the memory cgroup's count of OOM kills so far (0 without a cgroup)
     end: rankend.RankEnd | None  # the rank that failed on its own first, if the records tell
     report_class: str | None  # the program's failure.json class, if it wrote one
+    lost_nodes: tuple[str, ...] = ()  # nodes of the allocation Slurm says were lost since the last launch began
 
 
 def transient_cause(f: Failed) -> str | None:
     """The failure class a restart in the allocation would recover from, or None when it must not be tried."""
     if f.returncode == 0 or f.stopped or f.completed or f.oom_kills > 0:
         return None
+    if f.lost_nodes:  # a node died under the ranks: whatever the survivors reported, it was the node
+        return protocol.FailureClass.NODE_FAIL.value
     if f.report_class in NEVER_CLASSES:
         return None
     if f.end is not None and f.end.signal in TRANSIENT_SIGNALS:
@@ -120,7 +123,7 @@ def stopped_by_its_end(stop_at: str | None, end: rankend.RankEnd | None) -> bool
 
 
 def record(adir: Path, token: str, f: Failed, cause: str, failed_step: int | None, resume_step: int | None,
-           at: float) -> int:
+           at: float, lost_nodes: tuple[str, ...] = ()) -> int:
     """Move the failed launch's reports (failure.json, each rank's failure.rank-<r>.json, stop.json) to
     ``rank-restarts/<k>/`` (the next launch's must not be read as its: a survivor takes a peer's failure record
     as its cause) and add the restart to ``rank_restarts.json``; returns how many restarts the attempt made."""
@@ -140,6 +143,7 @@ def record(adir: Path, token: str, f: Failed, cause: str, failed_step: int | Non
         os.replace(src, aside / src.name)
     return protocol.append_rank_restart(adir, token, {
         "at": at, "class": cause, "failed_step": failed_step, "resume_step": resume_step,
+        "lost_nodes": list(lost_nodes),
         "failed_rank": None if f.end is None else f.end.rank,
         "rank_returncode": None if f.end is None else f.end.returncode})
 
@@ -156,7 +160,8 @@ class Launch:
     ends_dir: Path  # attempts/<n>/torchrun: each rank's end record
     world_size: int
     launch: str  # the ended launch's id (its rank end records carry it)
-    compose: Callable[[str, int], list[str]]  # (new launch id, restart k) -> the ranks' argv
+    compose: Callable[[str, int, tuple[str, ...]], list[str]]  # (new launch id, restart k, nodes to avoid) -> argv
+    allocation: str | None = None  # SLURM_JOB_NODELIST of a job holding spare nodes: a lost node is replaced
 
 
 def relaunch(ln: Launch, rc: int, env: dict[str, str], sup: Supervisor, cgroup: memlimit.MemCgroup | None,
@@ -176,10 +181,13 @@ def relaunch(ln: Launch, rc: int, env: dict[str, str], sup: Supervisor, cgroup: 
         stop = protocol.read_stop(ln.adir, ln.token)
         stopped = (sup.stop_signal is not None or bool(signal.sigpending() & STOPS)
                    or (stop is not None and not stopped_by_its_end(stop.at, end)))
-        f = Failed(returncode=rc, stopped=stopped, completed=protocol.read_completion(ln.adir, ln.token) is not None,
-                   oom_kills=(cgroup.oom_kills() or 0) if cgroup else 0, end=end, report_class=report_class(ln.adir))
-        cause = transient_cause(f)
         before = protocol.read_rank_restarts(ln.adir, ln.token)
+        lost_before = {n for r in before for n in r["lost_nodes"]}
+        lost_now = _lost_nodes(ln.allocation)
+        f = Failed(returncode=rc, stopped=stopped, completed=protocol.read_completion(ln.adir, ln.token) is not None,
+                   oom_kills=(cgroup.oom_kills() or 0) if cgroup else 0, end=end, report_class=report_class(ln.adir),
+                   lost_nodes=tuple(n for n in lost_now if n not in lost_before))
+        cause = transient_cause(f)
         committed = newest_committed(ln.run_dir)
         why = refusal(cause, len(before), ln.allowed, committed, before[-1]["resume_step"] if before else None)
         if why is None and deadline is not None and time.monotonic() >= deadline:
@@ -190,13 +198,14 @@ def relaunch(ln: Launch, rc: int, env: dict[str, str], sup: Supervisor, cgroup: 
             return None
         stop_leftovers(token=ln.token)  # nothing of the failed launch runs beside the next one
         step = (protocol.read_progress(ln.run_dir, ln.attempt) or {}).get("step")
+        avoid = tuple(sorted(lost_before | set(lost_now)))
         k = record(ln.adir, ln.token, f, cause, step if protocol.is_int(step, 0, 10**15) else None, committed,
-                   time.time())
+                   time.time(), avoid)
         resume_env(ln.run_dir, ln.attempt, env)
         launch = os.urandom(6).hex()
         try:
-            argv = ln.compose(launch, k)
-        except RuntimeError as e:  # ranklaunch.RankLaunchError
+            argv = ln.compose(launch, k, avoid)
+        except RuntimeError as e:  # ranklaunch.RankLaunchError: fewer usable nodes than the ranks need
             err.write(f"orch wrapper: cannot launch the ranks again: {e}\n".encode())
             return None
         err.write(f"orch wrapper: rank restart {k}/{ln.allowed} in the allocation ({cause}"
@@ -214,6 +223,17 @@ def relaunch(ln: Launch, rc: int, env: dict[str, str], sup: Supervisor, cgroup: 
         return launch, argv, child
     finally:
         signal.pthread_sigmask(signal.SIG_UNBLOCK, STOPS)
+
+
+def _lost_nodes(allocation: str | None) -> list[str]:
+    """The allocation's nodes Slurm says are lost now ([] without spare nodes, or when Slurm cannot be asked: then
+    a node's death is not told apart, and the attempt ends as before)."""
+    if not allocation:
+        return []
+    try:
+        return ranklaunch.lost_nodes(ranklaunch.slurm_hosts(allocation)) or []
+    except ranklaunch.RankLaunchError:
+        return []
 
 
 def resume_env(run_dir: Path, attempt: int, env: dict[str, str]) -> None:

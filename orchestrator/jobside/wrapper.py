@@ -99,13 +99,15 @@ def _parse(argv: list[str]) -> argparse.Namespace:
     ap.add_argument("--rank-restarts", type=int, default=0,
                     help="restart a multi-rank program's ranks in this allocation up to this many times after a "
                          "transient rank failure (rankrestart.py)")
+    ap.add_argument("--spare-nodes", type=int, default=0,
+                    help="the allocation holds this many nodes beyond --nodes: a rank restart replaces a lost node")
     ap.add_argument("--mem-mb", type=int, default=None,
                     help="run the program in a memory cgroup with this limit (local backend; memlimit.py)")
     a = parse_with_command(ap, argv)
     if not 0.05 <= a.spot_interval <= 86400:  # also refuses nan
         ap.error(f"--spot-interval {a.spot_interval} is not 0.05..86400 seconds")
-    if not 0 <= a.rank_restarts <= protocol.MAX_RANK_RESTARTS:
-        ap.error(f"--rank-restarts {a.rank_restarts} is not 0..{protocol.MAX_RANK_RESTARTS}")
+    if not 0 <= a.rank_restarts <= protocol.MAX_RANK_RESTARTS or not 0 <= a.spare_nodes <= 100:
+        ap.error(f"--rank-restarts {a.rank_restarts} --spare-nodes {a.spare_nodes}: need 0..100 each")
     if (a.nproc_per_node is not None and a.nproc_per_node < 1) or a.nodes < 1 or not 0 < a.grace <= 10**7:
         ap.error(f"--nproc-per-node {a.nproc_per_node} --nodes {a.nodes} --grace {a.grace}: need K, N >= 1, grace > 0")
     return a
@@ -157,7 +159,8 @@ def _torchrun_dir(a: argparse.Namespace) -> Path:
     return protocol.attempt_dir(Path(a.run_dir), a.attempt) / TORCHRUN_DIR
 
 
-def _program(a: argparse.Namespace, launch: str, relaunch: int = 0) -> tuple[list[str], int | None, str | None]:
+def _program(a: argparse.Namespace, launch: str, relaunch: int = 0,
+             avoid: tuple[str, ...] = ()) -> tuple[list[str], int | None, str | None]:
     """(argv to run, the world size orch launched or None, the Slurm job whose steps run the ranks or None).
 
     Raises ``ranklaunch.RankLaunchError``. Without ``--nproc-per-node`` the command runs as given, a user's own
@@ -171,8 +174,8 @@ def _program(a: argparse.Namespace, launch: str, relaunch: int = 0) -> tuple[lis
     command = ranklaunch.recorded(sys.executable, log_dir, launch, a.command)
     job_id = os.environ.get("SLURM_JOB_ID")
     if job_id:
-        return (ranklaunch.slurm_step_argv(sys.executable, r, command, os.environ, log_dir, relaunch=relaunch),
-                r.world_size, job_id)
+        return (ranklaunch.slurm_step_argv(sys.executable, r, command, os.environ, log_dir, relaunch=relaunch,
+                                           avoid=avoid, spare=a.spare_nodes), r.world_size, job_id)
     if a.nodes > 1:  # torchrun --standalone would wait for nodes that never come
         raise ranklaunch.RankLaunchError(f"--nodes {a.nodes} needs a Slurm allocation; this machine is one node")
     return ranklaunch.torchrun_argv(sys.executable, r, command, log_dir=log_dir), r.world_size, None
@@ -383,7 +386,9 @@ def _attempt(a: argparse.Namespace, run_dir: Path, adir: Path, restart: int, bal
                 sup.await_preemption(step_job)
             relaunched = None if not world_size or timed_out else rankrestart.relaunch(rankrestart.Launch(
                 a.token, a.attempt, a.rank_restarts, run_dir, adir, _torchrun_dir(a), world_size, launch,
-                lambda new, k: _program(a, new, relaunch=k)[0]), rc, env, sup, cgroup, out, err, deadline)
+                lambda new, k, avoid: _program(a, new, relaunch=k, avoid=avoid)[0],
+                os.environ.get("SLURM_JOB_NODELIST") if a.spare_nodes else None), rc, env, sup, cgroup, out, err,
+                deadline)
             if relaunched is None:
                 break
             launch, argv, child = relaunched

@@ -9,6 +9,7 @@ Job-writable like every run-dir record: read bounded, of the attempt's token onl
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 from typing import Any
 
@@ -16,6 +17,7 @@ from orchestrator.protocol.durable import atomic_write_json, finite_number, is_i
 from orchestrator.protocol.layout import FAILURE_CLASSES, RANK_RESTARTS_DIR, RANK_RESTARTS_FILE
 
 RANK_RESTARTS_LIMIT = 256 * 1024
+_NODE_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
 MAX_RANK_RESTARTS = 100  # what a job may ask for, and what is read back
 
 
@@ -47,8 +49,16 @@ def read_rank_restarts(attempt_path: Path, token: str | None) -> list[dict[str, 
             "class": e["class"] if e.get("class") in FAILURE_CLASSES else "unknown",
             "failed_step": e["failed_step"] if is_int(e.get("failed_step"), 0, 10**15) else None,
             "resume_step": e["resume_step"] if is_int(e.get("resume_step"), 0, 10**15) else None,
+            "lost_nodes": _node_names(e.get("lost_nodes")),
         })
     return out
+
+
+def _node_names(v: object) -> list[str]:
+    """A record's lost nodes: node names only (the wrapper passes them to srun's --nodelist)."""
+    if not isinstance(v, list):
+        return []
+    return [n for n in v[:1000] if isinstance(n, str) and _NODE_RE.match(n)]
 
 
 def append_rank_restart(attempt_path: Path, token: str, entry: dict[str, Any]) -> int:

@@ -196,17 +196,24 @@ def test_a_rank_killed_on_a_two_node_job_is_restarted_inside_the_allocation_not_
           f"{back - killed_at:.1f} s later, in the same allocation; {len(again)} steps computed again")
 
 
-@pytest.fixture
+@pytest.fixture(scope="module")
 def short_slurmd_timeout():
-    """SlurmdTimeout 20 s for one test (Slurm's 300 s would hold a dead node's job 5 minutes); then the defaults
-    again, and the node the test killed back up."""
+    """SlurmdTimeout 20 s for the node-kill tests, the module's last (Slurm's 300 s would hold a dead node's job 5
+    minutes); then the defaults again, and the nodes they killed back up."""
     cluster_up_with(ORCH_SLURM_SLURMD_TIMEOUT_S="20")
     yield
     cluster_up_with()
 
 
+@pytest.fixture
+def nodes_back(short_slurmd_timeout):
+    """Every node up and idle before the test (the one an earlier test killed restarted: cluster.sh up)."""
+    cluster_up_with(ORCH_SLURM_SLURMD_TIMEOUT_S="20")
+    node_idle()
+
+
 def test_a_node_killed_under_a_two_node_job_ends_node_fail_and_the_rerun_on_healthy_nodes_verifies(
-        orch, cleanup, short_slurmd_timeout):
+        orch, cleanup, nodes_back):
     """A power loss under a running 2-node job: its second node's slurmd and processes SIGKILLed, no signal first.
     Slurm marks the node down, the run ends NODE_FAIL and is requeued in place onto healthy nodes; orch counts
     one restart of class node_fail (no preemption, never against --max-attempts), and only steps after the last
@@ -249,3 +256,50 @@ def test_a_node_killed_under_a_two_node_job_ends_node_fail_and_the_rerun_on_heal
     assert all(s > resume for s in again), (resume, again)  # nothing committed was computed twice
     print(f"\n[measured] node {dead} killed at step >= 60: NODE_FAIL, rerun in place on {runs[1][1]}, resumed from "
           f"{resume}; {len(again)} steps computed again")
+
+
+def test_a_node_killed_under_a_job_with_a_spare_node_continues_on_the_spare_inside_the_allocation(
+        orch, cleanup, nodes_back):
+    """``--spare-nodes 1``: the allocation holds 3 nodes (sbatch --no-kill), the ranks train on 2. One of them
+    dies: Slurm keeps the job, the wrapper restarts the ranks on the two nodes left, from the last commit; Slurm
+    ran the job once, orch shows a node_fail rank restart naming the lost node, and the job ends verified."""
+    step_log = orch.home / "steps.log"
+    steps = 300
+    p = orch("submit", "--backend", "slurm", "--partition", "multi", "--nodes", "2", "--nproc-per-node", "1",
+             "--spare-nodes", "1", "--rank-restarts", "2", "--cpus-per-task", "1", "--mem", "1G", "--name", "sp",
+             "--", *LOOP[:3], str(steps), *LOOP[4:], "--step-log", str(step_log))
+    assert p.returncode == 0, p.stdout + p.stderr
+    run_dir = orch.runs / "sp"
+    job_id = orch.show("sp")["attempts"][0]["external_id"]
+    wait_for(lambda: int((protocol.read_progress(run_dir, 1) or {}).get("step") or 0) >= 60, 180, "step 60")
+    wrapper = json.loads((run_dir / "attempts" / "1" / protocol.WRAPPER_FILE).read_text())
+    srun = wrapper["ranks_command"]
+    training = next(a for a in srun if a.startswith("--nodelist=")).split("=", 1)[1].split(",")
+    allocation = hostnames(run("squeue", "-h", "-j", job_id, "-o", "%N").stdout.strip())
+    assert len(allocation) == 3 and len(training) == 2, (allocation, training)
+    dead = training[1]  # not the batch node (the first): its wrapper restarts the ranks
+    killed_at = time.time()
+    assert kill_node(dead)
+    wait_for(lambda: settled(orch, "sp"), 300, "the job to end", interval=1, detail=lambda: (
+        run("sacct", "-X", "-n", "-P", "--duplicates", "-j", job_id, "-o", "State,NodeList").stdout,
+        (run_dir / "attempts" / "1" / "stderr.log").read_text()[-3000:]))
+    show = orch.show("sp")
+    assert show["state"] == "done_marker_verified", show
+    (a,) = show["attempts"]
+    assert a["restarts"] == 0, a  # Slurm never requeued it
+    (r,) = a["rank_restarts"]
+    assert (r["class"], r["lost_nodes"]) == ("node_fail", [dead]), r
+    runs = run("sacct", "-X", "-n", "-P", "--duplicates", "-j", job_id, "-o", "State").stdout.split()
+    assert runs == ["RESIZING", "COMPLETED"], runs  # one run: the node's loss resized it (no requeue)
+    relaunch = json.loads((run_dir / "attempts" / "1" / protocol.WRAPPER_FILE).read_text())["ranks_command"]
+    now = next(x for x in relaunch if x.startswith("--nodelist=")).split("=", 1)[1].split(",")
+    assert dead not in now and len(now) == 2, now  # the spare took the lost node's place
+    done = Counter(tuple(line.split()[1:]) for line in step_log.read_text().splitlines())
+    assert set(done) == {(str(s), str(rk)) for s in range(1, steps + 1) for rk in range(2)}
+    again = sorted({int(s) for (s, _rk), n in done.items() if n > 1})
+    assert all(s > r["resume_step"] for s in again), (again, r)
+    beats = [json.loads(x) for x in (run_dir / "attempts" / "1" / protocol.PROGRESS_HISTORY).read_text().splitlines()]
+    back = min(b["time"] for b in beats if b["time"] > killed_at and b.get("resumed_from") == r["resume_step"]
+               and (b.get("step") or 0) > r["resume_step"])
+    print(f"\n[measured] node {dead} killed at step >= 60 under 2 of 3 nodes: training again on {','.join(now)} "
+          f"{back - killed_at:.1f} s later, in the same allocation; {len(again)} steps computed again")

@@ -77,3 +77,47 @@ def test_a_job_whose_only_node_is_suspect_still_runs(orch) -> None:
             ids += [a["external_id"] for a in orch.show(row["name"])["attempts"] if a.get("external_id")]
         if ids:
             run("scancel", *ids)
+
+
+def test_on_several_nodes_a_suspect_node_is_excluded_and_the_next_attempts_run_elsewhere(orch) -> None:
+    """The multi partition has three nodes: after two jobs crashed on n3 (suspect_failures = 2 here), a new job's sbatch
+    excludes n3 and it ran on another node. A job pinned to n3 (its own --nodelist) is still run there when requeued,
+    with a warning that says so (an exclusion of its only node would leave sbatch nothing to run it on)."""
+    node_idle()
+    orch.write_config("[policy]\nmax_attempts = 1\ncrash_backoff_s = 0\n[nodes]\nsuspect_failures = 2\n")
+    ids: list[str] = []
+    try:
+        for n in ("d1", "d2"):  # pinned to n3, and failing there
+            p = orch("submit", "--backend", "slurm", "--partition", "multi", "--name", n, "--cpus-per-task", "1",
+                     "--sbatch-arg=--nodelist=n3", "--", "false")
+            assert p.returncode == 0, p.stdout + p.stderr
+        for n in ("d1", "d2"):
+            assert orch.wait(n, {"failed"}, timeout=180) == "failed"
+            (a,) = orch.show(n)["attempts"]
+            assert (a["failure_class"], a["nodes"]) == ("crash", "n3"), a
+        assert [(r["node"], r["jobs"]) for r in orch.json("nodes")] == [("n3", ["d1", "d2"])]
+
+        p = orch("submit", "--backend", "slurm", "--partition", "multi", "--name", "e1", "--cpus-per-task", "1",
+                 "--outputs", "o.txt", "--", "sh", "-c", 'echo "$SLURMD_NODENAME" > o.txt')
+        assert p.returncode == 0, p.stdout + p.stderr
+        assert orch.wait("e1", {"done_marker_verified", "failed"}, timeout=180) == "done_marker_verified"
+        (a,) = orch.show("e1")["attempts"]
+        sbatch = (orch.runs / "e1" / "attempts" / "1" / "slurm" / "submitted.json").read_text()
+        assert "--exclude=n3" in sbatch, sbatch
+        ran_on = (orch.runs / "e1" / "o.txt").read_text().strip()
+        assert ran_on != "n3" and a["nodes"] == ran_on, (ran_on, a)
+        ids.append(a["external_id"])
+        assert re.search(r"\bExcNodeList=n3\b", _scontrol(a["external_id"]))
+
+        r = orch("requeue", "d1")  # pinned to n3: its only usable node, kept
+        assert r.returncode == 0, r.stdout + r.stderr
+        assert "not excluding suspect node(s) n3" in r.stderr, r.stderr
+        assert orch.wait("d1", {"failed", "invalid"}, timeout=180) == "failed"
+        a2 = orch.show("d1")["attempts"][1]
+        assert (a2["failure_class"], a2["nodes"]) == ("crash", "n3"), a2
+        assert "--exclude" not in (orch.runs / "d1" / "attempts" / "2" / "slurm" / "submitted.json").read_text()
+    finally:
+        for row in orch.json("status"):
+            ids += [a["external_id"] for a in orch.show(row["name"])["attempts"] if a.get("external_id")]
+        if ids:
+            run("scancel", *ids)

@@ -71,9 +71,10 @@ def test_record_keeps_the_failed_runs_report_aside_and_appends(tmp_path):
     assert rankrestart.record(adir, "tok", failed(end=None), "storage", None, 60, 200.0) == 2
     got = protocol.read_rank_restarts(adir, "tok")
     assert got == [
-        {"at": 100.0, "failed_rank": 1, "rank_returncode": -9, "class": "killed", "failed_step": 47, "resume_step": 40},
+        {"at": 100.0, "failed_rank": 1, "rank_returncode": -9, "class": "killed", "failed_step": 47, "resume_step": 40,
+         "lost_nodes": []},
         {"at": 200.0, "failed_rank": None, "rank_returncode": None, "class": "storage", "failed_step": None,
-         "resume_step": 60}]
+         "resume_step": 60, "lost_nodes": []}]
     assert protocol.read_rank_restarts(adir, "another-token") == []
 
 
@@ -88,10 +89,10 @@ def test_a_malformed_record_reads_as_none(tmp_path, content):
 def test_each_field_of_a_hostile_record_is_checked(tmp_path):
     (tmp_path / protocol.RANK_RESTARTS_FILE).write_text(json.dumps({"token": "tok", "restarts": [
         "x", {"at": "soon", "failed_rank": -1, "rank_returncode": 10**9, "class": "meteor", "failed_step": 1.5,
-              "resume_step": True}]}))
+              "resume_step": True, "lost_nodes": ["n3", "--exclude=x", 7, "n2;rm"]}]}))
     assert protocol.read_rank_restarts(tmp_path, "tok") == [
         {"at": None, "failed_rank": None, "rank_returncode": None, "class": "unknown", "failed_step": None,
-         "resume_step": None}]
+         "resume_step": None, "lost_nodes": ["n3"]}]  # only node names reach srun's --nodelist
 
 
 def test_a_stop_recorded_after_the_first_rank_died_is_torchruns_teardown_not_the_attempts():
@@ -122,3 +123,9 @@ def test_a_rank_restarts_dir_planted_as_a_symlink_is_never_written_through(tmp_p
     assert rankrestart.record(adir, "tok", failed(), "killed", 3, 0, 1.0) == 1
     assert list(outside.iterdir()) == []  # nothing moved out of the run dir
     assert not (adir / protocol.FAILURE_FILE).exists()  # and the next launch never reads it as its own
+
+
+def test_a_node_lost_under_the_ranks_is_node_fail_whatever_the_survivors_reported():
+    lost = failed(end=RankEnd(0, 1, 1.0, False), report_class="killed", lost_nodes=("n3",))
+    assert rankrestart.transient_cause(lost) == "node_fail"
+    assert rankrestart.transient_cause(failed(stopped=True, lost_nodes=("n3",))) is None  # a stop still ends it

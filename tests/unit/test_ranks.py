@@ -39,6 +39,10 @@ BAD = [
     ("rank-restarts without nproc", ["--rank-restarts", "2"], "--rank-restarts needs --nproc-per-node"),
     ("rank-restarts -1", ["--nproc-per-node", "2", "--rank-restarts", "-1"], "Invalid value for '--rank-restarts'"),
     ("rank-restarts 101", ["--nproc-per-node", "2", "--rank-restarts", "101"], "Invalid value for '--rank-restarts'"),
+    ("spare-nodes without nodes", ["--backend", "slurm", "--nproc-per-node", "2", "--rank-restarts", "1",
+                                   "--spare-nodes", "1"], "--spare-nodes needs --nodes and --rank-restarts"),
+    ("spare-nodes without rank-restarts", ["--backend", "slurm", "--nproc-per-node", "2", "--nodes", "2",
+                                           "--spare-nodes", "1"], "--spare-nodes needs --nodes and --rank-restarts"),
 ]
 
 
@@ -83,6 +87,25 @@ def test_submit_stores_the_ranks_with_the_job_resources(orch):
 def _spec(**res: object) -> SubmitSpec:
     return SubmitSpec(job="j", attempt=1, token="tok1", run_dir=Path("/runs/j"), command=CMD,
                       resources=Resources(**res), grace_s=90.0)  # type: ignore[arg-type]
+
+
+def test_spare_nodes_are_held_beside_the_ranks_nodes_and_a_nodes_death_does_not_end_the_job():
+    argv = SlurmBackend().sbatch_argv(_spec(nodes=2, nproc_per_node=4, rank_restarts=1, spare_nodes=1),
+                                      Path("/runs/j/s.sbatch"))
+    assert "--nodes=3" in argv and "--no-kill" in argv
+    wrapper = _spec(nodes=2, nproc_per_node=4, rank_restarts=1, spare_nodes=1).wrapper_argv("/py")
+    assert wrapper[wrapper.index("--spare-nodes") + 1] == "1" and wrapper[wrapper.index("--nodes") + 1] == "2"
+    assert "--no-kill" not in SlurmBackend().sbatch_argv(_spec(nodes=2, nproc_per_node=4), Path("/runs/j/s.sbatch"))
+
+
+def test_lost_nodes_are_those_sinfo_says_cannot_run_a_step(monkeypatch):
+    import subprocess
+
+    out = "n1|alloc\nn2|down*\nn3|alloc*\nn4|drain\nn5|mix\n"
+    monkeypatch.setattr(ranks.subprocess, "run", lambda argv, **_kw: subprocess.CompletedProcess(argv, 0, out, ""))
+    assert ranks.lost_nodes(["n1", "n2", "n3", "n4", "n5"]) == ["n2", "n3", "n4"]
+    monkeypatch.setattr(ranks.subprocess, "run", lambda argv, **_kw: subprocess.CompletedProcess(argv, 1, "", "x"))
+    assert ranks.lost_nodes(["n1"]) is None
 
 
 def test_sbatch_gets_one_task_per_node_and_gpus_per_node():
@@ -149,6 +172,15 @@ def test_two_nodes_one_torchrun_per_node_through_srun_rendezvous_on_the_first_no
     assert torchrun[torchrun.index("--rdzv-id") + 1] == "4242"
     assert torchrun[torchrun.index("--nnodes") + 1] == "2" and torchrun[torchrun.index("--nproc-per-node") + 1] == "4"
     assert torchrun[torchrun.index("--shutdown-timeout") + 1] == "75"
+    assert not [x for x in srun if x.startswith("--nodelist")]  # no spare nodes: srun takes the allocation's
+    # with spare nodes the step names its nodes: the allocation's first not lost, the rendezvous on the first of them
+    spare = ranks.slurm_step_argv("/py", ranks.RankLayout(nodes=1, nproc_per_node=4, grace_s=75), CMD, env,
+                                  relaunch=1, avoid=("gpu-a17",), spare=1)
+    assert "--nodelist=gpu-a18" in spare and spare[spare.index("--rdzv-endpoint") + 1].startswith("gpu-a18:")
+    assert "--overlap" in spare and "--overlap" not in argv  # a relaunch shares what the failed step still holds
+    with pytest.raises(ranks.RankLaunchError, match="1 usable node"):
+        ranks.slurm_step_argv("/py", ranks.RankLayout(nodes=2, nproc_per_node=4, grace_s=75), CMD, env,
+                              avoid=("gpu-a17",), spare=1)
     # a rank restart in the allocation rendezvous under an id and port of its own, never the failed launch's
     again = ranks.slurm_step_argv("/py", ranks.RankLayout(nodes=2, nproc_per_node=4, grace_s=75), CMD, env, relaunch=1)
     assert again[again.index("--rdzv-id") + 1] == "4242-r1"

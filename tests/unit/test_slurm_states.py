@@ -68,6 +68,19 @@ def test_requeued_in_place_rerun_is_running_never_exited() -> None:
     assert oc.phase is Phase.RUNNING and oc.restart_count == 1
 
 
+def test_a_resize_is_the_same_run_never_a_restart() -> None:
+    """A node lost under --no-kill (a spare node's job, measured on 22.05): sacct lists RESIZING on the old node list,
+    then the run on the new one. Slurm ran the job once: no restart, one run held from the first record's start."""
+    lines = [rec("RESIZING", 1) + "|7|n[2-3],vm|1000|1030", rec("COMPLETED", 2) + "|7|n2,vm|1030|1090"]
+    oc = st.outcome_from_records(st.parse_sacct("\n".join(lines))["7"])
+    assert (oc.phase, oc.restart_count, oc.backend_state) == (Phase.EXITED, 0, "COMPLETED")
+    assert oc.runs == ((1000.0, 1090.0),)
+    live = st.outcome_from_records(st.parse_sacct(rec("RESIZING", 1) + "|7|n[2-3],vm|1000|Unknown")["7"])
+    assert (live.phase, live.restart_count) == (Phase.RUNNING, 0)  # the newest record, still resizing: running
+    again = [rec("PREEMPTED", 1) + "|7|n1|900|950", *lines]
+    assert st.outcome_from_records(st.parse_sacct("\n".join(again))["7"]).restart_count == 1
+
+
 def test_each_started_run_is_held_from_its_start_to_its_end_in_epoch_seconds() -> None:
     """sacct's Start and End, asked with SLURM_TIME_FORMAT=%s: a run preempted (1000 -> 1013), its rerun still
     running (1028 -> Unknown), a record that never started left out; an ISO time (sacct without the format) and

@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import datetime
 
 from orchestrator.backends.base import Outcome, Phase
@@ -235,7 +235,7 @@ def outcome_from_records(records: Iterable[SacctRecord], *, over_memory_line: st
     ``over_memory_line``: the job output's "exceeded memory limit" line, if the caller found one;
     a FAILED/CANCELLED run with it is reported as OUT_OF_MEMORY (the OverMemoryKill form).
     """
-    recs = list(records)
+    recs = fold_resizes(list(records))
     if not recs:
         return Outcome(Phase.UNKNOWN, reason="no sacct record")
     newest = recs[-1]
@@ -257,6 +257,22 @@ def outcome_from_records(records: Iterable[SacctRecord], *, over_memory_line: st
     return Outcome(Phase.EXITED, exit_code=newest.exit_code, signal=newest.signal, backend_state=state,
                    reason=reason, restart_count=restarts, cause=STATE_CAUSE.get(state), nodes=newest.nodes,
                    restart_causes=causes, runs=runs)
+
+
+def fold_resizes(recs: list[SacctRecord]) -> list[SacctRecord]:
+    """The records of the job's runs: a RESIZING record is the same run before its node list changed (a node lost
+    under ``--no-kill``, measured on 22.05: RESIZING on n[2-3],vm then COMPLETED on n2,vm), never a run of its own.
+    Counted as one, a spare node's job showed restarts=1 although Slurm ran it once; the run starts where the first
+    of its records does."""
+    out: list[SacctRecord] = []
+    start: float | None = None
+    for k, r in enumerate(recs):
+        if r.state == "RESIZING" and k < len(recs) - 1:
+            start = r.start if start is None else start
+            continue
+        out.append(r if start is None else replace(r, start=start))
+        start = None
+    return out
 
 
 def held_runs(recs: Iterable[SacctRecord]) -> tuple[tuple[float, float | None], ...]:
