@@ -43,7 +43,6 @@ from orchestrator.jobside.supervisor import STOPS, Supervisor, stop_leftovers
 # Signals no peer's death sends a rank (rankend.CONSEQUENCE_SIGNALS is the one it does) and that a relaunch can
 # get past: the kernel's or a user's SIGKILL, a memory fault of a flaky device or driver.
 TRANSIENT_SIGNALS = frozenset({signal.SIGKILL, signal.SIGSEGV, signal.SIGBUS})
-RANK_FAILURES = "failure.rank-*.json"  # a non-writer rank's own failure (kit/run.py's RANK_FAILURE)
 # What the program's own report may say for a restart to be worth it: a transient storage fault, a node lost.
 TRANSIENT_CLASSES = frozenset({protocol.FailureClass.STORAGE.value, protocol.FailureClass.NODE_FAIL.value})
 # What the program's report forbids: a repeat of the same fault at the same settings.
@@ -132,7 +131,7 @@ def record(adir: Path, token: str, f: Failed, cause: str, failed_step: int | Non
         aside = protocol.resolve_inside(adir, f"{protocol.RANK_RESTARTS_DIR}/{k}")
     except protocol.UnsafePath:
         aside = None
-    reports = [adir / protocol.FAILURE_FILE, adir / protocol.STOP_FILE, *adir.glob(RANK_FAILURES)]
+    reports = [adir / protocol.FAILURE_FILE, adir / protocol.STOP_FILE, *protocol.rank_failures(adir)]
     for src in reports:
         if not (src.exists() or src.is_symlink()):
             continue

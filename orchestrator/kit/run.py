@@ -250,7 +250,7 @@ class Run:
         return record_completion(self.run_dir, self.job, self.attempt, files, step=step)
 
 
-RANK_FAILURE = "failure.rank-{:05d}.json"  # a non-writer rank's own failure, beside failure.json
+RANK_FAILURE = protocol.RANK_FAILURE  # a non-writer rank's own failure, beside failure.json
 
 
 _PEER_CLASSES = frozenset({"crash", "storage", "enospc"})  # what a rank's own record may pass on to the attempt
@@ -259,7 +259,7 @@ _PEER_CLASSES = frozenset({"crash", "storage", "enospc"})  # what a rank's own r
 def _peer_crash(adir: Path, rank: int) -> tuple[str, str] | None:
     """The lowest other rank's own failure record in ``adir``: its class (crash, storage, enospc; anything else is
     crash) and one line of detail, or None."""
-    for p in sorted(adir.glob("failure.rank-*.json")):
+    for p in protocol.rank_failures(adir):
         if p.name == RANK_FAILURE.format(rank):
             continue
         try:

@@ -27,6 +27,7 @@ RESULT_DIR = "result"
 COMMAND_FILE = "command.json"  # written by orch before the launch: argv, overrides, token (never by the job)
 PROGRAM_FILE = "program.json"  # written by the program at its start (the bundled trainer): argv, host, pid
 FAILURE_FILE = "failure.json"
+RANK_FAILURE = "failure.rank-{:05d}.json"  # a multi-rank job's rank r > 0 that failed by itself, beside failure.json
 PROGRESS_FILE = "progress.json"
 PROGRESS_HISTORY = "progress.jsonl"  # every heartbeat, appended: the loss curve across a whole attempt
 # A multi-rank job's rank r > 0: its own small heartbeat beside rank 0's progress.json (a hung rank 1
@@ -315,6 +316,11 @@ def resolve_inside(root: Path, rel: str) -> Path:
         if p.is_symlink():
             raise UnsafePath(f"{rel!r} goes through a symlink ({p.name})")
     return p
+
+
+def rank_failures(attempt_path: Path) -> list[Path]:
+    """The attempt's ``failure.rank-<r>.json`` files (RANK_FAILURE), sorted by rank."""
+    return sorted(attempt_path.glob(RANK_FAILURE.replace("{:05d}", "*")))
 
 
 def attempt_dir(run_dir: Path | str, attempt: int) -> Path:
