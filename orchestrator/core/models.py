@@ -204,6 +204,10 @@ class Attempt(Base):
     # null while it runs (Slurm's per-run Start and End, kept by observe). Goodput's held time: a run of an in-place
     # requeue that no pass saw was counted as queue waiting, and the queue time between two runs as held.
     runs: Mapped[list[list[float | None]] | None] = mapped_column("runs_json", JSONType, default=None)
+    # Launches of the ranks this attempt replaced inside its allocation (--rank-restarts, migration 0012), from the
+    # wrapper's rank_restarts.json as observe last read it: the metrics read the records of these attempts only
+    # (reading every attempt's run dir grows with history, not with what restarted).
+    rank_restarts: Mapped[int] = mapped_column(default=0, server_default="0")
     submitted_at: Mapped[datetime | None] = mapped_column(default=None)
     started_at: Mapped[datetime | None] = mapped_column(default=None)
     ended_at: Mapped[datetime | None] = mapped_column(default=None)

@@ -47,8 +47,9 @@ SQL: dict[str, str] = {
     ),
     "new_attempt": (
         "INSERT INTO attempts (job_id, n, token, state, backend, overrides_json, counted, restarts, fence, "
-        "created_at) VALUES (:job_id, :first, :token, :pending, :backend, :default_overrides_json, "
-        ":default_counted, :default_restarts, :default_fence, :now)"
+        "rank_restarts, created_at) VALUES (:job_id, :first, :token, :pending, :backend, "
+        ":default_overrides_json, :default_counted, :default_restarts, :default_fence, "
+        ":default_rank_restarts, :now)"
     ),
     "event": (
         "INSERT INTO events (job_id, attempt_id, at, from_state, to_state, reason) VALUES (:job_id, "
@@ -153,6 +154,7 @@ CONSTANTS: dict[str, dict[str, Any]] = {
         "default_counted": 1,
         "default_fence": 0,
         "default_overrides_json": "{}",
+        "default_rank_restarts": 0,
         "default_restarts": 0,
         "first": 1,
         "pending": "pending",

@@ -63,6 +63,7 @@ class Row:
     batch_token: str | None
     task_index: int | None
     runs: list[list[float | None]] | None = None
+    rank_restarts: int = 0
 
     @property
     def ref(self) -> AttemptRef:
@@ -73,7 +74,8 @@ class Row:
 def polled_rows(db: Database, attempt_ids: list[int] | None = None) -> list[Row]:
     q = (select(Attempt.id, Attempt.token, Attempt.external_id, Attempt.n, Job.run_dir, Job.backend,
                 Attempt.state, Attempt.restarts, Job.state.label("job_state"), Attempt.stop_reason,
-                Attempt.stop_requested_at, Attempt.batch_token, Job.task_index, Attempt.runs)
+                Attempt.stop_requested_at, Attempt.batch_token, Job.task_index, Attempt.runs,
+                Attempt.rank_restarts)
          .join(Job).where(open_attempt_term(), Attempt.state.in_(ATTEMPT_POLLED), Attempt.external_id.is_not(None)))
     if attempt_ids is not None:
         q = q.where(Attempt.id.in_(attempt_ids))
@@ -122,6 +124,9 @@ def _apply(db: Database, cfg: Config, backend: Backend, r: Row, out: Outcome, re
     if (runs := _new_runs(r, out)) is not None:
         with db.write() as s:  # before the end below: the finished attempt's hold is complete with it
             set_attempt_fields(s, s.get(Attempt, r.id), r.state, runs=runs)
+    if (relaunches := _new_rank_restarts(r)) is not None:
+        with db.write() as s:  # before the end below, as the runs: the wrapper wrote its last record before it exited
+            set_attempt_fields(s, s.get(Attempt, r.id), r.state, rank_restarts=relaunches)
     if out.restart_causes and (out.phase in (Phase.EXITED, Phase.VANISHED) or out.restart_count > (r.restarts or 0)):
         _record_restart_causes(r.ref, out)
     if out.phase in (Phase.EXITED, Phase.VANISHED):
@@ -178,6 +183,14 @@ def _new_runs(r: Row, out: Outcome) -> list[list[float | None]] | None:
     if len(new) < len(stored) or new == stored:
         return None
     return new
+
+
+def _new_rank_restarts(r: Row) -> int | None:
+    """How many rank restarts the wrapper recorded for the attempt, when more than stored, else None (a steady pass
+    writes nothing). One small read per polled attempt; the file is absent for every attempt that never restarted
+    its ranks. Only ever grows: a record deleted or garbled later does not take a counted restart back."""
+    seen = len(protocol.read_rank_restarts(r.ref.attempt_dir, r.token))
+    return seen if seen > (r.rank_restarts or 0) else None
 
 
 def _record_restart_causes(ref: AttemptRef, out: Outcome) -> None:

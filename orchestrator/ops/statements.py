@@ -106,7 +106,7 @@ def _statements(dialect: str = "sqlite") -> dict[str, Callable[[], ClauseElement
             job_id=given("job_id"), n=const("first", 1, at.n), token=given("token"),
             state=const("pending", A.PENDING, at.state), backend=given("backend"),
             overrides_json=default(at.overrides_json), counted=default(at.counted), restarts=default(at.restarts),
-            fence=default(at.fence), created_at=given("now"))
+            fence=default(at.fence), rank_restarts=default(at.rank_restarts), created_at=given("now"))
 
     def claim() -> ClauseElement:
         # the claim of a pending attempt: compare-and-set on its state and fence, the fence + 1

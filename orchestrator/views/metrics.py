@@ -47,6 +47,10 @@ class FleetMetrics:
     unmeasured: int = 0  # preemptions followed by an attempt whose resume step is not recorded
     last_pass: PassStats | None = None
     goodput: dict | None = None  # goodputview.fleet_gauges: the held-time split by partition
+    # Ranks restarted inside their allocation (--rank-restarts), by the class of the launch each replaced, and
+    # the steps each restart computed again (the failed launch's last step minus the commit it resumed from).
+    rank_restarts: dict[str, int] = field(default_factory=dict)
+    rank_redone: list[int] = field(default_factory=list)
 
 
 def record_pass(s: Session, rep: PassReport, name: str = PASS) -> None:
@@ -83,8 +87,11 @@ def collect(db: Database) -> FleetMetrics:
                           .where(Attempt.failure_class == FailureClass.PREEMPTED)).all()
         restarted = s.execute(select(Job.run_dir, Attempt.n, Attempt.token, Attempt.restarts)
                               .join(Job, Job.id == Attempt.job_id).where(Attempt.restarts > 0)).all()
+        relaunched = s.execute(select(Job.run_dir, Attempt.n, Attempt.token)
+                               .join(Job, Job.id == Attempt.job_id).where(Attempt.rank_restarts > 0)).all()
         stats = s.get(PassStats, PASS)
-    snap = FleetMetrics(jobs, failures, last, last_pass=stats, goodput=fleet_gauges(db))
+    snap = FleetMetrics(jobs, failures, last, last_pass=stats, goodput=fleet_gauges(db),
+                        rank_restarts={c.value: 0 for c in FailureClass})
     for run_dir, n, failure_step in pairs:
         done = steps_redone(run_dir, n, failure_step)
         if done is None:
@@ -93,7 +100,19 @@ def collect(db: Database) -> FleetMetrics:
             snap.redone.append(done)
     for run_dir, n, token, restarts in restarted:
         _count_in_place(snap, run_dir, n, token, restarts)
+    for run_dir, n, token in relaunched:
+        _count_rank_restarts(snap, run_dir, n, token)
     return snap
+
+
+def _count_rank_restarts(snap: FleetMetrics, run_dir: str, n: int, token: str) -> None:
+    """Each rank restart the wrapper recorded for attempt ``n``: its class and, where both steps are recorded,
+    the steps the relaunched ranks computed again. Read from the record, not the DB's count: a pass that has not
+    seen the last restart yet undercounts by it until the next pass, never counts one twice."""
+    for r in protocol.read_rank_restarts(protocol.attempt_dir(run_dir, n), token):
+        snap.rank_restarts[r["class"]] = snap.rank_restarts.get(r["class"], 0) + 1
+        if r["failed_step"] is not None and r["resume_step"] is not None:
+            snap.rank_redone.append(max(0, r["failed_step"] - r["resume_step"]))
 
 
 def _count_in_place(snap: FleetMetrics, run_dir: str, n: int, token: str, restarts: int) -> None:
@@ -192,6 +211,16 @@ def render(snap: FleetMetrics) -> str:
                    "Preempted attempts with a successor whose resume step is not recorded (a program that "
                    "writes no resumed_from heartbeat field): not in orch_preemption_steps_redone.",
                    [("orch_preemptions_unmeasured", snap.unmeasured)])
+    out += _family("orch_rank_restarts", "gauge",
+                   "Launches of a multi-rank program's ranks replaced inside the job's own allocation "
+                   "(--rank-restarts), by the class of the launch that failed (every class listed, 0 included). "
+                   "Not in orch_attempt_failures: the attempt went on.",
+                   [(f'orch_rank_restarts{{class="{k}"}}', v) for k, v in snap.rank_restarts.items()])
+    out += _family("orch_rank_restart_steps_redone", "summary",
+                   "Steps computed again after a rank restart: the failed launch's last step minus the committed "
+                   "step the relaunched ranks resumed from. One observation per restart with both recorded.",
+                   [("orch_rank_restart_steps_redone_sum", sum(snap.rank_redone)),
+                    ("orch_rank_restart_steps_redone_count", len(snap.rank_redone))])
     out += goodput_families(snap.goodput or {}, _family)
     p = snap.last_pass
     if p is not None:

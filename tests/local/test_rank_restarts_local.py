@@ -59,6 +59,9 @@ def test_a_killed_rank_is_restarted_in_the_allocation_from_the_last_commit_and_t
     assert "rank restart 1/2 in the allocation (killed, rank 1 ended -9)" in (adir / "stderr.log").read_text()
     text = orch("show", "rr", check=True).stdout
     assert "rank restarts in the allocation: 1 (killed: rank 1 ended -9 at step" in text, text
+    metrics = orch("metrics", check=True).stdout  # counted by the passes that watched it (migration 0012)
+    assert 'orch_rank_restarts{class="killed"} 1\n' in metrics, metrics
+    assert "orch_rank_restart_steps_redone_count 1\n" in metrics, metrics
 
 
 def test_a_cancel_after_a_rank_restart_stops_the_relaunched_ranks(orch, tmp_path):

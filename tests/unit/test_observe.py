@@ -247,3 +247,43 @@ def test_the_schedulers_runs_are_kept_as_they_grow_and_never_shrink_and_a_steady
     db.write = lambda *a, **k: writes.append(1) or real_write(*a, **k)
     _pass(db, cfg, sched)
     assert writes == []
+
+
+def test_rank_restarts_the_wrapper_recorded_are_counted_as_they_grow_never_taken_back_and_read_by_the_metrics(
+        db, cfg, sched):
+    """observe stores how many rank restarts the attempt's record holds (migration 0012), so ``orch metrics`` opens
+    the records of the attempts that restarted only; a steady pass writes nothing, and a record garbled later does
+    not take a counted restart back."""
+    from orchestrator.views.metrics import collect, render
+
+    submit(db, cfg, SubmitRequest(name="j", command=["true"]))
+    submit(db, cfg, SubmitRequest(name="other", command=["true"]))
+    with db.read() as s:
+        a = get_job(s, "j").attempts[-1]
+        adir, token = protocol.attempt_dir(cfg.runs_root / "j", a.n), a.token
+
+    def stored() -> int:
+        _pass(db, cfg, sched)
+        with db.read() as s:
+            return get_job(s, "j").attempts[-1].rank_restarts
+
+    assert stored() == 0
+    protocol.append_rank_restart(adir, token, {"at": 1.0, "failed_rank": 1, "rank_returncode": -9, "class": "killed",
+                                               "failed_step": 45, "resume_step": 40})
+    assert stored() == 1
+    protocol.append_rank_restart(adir, token, {"at": 2.0, "failed_rank": 0, "rank_returncode": -7,
+                                               "class": "node_fail", "failed_step": 90, "resume_step": 80})
+    assert stored() == 2
+    writes = []
+    real_write = db.write
+    db.write = lambda *a, **k: writes.append(1) or real_write(*a, **k)
+    _pass(db, cfg, sched)
+    assert writes == []
+    db.write = real_write
+    text = render(collect(db))
+    assert 'orch_rank_restarts{class="killed"} 1\n' in text and 'orch_rank_restarts{class="node_fail"} 1\n' in text
+    assert 'orch_rank_restarts{class="oom"} 0\n' in text  # every class listed, 0 included
+    assert "orch_rank_restart_steps_redone_sum 15\n" in text and "orch_rank_restart_steps_redone_count 2\n" in text
+    (adir / protocol.RANK_RESTARTS_FILE).write_text("{garbage")
+    assert stored() == 2
+    assert 'orch_rank_restarts{class="killed"} 0\n' in render(collect(db))  # the metrics say what the records hold
