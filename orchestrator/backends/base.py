@@ -63,6 +63,9 @@ class Resources:
     # Nodes held beside ``nodes`` (sbatch --nodes N+K --no-kill): a node lost under the ranks is replaced by one of
     # these inside the allocation, the ranks restarted there (needs rank_restarts).
     spare_nodes: int | None = None
+    # The fewest nodes the ranks may go on with after nodes are lost and no spare is left (sbatch --no-kill): a rank
+    # restart on fewer nodes, the world size smaller, rather than the queue (needs rank_restarts; < nodes).
+    min_nodes: int | None = None
 
 
 @dataclass(frozen=True)
@@ -144,6 +147,8 @@ class SubmitSpec:
                 argv += ["--rank-restarts", str(self.resources.rank_restarts)]
             if self.resources.spare_nodes:
                 argv += ["--spare-nodes", str(self.resources.spare_nodes)]
+            if self.resources.min_nodes:
+                argv += ["--min-nodes", str(self.resources.min_nodes)]
         if self.spot_notice != "off":
             argv += ["--spot-notice", self.spot_notice, "--spot-interval", str(self.spot_interval_s)]
             if self.spot_url:

@@ -195,6 +195,11 @@ def job_options(f: Any) -> Any:
                      help="With --nodes and --rank-restarts (Slurm): hold this many more nodes (sbatch --nodes N+K "
                           "--no-kill); when a node dies under the ranks, they are restarted on a spare inside the "
                           "allocation, from the newest checkpoint, instead of the job going back to the queue."),
+        click.option("--min-nodes", type=click.IntRange(1, 100_000), default=None,
+                     help="With --nodes and --rank-restarts (Slurm): when nodes die under the ranks and no spare is "
+                          "left, restart the ranks on the nodes left, down to this many (a smaller world size; "
+                          "the program must resume on it), inside the allocation (sbatch --no-kill). Default: "
+                          "--nodes (never fewer)."),
         click.option("--gpus-per-node", type=click.IntRange(1, 1024), default=None,
                      help="GPUs on each node (Slurm: --gpus-per-node)."),
         click.option("--mem", help="Memory, Slurm style: 500M, 16G."),
@@ -273,6 +278,14 @@ def rank_resources(opts: dict[str, Any]) -> dict[str, Any]:
             raise click.BadParameter("--spare-nodes needs --nodes and --rank-restarts (the ranks restart on a spare)",
                                      param_hint="--spare-nodes")
         out["spare_nodes"] = opts["spare_nodes"]
+    if opts.get("min_nodes") is not None:
+        if nodes is None or not opts.get("rank_restarts"):  # only a restart of the ranks goes on with fewer nodes
+            raise click.BadParameter("--min-nodes needs --nodes and --rank-restarts (the ranks restart on the "
+                                     "nodes left)", param_hint="--min-nodes")
+        if opts["min_nodes"] >= nodes:
+            raise click.BadParameter(f"--min-nodes {opts['min_nodes']} must be below --nodes {nodes}",
+                                     param_hint="--min-nodes")
+        out["min_nodes"] = opts["min_nodes"]
     if gpn is not None:
         if opts.get("gpus") is not None:
             raise click.BadParameter("give --gpus and --gpus-per-node not both (per node is what a node gets)",

@@ -80,6 +80,8 @@ def reshaped(resources: dict[str, Any], nodes: int | None, nproc_per_node: int |
         out.setdefault("nodes", 1)
     if nodes is not None:
         out["nodes"] = nodes
+        if (out.get("min_nodes") or 0) >= nodes:  # fewer nodes than it now asks for: never below the new count
+            out.pop("min_nodes")
     return out
 
 

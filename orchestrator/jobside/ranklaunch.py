@@ -23,7 +23,7 @@ import math
 import subprocess
 import zlib
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 TORCHRUN = ("-m", "torch.distributed.run")
 # torchrun forwards these to its workers (and then waits the shutdown timeout); its default lacks SIGUSR1/2,
@@ -128,7 +128,7 @@ def slurm_hosts(nodelist: str) -> list[str]:
 
 def slurm_step_argv(python: str, r: RankLayout, command: Sequence[str], env: Mapping[str, str],
                     log_dir: str | None = None, relaunch: int = 0, avoid: Sequence[str] = (),
-                    spare: int = 0) -> list[str]:
+                    spare: int = 0, min_nodes: int = 0) -> tuple[list[str], RankLayout]:
     """srun starting one torchrun per node of the allocation, rendezvous on its first node.
 
     ``--cpus-per-task`` is passed on explicitly: srun of Slurm 22.05 does not inherit the batch job's.
@@ -136,6 +136,8 @@ def slurm_step_argv(python: str, r: RankLayout, command: Sequence[str], env: Map
     own, never the failed launch's (whose store may still be closing). ``spare``: the allocation holds that many
     nodes beyond ``r.nodes``; the step then names its nodes (``--nodelist``): the allocation's first ``r.nodes``
     not in ``avoid`` (nodes lost under an earlier launch), and the rendezvous is on the first of them.
+    ``min_nodes``: with fewer usable nodes than ``r.nodes`` left, the ranks go on with those, down to this many
+    (a smaller world size). Returns the argv and the layout it launches.
     """
     job_id = env.get("SLURM_JOB_ID") or ""
     nodelist = env.get("SLURM_JOB_NODELIST") or env.get("SLURM_NODELIST") or ""
@@ -143,9 +145,10 @@ def slurm_step_argv(python: str, r: RankLayout, command: Sequence[str], env: Map
         raise RankLaunchError("not inside a Slurm allocation (no SLURM_JOB_ID / SLURM_JOB_NODELIST)")
     hosts = slurm_hosts(nodelist)
     chosen = [h for h in hosts if h not in set(avoid)][:r.nodes]
-    if len(chosen) < r.nodes:
+    if len(chosen) < min(r.nodes, min_nodes or r.nodes) or not chosen:
         raise RankLaunchError(f"{len(chosen)} usable node(s) of the allocation ({','.join(hosts)}; lost: "
-                              f"{','.join(avoid) or 'none'}), the ranks need {r.nodes}")
+                              f"{','.join(avoid) or 'none'}), the ranks need {min_nodes or r.nodes}")
+    r = replace(r, nodes=len(chosen))
     master = chosen[0]
     srun = ["srun", f"--nodes={r.nodes}", f"--ntasks={r.nodes}", "--ntasks-per-node=1", "--kill-on-bad-exit=1"]
     if spare or avoid:
@@ -158,4 +161,4 @@ def slurm_step_argv(python: str, r: RankLayout, command: Sequence[str], env: Map
     if cpus.isdigit():
         srun.append(f"--cpus-per-task={cpus}")
     rid = job_id if not relaunch else f"{job_id}-r{relaunch}"
-    return srun + torchrun_argv(python, r, command, rdzv=(master, rdzv_port(rid), rid), log_dir=log_dir)
+    return srun + torchrun_argv(python, r, command, rdzv=(master, rdzv_port(rid), rid), log_dir=log_dir), r

@@ -57,12 +57,13 @@ class Failed:
     """How one launch of the ranks ended, as the wrapper saw it."""
 
     returncode: int
-    stopped: bool  # a stop reached the wrapper, or the program recorded one
+    stopped: bool  # a stop reached the wrapper (a preemption, a cancel, the time limit)
     completed: bool  # the program recorded its completion
     oom_kills: int  # the memory cgroup's count of OOM kills so far (0 without a cgroup)
     end: rankend.RankEnd | None  # the rank that failed on its own first, if the records tell
     report_class: str | None  # the program's failure.json class, if it wrote one
     lost_nodes: tuple[str, ...] = ()  # nodes of the allocation Slurm says were lost since the last launch began
+    program_stopped: bool = False  # the program recorded a stop before its first rank's own end, none reached us
 
 
 def transient_cause(f: Failed) -> str | None:
@@ -70,7 +71,12 @@ def transient_cause(f: Failed) -> str | None:
     if f.returncode == 0 or f.stopped or f.completed or f.oom_kills > 0:
         return None
     if f.lost_nodes:  # a node died under the ranks: whatever the survivors reported, it was the node
+        # ... and whatever stop they recorded: the lost node took the rendezvous store with it where it hosted it,
+        # and each survivor's torchrun agent failed and SIGTERMed its ranks (measured on the dev cluster, 2 nodes x
+        # 2 ranks, the --min-nodes test), before any rank's own end. A real stop reaches the wrapper first.
         return protocol.FailureClass.NODE_FAIL.value
+    if f.program_stopped:
+        return None
     if f.report_class in NEVER_CLASSES:
         return None
     if f.end is not None and f.end.signal in TRANSIENT_SIGNALS:
@@ -159,14 +165,17 @@ class Launch:
     ends_dir: Path  # attempts/<n>/torchrun: each rank's end record
     world_size: int
     launch: str  # the ended launch's id (its rank end records carry it)
-    compose: Callable[[str, int, tuple[str, ...]], list[str]]  # (new launch id, restart k, nodes to avoid) -> argv
-    allocation: str | None = None  # SLURM_JOB_NODELIST of a job holding spare nodes: a lost node is replaced
+    # (new launch id, restart k, nodes to avoid) -> (argv, the world size it launches)
+    compose: Callable[[str, int, tuple[str, ...]], tuple[list[str], int | None]]
+    # SLURM_JOB_NODELIST of a job that outlives a lost node (--spare-nodes, --min-nodes): the node is replaced, or left
+    allocation: str | None = None
 
 
 def relaunch(ln: Launch, rc: int, env: dict[str, str], sup: Supervisor, cgroup: memlimit.MemCgroup | None,
-             out: BinaryIO, err: BinaryIO, deadline: float | None) -> tuple[str, list[str], subprocess.Popen] | None:
+             out: BinaryIO, err: BinaryIO, deadline: float | None
+             ) -> tuple[str, list[str], subprocess.Popen, int] | None:
     """After the ranks' launch ended with ``rc``: launch them again in this allocation when the failure was
-    transient and ``--rank-restarts`` allows, as (launch id, argv, child); None ends the attempt.
+    transient and ``--rank-restarts`` allows, as (launch id, argv, child, world size); None ends the attempt.
 
     Stops are held from the decision to the new child's start: one that arrives meanwhile either ends the
     attempt here (it was pending at the decision) or reaches the new child once released (the handler signals
@@ -178,14 +187,14 @@ def relaunch(ln: Launch, rc: int, env: dict[str, str], sup: Supervisor, cgroup: 
         end = rankend.first_own_end(rankend.read_rank_ends(ln.ends_dir, ln.launch, ln.token, ln.world_size),
                                     ln.world_size)
         stop = protocol.read_stop(ln.adir, ln.token)
-        stopped = (sup.stop_signal is not None or bool(signal.sigpending() & STOPS)
-                   or (stop is not None and not stopped_by_its_end(stop.at, end)))
+        stopped = sup.stop_signal is not None or bool(signal.sigpending() & STOPS)
         before = protocol.read_rank_restarts(ln.adir, ln.token)
         lost_before = {n for r in before for n in r["lost_nodes"]}
         lost_now = _lost_nodes(ln.allocation)
         f = Failed(returncode=rc, stopped=stopped, completed=protocol.read_completion(ln.adir, ln.token) is not None,
                    oom_kills=(cgroup.oom_kills() or 0) if cgroup else 0, end=end, report_class=report_class(ln.adir),
-                   lost_nodes=tuple(n for n in lost_now if n not in lost_before))
+                   lost_nodes=tuple(n for n in lost_now if n not in lost_before),
+                   program_stopped=stop is not None and not stopped_by_its_end(stop.at, end))
         cause = transient_cause(f)
         committed = newest_committed(ln.run_dir)
         why = refusal(cause, len(before), ln.allowed, committed, before[-1]["resume_step"] if before else None)
@@ -203,7 +212,7 @@ def relaunch(ln: Launch, rc: int, env: dict[str, str], sup: Supervisor, cgroup: 
         resume_env(ln.run_dir, ln.attempt, env)
         launch = os.urandom(6).hex()
         try:
-            argv = ln.compose(launch, k, avoid)
+            argv, world_size = ln.compose(launch, k, avoid)
         except RuntimeError as e:  # ranklaunch.RankLaunchError: fewer usable nodes than the ranks need
             err.write(f"orch wrapper: cannot launch the ranks again: {e}\n".encode())
             return None
@@ -218,8 +227,8 @@ def relaunch(ln: Launch, rc: int, env: dict[str, str], sup: Supervisor, cgroup: 
             err.write(f"orch wrapper: cannot start {argv[0]!r} again: {e}\n".encode())
             return None
         sup.child = child  # every stop from now on reaches the new launch (a cancel left the relaunched ranks running)
-        _rewrite_wrapper_record(ln.adir, child, argv, launch, k)
-        return launch, argv, child
+        _rewrite_wrapper_record(ln.adir, child, argv, launch, k, world_size or ln.world_size)
+        return launch, argv, child, world_size or ln.world_size
     finally:
         signal.pthread_sigmask(signal.SIG_UNBLOCK, STOPS)
 
@@ -256,13 +265,15 @@ def resume_env(run_dir: Path, attempt: int, env: dict[str, str]) -> None:
         env[protocol.ENV_RESUME_STEP] = str(resume)
 
 
-def _rewrite_wrapper_record(adir: Path, child: subprocess.Popen, argv: list[str], launch: str, k: int) -> None:
-    """wrapper.json names the running launch (a rank end is read by it when no exit.json comes); the run's start
-    stays the first launch's (goodput's)."""
+def _rewrite_wrapper_record(adir: Path, child: subprocess.Popen, argv: list[str], launch: str, k: int,
+                            world_size: int) -> None:
+    """wrapper.json names the running launch and its world size (a rank end is read by them when no exit.json
+    comes); the run's start stays the first launch's (goodput's)."""
     try:
         w = protocol.read_json_bounded(adir / protocol.WRAPPER_FILE, limit=1 << 16)
         if isinstance(w, dict):
             protocol.atomic_write_json(adir / protocol.WRAPPER_FILE, {
-                **w, "child_pid": child.pid, "ranks_command": argv, "launch": launch, "rank_restarts": k})
+                **w, "child_pid": child.pid, "ranks_command": argv, "launch": launch, "rank_restarts": k,
+                "world_size": world_size})
     except (OSError, ValueError):
         pass  # informative only

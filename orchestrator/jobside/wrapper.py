@@ -101,13 +101,16 @@ def _parse(argv: list[str]) -> argparse.Namespace:
                          "transient rank failure (rankrestart.py)")
     ap.add_argument("--spare-nodes", type=int, default=0,
                     help="the allocation holds this many nodes beyond --nodes: a rank restart replaces a lost node")
+    ap.add_argument("--min-nodes", type=int, default=0, help="a rank restart may go on with this many nodes, or more")
     ap.add_argument("--mem-mb", type=int, default=None,
                     help="run the program in a memory cgroup with this limit (local backend; memlimit.py)")
     a = parse_with_command(ap, argv)
     if not 0.05 <= a.spot_interval <= 86400:  # also refuses nan
         ap.error(f"--spot-interval {a.spot_interval} is not 0.05..86400 seconds")
-    if not 0 <= a.rank_restarts <= protocol.MAX_RANK_RESTARTS or not 0 <= a.spare_nodes <= 100:
-        ap.error(f"--rank-restarts {a.rank_restarts} --spare-nodes {a.spare_nodes}: need 0..100 each")
+    if not 0 <= a.rank_restarts <= protocol.MAX_RANK_RESTARTS or not 0 <= a.spare_nodes <= 100 \
+            or not 0 <= a.min_nodes <= 100_000:
+        ap.error(f"--rank-restarts {a.rank_restarts} --spare-nodes {a.spare_nodes} --min-nodes {a.min_nodes}: "
+                 "out of range")
     if (a.nproc_per_node is not None and a.nproc_per_node < 1) or a.nodes < 1 or not 0 < a.grace <= 10**7:
         ap.error(f"--nproc-per-node {a.nproc_per_node} --nodes {a.nodes} --grace {a.grace}: need K, N >= 1, grace > 0")
     return a
@@ -174,8 +177,9 @@ def _program(a: argparse.Namespace, launch: str, relaunch: int = 0,
     command = ranklaunch.recorded(sys.executable, log_dir, launch, a.command)
     job_id = os.environ.get("SLURM_JOB_ID")
     if job_id:
-        return (ranklaunch.slurm_step_argv(sys.executable, r, command, os.environ, log_dir, relaunch=relaunch,
-                                           avoid=avoid, spare=a.spare_nodes), r.world_size, job_id)
+        argv, launched = ranklaunch.slurm_step_argv(sys.executable, r, command, os.environ, log_dir, relaunch=relaunch,
+                                                    avoid=avoid, spare=a.spare_nodes, min_nodes=a.min_nodes)
+        return argv, launched.world_size, job_id
     if a.nodes > 1:  # torchrun --standalone would wait for nodes that never come
         raise ranklaunch.RankLaunchError(f"--nodes {a.nodes} needs a Slurm allocation; this machine is one node")
     return ranklaunch.torchrun_argv(sys.executable, r, command, log_dir=log_dir), r.world_size, None
@@ -386,12 +390,12 @@ def _attempt(a: argparse.Namespace, run_dir: Path, adir: Path, restart: int, bal
                 sup.await_preemption(step_job)
             relaunched = None if not world_size or timed_out else rankrestart.relaunch(rankrestart.Launch(
                 a.token, a.attempt, a.rank_restarts, run_dir, adir, _torchrun_dir(a), world_size, launch,
-                lambda new, k, avoid: _program(a, new, relaunch=k, avoid=avoid)[0],
-                os.environ.get("SLURM_JOB_NODELIST") if a.spare_nodes else None), rc, env, sup, cgroup, out, err,
-                deadline)
+                lambda new, k, avoid: _program(a, new, relaunch=k, avoid=avoid)[:2],
+                os.environ.get("SLURM_JOB_NODELIST") if a.spare_nodes or a.min_nodes else None), rc, env, sup, cgroup,
+                out, err, deadline)
             if relaunched is None:
                 break
-            launch, argv, child = relaunched
+            launch, argv, child, world_size = relaunched  # fewer nodes left (--min-nodes): a smaller world
             stopped_watch.stop()
             stopped_watch = StoppedWatch(child.pid, adir)
         # From the program's exit until exit.json is written, a stop stays pending instead of running

@@ -16,6 +16,7 @@ import signal
 import sys
 import time
 from collections import Counter
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -260,48 +261,106 @@ def test_a_node_killed_under_a_two_node_job_ends_node_fail_and_the_rerun_on_heal
           f"{resume}; {len(again)} steps computed again")
 
 
+@dataclass
+class NodeLoss:
+    """A node killed under a running job that recovers inside its allocation, and what the test reads after."""
+
+    run_dir: Path
+    job_id: str
+    training: list[str]  # the nodes the ranks' first step ran on
+    dead: str
+    killed_at: float
+    steps: int
+    step_log: Path
+
+    @property
+    def adir(self) -> Path:
+        return self.run_dir / "attempts" / "1"
+
+    def relaunch_nodes(self) -> list[str]:
+        srun = json.loads((self.adir / protocol.WRAPPER_FILE).read_text())["ranks_command"]
+        return next(x for x in srun if x.startswith("--nodelist=")).split("=", 1)[1].split(",")
+
+    def steps_done(self) -> Counter:
+        return Counter(tuple(line.split()[1:]) for line in self.step_log.read_text().splitlines())
+
+    def back_after(self, resume_step: int) -> float:
+        """Seconds from the kill to the relaunch's first step past ``resume_step`` (not a survivor's last beat)."""
+        beats = [json.loads(x) for x in (self.adir / protocol.PROGRESS_HISTORY).read_text().splitlines()]
+        return min(b["time"] for b in beats if b["time"] > self.killed_at and b.get("resumed_from") == resume_step
+                   and (b.get("step") or 0) > resume_step) - self.killed_at
+
+
+def kill_a_node_under(orch, name: str, *opts: str) -> NodeLoss:
+    """Submit a 300-step plain loop on ``multi`` with ``opts``, kill the second node its ranks train on (not the
+    batch node: its wrapper restarts the ranks) past step 60, and wait for the job to end."""
+    step_log = orch.home / "steps.log"
+    steps = 300
+    p = orch("submit", "--backend", "slurm", "--partition", "multi", "--nodes", "2", "--rank-restarts", "2",
+             "--cpus-per-task", "1", "--mem", "1G", "--name", name, *opts, "--", *LOOP[:3], str(steps), *LOOP[4:],
+             "--step-log", str(step_log))
+    assert p.returncode == 0, p.stdout + p.stderr
+    run_dir = orch.runs / name
+    job_id = orch.show(name)["attempts"][0]["external_id"]
+    wait_for(lambda: int((protocol.read_progress(run_dir, 1) or {}).get("step") or 0) >= 60, 180, "step 60")
+    srun = json.loads((run_dir / "attempts" / "1" / protocol.WRAPPER_FILE).read_text())["ranks_command"]
+    named = [a.split("=", 1)[1].split(",") for a in srun if a.startswith("--nodelist=")]
+    allocation = hostnames(run("squeue", "-h", "-j", job_id, "-o", "%N").stdout.strip())
+    loss = NodeLoss(run_dir, job_id, named[0] if named else allocation, "", time.time(), steps, step_log)
+    loss.dead = loss.training[1]
+    loss.killed_at = time.time()
+    assert kill_node(loss.dead)
+    wait_for(lambda: settled(orch, name), 300, "the job to end", interval=1, detail=lambda: (
+        run("sacct", "-X", "-n", "-P", "--duplicates", "-j", job_id, "-o", "State,NodeList").stdout,
+        (loss.adir / "stderr.log").read_text()[-3000:]))
+    return loss
+
+
 def test_a_node_killed_under_a_job_with_a_spare_node_continues_on_the_spare_inside_the_allocation(
         orch, cleanup, nodes_back):
     """``--spare-nodes 1``: the allocation holds 3 nodes (sbatch --no-kill), the ranks train on 2. One of them
     dies: Slurm keeps the job, the wrapper restarts the ranks on the two nodes left, from the last commit; Slurm
     ran the job once, orch shows a node_fail rank restart naming the lost node, and the job ends verified."""
-    step_log = orch.home / "steps.log"
-    steps = 300
-    p = orch("submit", "--backend", "slurm", "--partition", "multi", "--nodes", "2", "--nproc-per-node", "1",
-             "--spare-nodes", "1", "--rank-restarts", "2", "--cpus-per-task", "1", "--mem", "1G", "--name", "sp",
-             "--", *LOOP[:3], str(steps), *LOOP[4:], "--step-log", str(step_log))
-    assert p.returncode == 0, p.stdout + p.stderr
-    run_dir = orch.runs / "sp"
-    job_id = orch.show("sp")["attempts"][0]["external_id"]
-    wait_for(lambda: int((protocol.read_progress(run_dir, 1) or {}).get("step") or 0) >= 60, 180, "step 60")
-    wrapper = json.loads((run_dir / "attempts" / "1" / protocol.WRAPPER_FILE).read_text())
-    srun = wrapper["ranks_command"]
-    training = next(a for a in srun if a.startswith("--nodelist=")).split("=", 1)[1].split(",")
-    allocation = hostnames(run("squeue", "-h", "-j", job_id, "-o", "%N").stdout.strip())
-    assert len(allocation) == 3 and len(training) == 2, (allocation, training)
-    dead = training[1]  # not the batch node (the first): its wrapper restarts the ranks
-    killed_at = time.time()
-    assert kill_node(dead)
-    wait_for(lambda: settled(orch, "sp"), 300, "the job to end", interval=1, detail=lambda: (
-        run("sacct", "-X", "-n", "-P", "--duplicates", "-j", job_id, "-o", "State,NodeList").stdout,
-        (run_dir / "attempts" / "1" / "stderr.log").read_text()[-3000:]))
+    loss = kill_a_node_under(orch, "sp", "--nproc-per-node", "1", "--spare-nodes", "1")
+    assert len(loss.training) == 2, loss.training
     show = orch.show("sp")
     assert show["state"] == "done_marker_verified", show
     (a,) = show["attempts"]
     assert a["restarts"] == 0, a  # Slurm never requeued it
     (r,) = a["rank_restarts"]
-    assert (r["class"], r["lost_nodes"]) == ("node_fail", [dead]), r
-    runs = run("sacct", "-X", "-n", "-P", "--duplicates", "-j", job_id, "-o", "State").stdout.split()
+    assert (r["class"], r["lost_nodes"]) == ("node_fail", [loss.dead]), r
+    runs = run("sacct", "-X", "-n", "-P", "--duplicates", "-j", loss.job_id, "-o", "State").stdout.split()
     assert runs == ["RESIZING", "COMPLETED"], runs  # one run: the node's loss resized it (no requeue)
-    relaunch = json.loads((run_dir / "attempts" / "1" / protocol.WRAPPER_FILE).read_text())["ranks_command"]
-    now = next(x for x in relaunch if x.startswith("--nodelist=")).split("=", 1)[1].split(",")
-    assert dead not in now and len(now) == 2, now  # the spare took the lost node's place
-    done = Counter(tuple(line.split()[1:]) for line in step_log.read_text().splitlines())
-    assert set(done) == {(str(s), str(rk)) for s in range(1, steps + 1) for rk in range(2)}
+    now = loss.relaunch_nodes()
+    assert loss.dead not in now and len(now) == 2, now  # the spare took the lost node's place
+    done = loss.steps_done()
+    assert set(done) == {(str(s), str(rk)) for s in range(1, loss.steps + 1) for rk in range(2)}
     again = sorted({int(s) for (s, _rk), n in done.items() if n > 1})
     assert all(s > r["resume_step"] for s in again), (again, r)
-    beats = [json.loads(x) for x in (run_dir / "attempts" / "1" / protocol.PROGRESS_HISTORY).read_text().splitlines()]
-    back = min(b["time"] for b in beats if b["time"] > killed_at and b.get("resumed_from") == r["resume_step"]
-               and (b.get("step") or 0) > r["resume_step"])
-    print(f"\n[measured] node {dead} killed at step >= 60 under 2 of 3 nodes: training again on {','.join(now)} "
-          f"{back - killed_at:.1f} s later, in the same allocation; {len(again)} steps computed again")
+    print(f"\n[measured] node {loss.dead} killed at step >= 60 under 2 of 3 nodes: training again on {','.join(now)} "
+          f"{loss.back_after(r['resume_step']):.1f} s later, in the same allocation; {len(again)} steps computed again")
+
+
+def test_a_node_killed_under_a_job_allowed_fewer_nodes_goes_on_with_the_nodes_left_inside_the_allocation(
+        orch, cleanup, nodes_back):
+    """``--min-nodes 1``, no spare: 2 nodes x 2 ranks, one node dies. Slurm keeps the job (sbatch --no-kill), the
+    wrapper restarts the ranks on the one node left (world size 4 -> 2) from the last commit, and the job ends
+    verified: Slurm ran it once, the record names the lost node, and no committed step is computed again."""
+    loss = kill_a_node_under(orch, "fw", "--nproc-per-node", "2", "--min-nodes", "1")
+    assert len(loss.training) == 2, loss.training
+    show = orch.show("fw")
+    assert show["state"] == "done_marker_verified", show
+    (a,) = show["attempts"]
+    assert (a["restarts"], a["world_size"]) == (0, 2), a  # Slurm never requeued it; it ended on 1 node x 2 ranks
+    (r,) = a["rank_restarts"]
+    assert (r["class"], r["lost_nodes"]) == ("node_fail", [loss.dead]), r
+    assert loss.relaunch_nodes() == [loss.training[0]], loss.relaunch_nodes()
+    done = loss.steps_done()
+    # every step by ranks 0-1 (they went on), steps up to the kill by ranks 2-3 as well, none of them beyond
+    assert {(str(s), str(rk)) for s in range(1, loss.steps + 1) for rk in range(2)} <= set(done), sorted(done)[:5]
+    assert max(int(s) for (s, rk) in done if rk in ("2", "3")) <= (r["failed_step"] or 0) + 1
+    again = sorted({int(s) for (s, rk), n in done.items() if n > 1})
+    assert all(s > r["resume_step"] for s in again), (again, r)
+    print(f"\n[measured] node {loss.dead} killed at step >= 60 under 2 nodes x 2 ranks, --min-nodes 1: training "
+          f"again on {loss.training[0]} alone (world size 2) {loss.back_after(r['resume_step']):.1f} s later; "
+          f"{len(again)} steps computed again")

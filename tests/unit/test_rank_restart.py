@@ -129,3 +129,7 @@ def test_a_node_lost_under_the_ranks_is_node_fail_whatever_the_survivors_reporte
     lost = failed(end=RankEnd(0, 1, 1.0, False), report_class="killed", lost_nodes=("n3",))
     assert rankrestart.transient_cause(lost) == "node_fail"
     assert rankrestart.transient_cause(failed(stopped=True, lost_nodes=("n3",))) is None  # a stop still ends it
+    # a stop only the program recorded, with a node lost: the survivors' torchrun agents lost the rendezvous store
+    # with the node and SIGTERMed their ranks (the --min-nodes test on the dev cluster); without a lost node it ends it
+    assert rankrestart.transient_cause(failed(program_stopped=True, lost_nodes=("n3",))) == "node_fail"
+    assert rankrestart.transient_cause(failed(program_stopped=True, end=RankEnd(1, -9, 1.0, False))) is None

@@ -43,6 +43,14 @@ BAD = [
                                    "--spare-nodes", "1"], "--spare-nodes needs --nodes and --rank-restarts"),
     ("spare-nodes without rank-restarts", ["--backend", "slurm", "--nproc-per-node", "2", "--nodes", "2",
                                            "--spare-nodes", "1"], "--spare-nodes needs --nodes and --rank-restarts"),
+    ("min-nodes without rank-restarts", ["--backend", "slurm", "--nproc-per-node", "2", "--nodes", "2",
+                                         "--min-nodes", "1"], "--min-nodes needs --nodes and --rank-restarts"),
+    ("min-nodes without nodes", ["--backend", "slurm", "--nproc-per-node", "2", "--rank-restarts", "1",
+                                 "--min-nodes", "1"], "--min-nodes needs --nodes and --rank-restarts"),
+    ("min-nodes not below nodes", ["--backend", "slurm", "--nproc-per-node", "2", "--nodes", "2", "--rank-restarts",
+                                   "1", "--min-nodes", "2"], "--min-nodes 2 must be below --nodes 2"),
+    ("min-nodes 0", ["--backend", "slurm", "--nproc-per-node", "2", "--nodes", "2", "--rank-restarts", "1",
+                     "--min-nodes", "0"], "Invalid value for '--min-nodes'"),
 ]
 
 
@@ -96,6 +104,19 @@ def test_spare_nodes_are_held_beside_the_ranks_nodes_and_a_nodes_death_does_not_
     wrapper = _spec(nodes=2, nproc_per_node=4, rank_restarts=1, spare_nodes=1).wrapper_argv("/py")
     assert wrapper[wrapper.index("--spare-nodes") + 1] == "1" and wrapper[wrapper.index("--nodes") + 1] == "2"
     assert "--no-kill" not in SlurmBackend().sbatch_argv(_spec(nodes=2, nproc_per_node=4), Path("/runs/j/s.sbatch"))
+
+
+def test_min_nodes_keeps_the_allocation_alive_when_a_node_dies_and_reaches_the_wrapper():
+    spec = _spec(nodes=3, nproc_per_node=4, rank_restarts=1, min_nodes=2)
+    argv = SlurmBackend().sbatch_argv(spec, Path("/runs/j/s.sbatch"))
+    assert "--nodes=3" in argv and "--no-kill" in argv  # no node held beyond the ranks'
+    wrapper = spec.wrapper_argv("/py")
+    assert wrapper[wrapper.index("--min-nodes") + 1] == "2"
+    from orchestrator.core.resources import reshaped
+
+    # `orch requeue --nodes 2` of that job: never fewer than it now asks for
+    assert "min_nodes" not in reshaped({"nodes": 3, "nproc_per_node": 4, "min_nodes": 2}, 2, None)
+    assert reshaped({"nodes": 3, "nproc_per_node": 4, "min_nodes": 2}, 4, None)["min_nodes"] == 2
 
 
 def test_lost_nodes_are_those_sinfo_says_cannot_run_a_step(monkeypatch):
@@ -159,7 +180,8 @@ def test_two_nodes_one_torchrun_per_node_through_srun_rendezvous_on_the_first_no
 
     monkeypatch.setattr(ranks.subprocess, "run", fake_run)
     env = {"SLURM_JOB_ID": "4242", "SLURM_JOB_NODELIST": "gpu-a[17-18]", "SLURM_CPUS_PER_TASK": "8"}
-    argv = ranks.slurm_step_argv("/py", ranks.RankLayout(nodes=2, nproc_per_node=4, grace_s=75), CMD, env)
+    argv, layout = ranks.slurm_step_argv("/py", ranks.RankLayout(nodes=2, nproc_per_node=4, grace_s=75), CMD, env)
+    assert layout.world_size == 8
     assert calls == [["scontrol", "show", "hostnames", "gpu-a[17-18]"]]
     cut = argv.index("/py")
     srun, torchrun = argv[:cut], argv[cut:]
@@ -175,17 +197,40 @@ def test_two_nodes_one_torchrun_per_node_through_srun_rendezvous_on_the_first_no
     assert not [x for x in srun if x.startswith("--nodelist")]  # no spare nodes: srun takes the allocation's
     # with spare nodes the step names its nodes: the allocation's first not lost, the rendezvous on the first of them
     spare = ranks.slurm_step_argv("/py", ranks.RankLayout(nodes=1, nproc_per_node=4, grace_s=75), CMD, env,
-                                  relaunch=1, avoid=("gpu-a17",), spare=1)
+                                  relaunch=1, avoid=("gpu-a17",), spare=1)[0]
     assert "--nodelist=gpu-a18" in spare and spare[spare.index("--rdzv-endpoint") + 1].startswith("gpu-a18:")
     assert "--overlap" in spare and "--overlap" not in argv  # a relaunch shares what the failed step still holds
     with pytest.raises(ranks.RankLaunchError, match="1 usable node"):
         ranks.slurm_step_argv("/py", ranks.RankLayout(nodes=2, nproc_per_node=4, grace_s=75), CMD, env,
                               avoid=("gpu-a17",), spare=1)
     # a rank restart in the allocation rendezvous under an id and port of its own, never the failed launch's
-    again = ranks.slurm_step_argv("/py", ranks.RankLayout(nodes=2, nproc_per_node=4, grace_s=75), CMD, env, relaunch=1)
+    again = ranks.slurm_step_argv("/py", ranks.RankLayout(nodes=2, nproc_per_node=4, grace_s=75), CMD, env,
+                                  relaunch=1)[0]
     assert again[again.index("--rdzv-id") + 1] == "4242-r1"
     assert again[again.index("--rdzv-endpoint") + 1] == f"gpu-a17:{ranks.rdzv_port('4242-r1')}"
     assert "--standalone" not in torchrun and torchrun[-len(CMD):] == list(CMD)
+
+
+def test_with_min_nodes_a_lost_node_leaves_the_ranks_on_the_nodes_left_down_to_that_many(monkeypatch):
+    """``--min-nodes``: no spare left, the relaunch goes on with the usable nodes (a smaller world size), never
+    below the minimum; without it the ranks need every node."""
+    import subprocess
+
+    hosts = "gpu-a17\ngpu-a18\ngpu-a19\n"
+    monkeypatch.setattr(ranks.subprocess, "run", lambda argv, **kw: subprocess.CompletedProcess(argv, 0, hosts, ""))
+    env = {"SLURM_JOB_ID": "4242", "SLURM_JOB_NODELIST": "gpu-a[17-19]"}
+    three = ranks.RankLayout(nodes=3, nproc_per_node=4, grace_s=75)
+    argv, layout = ranks.slurm_step_argv("/py", three, CMD, env, relaunch=1, avoid=("gpu-a18",), min_nodes=1)
+    assert (layout.nodes, layout.world_size) == (2, 8)
+    assert {"--nodes=2", "--ntasks=2", "--nodelist=gpu-a17,gpu-a19"} <= set(argv)
+    assert argv[argv.index("--nnodes") + 1] == "2"
+    _argv, layout = ranks.slurm_step_argv("/py", three, CMD, env, relaunch=2, avoid=("gpu-a17", "gpu-a18"),
+                                          min_nodes=1)
+    assert (layout.nodes, _argv[_argv.index("--rdzv-endpoint") + 1].split(":")[0]) == (1, "gpu-a19")
+    with pytest.raises(ranks.RankLaunchError, match="1 usable node.*the ranks need 2"):
+        ranks.slurm_step_argv("/py", three, CMD, env, relaunch=2, avoid=("gpu-a17", "gpu-a18"), min_nodes=2)
+    with pytest.raises(ranks.RankLaunchError, match="2 usable node.*the ranks need 3"):
+        ranks.slurm_step_argv("/py", three, CMD, env, relaunch=1, avoid=("gpu-a18",))
 
 
 def test_slurm_step_refuses_an_allocation_it_cannot_read(monkeypatch):

@@ -239,8 +239,8 @@ def resource_options(r: Resources) -> list[str]:
     if r.nproc_per_node or r.nodes:
         # One task per node: the wrapper's srun starts one torchrun on each, which starts the node's ranks.
         argv += [f"--nodes={_positive('nodes', r.nodes or 1) + (r.spare_nodes or 0)}", "--ntasks-per-node=1"]
-        if r.spare_nodes:  # a node's death must not end the job: the ranks restart on a spare (rankrestart.py)
-            argv.append("--no-kill")
+        if r.spare_nodes or r.min_nodes:  # a node's death must not end the job: the ranks restart on a spare or on
+            argv.append("--no-kill")  # the nodes left (rankrestart.py)
     if r.gpus_per_node:
         argv.append(f"--gpus-per-node={_positive('gpus_per_node', r.gpus_per_node)}")
     if r.cpus_per_task is not None:
