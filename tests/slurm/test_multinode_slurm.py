@@ -356,11 +356,69 @@ def test_a_node_killed_under_a_job_allowed_fewer_nodes_goes_on_with_the_nodes_le
     assert (r["class"], r["lost_nodes"]) == ("node_fail", [loss.dead]), r
     assert loss.relaunch_nodes() == [loss.training[0]], loss.relaunch_nodes()
     done = loss.steps_done()
-    # every step by ranks 0-1 (they went on), steps up to the kill by ranks 2-3 as well, none of them beyond
+    # every step by ranks 0-1 (they went on); ranks 2-3 died with their node and never ran again: no step of theirs
+    # twice (the restart's failed_step is rank 0's last heartbeat, which lags: CI saw rank 2 reach 63 for 61)
     assert {(str(s), str(rk)) for s in range(1, loss.steps + 1) for rk in range(2)} <= set(done), sorted(done)[:5]
-    assert max(int(s) for (s, rk) in done if rk in ("2", "3")) <= (r["failed_step"] or 0) + 1
+    assert all(n == 1 for (_s, rk), n in done.items() if rk in ("2", "3")), done
     again = sorted({int(s) for (s, rk), n in done.items() if n > 1})
     assert all(s > r["resume_step"] for s in again), (again, r)
     print(f"\n[measured] node {loss.dead} killed at step >= 60 under 2 nodes x 2 ranks, --min-nodes 1: training "
           f"again on {loss.training[0]} alone (world size 2) {loss.back_after(r['resume_step']):.1f} s later; "
           f"{len(again)} steps computed again")
+
+
+def test_a_node_killed_under_one_task_of_an_array_spread_over_nodes_reruns_that_task_alone(orch, cleanup, nodes_back,
+                                                                                           tmp_path):
+    """A sweep's array of one-node tasks, one per node (2 CPUs each: a whole node). The node under one task dies
+    with everything on it, the task's wrapper included (a one-node job has no survivor to report). Slurm ends that
+    task NODE_FAIL and requeues it; it reruns on a healthy node once one is free and resumes from its last commit.
+    orch counts one node_fail restart for that task only (no preemption, nothing against --max-attempts); every
+    task ends verified, and the others ran once."""
+    steps = 300
+    logs = tmp_path / "steps"
+    logs.mkdir()
+    p = orch("sweep", "--name", "ar", "--backend", "slurm", "--partition", "multi", "--cpus-per-task", "2",
+             "--mem", "1G", "--max-attempts", "1", "--grid", "seed=0,1,2", "--", *LOOP[:3], str(steps), *LOOP[4:],
+             "--seed", "{seed}", "--step-log", f"{logs}/{{seed}}.log")
+    assert p.returncode == 0, p.stdout + p.stderr
+    tasks = {r["name"]: r for r in orch.json("status") if r.get("sweep") == "ar"}
+    assert len(tasks) == 3, tasks
+
+    def where() -> dict[str, str] | None:
+        out = {}
+        for name, r in tasks.items():
+            nodes = run("squeue", "-h", "-j", r["external_id"], "-o", "%N|%T").stdout.strip()
+            node, _, state = nodes.partition("|")
+            if state != "RUNNING" or (protocol.read_progress(orch.runs / name, 1) or {}).get("step", 0) < 60:
+                return None
+            out[name] = node
+        return out
+
+    nodes = wait_for(where, 240, "every task running past step 60, one per node")
+    assert sorted(nodes.values()) == ["n2", "n3", "vm"], nodes  # spread over the nodes
+    victim = next(name for name, node in nodes.items() if node == "n3")
+    assert kill_node("n3")
+    wait_for(lambda: all(settled(orch, name) for name in tasks), 420, "every task to end", interval=1,
+             detail=lambda: run("sacct", "-X", "-n", "-P", "--duplicates", "-j",
+                                tasks[victim]["external_id"], "-o", "State,NodeList").stdout)
+    for name, r in tasks.items():
+        show = orch.show(name)
+        assert show["state"] == "done_marker_verified", show
+        (a,) = show["attempts"]
+        runs = [x.split("|") for x in run("sacct", "-X", "-n", "-P", "--duplicates", "-j", r["external_id"], "-o",
+                                          "State,NodeList").stdout.split()]
+        if name != victim:
+            assert (a["restarts"], [s for s, _ in runs]) == (0, ["COMPLETED"]), (name, a, runs)
+            continue
+        assert [s for s, _ in runs] == ["NODE_FAIL", "COMPLETED"] and runs[1][1] != "n3", runs
+        assert (a["restarts"], [h["class"] for h in a["restart_history"]]) == (1, ["node_fail"]), a
+        assert show["preemptions"]["total"] == 0, show["preemptions"]
+        seed = int(name.rsplit(".", 1)[-1])  # task i of the grid seed=0,1,2
+        done = Counter(int(line.split()[1]) for line in (logs / f"{seed}.log").read_text().splitlines())
+        assert set(done) == set(range(1, steps + 1)), sorted(done)[:5]
+        resumed = next(b["resumed_from"] for b in (json.loads(x) for x in (orch.runs / name / "attempts" / "1" /
+                       protocol.PROGRESS_HISTORY).read_text().splitlines()) if b.get("resumed_from"))
+        again = sorted(s for s, n in done.items() if n > 1)
+        assert all(s > resumed for s in again), (resumed, again)  # nothing committed was computed twice
+        print(f"\n[measured] n3 killed under task {name} at step >= 60: NODE_FAIL, rerun on {runs[1][1]}, resumed "
+              f"from {resumed}; {len(again)} steps computed again; the other tasks ran once")

@@ -4,12 +4,15 @@
   refusal, what orch must never cause), and the same argv held shows ``ExcNodeList=vm`` in ``scontrol show job``.
 * After three different jobs crashed on ``vm``, ``orch nodes`` names it with its evidence, and a new job is
   still submitted without an exclusion (the partition's only node), runs, and is verified; the warning says why.
+* On the 3-node ``multi`` partition: a new job excludes a suspect and runs elsewhere; a job pinned there stays;
+  and a job's own retry, after its failure there made the node suspect, is steered off it.
 """
 
 from __future__ import annotations
 
 import re
 
+from orchkit import wait_for
 from slurmkit import SlurmKit, node_idle, run
 
 
@@ -121,3 +124,43 @@ def test_on_several_nodes_a_suspect_node_is_excluded_and_the_next_attempts_run_e
             ids += [a["external_id"] for a in orch.show(row["name"])["attempts"] if a.get("external_id")]
         if ids:
             run("scancel", *ids)
+
+
+def test_a_jobs_own_retry_is_steered_off_the_node_its_crash_made_suspect(orch) -> None:
+    """A bad node kills whatever lands on it. A job not pinned anywhere lands on n3 (the other nodes are busy),
+    is killed there, and n3 becomes suspect (suspect_failures = 1 here); the policy's retry of that same job (class
+    killed: requeued without a person) is submitted with ``--exclude=n3``, waits for a healthy node, runs there and
+    is verified."""
+    node_idle()
+    orch.write_config("[policy]\ncrash_backoff_s = 0\n[nodes]\nsuspect_failures = 1\n")
+    blockers = [run("sbatch", "--parsable", "-p", "multi", "-w", node, "-c", "2", "--wrap", "sleep 600").stdout.strip()
+                for node in ("vm", "n2")]
+    ids: list[str] = list(blockers)
+    try:
+        wait_for(lambda: len(run("squeue", "-h", "-j", ",".join(blockers), "-t", "R", "-o", "%i").stdout.split()) == 2,
+                 60, "the blockers running on vm and n2")
+        # what runs on n3 is SIGKILLed (its ECC errors, say): class killed, requeued without a person by default
+        bad_node = 'test "$SLURMD_NODENAME" = n3 && kill -9 $$; echo "$SLURMD_NODENAME" > o.txt'
+        p = orch("submit", "--backend", "slurm", "--partition", "multi", "--name", "f1", "--cpus-per-task", "1",
+                 "--max-attempts", "2", "--outputs", "o.txt", "--", "sh", "-c", bad_node)
+        assert p.returncode == 0, p.stdout + p.stderr
+
+        def retried() -> bool:
+            orch("reconcile")
+            return len(orch.show("f1")["attempts"]) == 2
+
+        wait_for(retried, 180, "the retry of f1", interval=1)
+        first = orch.show("f1")["attempts"][0]
+        assert (first["failure_class"], first["nodes"]) == ("killed", "n3"), first
+        sbatch = (orch.runs / "f1" / "attempts" / "2" / "slurm" / "submitted.json").read_text()
+        assert "--exclude=n3" in sbatch, sbatch
+        run("scancel", *blockers)
+        assert orch.wait("f1", {"done_marker_verified", "failed"}, timeout=180) == "done_marker_verified"
+        second = orch.show("f1")["attempts"][1]
+        ran_on = (orch.runs / "f1" / "o.txt").read_text().strip()
+        assert ran_on in ("vm", "n2") and second["nodes"] == ran_on, (ran_on, second)
+        ids.append(second["external_id"])
+    finally:
+        for row in orch.json("status"):
+            ids += [a["external_id"] for a in orch.show(row["name"])["attempts"] if a.get("external_id")]
+        run("scancel", *ids)
