@@ -8,7 +8,7 @@
             loss = train_one_step(step)
             run.log(loss=loss.item())                               # optional: progress.json shows it
 
-What it guarantees (measured in tests/integrations/test_loop.py):
+What it guarantees (measured in tests/integrations/test_loop.py and test_tracker_curves.py):
 
 * on entry, a run dir whose ``done.json`` verifies exits 0 at once ("already complete"), writing nothing;
   otherwise model, optimizer, scheduler, the global RNGs (python, torch, CUDA, numpy) and the ``state``

@@ -177,67 +177,7 @@ def failure(run_dir: Path, attempt: int) -> dict:
     return json.loads((protocol.attempt_dir(run_dir, attempt) / protocol.FAILURE_FILE).read_text())
 
 
-def tensorboard_scalars(log_dir: Path, tag: str) -> tuple[list[str], list[int]]:
-    """(every dir below ``log_dir`` that holds event files, the steps logged for ``tag`` in file order)."""
-    from tensorboard.backend.event_processing.event_file_loader import EventFileLoader
-
-    files = sorted(log_dir.rglob("events.out.tfevents.*"), key=lambda p: int(p.name.split(".")[3]))
-    steps = []
-    for f in files:
-        for event in EventFileLoader(str(f)).Load():
-            if event.HasField("summary"):
-                steps += [event.step for v in event.summary.value if v.tag == tag]
-    return sorted({str(f.parent.relative_to(log_dir)) for f in files}), steps
-
-
 def state_dicts_equal(a: dict, b: dict) -> bool:
     import torch
 
     return a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
-
-
-def preempted_twice(orch, name: str, script: str, args: list[str], first_k: int = 15, gap: int = 15,
-                    timeout: float = 240) -> tuple[Path, list[tuple[int, int]]]:
-    """Submit ``script`` through orch, SIGTERM attempts 1 and 2 mid-run, drive it to the end.
-
-    Returns (run dir, step log). Checks on the way: each signalled attempt reported ``preempted`` and
-    was requeued by ``orch reconcile`` alone; the job ends ``done_marker_verified`` with 3 attempts.
-    """
-    log = orch.home.parent / f"{name}-steps.log"
-    orch("submit", "--name", name, "--", *example(script, *args, "--step-log", str(log)), check=True)
-    run_dir = orch.runs / name
-    preempt(orch, name, script, 1, first_k, timeout)
-    wait_for(lambda: (protocol.attempt_dir(run_dir, 1) / protocol.FAILURE_FILE).exists(), 180, "attempt 1's report")
-    preempt(orch, name, script, 2, failure(run_dir, 1)["step"] + gap, timeout)
-    assert orch.wait(name, {DONE, "failed", "cancelled"}, timeout=timeout) == DONE, orch.show(name)
-    shown = attempts(orch, name)
-    assert [(a["failure_class"], (a["action"] or {}).get("auto")) for a in shown[:2]] == [("preempted", True)] * 2, \
-        shown
-    assert len(shown) == 3 and shown[2]["state"] == "succeeded", shown
-    v = orch("verify", name)
-    assert (v.returncode, v.stdout) == (0, "VERIFIED\n"), v.stdout + v.stderr
-    return run_dir, step_log(log)
-
-
-def assert_metrics_count_the_steps_redone(orch, log: list[tuple[int, int]], preemptions: int = 2) -> None:
-    """`orch metrics` counts the steps redone from the heartbeats' resumed_from; the step log is the truth."""
-    from prometheus_client.parser import text_string_to_metric_families
-
-    fams = {f.name: {s.name: s.value for s in f.samples}
-            for f in text_string_to_metric_families(orch("metrics", check=True).stdout)}
-    redone = fams["orch_preemption_steps_redone"]
-    assert (redone["orch_preemption_steps_redone_count"], redone["orch_preemption_steps_redone_sum"]) == \
-        (preemptions, repeats(log)), fams
-    assert fams["orch_preemptions_unmeasured"]["orch_preemptions_unmeasured"] == 0, fams
-
-
-def assert_resumed_where_it_stopped(run_dir: Path, log: list[tuple[int, int]], max_steps: int) -> None:
-    """Every step done exactly once; attempt n+1 started right after the step attempt n checkpointed."""
-    assert repeats(log) == 0, log
-    assert sorted(s for _, s in log) == list(range(1, max_steps + 1))
-    for n in (1, 2):
-        report = failure(run_dir, n)
-        assert report["class"] == "preempted" and report["checkpoint"] == \
-            f"checkpoints/{protocol.checkpoint_name(report['step'])}", report
-        assert max(s for a, s in log if a == n) == report["step"], (n, report)
-        assert min(s for a, s in log if a == n + 1) == report["step"] + 1, (n, report)

@@ -10,6 +10,12 @@ an uninterrupted run of the same example (CPU, same seed):
 - W&B: one run id in every attempt's offline file, each attempt's steps increasing with the uninterrupted run's
   values; the attempts that ended reported exit code 0, the two whose W&B service died lost what it had not yet
   written (docs/trackers.md).
+
+Each integration's own resume is held here too (these tests were each integration's "preempted twice" test): the run
+crosses an epoch boundary (HF skips the batches it trained on, Lightning's loader resumes mid-epoch), each preempted
+attempt saved at the step it stopped and named that checkpoint, ``orch metrics`` measured 0 steps redone for both
+preemptions, ``orch verify`` says VERIFIED, and the final weights equal the uninterrupted run's bit for bit (the
+model, optimizer, scheduler, data position and RNG all restored, dropout included).
 """
 
 from __future__ import annotations
@@ -18,6 +24,7 @@ import os
 import signal
 
 import pytest
+import torch
 from intkit import (
     DONE,
     attempts,
@@ -28,6 +35,7 @@ from intkit import (
     progress_step,
     quiet_env,
     run_direct,
+    state_dicts_equal,
     step_log,
 )
 from orchkit import wait_for
@@ -40,7 +48,7 @@ from mlflow.tracking import MlflowClient  # noqa: E402
 
 from orchestrator.jobside.mlflowrun import latest_per_step  # noqa: E402
 
-MAX, SAVE = 40, 10
+MAX, SAVE = 100, 10  # past the first epoch of HF's (85 steps) and Lightning's (86) examples
 TRACKERS = ["--wandb", "--mlflow", "--sleep-per-step", "0.05"]
 CASES = [  # (example, its arguments, the loss's name in TensorBoard, MLflow, W&B; W&B's step key; the failed call)
     # the failed call named only where one always falls between the signal and the save: HF logs each step before
@@ -53,6 +61,28 @@ CASES = [  # (example, its arguments, the loss's name in TensorBoard, MLflow, W&
     ("hf_train.py", ["--save-steps", str(SAVE)], "train/loss", "loss", "train/loss", "train/global_step",
      "WandbCallback.on_log: ConnectionResetError"),
 ]
+
+
+def final_weights(script: str, run_dir) -> dict:
+    """The model each example saves into result/ when training ends."""
+    if script == "hf_train.py":
+        from safetensors.torch import load_file
+
+        return load_file(run_dir / "result" / "model.safetensors")
+    if script == "lightning_train.py":
+        return torch.load(run_dir / "result" / "model.ckpt", weights_only=False)["state_dict"]
+    return torch.load(run_dir / "result" / "model.pt")
+
+
+def preemptions_redone(orch) -> tuple[float, float, float]:
+    """``orch metrics``: (preemptions measured, steps they redid, preemptions unmeasured)."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    fams = {f.name: {s.name: s.value for s in f.samples}
+            for f in text_string_to_metric_families(orch("metrics", check=True).stdout)}
+    redone = fams["orch_preemption_steps_redone"]
+    return (redone["orch_preemption_steps_redone_count"], redone["orch_preemption_steps_redone_sum"],
+            fams["orch_preemptions_unmeasured"]["orch_preemptions_unmeasured"])
 
 
 def curve(log_dir, tag: str) -> list[tuple[int, float]]:
@@ -111,6 +141,11 @@ def test_preempted_twice_and_killed_each_tracker_shows_one_run_with_an_uninterru
     for n, report in ((1, first), (2, second)):  # a preemption redoes no step, W&B's death included
         assert max(s for a, s in done if a == n) == report["step"], (n, report, done)
         assert min(s for a, s in done if a == n + 1) == report["step"] + 1, (n, report, done)
+        assert report["checkpoint"] == f"checkpoints/{protocol.checkpoint_name(report['step'])}", report
+    assert sorted({s for _a, s in done}) == list(range(1, MAX + 1)), done
+    assert preemptions_redone(orch) == (2, 0, 0)  # the kill is no preemption; both preemptions measured, 0 redone
+    v = orch("verify", "tr")
+    assert (v.returncode, v.stdout) == (0, "VERIFIED\n"), v.stdout + v.stderr
     resumed = min(s for a, s in done if a == 4) - 1
     assert resumed < max(s for a, s in done if a == 3), done  # the kill: steps trained twice
     # orch show names them (from the heartbeats: at most a beat behind)
@@ -121,6 +156,7 @@ def test_preempted_twice_and_killed_each_tracker_shows_one_run_with_an_uninterru
     ref = tmp_path / "ref"
     ref_uri = f"sqlite:///{tmp_path}/ref.db"
     run_direct(argv, ref, env=quiet_env({"MLFLOW_TRACKING_URI": ref_uri}))
+    assert state_dicts_equal(final_weights(script, run_dir), final_weights(script, ref))  # bit for bit
 
     # TensorBoard: one curve, the uninterrupted run's, point for point.
     shown_tb = curve(run_dir / "tensorboard", tb_tag)

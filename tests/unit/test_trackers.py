@@ -1,6 +1,7 @@
 """kit.trackers.StopTolerance: a tracker call that fails during a stop is noted and skipped; outside a stop it
-raises as before. End to end, with W&B's service process signalled as Slurm does: tests/integrations/test_hf.py and
-test_lightning.py (``..._loses_no_checkpoint_to_the_tracker``)."""
+raises as before. End to end, with W&B's service process signalled as Slurm does:
+tests/integrations/test_tracker_curves.py (each integration preempted twice, the first time with W&B's service
+signalled too, then killed)."""
 
 from __future__ import annotations
 
