@@ -133,7 +133,8 @@ def test_a_jobs_own_retry_is_steered_off_the_node_its_crash_made_suspect(orch) -
     is verified."""
     node_idle()
     orch.write_config("[policy]\ncrash_backoff_s = 0\n[nodes]\nsuspect_failures = 1\n")
-    blockers = [run("sbatch", "--parsable", "-p", "multi", "-w", node, "-c", "2", "--wrap", "sleep 600").stdout.strip()
+    blockers = [run("sbatch", "--parsable", "-p", "multi", "-w", node, "-c", "2", "-o", "/dev/null",
+                    "--wrap", "sleep 600").stdout.strip()
                 for node in ("vm", "n2")]
     ids: list[str] = list(blockers)
     try:
