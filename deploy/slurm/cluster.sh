@@ -418,9 +418,23 @@ cmd_status() {
     return $ok
 }
 
+cmd_kill() {  # kill NODE: a power loss's stand-in for one node, no signal to its jobs first (tests and benches)
+    local node=${1:-} pids=() f
+    [ -n "$node" ] || die "usage: $0 kill NODE"
+    nodes | grep -qx -- "$node" || die "no node $node in this cluster ($(nodes | tr '\n' ' '))"
+    [ -s "$RUN/slurmd-$node.pid" ] && pids+=("$(cut -d' ' -f1 "$RUN/slurmd-$node.pid")")
+    # every process of the jobs' steps on it: Slurm's cgroups are named per node (slurm_<node>)
+    while IFS= read -r -d '' f; do pids+=($(cat "$f")); done < <(
+        find "/sys/fs/cgroup/memory/slurm_$node" -name cgroup.procs -print0 2>/dev/null)
+    [ ${#pids[@]} -gt 0 ] || die "nothing of node $node to kill"
+    kill -KILL "${pids[@]}" 2>/dev/null || true
+    say "killed node $node: ${#pids[@]} process(es); \`$0 up\` brings it back"
+}
+
 case "${1:-}" in
     up) cmd_up ;;
     down) cmd_down ;;
     status) cmd_status ;;
-    *) echo "usage: $0 {up|down|status}" >&2; exit 2 ;;
+    kill) shift; cmd_kill "$@" ;;
+    *) echo "usage: $0 {up|down|status|kill NODE}" >&2; exit 2 ;;
 esac

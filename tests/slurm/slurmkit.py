@@ -39,21 +39,12 @@ def cluster_up_with(**env: str) -> None:
     assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
 
 
-def kill_node(node: str) -> list[int]:
-    """A power loss's stand-in for one dev-cluster node: SIGKILL to its slurmd and to every process in its
-    ``slurm_<node>`` memory cgroups (the job's steps on it), no signal to the job first. The pids killed."""
-    pids = []
-    pidfile = STATE / "run" / f"slurmd-{node}.pid"
-    if pidfile.exists():
-        pids.append(int(pidfile.read_text().split()[0]))
-    for procs in Path(f"/sys/fs/cgroup/memory/slurm_{node}").rglob("cgroup.procs"):
-        pids += [int(x) for x in procs.read_text().split()]
-    for pid in pids:
-        try:
-            os.kill(pid, 9)
-        except ProcessLookupError:
-            pass
-    return pids
+def kill_node(node: str) -> bool:
+    """A power loss's stand-in for one dev-cluster node (``cluster.sh kill NODE``): SIGKILL to its slurmd and to every
+    process in its ``slurm_<node>`` memory cgroups (the job's steps on it), no signal to the job first. True when
+    something was killed."""
+    p = subprocess.run(["bash", str(CLUSTER_SH), "kill", node], capture_output=True, text=True, timeout=60)
+    return p.returncode == 0
 
 
 @dataclass
