@@ -273,19 +273,18 @@ def rank_resources(opts: dict[str, Any]) -> dict[str, Any]:
             raise click.BadParameter("--rank-restarts needs --nproc-per-node (orch restarts the ranks it launches)",
                                      param_hint="--rank-restarts")
         out["rank_restarts"] = opts["rank_restarts"]
-    if opts.get("spare_nodes") is not None:
-        if nodes is None or not opts.get("rank_restarts"):  # a spare is used only by a restart of the ranks
-            raise click.BadParameter("--spare-nodes needs --nodes and --rank-restarts (the ranks restart on a spare)",
-                                     param_hint="--spare-nodes")
-        out["spare_nodes"] = opts["spare_nodes"]
-    if opts.get("min_nodes") is not None:
-        if nodes is None or not opts.get("rank_restarts"):  # only a restart of the ranks goes on with fewer nodes
-            raise click.BadParameter("--min-nodes needs --nodes and --rank-restarts (the ranks restart on the "
-                                     "nodes left)", param_hint="--min-nodes")
-        if opts["min_nodes"] >= nodes:
-            raise click.BadParameter(f"--min-nodes {opts['min_nodes']} must be below --nodes {nodes}",
-                                     param_hint="--min-nodes")
-        out["min_nodes"] = opts["min_nodes"]
+    # A spare node, or going on with fewer nodes, is used only by a restart of the ranks inside the allocation.
+    for key, where in (("spare_nodes", "on a spare"), ("min_nodes", "on the nodes left")):
+        if opts.get(key) is None:
+            continue
+        flag = "--" + key.replace("_", "-")
+        if nodes is None or not opts.get("rank_restarts"):
+            raise click.BadParameter(f"{flag} needs --nodes and --rank-restarts (the ranks restart {where})",
+                                     param_hint=flag)
+        out[key] = opts[key]
+    if out.get("min_nodes") is not None and out["min_nodes"] >= nodes:
+        raise click.BadParameter(f"--min-nodes {out['min_nodes']} must be below --nodes {nodes}",
+                                 param_hint="--min-nodes")
     if gpn is not None:
         if opts.get("gpus") is not None:
             raise click.BadParameter("give --gpus and --gpus-per-node not both (per node is what a node gets)",

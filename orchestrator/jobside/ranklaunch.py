@@ -145,9 +145,10 @@ def slurm_step_argv(python: str, r: RankLayout, command: Sequence[str], env: Map
         raise RankLaunchError("not inside a Slurm allocation (no SLURM_JOB_ID / SLURM_JOB_NODELIST)")
     hosts = slurm_hosts(nodelist)
     chosen = [h for h in hosts if h not in set(avoid)][:r.nodes]
-    if len(chosen) < min(r.nodes, min_nodes or r.nodes) or not chosen:
+    need = min(r.nodes, min_nodes or r.nodes)  # r.nodes >= 1
+    if len(chosen) < need:
         raise RankLaunchError(f"{len(chosen)} usable node(s) of the allocation ({','.join(hosts)}; lost: "
-                              f"{','.join(avoid) or 'none'}), the ranks need {min_nodes or r.nodes}")
+                              f"{','.join(avoid) or 'none'}), the ranks need {need}")
     r = replace(r, nodes=len(chosen))
     master = chosen[0]
     srun = ["srun", f"--nodes={r.nodes}", f"--ntasks={r.nodes}", "--ntasks-per-node=1", "--kill-on-bad-exit=1"]

@@ -212,7 +212,7 @@ def relaunch(ln: Launch, rc: int, env: dict[str, str], sup: Supervisor, cgroup: 
         resume_env(ln.run_dir, ln.attempt, env)
         launch = os.urandom(6).hex()
         try:
-            argv, world_size = ln.compose(launch, k, avoid)
+            argv, launched = ln.compose(launch, k, avoid)
         except RuntimeError as e:  # ranklaunch.RankLaunchError: fewer usable nodes than the ranks need
             err.write(f"orch wrapper: cannot launch the ranks again: {e}\n".encode())
             return None
@@ -227,8 +227,9 @@ def relaunch(ln: Launch, rc: int, env: dict[str, str], sup: Supervisor, cgroup: 
             err.write(f"orch wrapper: cannot start {argv[0]!r} again: {e}\n".encode())
             return None
         sup.child = child  # every stop from now on reaches the new launch (a cancel left the relaunched ranks running)
-        _rewrite_wrapper_record(ln.adir, child, argv, launch, k, world_size or ln.world_size)
-        return launch, argv, child, world_size or ln.world_size
+        world_size = launched or ln.world_size
+        _rewrite_wrapper_record(ln.adir, child, argv, launch, k, world_size)
+        return launch, argv, child, world_size
     finally:
         signal.pthread_sigmask(signal.SIG_UNBLOCK, STOPS)
 
