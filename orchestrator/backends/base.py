@@ -289,6 +289,11 @@ class Backend(ABC):
         when they cannot be listed. Asked only with ``Capabilities.node_exclusion`` and a suspect to exclude."""
         return None
 
+    def own_node_choice(self, resources: Resources) -> str | None:
+        """The option by which a job with ``resources`` chooses its own nodes (then orch excludes none of its own:
+        the user's choice wins), None when it chooses none."""
+        return None
+
     def kill(self, refs: Sequence[AttemptRef]) -> None:
         """Stop these attempts now (SIGKILL): the end of a stop whose SIGTERM was ignored."""
         self.cancel(refs)

@@ -175,17 +175,23 @@ def find_suspects(failures: Iterable[Failure], rule: Rule, now: datetime,
 
 
 def choose_exclusion(suspects: Iterable[str], usable: frozenset[str] | None,
-                     needed: int) -> tuple[list[str], str | None]:
+                     needed: int, own: str | None = None) -> tuple[list[str], str | None]:
     """The nodes to exclude for one attempt that needs ``needed`` nodes, and a warning when suspects are
-    let through. ``usable``: the partition's usable nodes, None when they could not be listed.
+    let through. ``usable``: the partition's usable nodes (a pinned job's: those of its pin), None when they
+    could not be listed; ``own``: the job's own option choosing its nodes, if any.
 
     Never unschedulable: a one-node partition whose node is a suspect, or one where the exclusion would
     leave fewer than ``needed`` nodes, keeps every node (a job pending forever is worse than a retry on a
-    suspect node; the policy's retries and backoff still apply).
+    suspect node; the policy's retries and backoff still apply). A job that chooses its own nodes keeps its
+    choice: sbatch gets no exclusion of orch's then, so none is computed or claimed.
     """
     wanted = sorted(set(suspects))
     if not wanted:
         return [], None
+    if own is not None:  # a 2-node pin with one suspect: the exclusion was computed, then dropped unsaid
+        hit = [n for n in wanted if usable is None or n in usable]
+        return [], (f"not excluding suspect node(s) {','.join(hit)}: the job chooses its own nodes ({own})"
+                    if hit else None)
     if usable is None:
         return [], f"not excluding suspect node(s) {','.join(wanted)}: cannot list the partition's nodes"
     hit = [n for n in wanted if n in usable]
@@ -321,7 +327,8 @@ def exclusion_among(suspects: Mapping[str, Suspect], backend: Backend, resources
     """Of ``suspects``, the nodes to exclude for ``resources`` (never all a job could run on: then none)."""
     if not suspects:
         return ()  # the common case: no scheduler query at all
-    exclude, warning = choose_exclusion(suspects, backend.usable_nodes(resources), resources.nodes or 1)
+    exclude, warning = choose_exclusion(suspects, backend.usable_nodes(resources), resources.nodes or 1,
+                                        backend.own_node_choice(resources))
     if warning:
         print(f"orch: warning: {warning}", file=sys.stderr)
     return tuple(exclude)

@@ -105,6 +105,10 @@ def test_the_mtbf_and_suspect_evidence_read_quickly_equal_the_slow_reads(db, cfg
         def usable_nodes(_resources):
             return frozenset({"n1", "n2", "n3", "n4"})
 
+        @staticmethod
+        def own_node_choice(_resources):
+            return None
+
     spec = type("S", (), {"resources": __import__("orchestrator.core.resources").core.resources.resources_of({})})()
     cfg2 = __import__("dataclasses").replace(cfg, suspect_failures=2)
     slow = suspects.current_suspects(db, cfg2, "slurm")

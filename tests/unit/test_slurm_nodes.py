@@ -131,3 +131,18 @@ def test_a_pin_read_from_a_file_or_unreadable_excludes_nothing(monkeypatch):
         argv, 1 if argv[0] == "scontrol" else 0, SINFO, ""))
     assert slurm.SlurmBackend().usable_nodes(Resources(extras={"extra_sbatch": ["--nodelist=./nodes.txt"]})) is None
     assert slurm.SlurmBackend().usable_nodes(Resources(extras={"extra_sbatch": ["--nodelist=gpu01"]})) is None
+
+
+@pytest.mark.parametrize("extra_sbatch, want", [
+    ([], None),
+    (["--nodes=2", "--comment=x"], None),
+    (["--nodelist=gpu[01-02]"], "--nodelist=gpu[01-02]"),
+    (["--exclude=gpu03"], "--exclude=gpu03"),
+    (["--exc=gpu03", "--nodel=gpu01"], "--nodel=gpu01"),  # getopt prefixes, the last one
+])
+def test_a_jobs_own_node_choice_is_the_option_sbatch_takes_and_orch_adds_no_exclusion_beside_it(extra_sbatch, want):
+    from orchestrator.backends.slurm.sbatch import exclude_options
+
+    res = Resources(extras={"extra_sbatch": extra_sbatch})
+    assert slurm.SlurmBackend().own_node_choice(res) == want
+    assert exclude_options(["gpu02"], res) == ([] if want else ["--exclude=gpu02"])

@@ -124,6 +124,17 @@ def test_no_exclusion_when_the_partitions_nodes_are_unknown():
     assert ex == [] and "cannot" in warning
 
 
+def test_a_job_that_chooses_its_own_nodes_is_excluded_from_none_and_told_which_suspects_it_keeps():
+    """A job pinned to 2 nodes, one a suspect: 1 of 2 nodes left would pass the count, but sbatch gets no orch
+    --exclude beside the user's own choice, so none is claimed and the warning names the kept suspect."""
+    ex, warning = choose_exclusion({"gpu02", "gpu09"}, frozenset({"gpu01", "gpu02"}), needed=1,
+                                   own="--nodelist=gpu[01-02]")
+    assert ex == []
+    assert warning == "not excluding suspect node(s) gpu02: the job chooses its own nodes (--nodelist=gpu[01-02])"
+    assert choose_exclusion({"gpu09"}, frozenset({"gpu01", "gpu02"}), needed=1, own="--nodelist=gpu[01-02]") == \
+        ([], None)  # a suspect the pin never reaches: nothing to say
+
+
 # ------------------------------------------------------------------------------------------
 # through the services: evidence from the attempts table, --exclude in the submission, clears
 # ------------------------------------------------------------------------------------------
@@ -212,6 +223,16 @@ def test_a_job_is_never_left_without_enough_nodes(db, cfg, monkeypatch, capfd):
     _three_jobs_crash(db, cfg, sched)
     assert _submit_d(db, cfg, sched) == ()
     assert "not excluding suspect node(s) gpu01,gpu02: the partition has 2 nodes" in capfd.readouterr().err
+
+
+def test_a_job_choosing_its_own_nodes_gets_no_exclusion_and_a_warning_naming_the_suspect_it_keeps(db, cfg, monkeypatch,
+                                                                                               capfd):
+    sched = _node_scheduler(monkeypatch, frozenset({"gpu01", "gpu02", "gpu03"}))  # its pin's, 2 suspects
+    sched.own_node_choice = lambda _resources: "--nodelist=gpu[01-03]"
+    _three_jobs_crash(db, cfg, sched)
+    assert _submit_d(db, cfg, sched) == ()
+    assert "not excluding suspect node(s) gpu01,gpu02: the job chooses its own nodes (--nodelist=gpu[01-03])" in \
+        capfd.readouterr().err
 
 
 def test_a_backend_that_cannot_exclude_nodes_is_never_asked_to(db, cfg, monkeypatch):

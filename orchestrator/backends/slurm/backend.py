@@ -97,6 +97,7 @@ from orchestrator.backends.slurm.sbatch import (
     clean_submit_env,
     exclude_options,
     job_name_for,
+    own_node_choice,
     pinned_nodelist,
     positive_or_zero,
     resource_options,
@@ -271,6 +272,11 @@ class SlurmBackend(RunDirJobs, Backend):
         except (OSError, subprocess.TimeoutExpired):
             return None
         return usable & frozenset(h.stdout.split()) if h.returncode == 0 else None
+
+    def own_node_choice(self, resources: Resources) -> str | None:
+        """The job's own ``--sbatch-arg`` choosing its nodes (``--nodelist``/``--exclude``): sbatch gets no orch
+        ``--exclude`` then (``exclude_options``)."""
+        return own_node_choice(resources.extra("extra_sbatch"))
 
     # ------------------------------------------------------------------------------------------
     def _squeue(self, ids: Sequence[str]) -> dict[str, tuple[str, str, str]] | None:

@@ -214,15 +214,22 @@ def positive_or_zero(what: str, value: object) -> int:
 _NODE_CHOICE_OPTIONS = ("exclude", "nodelist")
 
 
+def own_node_choice(extra: Sequence[str] | None) -> str | None:
+    """The job's own sbatch option that chooses its nodes (``--exclude``/``--nodelist``, or a getopt prefix of one),
+    the last one given; None when it chooses none. The user's choice wins: orch adds no ``--exclude`` then."""
+    own = None
+    for arg in extra or ():
+        opt = str(arg)[2:].split("=", 1)[0].lower()
+        if str(arg).startswith("--") and opt and any(full.startswith(opt) for full in _NODE_CHOICE_OPTIONS):
+            own = str(arg)
+    return own
+
+
 def exclude_options(exclude: Sequence[str], r: Resources) -> list[str]:
     """``--exclude=`` for suspect nodes (orchestrator/decide/suspects.py), every name validated; nothing when the job's
-    own --sbatch-arg chooses nodes (--exclude/--nodelist, or a getopt prefix of one): the user's choice wins."""
-    if not exclude:
+    own --sbatch-arg chooses nodes (``own_node_choice``): the user's choice wins."""
+    if not exclude or own_node_choice(r.extra("extra_sbatch", ())) is not None:
         return []
-    for arg in r.extra("extra_sbatch", ()):
-        opt = str(arg)[2:].split("=", 1)[0].lower()
-        if opt and any(full.startswith(opt) for full in _NODE_CHOICE_OPTIONS):
-            return []
     return ["--exclude=" + ",".join(_check_value("node name", n, _WORD_RE) for n in exclude)]
 
 
