@@ -256,11 +256,16 @@ def test_rank_restarts_the_wrapper_recorded_are_counted_as_they_grow_never_taken
     not take a counted restart back."""
     from orchestrator.views.metrics import collect, render
 
-    submit(db, cfg, SubmitRequest(name="j", command=["true"]))
+    submit(db, cfg, SubmitRequest(name="j", command=["true"], resources={"nproc_per_node": 2, "rank_restarts": 2}))
     submit(db, cfg, SubmitRequest(name="other", command=["true"]))
     with db.read() as s:
         a = get_job(s, "j").attempts[-1]
         adir, token = protocol.attempt_dir(cfg.runs_root / "j", a.n), a.token
+        o = get_job(s, "other").attempts[-1]
+    # A job that never named --rank-restarts: its record is not read (the wrapper writes none for it; reading
+    # every polled attempt's was an ENOENT each, 100 ms of a 10,000-job pass).
+    protocol.append_rank_restart(protocol.attempt_dir(cfg.runs_root / "other", o.n), o.token, {
+        "at": 1.0, "failed_rank": 1, "rank_returncode": -9, "class": "killed", "failed_step": 5, "resume_step": 0})
 
     def stored() -> int:
         _pass(db, cfg, sched)
@@ -287,3 +292,5 @@ def test_rank_restarts_the_wrapper_recorded_are_counted_as_they_grow_never_taken
     (adir / protocol.RANK_RESTARTS_FILE).write_text("{garbage")
     assert stored() == 2
     assert 'orch_rank_restarts{class="killed"} 0\n' in render(collect(db))  # the metrics say what the records hold
+    with db.read() as s:
+        assert get_job(s, "other").attempts[-1].rank_restarts == 0
