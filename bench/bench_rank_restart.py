@@ -95,6 +95,29 @@ def _wait(cond, what: str, env: dict[str, str] | None = None) -> object:
     raise RuntimeError(f"timed out waiting for {what}")
 
 
+def _back(run_dir: Path, first: object, killed: float) -> float | None:
+    """Seconds from ``killed`` to the first heartbeat of a step past the step a new launch resumed from (a later
+    launch of attempt 1, whose ``resumed_from`` differs from ``first``, or attempt 2); None before it."""
+    for attempt in (1, 2):
+        for b in _beats(run_dir, attempt):
+            resumed = b.get("resumed_from")
+            new_run = attempt == 2 or resumed != first
+            if new_run and b.get("time", 0) > killed and (b.get("step") or 0) > (resumed or 0):
+                return float(b["time"]) - killed
+    return None
+
+
+def _until_verified(env: dict[str, str], name: str) -> None:
+    """Wait (reconcile passes running) for the job's end; RuntimeError unless it ended verified."""
+    def ended() -> str | None:
+        st = json.loads(_orch(env, "show", name, "--json").stdout or "{}").get("state")
+        return st if st in ("done_marker_verified", "failed", "retryable_failed") else None
+
+    state = _wait(ended, "the job to end", env)
+    if state != "done_marker_verified":
+        raise RuntimeError(f"the job ended {state}")
+
+
 @dataclass
 class Trial:
     took_s: float  # the SIGKILL -> the first step past the resume step
@@ -122,24 +145,8 @@ def trial(work: Path, in_allocation: bool, steps: int) -> Trial:
     killed = time.time()
     os.kill(int(pid), signal.SIGKILL)  # type: ignore[arg-type]
 
-    def back() -> float | None:
-        for attempt in (1, 2):
-            for b in _beats(run_dir, attempt):
-                resumed = b.get("resumed_from")
-                new_run = attempt == 2 or resumed != first
-                if new_run and b.get("time", 0) > killed and (b.get("step") or 0) > (resumed or 0):
-                    return float(b["time"]) - killed
-        return None
-
-    took = _wait(back, "training again", None if in_allocation else env)
-
-    def ended() -> str | None:
-        st = json.loads(_orch(env, "show", name, "--json").stdout or "{}").get("state")
-        return st if st in ("done_marker_verified", "failed") else None
-
-    state = _wait(ended, "the job to end", env)
-    if state != "done_marker_verified":
-        raise RuntimeError(f"the job ended {state}")
+    took = _wait(lambda: _back(run_dir, first, killed), "training again", None if in_allocation else env)
+    _until_verified(env, name)
     shown = json.loads(_orch(env, "show", name, "--json").stdout)
     g = shown["goodput"]
     return Trial(float(took), len(shown["attempts"]), float(g["goodput"]),  # type: ignore[arg-type]

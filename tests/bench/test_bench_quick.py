@@ -15,7 +15,7 @@ import pytest
 ROOT = Path(__file__).resolve().parents[2]
 SCRIPTS = sorted(p.name for p in (ROOT / "bench").glob("bench_*.py"))
 # Need the dev Slurm cluster (tests/slurm's conftest brings it up); they run with the Slurm tests' marker.
-ON_SLURM = {"bench_preemption_slurm.py", "bench_sweep.py", "bench_agreement_slurm.py", "bench_node_loss_slurm.py"}
+ON_SLURM = {"bench_preemption_slurm.py", "bench_sweep.py", "bench_agreement_slurm.py", "bench_failures_slurm.py"}
 # Tallies a finished run's JUnit report: CI runs it on its own report after pytest (scripts/test.sh).
 AFTER_PYTEST = {"bench_reliability.py"}
 

@@ -28,7 +28,7 @@ def dormant_jobs() -> Iterator[None]:
 
 
 @pytest.mark.parametrize("script", ["bench_preemption_slurm.py", "bench_sweep.py", "bench_agreement_slurm.py",
-                                    "bench_node_loss_slurm.py"])
+                                    "bench_failures_slurm.py"])
 def test_slurm_bench_script_runs_quick_and_writes_nothing(script: str, dormant_jobs: None) -> None:
     before = hashlib.sha256((ROOT / "BENCHMARKS.md").read_bytes()).hexdigest()
     p = subprocess.run([sys.executable, str(ROOT / "bench" / script), "--quick"], capture_output=True, text=True,
