@@ -5,6 +5,7 @@ Exit codes: 0 success; 1 unexpected error; 2 usage error; 3 refused; 4 not verif
 
 # Each command module registers its commands on ``main`` when imported.
 from orchestrator.cli import (  # noqa: F401
+    dashboard_cmd,
     manage,
     metrics_cmd,
     nodes_cmd,

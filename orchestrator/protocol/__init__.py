@@ -35,6 +35,7 @@ from orchestrator.protocol.durable import (  # noqa: F401 - the protocol's publi
     is_int,
     read_bounded,
     read_json_bounded,
+    read_tail,
     sha256_file,
     tmp_name,
     write_file_synced,

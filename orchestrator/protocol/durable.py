@@ -160,6 +160,22 @@ def open_regular(path: Path | str, flags: int = os.O_RDONLY, *, follow: bool = F
         raise
 
 
+def read_tail(path: Path | str, limit: int) -> tuple[bytes, bool] | None:
+    """The last ``limit`` bytes of ``path`` and whether the file held more; None when it is absent, unreadable or
+    not a regular file (opened as ``open_regular`` opens: a symlink or FIFO there is never followed or blocked on).
+    A job's heartbeat history and its logs are read this way."""
+    try:
+        f = open_regular(path)
+    except OSError:
+        return None
+    if f is None:
+        return None
+    with f:
+        size = os.fstat(f.fileno()).st_size
+        f.seek(max(0, size - limit))
+        return f.read(limit), size > limit
+
+
 def sha256_file(path: Path, bufsize: int = 1 << 20) -> tuple[int, str]:
     """(size, sha256) of a regular file; a FIFO, directory or device is refused (BadRecord), never read."""
     h = hashlib.sha256()

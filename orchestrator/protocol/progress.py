@@ -20,6 +20,7 @@ from orchestrator.protocol.durable import (
     is_int,
     open_regular,
     read_json_bounded,
+    read_tail,
     tmp_name,
 )
 from orchestrator.protocol.layout import (
@@ -234,19 +235,12 @@ def read_progress_history(run_dir: Path | str, attempt: int) -> list[dict]:
 
     Torn or malformed lines (a crash mid-append, a job's garbage) are skipped, never fatal.
     """
-    path = attempt_dir(run_dir, attempt) / PROGRESS_HISTORY
-    try:
-        f = open_regular(path)
-    except OSError:
+    got = read_tail(attempt_dir(run_dir, attempt) / PROGRESS_HISTORY, HISTORY_TAIL_BYTES)
+    if got is None:
         return []
-    if f is None:
-        return []
-    with f:
-        st = os.fstat(f.fileno())
-        f.seek(max(0, st.st_size - HISTORY_TAIL_BYTES))
-        raw = f.read(HISTORY_TAIL_BYTES)
+    raw, cut = got
     lines = raw.split(b"\n")
-    if st.st_size > HISTORY_TAIL_BYTES:
+    if cut:
         lines = lines[1:]  # the first line of the tail is probably cut
     out = []
     for line in lines:

@@ -1,0 +1,141 @@
+"""The dashboard's pages: the jobs (one page of them, filtered and sorted in the URL) and a job (its attempts with
+the cause of each end, the loss curve, goodput, checkpoints, events, the tail of its logs). Every route is a GET;
+the views it calls are ``orch status``'s and ``orch show``'s, through a read-only database."""
+
+from __future__ import annotations
+
+import time
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlencode
+
+from jinja2 import Environment, FileSystemLoader, select_autoescape
+from markupsafe import Markup
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import FileResponse, HTMLResponse, PlainTextResponse, Response
+from starlette.routing import Route
+
+from orchestrator import protocol
+from orchestrator.core.config import Config
+from orchestrator.core.db import Database
+from orchestrator.dashboard.queries import MAX_PER_PAGE, PER_PAGE, SORTS, STATES, Filters, jobs_page
+from orchestrator.dashboard.security import Guard
+from orchestrator.dashboard.svg import loss_svg
+from orchestrator.errors import JobNotFound, UsageError
+from orchestrator.views.goodputview import parse_since
+from orchestrator.views.losscurve import loss_curve
+from orchestrator.views.show import show_job
+
+HERE = Path(__file__).resolve().parent
+STATIC = {"style.css": "text/css"}  # the only files served: no path is ever joined
+LOG_TAIL_BYTES = 16 * 1024
+CHECKPOINTS_SHOWN = 20
+REFRESH_S = 15
+
+
+class BadQuery(ValueError):
+    """A URL parameter the page cannot take (answered 400, one line)."""
+
+
+def filters_of(q: Any) -> Filters:
+    """The jobs page's URL parameters, validated: 400 for a state that is none, a bad ``since`` or page."""
+    state = q.get("state") or None
+    if state is not None and state not in STATES:
+        raise BadQuery(f"state {state[:40]!r}: one of {', '.join(STATES)}")
+    sort = q.get("sort") or "new"
+    if sort not in SORTS:
+        raise BadQuery(f"sort {sort[:40]!r}: one of {', '.join(SORTS)}")
+    since: timedelta | None = None
+    if q.get("since"):
+        try:
+            since = parse_since(q["since"])
+        except UsageError as e:
+            raise BadQuery(str(e).replace("--since", "since")) from None
+    try:
+        page, per = int(q.get("page") or 1), int(q.get("per") or PER_PAGE)
+    except ValueError:
+        raise BadQuery("page and per are whole numbers") from None
+    if page < 1 or not 1 <= per <= MAX_PER_PAGE:
+        raise BadQuery(f"page >= 1 and 1 <= per <= {MAX_PER_PAGE}")
+    return Filters(state=state, name=(q.get("name") or None), backend=(q.get("backend") or None),
+                   sweep=(q.get("sweep") or None), since=since, sort=sort, page=page, per=per)
+
+
+def tail(path: Path, limit: int = LOG_TAIL_BYTES) -> str | None:
+    """The last ``limit`` bytes of a log as text; None for a symlink, FIFO or directory there (never followed or
+    blocked on), or none at all."""
+    got = protocol.read_tail(path, limit)
+    return None if got is None else got[0].decode("utf-8", "replace")
+
+
+def checkpoints(run_dir: str) -> list[dict[str, Any]]:
+    """The newest committed checkpoints, each with its manifest checked (sizes and names; ``orch verify`` hashes
+    every file)."""
+    out = []
+    for i, d in enumerate(protocol.iter_checkpoint_dirs(run_dir)):
+        if i >= CHECKPOINTS_SHOWN:
+            break
+        problem = protocol.verify_checkpoint(d, hashes=False)
+        out.append({"name": d.name, "step": protocol.checkpoint_step(d), "ok": problem is None, "problem": problem})
+    return out
+
+
+def make_app(db: Database, cfg: Config, token: str | None, loopback_only: bool) -> Any:
+    """The ASGI app: the pages behind the access guard (``security``)."""
+    env = Environment(loader=FileSystemLoader(HERE / "templates"), autoescape=select_autoescape(default=True),
+                      trim_blocks=True, lstrip_blocks=True)
+
+    def render(name: str, status: int = 200, **ctx: Any) -> HTMLResponse:
+        ctx.setdefault("refresh_s", REFRESH_S)
+        ctx["updated"] = time.strftime("%Y-%m-%d %H:%M:%S %Z")
+        return HTMLResponse(env.get_template(name).render(**ctx), status_code=status)
+
+    def problem(status: int, text: str) -> HTMLResponse:
+        return render("problem.html", status=status, text=text, refresh_s=None)
+
+    async def jobs(request: Request) -> Response:
+        try:
+            f = filters_of(request.query_params)
+        except BadQuery as e:
+            return problem(400, str(e))
+        page = jobs_page(db, cfg, f)
+        kept = {k: v for k, v in request.query_params.items() if k in ("state", "name", "backend", "sweep", "since",
+                                                                       "sort", "per") and v}
+
+        def link(**change: Any) -> str:
+            q = {**kept, **{k: v for k, v in change.items() if v is not None}}
+            q = {k: v for k, v in q.items() if v not in ("", None) and not (k == "page" and v == 1)}
+            for k, v in change.items():
+                if v is None:
+                    q.pop(k, None)
+            return "/?" + urlencode(q) if q else "/"
+
+        pages = max(1, -(-page.total // f.per))
+        return render("jobs.html", page=page, f=f, states=STATES, sorts=list(SORTS), link=link, pages=pages,
+                      since_text=request.query_params.get("since"))
+
+    async def job(request: Request) -> Response:
+        name = request.path_params["name"]
+        try:
+            d = show_job(db, name, events=True)
+        except JobNotFound:
+            return problem(404, f"no job named {name[:200]!r}")
+        curve = loss_curve(db, name)
+        logs = []
+        if d["attempts"]:
+            adir = protocol.attempt_dir(d["run_dir"], d["attempts"][-1]["n"])
+            logs = [(p.name, tail(adir / p)) for p in (Path(protocol.STDOUT_LOG), Path(protocol.STDERR_LOG))]
+        return render("job.html", d=d, curve=Markup(loss_svg(curve)), marks=curve["marks"], logs=logs,
+                      checkpoints=checkpoints(d["run_dir"]))
+
+    async def static(request: Request) -> Response:
+        name = request.path_params["name"]
+        if name not in STATIC:
+            return PlainTextResponse("not found\n", status_code=404)
+        return FileResponse(HERE / "static" / name, media_type=STATIC[name])
+
+    routes = [Route("/", jobs, methods=["GET"]), Route("/jobs/{name:path}", job, methods=["GET"]),
+              Route("/static/{name}", static, methods=["GET"])]
+    return Guard(Starlette(routes=routes), token, loopback_only)

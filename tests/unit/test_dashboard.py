@@ -1,0 +1,149 @@
+"""``orch dashboard``'s pages and its guard, through Starlette's test client (the real app, the real views, a real
+database; the scheduler is the shared fake). What a person sees in a browser is tests/browser's."""
+
+from __future__ import annotations
+
+import html
+
+import pytest
+from starlette.testclient import TestClient
+
+from orchestrator import protocol
+from orchestrator.dashboard.app import make_app
+from orchestrator.dashboard.readonly import ReadOnlyDatabase
+from orchestrator.errors import DatabaseProblem
+from orchestrator.ops.reconcile import reconcile_pass
+from orchestrator.ops.submit import SubmitRequest, submit
+
+TOKEN = "t0ken-for-the-tests-0123456789"
+
+
+def _fleet(db, cfg, sched) -> None:
+    """ok: verified; bad: crashed (job-written text with markup in its detail and its log); live: running."""
+    for name in ("ok", "bad", "live"):
+        submit(db, cfg, SubmitRequest(name=name, command=["true"], max_attempts=1,
+                                      outputs=["o.txt"] if name == "ok" else []))
+    (cfg.runs_root / "ok" / "o.txt").write_text("x\n")
+    protocol.write_done_marker(cfg.runs_root / "ok", "ok", 1, ["o.txt"])
+    sched.ended.update(ok=0, bad=1)
+    adir = protocol.attempt_dir(cfg.runs_root / "bad", 1)
+    adir.mkdir(parents=True, exist_ok=True)
+    (adir / protocol.STDERR_LOG).write_text("Traceback\n<script>alert('log')</script>\n")
+    protocol.atomic_write_json(adir / "failure.json", {"class": "crash", "message": "<script>alert('x')</script>"})
+    reconcile_pass(db, cfg, backend_for=lambda _n: sched)
+
+
+def _client(cfg, token=None, loopback=True, host="127.0.0.1:8080") -> TestClient:
+    return TestClient(make_app(ReadOnlyDatabase(cfg), cfg, token, loopback), base_url=f"http://{host}",
+                      follow_redirects=False)
+
+
+def test_the_jobs_page_lists_every_job_with_its_state_and_the_cause_of_each_attempts_end(db, cfg, sched):
+    _fleet(db, cfg, sched)
+    r = _client(cfg).get("/")
+    assert r.status_code == 200, r.text
+    for name in ("ok", "bad", "live"):
+        assert f'href="/jobs/{name}"' in r.text
+    assert "failed 1</a>" in r.text and "running 1</a>" in r.text  # the state chips' counts
+    assert 'class="cause c-crash"' in r.text and 'class="cause c-running"' in r.text
+    assert "3 jobs" in r.text
+
+
+def test_filters_and_paging_are_in_the_url_and_done_in_sql(db, cfg, sched):
+    _fleet(db, cfg, sched)
+    c = _client(cfg)
+    r = c.get("/?state=failed")
+    assert 'href="/jobs/bad"' in r.text and 'href="/jobs/ok"' not in r.text and "1 job<" in r.text
+    r = c.get("/?name=o&sort=name")
+    assert r.text.index('href="/jobs/ok"') > 0 and 'href="/jobs/bad"' not in r.text  # "ok" only: "o" in it
+    r = c.get("/?per=1&page=2&sort=name")
+    assert 'href="/jobs/live"' in r.text and "page 2 of 3" in r.text
+    assert 'href="/?per=1&amp;sort=name&amp;page=3"' in r.text  # the next page keeps the filters
+
+
+@pytest.mark.parametrize("query, says", [
+    ("state=bogus", "state 'bogus': one of"), ("sort=x", "sort 'x': one of"), ("since=3 weeks", "since '3 weeks'"),
+    ("page=0", "page >= 1"), ("per=100000", "per <= 500"), ("page=x", "whole numbers"),
+])
+def test_a_bad_url_parameter_is_a_400_with_one_line_saying_why(db, cfg, sched, query, says):
+    _fleet(db, cfg, sched)
+    r = _client(cfg).get(f"/?{query}")
+    assert r.status_code == 400 and says in html.unescape(r.text), r.text
+
+
+def test_a_job_page_shows_its_attempts_causes_checkpoints_events_and_log_tail_with_job_text_escaped(db, cfg, sched):
+    _fleet(db, cfg, sched)
+    c = _client(cfg)
+    r = c.get("/jobs/bad")
+    assert r.status_code == 200
+    assert 'id="attempts"' in r.text and 'class="cause c-crash"' in r.text and 'id="events"' in r.text
+    assert "<script>" not in r.text  # job-written text (the failure's message, the log) is shown as text
+    assert "&lt;script&gt;alert(&#39;log&#39;)&lt;/script&gt;" in r.text
+    assert c.get("/jobs/nope").status_code == 404
+
+
+def test_a_log_that_is_a_fifo_or_a_symlink_is_not_read(db, cfg, sched, tmp_path):
+    import os
+
+    _fleet(db, cfg, sched)
+    adir = protocol.attempt_dir(cfg.runs_root / "bad", 1)
+    (adir / protocol.STDERR_LOG).unlink()
+    os.mkfifo(adir / protocol.STDERR_LOG)  # a reader that opened it blocking would hang the page
+    secret = tmp_path / "secret.txt"
+    secret.write_text("outside the runs root")
+    (adir / protocol.STDOUT_LOG).symlink_to(secret)
+    r = _client(cfg).get("/jobs/bad")
+    assert r.status_code == 200 and "outside the runs root" not in r.text
+    assert r.text.count("not there (or not a regular file)") == 2
+
+
+def test_nothing_can_write_every_route_is_a_get_and_the_database_refuses_writes(db, cfg, sched):
+    _fleet(db, cfg, sched)
+    c = _client(cfg)
+    for method in ("post", "put", "delete", "patch"):
+        assert getattr(c, method)("/").status_code == 405
+    ro = ReadOnlyDatabase(cfg)
+    with pytest.raises(DatabaseProblem):
+        with ro.write():
+            pass
+    from sqlalchemy import text
+    from sqlalchemy.exc import OperationalError
+
+    with ro.read() as s, pytest.raises(OperationalError, match="readonly|read-only|query_only"):
+        s.execute(text("UPDATE jobs SET name = 'x'"))
+
+
+def test_only_the_stylesheet_is_served_no_path_from_the_url(db, cfg, sched):
+    c = _client(cfg)
+    assert c.get("/static/style.css").status_code == 200
+    for path in ("/static/..%2fapp.py", "/static/app.py", "/static/%2e%2e/%2e%2e/orch.db"):
+        assert c.get(path).status_code == 404
+
+
+def test_every_answer_carries_the_security_headers(db, cfg, sched):
+    for path in ("/", "/jobs/nope", "/static/style.css", "/?state=bogus"):
+        h = _client(cfg).get(path).headers
+        assert "default-src 'none'" in h["content-security-policy"] and h["x-content-type-options"] == "nosniff"
+        assert h["x-frame-options"] == "DENY" and h["referrer-policy"] == "no-referrer"
+
+
+def test_on_loopback_a_request_naming_another_host_is_refused(db, cfg, sched):
+    """A page elsewhere that rebinds its DNS name to 127.0.0.1 would otherwise read the dashboard."""
+    r = _client(cfg, host="evil.example:8080").get("/")
+    assert r.status_code == 403 and "localhost only" in r.text
+    assert _client(cfg, host="localhost:8080").get("/").status_code == 200
+
+
+def test_on_another_address_a_request_without_the_token_is_refused_and_the_token_opens_it(db, cfg, sched):
+    c = _client(cfg, token=TOKEN, loopback=False, host="10.1.2.3:8080")
+    for path in ("/", "/jobs/ok", "/static/style.css"):
+        r = c.get(path)
+        assert r.status_code == 401 and "needs its token" in r.text and TOKEN not in r.text
+    assert c.get("/?token=wrong-token-of-the-same-size-00").status_code == 401
+    r = c.get(f"/?state=failed&token={TOKEN}")
+    assert r.status_code == 303 and r.headers["location"] == "/?state=failed"  # the token leaves the URL
+    assert "httponly" in r.headers["set-cookie"].lower() and "samesite=strict" in r.headers["set-cookie"].lower()
+    r = c.get("/?state=failed")  # the cookie it set
+    assert r.status_code == 200 and TOKEN not in r.text
+    bare = _client(cfg, token=TOKEN, loopback=False, host="10.1.2.3:8080")
+    assert bare.get("/", headers={"Authorization": f"Bearer {TOKEN}"}).status_code == 200
