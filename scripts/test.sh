@@ -25,8 +25,9 @@ svc_pid=
 if [ -n "$quick" ]; then
   :  # the quick tier needs no service: its tests are the ones marked as needing none
 elif [ "$(id -u)" = 0 ]; then
-  ( bash deploy/slurm/cluster.sh up && bash deploy/postgres/pg.sh up >/dev/null ) >"$tmp/services.log" 2>&1 &
-  svc_pid=$!  # pg.sh prints its URL; the tests ask pg.sh for it
+  ( bash deploy/slurm/cluster.sh up && bash deploy/postgres/pg.sh up >/dev/null \
+    && bash deploy/browser/chromium.sh >/dev/null ) >"$tmp/services.log" 2>&1 &
+  svc_pid=$!  # pg.sh prints its URL; the tests ask pg.sh for it; chromium.sh: the browser tests' Chromium
 elif [ "${CI:-}" = true ]; then
   echo "test: the Slurm tests need root to start the dev cluster" >&2; exit 1
 fi

@@ -19,7 +19,7 @@ TESTS = Path(__file__).resolve().parent
 # Folders whose tests run real programs end to end (orch's CLI, job wrappers, the trainer, torchrun ranks):
 # seconds to minutes each. tests/policy runs real trainer jobs too, but the quick tier keeps its flows.
 E2E_FOLDERS = frozenset({"local", "integrations", "trainer", "adversarial", "reliability", "bench", "packaging",
-                         "docs"})
+                         "docs", "browser"})
 # Unit and policy tests run in one process or start a few short jobs: one still running after this is
 # hung (the slowest takes ~20 s here). Elsewhere pyproject's default holds; a test proving a bound marks its own.
 FOLDER_TIMEOUT_S = {"unit": 120, "policy": 240}

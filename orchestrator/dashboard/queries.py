@@ -15,7 +15,7 @@ from orchestrator.core.db import Database
 from orchestrator.core.lifecycle import JobState
 from orchestrator.core.models import Attempt, Job, Sweep
 from orchestrator.core.states import utcnow
-from orchestrator.views.status import make_row, status_select
+from orchestrator.views.status import make_row
 
 PER_PAGE = 50
 MAX_PER_PAGE = 500
@@ -60,26 +60,36 @@ def _filtered(q: Any, f: Filters) -> Any:
 
 
 def jobs_page(db: Database, cfg: Config, f: Filters) -> JobsPage:
-    """One page of ``orch status``'s rows (the same query, filtered, sorted and limited in SQL), each with the
-    causes of its attempts' ends, oldest first."""
-    q = _filtered(status_select(), f).order_by(None).order_by(*SORTS[f.sort])
-    q = q.limit(f.per).offset((f.page - 1) * f.per)
+    """One page of ``orch status``'s rows, each with the causes of its attempts' ends, oldest first.
+
+    The page's jobs are chosen on the jobs table alone (filtered, sorted and limited in SQL); only then are their
+    attempts read, by job id. ``orch status``'s query joins every job's latest attempt through a GROUP BY over the
+    whole attempts table: at 3,000 jobs a filtered page took 12x its 300-job time (bench_dashboard)."""
+    q = (select(Job.id, Job.name, Job.state, Job.backend, Job.run_dir, Job.task_index, Sweep.name.label("sweep"))
+         .outerjoin(Sweep, Sweep.id == Job.sweep_id))
+    q = _filtered(q, f).order_by(*SORTS[f.sort]).limit(f.per).offset((f.page - 1) * f.per)
     with db.read() as s:
-        rows = [dict(r._mapping) for r in s.execute(q)]
+        jobs = [dict(r._mapping) for r in s.execute(q)]
         total = s.scalar(_filtered(select(func.count()).select_from(Job), f)) or 0
         by_state = s.execute(select(Job.state, func.count()).group_by(Job.state))
         counts = {getattr(st, "value", st): n for st, n in by_state}
-        names = [r["name"] for r in rows]
-        causes: dict[str, list[dict[str, Any]]] = {n: [] for n in names}
-        if names:
-            for name, n, cls, restarts in s.execute(
-                    select(Job.name, Attempt.n, Attempt.failure_class, Attempt.restarts).join(Job)
-                    .where(Job.name.in_(names)).order_by(Attempt.job_id, Attempt.n)):
-                causes[name].append({"n": n, "class": getattr(cls, "value", cls), "restarts": restarts or 0})
+        attempts: dict[int, list[Any]] = {j["id"]: [] for j in jobs}
+        if jobs:
+            for a in s.execute(select(Attempt.job_id, Attempt.n, Attempt.failure_class, Attempt.restarts,
+                                      Attempt.external_id, Attempt.state)
+                               .where(Attempt.job_id.in_(list(attempts))).order_by(Attempt.job_id, Attempt.n)):
+                attempts[a.job_id].append(a)
     out = []
-    for r in rows:
-        row = make_row(r, cfg)  # the heartbeat of a running job, the last step of a finished one
-        row["attempt_causes"] = labelled(causes.get(r["name"], []), row["state"])
+    for j in jobs:
+        mine = attempts[j["id"]]
+        latest = mine[-1] if mine else None
+        row = make_row({**j, "count": len(mine), "n": latest.n if latest else None,
+                        "external_id": latest.external_id if latest else None,
+                        "failure_class": latest.failure_class if latest else None,
+                        "restarts": latest.restarts if latest else 0,
+                        "attempt_state": latest.state if latest else None}, cfg)
+        row["attempt_causes"] = labelled([{"n": a.n, "class": getattr(a.failure_class, "value", a.failure_class),
+                                           "restarts": a.restarts or 0} for a in mine], row["state"])
         out.append(row)
     return JobsPage(out, total, {st: counts.get(st, 0) for st in STATES})
 
