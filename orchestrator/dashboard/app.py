@@ -33,6 +33,8 @@ STATIC = {"style.css": "text/css"}  # the only files served: no path is ever joi
 LOG_TAIL_BYTES = 16 * 1024
 CHECKPOINTS_SHOWN = 20
 REFRESH_S = 15
+MAX_PAGE = 10**6
+MAX_SINCE = timedelta(days=100 * 365)
 
 
 class BadQuery(ValueError):
@@ -53,12 +55,14 @@ def filters_of(q: Any) -> Filters:
             since = parse_since(q["since"])
         except UsageError as e:
             raise BadQuery(str(e).replace("--since", "since")) from None
+        if since > MAX_SINCE:  # 999999w: now - since overflowed datetime, a 500
+            raise BadQuery(f"since {q['since'][:40]!r}: at most {MAX_SINCE.days // 365} years")
     try:
         page, per = int(q.get("page") or 1), int(q.get("per") or PER_PAGE)
     except ValueError:
         raise BadQuery("page and per are whole numbers") from None
-    if page < 1 or not 1 <= per <= MAX_PER_PAGE:
-        raise BadQuery(f"page >= 1 and 1 <= per <= {MAX_PER_PAGE}")
+    if not 1 <= page <= MAX_PAGE or not 1 <= per <= MAX_PER_PAGE:  # page=10**19 overflowed SQLite's INTEGER: a 500
+        raise BadQuery(f"1 <= page <= {MAX_PAGE} and 1 <= per <= {MAX_PER_PAGE}")
     return Filters(state=state, name=(q.get("name") or None), backend=(q.get("backend") or None),
                    sweep=(q.get("sweep") or None), since=since, sort=sort, page=page, per=per)
 
@@ -95,7 +99,7 @@ def make_app(db: Database, cfg: Config, token: str | None, loopback_only: bool) 
     def problem(status: int, text: str) -> HTMLResponse:
         return render("problem.html", status=status, text=text, refresh_s=None)
 
-    async def jobs(request: Request) -> Response:
+    def jobs(request: Request) -> Response:
         try:
             f = filters_of(request.query_params)
         except BadQuery as e:
@@ -116,7 +120,7 @@ def make_app(db: Database, cfg: Config, token: str | None, loopback_only: bool) 
         return render("jobs.html", page=page, f=f, states=STATES, sorts=list(SORTS), link=link, pages=pages,
                       since_text=request.query_params.get("since"))
 
-    async def job(request: Request) -> Response:
+    def job(request: Request) -> Response:
         name = request.path_params["name"]
         try:
             d = show_job(db, name, events=True)
@@ -126,11 +130,15 @@ def make_app(db: Database, cfg: Config, token: str | None, loopback_only: bool) 
         logs = []
         if d["attempts"]:
             adir = protocol.attempt_dir(d["run_dir"], d["attempts"][-1]["n"])
-            logs = [(p.name, tail(adir / p)) for p in (Path(protocol.STDOUT_LOG), Path(protocol.STDERR_LOG))]
+            # O_NOFOLLOW guards the log's own name only: a job that made attempts/ or attempts/<n> a symlink
+            # would have a file outside the runs root served as its log
+            inside = not (adir.is_symlink() or adir.parent.is_symlink())
+            logs = [(name, tail(adir / name) if inside else None) for name in (protocol.STDOUT_LOG,
+                                                                               protocol.STDERR_LOG)]
         return render("job.html", d=d, curve=Markup(loss_svg(curve)), marks=curve["marks"], logs=logs,
                       checkpoints=checkpoints(d["run_dir"]))
 
-    async def static(request: Request) -> Response:
+    def static(request: Request) -> Response:
         name = request.path_params["name"]
         if name not in STATIC:
             return PlainTextResponse("not found\n", status_code=404)

@@ -32,7 +32,9 @@ def loss_svg(curve: dict[str, Any]) -> str:
         return ""
     x0, x1 = min(p[0] for p in pts), max(p[0] for p in pts)
     y0, y1 = min(p[1] for p in pts), max(p[1] for p in pts)
-    x1, y1 = (x1 if x1 > x0 else x0 + 1), (y1 if y1 > y0 else y0 + 1e-9)
+    x1 = x1 if x1 > x0 else x0 + 1
+    if not y1 - y0 > 0:  # one loss value: y0 + 1e-9 == y0 from ~1.7e7 on (a diverged run), a division by zero
+        y1 = y0 + max(1e-9, abs(y0) * 1e-6)
 
     def xy(step: float, loss: float) -> str:
         x = PAD_L + (step - x0) / (x1 - x0) * (WIDTH - PAD_L - PAD_R)

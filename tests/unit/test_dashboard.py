@@ -63,7 +63,7 @@ def test_filters_and_paging_are_in_the_url_and_done_in_sql(db, cfg, sched):
 
 @pytest.mark.parametrize("query, says", [
     ("state=bogus", "state 'bogus': one of"), ("sort=x", "sort 'x': one of"), ("since=3 weeks", "since '3 weeks'"),
-    ("page=0", "page >= 1"), ("per=100000", "per <= 500"), ("page=x", "whole numbers"),
+    ("page=0", "1 <= page <= 1000000"), ("per=100000", "per <= 500"), ("page=x", "whole numbers"),
 ])
 def test_a_bad_url_parameter_is_a_400_with_one_line_saying_why(db, cfg, sched, query, says):
     _fleet(db, cfg, sched)
@@ -129,9 +129,11 @@ def test_every_answer_carries_the_security_headers(db, cfg, sched):
 
 def test_on_loopback_a_request_naming_another_host_is_refused(db, cfg, sched):
     """A page elsewhere that rebinds its DNS name to 127.0.0.1 would otherwise read the dashboard."""
-    r = _client(cfg, host="evil.example:8080").get("/")
-    assert r.status_code == 403 and "localhost only" in r.text
-    assert _client(cfg, host="localhost:8080").get("/").status_code == 200
+    for host in ("evil.example:8080", "localhost.evil.example", "127.0.0.1.evil.example:8080"):
+        r = _client(cfg, host=host).get("/")
+        assert r.status_code == 403 and "localhost only" in r.text
+    for host in ("localhost:8080", "127.0.0.2:8080", "[::1]:8080"):  # every loopback name it may be bound to
+        assert _client(cfg, host=host).get("/").status_code == 200, host
 
 
 def test_on_another_address_a_request_without_the_token_is_refused_and_the_token_opens_it(db, cfg, sched):
@@ -142,8 +144,97 @@ def test_on_another_address_a_request_without_the_token_is_refused_and_the_token
     assert c.get("/?token=wrong-token-of-the-same-size-00").status_code == 401
     r = c.get(f"/?state=failed&token={TOKEN}")
     assert r.status_code == 303 and r.headers["location"] == "/?state=failed"  # the token leaves the URL
-    assert "httponly" in r.headers["set-cookie"].lower() and "samesite=strict" in r.headers["set-cookie"].lower()
+    cookie = r.headers["set-cookie"]
+    assert cookie.startswith("orch_dashboard_8080=")  # named by the port: two dashboards on one host keep theirs
+    assert "httponly" in cookie.lower() and "samesite=strict" in cookie.lower()
     r = c.get("/?state=failed")  # the cookie it set
     assert r.status_code == 200 and TOKEN not in r.text
     bare = _client(cfg, token=TOKEN, loopback=False, host="10.1.2.3:8080")
     assert bare.get("/", headers={"Authorization": f"Bearer {TOKEN}"}).status_code == 200
+
+
+def test_the_token_redirect_keeps_the_path_as_sent_and_never_leaves_the_server(db, cfg, sched):
+    c = _client(cfg, token=TOKEN, loopback=False, host="10.1.2.3:8080")
+    assert c.get(f"/jobs/a%3Fb?token={TOKEN}").headers["location"] == "/jobs/a%3Fb"
+    # "//evil.example/" as the request target (the test client would read it as a host): the guard itself
+    import asyncio
+
+    from orchestrator.dashboard.security import Guard
+
+    sent: list[dict] = []
+
+    async def app(scope, receive, send):  # never reached: the guard answers
+        raise AssertionError("the app ran")
+
+    async def send(message):
+        sent.append(message)
+
+    async def receive():
+        return {"type": "http.request"}
+
+    scope = {"type": "http", "method": "GET", "path": "//evil.example/", "raw_path": b"//evil.example/",
+             "query_string": f"token={TOKEN}".encode(), "headers": [(b"host", b"10.1.2.3:8080")],
+             "server": ("10.1.2.3", 8080), "scheme": "http", "root_path": ""}
+    asyncio.run(Guard(app, TOKEN, False)(scope, receive, send))
+    assert dict(sent[0]["headers"])[b"location"] == b"/evil.example/"  # "//evil.example/" is another server
+
+
+def test_a_websocket_is_refused_before_the_app():
+    """No route takes one today; the guard closes it before any app code runs (a later route would be open)."""
+    import asyncio
+
+    from orchestrator.dashboard.security import Guard
+
+    ran, sent = [], []
+
+    async def app(scope, receive, send):
+        ran.append(scope["type"])
+
+    async def send(message):
+        sent.append(message)
+
+    async def receive():
+        return {"type": "websocket.connect"}
+
+    asyncio.run(Guard(app, TOKEN, False)({"type": "websocket", "path": "/", "headers": []}, receive, send))
+    assert ran == [] and sent == [{"type": "websocket.close", "code": 1008}]
+
+
+@pytest.mark.parametrize("query, says", [("page=10000000000000000000", "1 <= page <= 1000000"),
+                                         ("since=999999w", "at most 100 years")])
+def test_a_huge_page_or_since_is_a_400_not_an_overflow(db, cfg, sched, query, says):
+    r = _client(cfg).get(f"/?{query}")
+    assert r.status_code == 400 and says in html.unescape(r.text), r.text
+
+
+def test_a_symlinked_attempt_dir_is_not_followed_to_a_log_outside_the_runs_root(db, cfg, sched, tmp_path):
+    _fleet(db, cfg, sched)
+    adir = protocol.attempt_dir(cfg.runs_root / "bad", 1)
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    (elsewhere / protocol.STDERR_LOG).write_text("a file outside the runs root")
+    (adir / protocol.STDERR_LOG).unlink()
+    adir.rmdir() if not any(adir.iterdir()) else __import__("shutil").rmtree(adir)
+    adir.symlink_to(elsewhere)
+    r = _client(cfg).get("/jobs/bad")
+    assert r.status_code == 200 and "outside the runs root" not in r.text
+
+
+def test_a_constant_huge_loss_draws_a_curve_not_a_division_by_zero():
+    from orchestrator.dashboard.svg import loss_svg
+
+    assert "<polyline" in loss_svg({"series": [{"attempt": 1, "points": [[1, 3e7], [2, 3e7]]}], "marks": []})
+
+
+def test_a_token_file_must_hold_a_long_url_safe_token_and_none_is_generated_weaker(tmp_path):
+    from orchestrator.dashboard.security import TOKEN_RE, load_token
+    from orchestrator.errors import UsageError
+
+    assert TOKEN_RE.fullmatch(load_token(None)) and len(load_token(None)) >= 40
+    f = tmp_path / "token"
+    for bad in ("short", "a+b&c#d%e-0123456789", "ünïcødé-0123456789"):
+        f.write_text(bad + "\n")
+        with pytest.raises(UsageError, match="at least 16 characters"):
+            load_token(f)
+    f.write_text(TOKEN + "\n# a comment line\n")
+    assert load_token(f) == TOKEN
