@@ -147,8 +147,11 @@ def _outward_address() -> str | None:
     return None if addr.startswith("127.") else addr
 
 
-def test_from_another_host_the_dashboard_needs_its_token_and_the_printed_url_opens_it(fleet, page):
-    with _serve(fleet, "--host", "0.0.0.0") as url:
+def test_from_another_host_the_dashboard_needs_its_token_and_the_printed_url_opens_it(fleet, page, tmp_path):
+    token_file = tmp_path / "token"
+    token_file.write_text("a-token-of-the-users-own-0123456789\n")
+    with _serve(fleet, "--host", "0.0.0.0", "--token-file", str(token_file)) as url:
+        assert url.endswith("?token=a-token-of-the-users-own-0123456789")
         _the_token_opens_it(page, url)
 
 

@@ -83,6 +83,10 @@ NOT_RUN = {
     "orch submit --wait ...": "'...' stands for any submit; --wait is run by the quick start",
     "bash scripts/setup.sh --dev && .venv/bin/mkdocs serve": "a server until Ctrl-C; the strict build of the site it "
     "serves is tests/unit/test_docs.py's",
+    "orch dashboard": "a server until Ctrl-C: tests/browser/test_dashboard_browser.py runs it (--port 0, its printed "
+    "URL opened in Chromium)",
+    "orch dashboard --host H --port 8080 --token-file F": "a server until Ctrl-C: tests/browser runs it with --host "
+    "0.0.0.0 --token-file (a request without the token: 401); its exit-2 refusals are tests/unit/test_dashboard.py's",
 }
 
 
