@@ -196,8 +196,8 @@ def _new_runs(r: Row, out: Outcome) -> list[list[float | None]] | None:
 
 def _new_rank_restarts(r: Row) -> int | None:
     """How many rank restarts the wrapper recorded for the attempt, when more than stored, else None (a steady pass
-    writes nothing). One small read per polled attempt; the file is absent for every attempt that never restarted
-    its ranks. Only ever grows: a record deleted or garbled later does not take a counted restart back."""
+    writes nothing). One small read per polled attempt of a job that names ``--rank-restarts`` (``may_restart_ranks``),
+    none for the others. Only ever grows: a record deleted or garbled later does not take a counted restart back."""
     if not r.may_restart_ranks:
         return None
     seen = len(protocol.read_rank_restarts(r.ref.attempt_dir, r.token))
