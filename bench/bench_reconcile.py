@@ -50,7 +50,7 @@ from orchestrator.jobside import proctable
 from orchestrator.ops.reconcile import reconcile_pass
 
 CACHE = Path(os.environ.get("ORCH_BENCH_CACHE", "/tmp/orch-bench"))
-GEN_VERSION = 2  # bump when the generated content changes
+GEN_VERSION = 3  # bump when the generated content changes
 TS = "2026-11-01 12:00:00.000000"
 HIST_STATES = (("done_marker_verified", "succeeded", None), ("failed", "failed", "crash"),
                ("cancelled", "cancelled", "cancelled"))
@@ -120,6 +120,12 @@ def generate(path: Path, live: int, history: int, runs_root: Path, external_id: 
                         "VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)", attempts())
         con.executemany("INSERT INTO events (id, job_id, at, from_state, to_state, reason) VALUES (?,?,?,?,?,?)",
                         events())
+        # The history as the reconcile passes leave it (migration 0014): every ended attempt settled, its tally in the
+        # running totals (no generated attempt follows a preemption: nothing redone; the failure classes counted).
+        con.execute("UPDATE attempts SET redone_sum = 0, redone_count = 0, redone_unmeasured = 0 "
+                    "WHERE ended_at IS NOT NULL")
+        con.execute("INSERT INTO fleet_tallies (name, value) SELECT 'failures/' || failure_class, count(*) "
+                    "FROM attempts WHERE ended_at IS NOT NULL AND failure_class IS NOT NULL GROUP BY failure_class")
         con.execute("COMMIT")
         con.execute("ANALYZE")
         con.execute("PRAGMA wal_checkpoint(TRUNCATE)")

@@ -12,26 +12,46 @@ import click
 
 from orchestrator.cli.app import EXIT_NOT_VERIFIED, STATES, _ctx, _emit, _show, main
 
+STATUS_SINCE = "24h"
+
 
 @main.command()
 @click.option("--state", type=click.Choice(STATES), help="Only jobs in this state.")
+@click.option("--since", "since", default=STATUS_SINCE, show_default=True, metavar="AGE",
+              help="Also the jobs that ended (done_marker_verified, failed, cancelled) in the last AGE (30m, 12h, "
+                   "7d, 2w); 'all' for every job, however long ago it ended. Live jobs are always shown.")
 @click.option("--tasks", is_flag=True, help="One row per sweep task instead of one per sweep.")
-@click.option("--json", "as_json", is_flag=True, help="Every job (sweep tasks too) as a JSON list.")
-def status(state: str | None, tasks: bool, as_json: bool) -> None:
-    """One row per job (and per sweep): state, attempts, backend id of the latest attempt, progress."""
+@click.option("--json", "as_json", is_flag=True, help="The jobs shown (sweep tasks too) as a JSON list; how many "
+                                                        "older ones were left out goes to stderr.")
+def status(state: str | None, since: str, tasks: bool, as_json: bool) -> None:
+    """One row per job (and per sweep): state, attempts, backend id of the latest attempt, progress.
+
+    Shows the live jobs and those that ended in the last 24 hours (``--since``), and says how many older ones it
+    left out: a history of 100,000 finished jobs took 3.6 s to list. A sweep with a task shown is shown whole."""
+    from datetime import UTC, datetime
+
     from orchestrator.core.config import load_config
+    from orchestrator.views.goodputview import parse_since
     from orchestrator.views.status import group_by_sweep, quick_status_rows
 
-    rows = quick_status_rows(load_config(), state)  # no SQLAlchemy import (login-node latency)
-    if rows is None:
-        rows = _status_slow_path(state)
+    window = None if since == "all" else parse_since(since)  # checked before the DB is opened
+    cutoff = None if window is None else datetime.now(UTC).replace(tzinfo=None) - window
+    found = quick_status_rows(load_config(), state, cutoff)  # no SQLAlchemy import (login-node latency)
+    if found is None:
+        found = _status_slow_path(state, cutoff)
+    rows, total = found
+    older = total - len(rows)
+    left_out = (f"{older:,} job{'s' if older != 1 else ''}" + (f" in state {state}" if state else "")
+                + f" that ended before the last {since} not shown (orch status --since all)") if older > 0 else ""
     if as_json:
         _emit(rows)
+        if left_out:
+            click.echo(f"orch status: {left_out}", err=True)
         return
     if not tasks:
         rows = group_by_sweep(rows)
     if not rows:
-        click.echo("no jobs" + (f" in state {state}" if state else ""))
+        click.echo("no jobs" + (f" in state {state}" if state else "") + (f"; {left_out}" if left_out else ""))
         return
     cols = [("NAME", "name"), ("STATE", "state"), ("ATT", "attempts"), ("BACKEND", "backend"),
             ("JOB ID", "external_id"), ("STEP", "step"), ("CLASS", "failure_class"), ("FLAGS", "flags")]
@@ -39,19 +59,20 @@ def status(state: str | None, tasks: bool, as_json: bool) -> None:
                                       for r in rows]
     widths = [max(len(row[i]) for row in table) for i in range(len(cols))]
     # one write: click.echo per row cost ~20 ms for 1,000 jobs (it checks the stream on every call)
-    click.echo("\n".join("  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)).rstrip() for row in table))
+    click.echo("\n".join("  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)).rstrip() for row in table)
+               + (f"\n({left_out})" if left_out else ""))
 
 
-def _status_slow_path(state: str | None) -> list[dict[str, Any]]:
+def _status_slow_path(state: str | None, cutoff: Any) -> tuple[list[dict[str, Any]], int]:
     """Through SQLAlchemy (creates or upgrades the DB, tightens ORCH_HOME, names any problem), after
     which the next ``orch status`` can take the quick path."""
     from orchestrator.views.show import status_rows
     from orchestrator.views.status import drop_legacy_cache
 
     cfg, db = _ctx()
-    rows = status_rows(db, cfg, state)
+    found = status_rows(db, cfg, state, cutoff)
     drop_legacy_cache(cfg)
-    return rows
+    return found
 
 
 def _state_cell(r: dict[str, Any]) -> str:

@@ -4,4 +4,4 @@ One constant for both paths to the job table: ``db`` (SQLAlchemy) upgrades a DB 
 sqlite3, the quick path) goes through its gate only for a DB already at it. Stdlib only: the quick path imports it.
 """
 
-SCHEMA_HEAD = "0012"
+SCHEMA_HEAD = "0014"

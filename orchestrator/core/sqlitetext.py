@@ -85,21 +85,53 @@ SQL: dict[str, str] = {
         ":pending"
     ),
     "status": (
-        "SELECT jobs.name, jobs.state, jobs.backend, jobs.run_dir, anon_1.count, attempts.external_id, "
+        "SELECT jobs.name, jobs.state, jobs.backend, jobs.run_dir, (SELECT count(*) AS count_1 \nFROM "
+        "attempts AS attempts_1 \nWHERE attempts_1.job_id = jobs.id) AS count, attempts.external_id, "
         "attempts.failure_class, attempts.n, attempts.restarts, sweeps.name AS sweep, jobs.task_index, "
-        "attempts.state AS attempt_state \nFROM jobs LEFT OUTER JOIN (SELECT attempts.job_id AS job_id, "
-        "max(attempts.n) AS n, count(*) AS count \nFROM attempts GROUP BY attempts.job_id) AS anon_1 ON "
-        "anon_1.job_id = jobs.id LEFT OUTER JOIN attempts ON attempts.job_id = jobs.id AND attempts.n = "
-        "anon_1.n LEFT OUTER JOIN sweeps ON sweeps.id = jobs.sweep_id ORDER BY jobs.id"
+        "attempts.state AS attempt_state \nFROM jobs LEFT OUTER JOIN attempts ON attempts.job_id = jobs.id "
+        "AND attempts.n = (SELECT max(attempts_1.n) AS max_1 \nFROM attempts AS attempts_1 \nWHERE "
+        "attempts_1.job_id = jobs.id) LEFT OUTER JOIN sweeps ON sweeps.id = jobs.sweep_id ORDER BY jobs.id"
     ),
     "status_in_state": (
-        "SELECT jobs.name, jobs.state, jobs.backend, jobs.run_dir, anon_1.count, attempts.external_id, "
+        "SELECT jobs.name, jobs.state, jobs.backend, jobs.run_dir, (SELECT count(*) AS count_1 \nFROM "
+        "attempts AS attempts_1 \nWHERE attempts_1.job_id = jobs.id) AS count, attempts.external_id, "
         "attempts.failure_class, attempts.n, attempts.restarts, sweeps.name AS sweep, jobs.task_index, "
-        "attempts.state AS attempt_state \nFROM jobs LEFT OUTER JOIN (SELECT attempts.job_id AS job_id, "
-        "max(attempts.n) AS n, count(*) AS count \nFROM attempts GROUP BY attempts.job_id) AS anon_1 ON "
-        "anon_1.job_id = jobs.id LEFT OUTER JOIN attempts ON attempts.job_id = jobs.id AND attempts.n = "
-        "anon_1.n LEFT OUTER JOIN sweeps ON sweeps.id = jobs.sweep_id \nWHERE jobs.state = :state ORDER BY "
-        "jobs.id"
+        "attempts.state AS attempt_state \nFROM jobs LEFT OUTER JOIN attempts ON attempts.job_id = jobs.id "
+        "AND attempts.n = (SELECT max(attempts_1.n) AS max_1 \nFROM attempts AS attempts_1 \nWHERE "
+        "attempts_1.job_id = jobs.id) LEFT OUTER JOIN sweeps ON sweeps.id = jobs.sweep_id \nWHERE "
+        "jobs.state = :state ORDER BY jobs.id"
+    ),
+    "status_since": (
+        "WITH recent AS \n(SELECT jobs.id AS id, jobs.sweep_id AS sweep_id \nFROM jobs \nWHERE jobs.state "
+        "IN (:state_1_1, :state_1_2, :state_1_3, :state_1_4) UNION SELECT jobs.id AS id, jobs.sweep_id AS "
+        "sweep_id \nFROM jobs \nWHERE jobs.updated_at >= :cutoff)\n SELECT jobs.name, jobs.state, "
+        "jobs.backend, jobs.run_dir, (SELECT count(*) AS count_1 \nFROM attempts AS attempts_1 \nWHERE "
+        "attempts_1.job_id = jobs.id) AS count, attempts.external_id, attempts.failure_class, attempts.n, "
+        "attempts.restarts, sweeps.name AS sweep, jobs.task_index, attempts.state AS attempt_state \nFROM "
+        "jobs LEFT OUTER JOIN attempts ON attempts.job_id = jobs.id AND attempts.n = (SELECT "
+        "max(attempts_1.n) AS max_1 \nFROM attempts AS attempts_1 \nWHERE attempts_1.job_id = jobs.id) LEFT "
+        "OUTER JOIN sweeps ON sweeps.id = jobs.sweep_id \nWHERE jobs.id IN (SELECT recent.id \nFROM recent "
+        "UNION SELECT jobs_1.id \nFROM jobs AS jobs_1 \nWHERE jobs_1.sweep_id IN (SELECT recent.sweep_id "
+        "\nFROM recent)) ORDER BY jobs.id"
+    ),
+    "status_in_state_since": (
+        "WITH recent AS \n(SELECT jobs.id AS id, jobs.sweep_id AS sweep_id \nFROM jobs \nWHERE jobs.state "
+        "IN (:state_1_1, :state_1_2, :state_1_3, :state_1_4) UNION SELECT jobs.id AS id, jobs.sweep_id AS "
+        "sweep_id \nFROM jobs \nWHERE jobs.updated_at >= :cutoff)\n SELECT jobs.name, jobs.state, "
+        "jobs.backend, jobs.run_dir, (SELECT count(*) AS count_1 \nFROM attempts AS attempts_1 \nWHERE "
+        "attempts_1.job_id = jobs.id) AS count, attempts.external_id, attempts.failure_class, attempts.n, "
+        "attempts.restarts, sweeps.name AS sweep, jobs.task_index, attempts.state AS attempt_state \nFROM "
+        "jobs LEFT OUTER JOIN attempts ON attempts.job_id = jobs.id AND attempts.n = (SELECT "
+        "max(attempts_1.n) AS max_1 \nFROM attempts AS attempts_1 \nWHERE attempts_1.job_id = jobs.id) LEFT "
+        "OUTER JOIN sweeps ON sweeps.id = jobs.sweep_id \nWHERE jobs.id IN (SELECT recent.id \nFROM recent "
+        "UNION SELECT jobs_1.id \nFROM jobs AS jobs_1 \nWHERE jobs_1.sweep_id IN (SELECT recent.sweep_id "
+        "\nFROM recent)) AND jobs.state = :state ORDER BY jobs.id"
+    ),
+    "status_count": (
+        "SELECT count(*) AS count_1 \nFROM jobs"
+    ),
+    "status_count_in_state": (
+        "SELECT count(*) AS count_1 \nFROM jobs \nWHERE jobs.state = :state"
     ),
     "report_jobs": (
         "SELECT jobs.id, jobs.name, jobs.backend, jobs.run_dir, jobs.resources_json, jobs.created_at, "
@@ -115,16 +147,17 @@ SQL: dict[str, str] = {
     "report_jobs_since": (
         "SELECT jobs.id, jobs.name, jobs.backend, jobs.run_dir, jobs.resources_json, jobs.created_at, "
         "sweeps.name AS sweep \nFROM jobs LEFT OUTER JOIN sweeps ON sweeps.id = jobs.sweep_id \nWHERE "
-        "jobs.created_at >= :cutoff OR jobs.id IN (SELECT attempts.job_id \nFROM attempts \nWHERE "
-        "attempts.ended_at IS NULL OR attempts.ended_at >= :cutoff) ORDER BY jobs.id"
+        "jobs.id IN (SELECT jobs.id \nFROM jobs \nWHERE jobs.created_at >= :cutoff UNION SELECT "
+        "attempts.job_id \nFROM attempts \nWHERE attempts.ended_at IS NULL OR attempts.ended_at >= :cutoff) "
+        "ORDER BY jobs.id"
     ),
     "report_attempts_since": (
         "SELECT attempts.job_id, attempts.n, attempts.token, attempts.submitted_at, attempts.started_at, "
         "attempts.ended_at, attempts.failure_class, attempts.stop_reason, attempts.stop_requested_at, "
         "attempts.restarts, attempts.stale_age_s, attempts.runs_json, attempts.failure_step \nFROM attempts "
-        "\nWHERE attempts.job_id IN (SELECT jobs.id \nFROM jobs \nWHERE jobs.created_at >= :cutoff OR "
-        "jobs.id IN (SELECT attempts.job_id \nFROM attempts \nWHERE attempts.ended_at IS NULL OR "
-        "attempts.ended_at >= :cutoff)) ORDER BY attempts.job_id, attempts.n"
+        "\nWHERE attempts.job_id IN (SELECT jobs.id \nFROM jobs \nWHERE jobs.id IN (SELECT jobs.id \nFROM "
+        "jobs \nWHERE jobs.created_at >= :cutoff UNION SELECT attempts.job_id \nFROM attempts \nWHERE "
+        "attempts.ended_at IS NULL OR attempts.ended_at >= :cutoff)) ORDER BY attempts.job_id, attempts.n"
     ),
     "mtbf_history": (
         "SELECT attempts.started_at, attempts.ended_at, attempts.failure_class, jobs.resources_json AS "
@@ -179,6 +212,18 @@ CONSTANTS: dict[str, dict[str, Any]] = {
     "job_submitted": {
         "pending": "pending",
         "submitted": "submitted",
+    },
+    "status_since": {
+        "state_1_1": "pending",
+        "state_1_2": "retryable_failed",
+        "state_1_3": "running",
+        "state_1_4": "submitted",
+    },
+    "status_in_state_since": {
+        "state_1_1": "pending",
+        "state_1_2": "retryable_failed",
+        "state_1_3": "running",
+        "state_1_4": "submitted",
     },
     "node_failures": {
         "failure_class_1_1": "crash",

@@ -40,6 +40,7 @@ from orchestrator.ops.launch import LaunchOutcome, launch, launch_group
 from orchestrator.ops.launchrecord import record_submitted
 from orchestrator.ops.requeue import RequeueOutcome, RequeueTarget, requeue
 from orchestrator.ops.sweep import launch_queued
+from orchestrator.ops.tallies import settle_tallies
 from orchestrator.views.metrics import export_after_pass, record_pass
 
 __all__ = ["PassReport", "reconcile_pass", "acquire_lease", "release_lease"]
@@ -145,6 +146,10 @@ def reconcile_pass(db: Database, cfg: Config,
                 rep.requeued.append(r.name)
             elif r.outcome is RequeueOutcome.ERROR:
                 rep.errors.append(f"{r.name}: {r.reason}")
+        try:
+            settle_tallies(db)  # `orch metrics` then sums these instead of reading the history's run dirs
+        except OrchError as e:  # e.g. the DB locked past the busy timeout: the next pass settles them
+            rep.errors.append(f"metrics tallies not settled: {e}")
     finally:
         rep.query_failures += sum(getattr(b, "query_failures", 0) for b in backends.values())
         rep.duration_s = time.monotonic() - t0

@@ -76,7 +76,7 @@ def _statements(dialect: str = "sqlite") -> dict[str, Callable[[], ClauseElement
     duplicate, which SQLAlchemy spells per database."""
     # the read views' queries: imported here, not by every command that imports this module for its executor
     from orchestrator.views.goodputrows import report_selects
-    from orchestrator.views.status import status_select
+    from orchestrator.views.status import count_select, status_select
 
     at, jt = Attempt.__table__.c, Job.__table__.c
     launching = const("launching", A.LAUNCHING, at.state)
@@ -156,6 +156,10 @@ def _statements(dialect: str = "sqlite") -> dict[str, Callable[[], ClauseElement
         # the read commands' quick paths (views.status, views.goodputquick): their queries, as the slow paths run them
         "status": lambda: status_select(),
         "status_in_state": lambda: status_select(given("state")),
+        "status_since": lambda: status_select(windowed=True),
+        "status_in_state_since": lambda: status_select(given("state"), windowed=True),
+        "status_count": lambda: count_select(),
+        "status_count_in_state": lambda: count_select(given("state")),
         "report_jobs": lambda: report_selects(False)[0],
         "report_attempts": lambda: report_selects(False)[1],
         "report_jobs_since": lambda: report_selects(True)[0],

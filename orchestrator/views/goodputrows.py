@@ -15,7 +15,7 @@ from typing import Any
 def report_selects(windowed: bool):  # two sqlalchemy Selects, imported lazily
     """(jobs, attempts) of ``goodputview.report``: the jobs created since a cutoff or with an attempt running
     or ended since it (``windowed``), with their sweep's name; and every attempt of those jobs."""
-    from sqlalchemy import bindparam, or_, select
+    from sqlalchemy import bindparam, or_, select, union
 
     from orchestrator.core.models import Attempt, Job, Sweep
 
@@ -25,9 +25,11 @@ def report_selects(windowed: bool):  # two sqlalchemy Selects, imported lazily
     ids = select(Job.id)
     if windowed:
         cutoff = bindparam("cutoff")
-        active = select(Attempt.job_id).where(or_(Attempt.ended_at.is_(None), Attempt.ended_at >= cutoff))
-        where = or_(Job.created_at >= cutoff, Job.id.in_(active))
-        jobs, ids = jobs.where(where), ids.where(where)
+        # One list of ids, each part through its own index (ix_jobs_created_at, ix_attempts_ended_at): an OR of
+        # the two terms scanned every job (150 ms of 100,000 for 1,000 in the window).
+        window = union(select(Job.id).where(Job.created_at >= cutoff),
+                       select(Attempt.job_id).where(or_(Attempt.ended_at.is_(None), Attempt.ended_at >= cutoff)))
+        jobs, ids = jobs.where(Job.id.in_(window)), ids.where(Job.id.in_(window))
     attempts = (select(Attempt.job_id, Attempt.n, Attempt.token, Attempt.submitted_at, Attempt.started_at,
                        Attempt.ended_at,
                        Attempt.failure_class, Attempt.stop_reason, Attempt.stop_requested_at, Attempt.restarts,

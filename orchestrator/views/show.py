@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -16,19 +17,24 @@ from orchestrator.core.lifecycle import ATTEMPT_LIVE, AttemptState, JobState, he
 from orchestrator.core.models import Attempt, Event, Job, Sweep
 from orchestrator.core.resumestate import launch_record
 from orchestrator.views.goodputview import show_goodput
-from orchestrator.views.status import group_by_sweep, make_row, status_select
+from orchestrator.views.status import count_select, group_by_sweep, make_row, status_select
 
 __all__ = ["status_rows", "group_by_sweep", "show_job", "show_sweep", "log_paths"]
 
 
-def status_rows(db: Database, cfg: Config, state: str | None = None) -> list[dict[str, Any]]:
-    """One row per job with its latest attempt; one query, plus heartbeats of running jobs only.
+def status_rows(db: Database, cfg: Config, state: str | None = None,
+                cutoff: datetime | None = None) -> tuple[list[dict[str, Any]], int]:
+    """(one row per job with its latest attempt, how many jobs there are in ``state``); ``cutoff``: only the live
+    jobs and those that moved since then (``status_select``'s window). One query, plus heartbeats of the rows.
 
     Any database, through SQLAlchemy; ``orch status`` on SQLite usually takes
     ``status.quick_status_rows`` instead (same query, same rows, no SQLAlchemy import).
     """
     with db.read() as s:
-        return [make_row(r._mapping, cfg) for r in s.execute(status_select(state))]
+        params = {"cutoff": cutoff} if cutoff is not None else {}
+        found = [r._mapping for r in s.execute(status_select(state, windowed=cutoff is not None), params)]
+        total = s.scalar(count_select(state))
+    return [make_row(r, cfg) for r in found], total
 
 
 def show_job(db: Database, name: str, events: bool = False) -> dict[str, Any]:

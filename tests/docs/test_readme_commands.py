@@ -35,7 +35,7 @@ LOCAL: dict[str, int] = {
     "orch sweep --name ablate --from runs.jsonl -- python train.py --config {cfg}": 0,
     "orch submit --spot-notice aws -- python train.py": 0,
     "orch status": 0,
-    "orch status --state retryable_failed --tasks --json": 0,
+    "orch status --state retryable_failed --since 24h --tasks --json": 0,
     "orch status --tasks": 0,
     "orch metrics": 0,
     "orch metrics --textfile DIR": 0,

@@ -31,7 +31,7 @@ def test_slow_job_is_flagged_against_its_own_median(db, cfg):
     _running_job(db, cfg, "steady")
     _progress(cfg, "slow", tokens_per_s_recent=100.0, tokens_per_s_median=1000.0, samples=20)
     _progress(cfg, "steady", tokens_per_s_recent=900.0, tokens_per_s_median=1000.0, samples=20)
-    rows = {r["name"]: r for r in status_rows(db, cfg)}
+    rows = {r["name"]: r for r in status_rows(db, cfg)[0]}
     assert rows["slow"]["flags"] == ["slow"] and rows["slow"]["step"] == 100
     assert rows["steady"]["flags"] == []
 
@@ -39,7 +39,7 @@ def test_slow_job_is_flagged_against_its_own_median(db, cfg):
 def test_few_samples_are_not_judged_slow(db, cfg):
     _running_job(db, cfg, "young")
     _progress(cfg, "young", tokens_per_s_recent=1.0, tokens_per_s_median=1000.0, samples=2)
-    assert status_rows(db, cfg)[0]["flags"] == []
+    assert status_rows(db, cfg)[0][0]["flags"] == []
 
 
 def _aged(path, age: float) -> None:
@@ -57,7 +57,7 @@ def test_stale_heartbeat_is_flagged_hang(db, cfg):
         d.mkdir(parents=True)
         (d / protocol.PROGRESS_FILE).write_text(json.dumps({"time": t, "step": 7}))
     _aged(protocol.attempt_dir(cfg.runs_root / "stuck", 1) / protocol.PROGRESS_FILE, cfg.hang_timeout_s + 5)
-    rows = {r["name"]: r for r in status_rows(db, cfg)}
+    rows = {r["name"]: r for r in status_rows(db, cfg)[0]}
     assert (rows["stuck"]["flags"], rows["skewed"]["flags"]) == (["hang"], [])
 
 
@@ -75,7 +75,7 @@ def test_any_ranks_stale_heartbeat_flags_hang_as_the_hang_stop_judges_it(db, cfg
     (d / protocol.PROGRESS_HISTORY).write_text(json.dumps({"time": time.time() - cfg.hang_timeout_s - 100}) + "\n")
     (d / protocol.WRAPPER_FILE).write_text("{}")
     _aged(d / protocol.WRAPPER_FILE, cfg.hang_timeout_s + 100)
-    rows = {r["name"]: r for r in status_rows(db, cfg)}
+    rows = {r["name"]: r for r in status_rows(db, cfg)[0]}
     assert {n: r["flags"] for n, r in rows.items()} == {"hung1": ["hang"], "never": ["hang"], "healthy": []}
 
 
@@ -97,11 +97,13 @@ def test_the_quick_status_runs_the_generated_text_of_the_models_query_by_its_col
     from orchestrator.ops import statements
     from orchestrator.views import status as statusview
 
-    for name, state in (("status", None), ("status_in_state", statements.given("state"))):
-        q = statusview.status_select(state)
-        assert SQL[name] == statements.compiled(q)[0]
-        assert statusview.STATUS_KEYS == tuple(q.selected_columns.keys())
-    assert ":state" in SQL["status_in_state"] and ":" not in SQL["status"]
+    for state in (None, statements.given("state")):
+        for windowed in (False, True):
+            name = statusview.status_statement(None if state is None else "x", True if windowed else None)
+            q = statusview.status_select(state, windowed=windowed)
+            assert SQL[name] == statements.compiled(q)[0]
+            assert statusview.STATUS_KEYS == tuple(q.selected_columns.keys())
+    assert ":state" in SQL["status_in_state"] and ":" not in SQL["status"] and ":cutoff" in SQL["status_since"]
 
 
 def test_a_sweeps_tasks_are_one_row_counting_their_states_and_att_is_the_furthest_task():
@@ -131,5 +133,5 @@ def test_a_start_up_hang_is_flagged_before_any_heartbeat(db, cfg):
         _aged(d / protocol.WRAPPER_FILE, cfg.hang_timeout_s + 100)
         protocol.write_rank_armed(cfg.runs_root / name, 1, 0, 2, time.time() - age)
         _aged(d / protocol.RANK_ARMED.format(0), 1.0)  # rank 0 alive, refreshing
-    rows = {r["name"]: r for r in status_rows(db, cfg)}
+    rows = {r["name"]: r for r in status_rows(db, cfg)[0]}
     assert {n: r["flags"] for n, r in rows.items()} == {"start": ["hang"], "fresh": []}

@@ -4,6 +4,8 @@ plus what the run dir holds; `orch logs` names the attempt's files or refuses a 
 
 from __future__ import annotations
 
+from datetime import UTC, datetime, timedelta
+
 import pytest
 
 from orchestrator import protocol
@@ -29,15 +31,41 @@ def _jobs_in_every_state(db, cfg, sched) -> None:
 
 def test_the_fast_and_the_slow_status_paths_give_the_same_rows(db, cfg, sched):
     _jobs_in_every_state(db, cfg, sched)
-    slow = status_rows(db, cfg)
+    slow, total = status_rows(db, cfg)
     fast = quick_status_rows(cfg)
     assert fast is not None, "the quick path declined a private SQLite DB at the current revision"
-    assert fast == slow
+    assert fast == (slow, total) and total == len(slow)
     states = {r["name"]: r["state"] for r in slow}
     assert (states["run"], states["fail"], states["ok"]) == ("running", "retryable_failed", "done_marker_verified")
     assert {r["sweep"] for r in slow} == {None, "sw"} and next(r for r in slow if r["name"] == "run")["step"] == 7
     for state in ("running", "retryable_failed"):
-        assert quick_status_rows(cfg, state) == status_rows(db, cfg, state) == [r for r in slow if r["state"] == state]
+        rows = [r for r in slow if r["state"] == state]
+        assert quick_status_rows(cfg, state) == status_rows(db, cfg, state) == (rows, len(rows))
+
+
+def test_the_window_shows_live_jobs_recent_ends_and_whole_sweeps_and_counts_the_rest(db, cfg, sched):
+    """`orch status`'s default window on both paths: a live job whatever its age, an ended job only if it ended
+    since the cutoff, a sweep whole when one task is shown; the total says how many were left out."""
+    from sqlalchemy import update
+
+    from orchestrator.core.models import Job
+    from orchestrator.core.states import JobState
+
+    _jobs_in_every_state(db, cfg, sched)  # "ok" ended now
+    submit(db, cfg, SubmitRequest(name="old", command=["true"]))
+    submit_sweep(db, cfg, SweepRequest(name="oldsw", command=["echo", "{x}"], params=[{"x": 1}]))
+    long_ago, now = datetime(2026, 1, 1), datetime.now(UTC).replace(tzinfo=None)
+    with db.write() as s:
+        s.execute(update(Job).where(Job.name.in_(["run", "fail"])).values(updated_at=long_ago))  # live: shown
+        s.execute(update(Job).where(Job.name.in_(["old", "sw.0000", "oldsw.0000"]))
+                  .values(state=JobState.CANCELLED, updated_at=long_ago))
+    cutoff = now - timedelta(days=1)
+    slow, total = status_rows(db, cfg, cutoff=cutoff)
+    assert quick_status_rows(cfg, cutoff=cutoff) == (slow, total)
+    assert [r["name"] for r in slow] == ["run", "fail", "ok", "sw.0000", "sw.0001"] and total == 7
+    assert status_rows(db, cfg, "cancelled", cutoff) == ([r for r in slow if r["name"] == "sw.0000"], 3)
+    assert quick_status_rows(cfg, "cancelled", cutoff) == status_rows(db, cfg, "cancelled", cutoff)
+    assert len(status_rows(db, cfg, cutoff=long_ago)[0]) == 7  # all of them moved since
 
 
 def test_show_job_joins_the_db_and_the_run_dir(db, cfg, sched):
