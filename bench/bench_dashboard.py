@@ -36,6 +36,7 @@ import bench_reconcile as R
 
 TITLE = "Fleet views at 100,000 jobs (issue 33)"
 GOAL_S = 0.300
+ALL = "orch status --json --since all (every job)"  # what the default leaves out, on demand: no goal
 GEN = 2  # bump when the added attempts change
 
 
@@ -131,6 +132,7 @@ def views(f: Fleet) -> dict[str, object]:
         "dashboard: jobs page, sorted by name, its last page": lambda: f.page(f"/?sort=name&page={last}"),
         "dashboard: a job's page": lambda: f.page(f"/jobs/{f.a_job}"),
         "orch status --json": lambda: f.cli("status", "--json"),
+        ALL: lambda: f.cli("status", "--json", "--since", "all"),
         "orch report --since 7d": lambda: f.cli("report", "--since", "7d"),
         "orch metrics": lambda: f.cli("metrics"),
     }
@@ -166,13 +168,16 @@ def main() -> int:
     rows = []
     for name, by in res.items():
         s, b = C.stats(by[a.small])[0], C.stats(by[a.big])[0]
-        rows.append([name, C.fmt(by[a.small]), C.fmt(by[a.big]), f"{b / s:.1f}x",
-                     "<= 300 ms" + C.mark(b <= GOAL_S)])
+        goal = "- (grows with the history)" if name == ALL else "<= 300 ms" + C.mark(b <= GOAL_S)
+        rows.append([name, C.fmt(by[a.small]), C.fmt(by[a.big]), f"{b / s:.1f}x", goal])
     tab = C.table(["view", f"{a.small:,} jobs", f"{a.big:,} jobs", "ratio", "goal"], rows)
     print(tab)
     if not a.no_write:
         notes = (f"median (min-max) of {a.runs}, the two sizes alternating; 3 attempts a finished job, 1 % of the "
-                 "jobs running (their run dirs absent: a live row reads its heartbeat file, here an ENOENT). The "
+                 "jobs running (their run dirs absent: a live row reads its heartbeat file, here an ENOENT), the "
+                 "finished ones ended on 2026-11-01 (weeks before the run), their tallies settled as the reconcile "
+                 "passes leave them. `orch status` shows by default the live jobs and those that ended in the last "
+                 "24 h (here the 1 % running) and says how many it left out; `--since all` lists every job. The "
                  "dashboard's pages are timed in-process (the server's own time); each CLI view is a subprocess "
                  "(its interpreter start and imports included, ~0.2-0.3 s of any command).")
         C.replace_section(TITLE, C.preamble("bench_dashboard.py", notes) + "\n" + tab + "\n")

@@ -21,10 +21,14 @@ def metrics(textfile_dir: Path | None) -> None:
     Set ``[metrics] textfile_dir`` in orch.toml (or ORCH_METRICS_TEXTFILE_DIR) to have every
     reconcile pass rewrite the file.
     """
-    from orchestrator.views.metrics import collect, render, write_textfile
+    from orchestrator.core.config import load_config
+    from orchestrator.views.metrics import collect, quick_collect, render, write_textfile
 
-    _cfg, db = _ctx()
-    text = render(collect(db))
+    snap = quick_collect(load_config())  # no SQLAlchemy import, as `orch status` (views.status)
+    if snap is None:
+        _cfg, db = _ctx()
+        snap = collect(db)
+    text = render(snap)
     if textfile_dir is None:
         click.echo(text, nl=False)
         return

@@ -133,6 +133,27 @@ SQL: dict[str, str] = {
     "status_count_in_state": (
         "SELECT count(*) AS count_1 \nFROM jobs \nWHERE jobs.state = :state"
     ),
+    "metrics_jobs": (
+        "SELECT jobs.state, count(*) AS count_1 \nFROM jobs GROUP BY jobs.state"
+    ),
+    "metrics_last_success": (
+        "SELECT max(jobs.updated_at) AS max_1 \nFROM jobs \nWHERE jobs.state = :state_1"
+    ),
+    "metrics_totals": (
+        "SELECT fleet_tallies.name, fleet_tallies.value \nFROM fleet_tallies"
+    ),
+    "metrics_unsettled": (
+        "SELECT attempts.id, jobs.run_dir, attempts.n, attempts.token, attempts.failure_class, "
+        "attempts.restarts, attempts.rank_restarts, attempts_1.failure_class AS failure_class_1, "
+        "attempts_1.failure_step \nFROM attempts JOIN jobs ON jobs.id = attempts.job_id LEFT OUTER JOIN "
+        "attempts AS attempts_1 ON attempts_1.job_id = attempts.job_id AND attempts_1.n = attempts.n - :n_1 "
+        "\nWHERE attempts.redone_count IS NULL"
+    ),
+    "metrics_pass": (
+        "SELECT pass_stats.finished_at, pass_stats.duration_s, pass_stats.query_failures, "
+        "pass_stats.passes_total, pass_stats.query_failures_total \nFROM pass_stats \nWHERE pass_stats.name "
+        "= :name_1"
+    ),
     "report_jobs": (
         "SELECT jobs.id, jobs.name, jobs.backend, jobs.run_dir, jobs.resources_json, jobs.created_at, "
         "sweeps.name AS sweep \nFROM jobs LEFT OUTER JOIN sweeps ON sweeps.id = jobs.sweep_id ORDER BY "
@@ -224,6 +245,15 @@ CONSTANTS: dict[str, dict[str, Any]] = {
         "state_1_2": "retryable_failed",
         "state_1_3": "running",
         "state_1_4": "submitted",
+    },
+    "metrics_last_success": {
+        "state_1": "done_marker_verified",
+    },
+    "metrics_unsettled": {
+        "n_1": 1,
+    },
+    "metrics_pass": {
+        "name_1": "reconcile",
     },
     "node_failures": {
         "failure_class_1_1": "crash",

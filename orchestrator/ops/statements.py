@@ -76,6 +76,7 @@ def _statements(dialect: str = "sqlite") -> dict[str, Callable[[], ClauseElement
     duplicate, which SQLAlchemy spells per database."""
     # the read views' queries: imported here, not by every command that imports this module for its executor
     from orchestrator.views.goodputrows import report_selects
+    from orchestrator.views.metrics import metrics_selects
     from orchestrator.views.status import count_select, status_select
 
     at, jt = Attempt.__table__.c, Job.__table__.c
@@ -160,6 +161,7 @@ def _statements(dialect: str = "sqlite") -> dict[str, Callable[[], ClauseElement
         "status_in_state_since": lambda: status_select(given("state"), windowed=True),
         "status_count": lambda: count_select(),
         "status_count_in_state": lambda: count_select(given("state")),
+        **{name: (lambda name=name: metrics_selects()[name]) for name in metrics_selects()},
         "report_jobs": lambda: report_selects(False)[0],
         "report_attempts": lambda: report_selects(False)[1],
         "report_jobs_since": lambda: report_selects(True)[0],

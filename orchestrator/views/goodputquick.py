@@ -14,6 +14,7 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from orchestrator.core.config import Config
+from orchestrator.core.goodput import JobSplit
 from orchestrator.core.sqlitetext import SQL
 from orchestrator.views.goodputrows import JobRow, jobs_from_rows
 from orchestrator.views.goodputview import job_split, report_of
@@ -35,8 +36,12 @@ def quick_jobs(cfg: Config, since: timedelta | None, now: float) -> list[JobRow]
 
 def quick_report(cfg: Config, since: timedelta | None, now: float | None = None) -> dict[str, Any] | None:
     """``goodputview.report`` without SQLAlchemy, or None when the slow path must answer."""
+    splits = quick_splits(cfg, since, now)
+    return None if splits is None else report_of(splits, since)
+
+
+def quick_splits(cfg: Config, since: timedelta | None, now: float | None = None) -> list[JobSplit] | None:
+    """``goodputview.report_splits`` without SQLAlchemy, or None when the slow path must answer."""
     now = time.time() if now is None else now
     jobs = quick_jobs(cfg, since, now)
-    if jobs is None:
-        return None
-    return report_of([job_split(j, now) for j in jobs], since)
+    return None if jobs is None else [job_split(j, now) for j in jobs]

@@ -187,6 +187,11 @@ def report(db: Any, since: timedelta | None, now: float | None = None) -> dict[s
     """``orch report``: the fleet's split (jobs created or with an attempt active in the window), by partition
     (``backend/partition``) and by sweep. Through SQLAlchemy (any DB); ``goodputquick`` runs the same queries
     (``goodputrows``) through sqlite3."""
+    return report_of(report_splits(db, since, now), since)
+
+
+def report_splits(db: Any, since: timedelta | None, now: float | None = None) -> list[JobSplit]:
+    """The split of each job in ``orch report``'s window, through SQLAlchemy."""
     now = time.time() if now is None else now
     jobs_q, attempts_q = report_selects(since is not None)
     params = {}
@@ -195,7 +200,7 @@ def report(db: Any, since: timedelta | None, now: float | None = None) -> dict[s
     with db.read() as s:
         jobs = jobs_from_rows(s.execute(jobs_q, params).all(), s.execute(attempts_q, params).all())
     # the heartbeat files are read after the transaction
-    return report_of([job_split(j, now) for j in jobs], since)
+    return [job_split(j, now) for j in jobs]
 
 
 def report_of(splits: list[JobSplit], since: timedelta | None) -> dict[str, Any]:
@@ -218,7 +223,12 @@ GAUGE_WINDOW = timedelta(days=7)
 def fleet_gauges(db: Any, now: float | None = None) -> dict[str, Any]:
     """What the Prometheus gauges carry: ``orch report --since 7d``'s split by partition. Bounded to a window
     because every reconcile pass may export it, and each job in it costs a read of its heartbeat histories."""
-    return report(db, GAUGE_WINDOW, now)["by_partition"]
+    return by_partition(report_splits(db, GAUGE_WINDOW, now))
+
+
+def by_partition(splits: list[JobSplit]) -> dict[str, dict[str, Any]]:
+    """The gauges' groups alone: the fleet and sweep summaries of a whole report were ~25 % of `orch metrics`."""
+    return _grouped(splits, "partition")
 
 
 # ------------------------------------------------------------------------------------------

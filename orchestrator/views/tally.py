@@ -1,4 +1,5 @@
-"""What one attempt adds to ``orch metrics``' counts, read from its row and its run dir.
+"""What one attempt adds to ``orch metrics``' counts, read from its row and its run dir. Stdlib only at import
+(SQLAlchemy inside :func:`unsettled_select`): ``orch metrics``' quick path imports it.
 
 A :class:`Tally` is final once the attempt ended (its files and its predecessor's no longer change): a reconcile pass
 then adds it to the running totals (``fleet_tallies``) and marks the attempt settled (``ops/tallies.py``), and the
@@ -11,12 +12,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from sqlalchemy import select
-from sqlalchemy.orm import aliased
-
 from orchestrator import protocol
 from orchestrator.core.goodput import record_runs
-from orchestrator.core.models import Attempt, Job, unsettled_term
 from orchestrator.protocol import FailureClass
 
 PREEMPTED = FailureClass.PREEMPTED.value
@@ -91,6 +88,11 @@ def unsettled_select(ended_only: bool = False, limit: int | None = None):  # a s
     ended, which a reconcile pass settles. Found through ``ix_attempts_unsettled``, which holds only unsettled rows:
     the live attempts and those ended since the last pass. No ORDER BY: with one (and a LIMIT), SQLite's planner
     chose to scan every attempt in rowid order over the partial index (tests/unit/test_open_attempts_index.py)."""
+    from sqlalchemy import select
+    from sqlalchemy.orm import aliased
+
+    from orchestrator.core.models import Attempt, Job, unsettled_term
+
     prev = aliased(Attempt)
     q = (select(Attempt.id, Job.run_dir, Attempt.n, Attempt.token, Attempt.failure_class, Attempt.restarts,
                 Attempt.rank_restarts, prev.failure_class, prev.failure_step)
