@@ -131,6 +131,7 @@ def views(f: Fleet) -> dict[str, object]:
         "dashboard: jobs page, state=failed": lambda: f.page("/?state=failed"),
         "dashboard: jobs page, sorted by name, its last page": lambda: f.page(f"/?sort=name&page={last}"),
         "dashboard: a job's page": lambda: f.page(f"/jobs/{f.a_job}"),
+        "dashboard: the fleet page (7 days)": lambda: f.page("/fleet"),
         "orch status --json": lambda: f.cli("status", "--json"),
         ALL: lambda: f.cli("status", "--json", "--since", "all"),
         "orch report --since 7d": lambda: f.cli("report", "--since", "7d"),

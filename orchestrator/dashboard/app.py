@@ -1,9 +1,12 @@
-"""The dashboard's pages: the jobs (one page of them, filtered and sorted in the URL) and a job (its attempts with
-the cause of each end, the loss curve, goodput, checkpoints, events, the tail of its logs). Every route is a GET;
-the views it calls are ``orch status``'s and ``orch show``'s, through a read-only database."""
+"""The dashboard's pages: the jobs (one page of them, filtered and sorted in the URL), a job (its attempts with
+the cause of each end, the loss curve, goodput, checkpoints, events, the tail of its logs) and the fleet (``orch
+report``'s goodput by partition and by sweep, the top badput causes, the suspect nodes). Every route is a GET; the
+views it calls are ``orch status``'s, ``orch show``'s, ``orch report``'s and ``orch nodes``', through a read-only
+database."""
 
 from __future__ import annotations
 
+import json
 import time
 from datetime import timedelta
 from pathlib import Path
@@ -20,25 +23,39 @@ from starlette.routing import Route
 from orchestrator import protocol
 from orchestrator.core.config import Config
 from orchestrator.core.db import Database
-from orchestrator.dashboard.queries import MAX_PER_PAGE, PER_PAGE, SORTS, STATES, Filters, jobs_page
+from orchestrator.core.goodput import summarize
+from orchestrator.dashboard.queries import MAX_PER_PAGE, PER_PAGE, SORTS, STATES, Filters, jobs_page, sweep_tasks
 from orchestrator.dashboard.security import Guard
-from orchestrator.dashboard.svg import loss_svg
+from orchestrator.dashboard.svg import loss_svg, timeline_svg
+from orchestrator.decide.suspects import all_suspects
 from orchestrator.errors import JobNotFound, UsageError
-from orchestrator.views.goodputview import parse_since
+from orchestrator.views.goodputview import dur, parse_since, report, summary_lines
 from orchestrator.views.losscurve import loss_curve
-from orchestrator.views.show import show_job
+from orchestrator.views.show import show_job, show_sweep
 
 HERE = Path(__file__).resolve().parent
 STATIC = {"style.css": "text/css"}  # the only files served: no path is ever joined
 LOG_TAIL_BYTES = 16 * 1024
 CHECKPOINTS_SHOWN = 20
 REFRESH_S = 15
+FLEET_SINCE = "7d"  # the fleet page's window by default: `orch report`'s, and the Prometheus gauges'
 MAX_PAGE = 10**6
 MAX_SINCE = timedelta(days=100 * 365)
 
 
 class BadQuery(ValueError):
     """A URL parameter the page cannot take (answered 400, one line)."""
+
+
+def since_of(text: str) -> timedelta:
+    """A ``since`` URL parameter (7d, 12h, ...) as ``orch report --since`` takes it; a BadQuery otherwise."""
+    try:
+        since = parse_since(text)
+    except UsageError as e:
+        raise BadQuery(str(e).replace("--since", "since")) from None
+    if since > MAX_SINCE:  # 999999w: now - since overflowed datetime, a 500
+        raise BadQuery(f"since {text[:40]!r}: at most {MAX_SINCE.days // 365} years")
+    return since
 
 
 def filters_of(q: Any) -> Filters:
@@ -49,14 +66,7 @@ def filters_of(q: Any) -> Filters:
     sort = q.get("sort") or "new"
     if sort not in SORTS:
         raise BadQuery(f"sort {sort[:40]!r}: one of {', '.join(SORTS)}")
-    since: timedelta | None = None
-    if q.get("since"):
-        try:
-            since = parse_since(q["since"])
-        except UsageError as e:
-            raise BadQuery(str(e).replace("--since", "since")) from None
-        if since > MAX_SINCE:  # 999999w: now - since overflowed datetime, a 500
-            raise BadQuery(f"since {q['since'][:40]!r}: at most {MAX_SINCE.days // 365} years")
+    since = since_of(q["since"]) if q.get("since") else None
     try:
         page, per = int(q.get("page") or 1), int(q.get("per") or PER_PAGE)
     except ValueError:
@@ -64,7 +74,8 @@ def filters_of(q: Any) -> Filters:
     if not 1 <= page <= MAX_PAGE or not 1 <= per <= MAX_PER_PAGE:  # page=10**19 overflowed SQLite's INTEGER: a 500
         raise BadQuery(f"1 <= page <= {MAX_PAGE} and 1 <= per <= {MAX_PER_PAGE}")
     return Filters(state=state, name=(q.get("name") or None), backend=(q.get("backend") or None),
-                   sweep=(q.get("sweep") or None), since=since, sort=sort, page=page, per=per)
+                   partition=(q.get("partition") or None), sweep=(q.get("sweep") or None), since=since, sort=sort,
+                   page=page, per=per)
 
 
 def tail(path: Path, limit: int = LOG_TAIL_BYTES) -> str | None:
@@ -105,8 +116,8 @@ def make_app(db: Database, cfg: Config, token: str | None, loopback_only: bool) 
         except BadQuery as e:
             return problem(400, str(e))
         page = jobs_page(db, cfg, f)
-        kept = {k: v for k, v in request.query_params.items() if k in ("state", "name", "backend", "sweep", "since",
-                                                                       "sort", "per") and v}
+        kept = {k: v for k, v in request.query_params.items() if k in ("state", "name", "backend", "partition",
+                                                                       "sweep", "since", "sort", "per") and v}
 
         def link(**change: Any) -> str:
             q = {**kept, **{k: v for k, v in change.items() if v is not None}}
@@ -117,7 +128,7 @@ def make_app(db: Database, cfg: Config, token: str | None, loopback_only: bool) 
             return "/?" + urlencode(q) if q else "/"
 
         pages = max(1, -(-page.total // f.per))
-        return render("jobs.html", page=page, f=f, states=STATES, sorts=list(SORTS), link=link, pages=pages,
+        return render("jobs.html", page=page, f=f, states=STATES, sorts=list(SORTS), link=link, pages=pages, dur=dur,
                       since_text=request.query_params.get("since"))
 
     def job(request: Request) -> Response:
@@ -136,7 +147,32 @@ def make_app(db: Database, cfg: Config, token: str | None, loopback_only: bool) 
             logs = [(name, tail(adir / name) if inside else None) for name in (protocol.STDOUT_LOG,
                                                                                protocol.STDERR_LOG)]
         return render("job.html", d=d, curve=Markup(loss_svg(curve)), marks=curve["marks"], logs=logs,
-                      checkpoints=checkpoints(d["run_dir"]))
+                      checkpoints=checkpoints(d["run_dir"]), timeline=Markup(timeline_svg(d.get("goodput"))))
+
+    def fleet(request: Request) -> Response:
+        text = request.query_params.get("since") or FLEET_SINCE
+        try:
+            since = since_of(text)
+        except BadQuery as e:
+            return problem(400, str(e))
+        return render("fleet.html", rep=report(db, since), since_text=text, suspects=all_suspects(db, cfg),
+                      dur=dur, summary_lines=summary_lines)
+
+    def sweep(request: Request) -> Response:
+        name = request.path_params["name"]
+        got = sweep_tasks(db, name)
+        if got is None:
+            return problem(404, f"no sweep named {name[:200]!r}")
+        tasks, splits = got
+        sw = show_sweep(db, name)
+        if sw is None:  # deleted between the two reads
+            return problem(404, f"no sweep named {name[:200]!r}")
+        params = sw["params"]
+        for t in tasks:
+            i = t["task_index"]
+            t["params"] = json.dumps(params[i], sort_keys=True) if i is not None and 0 <= i < len(params) else ""
+        return render("sweep.html", sw=sw, tasks=tasks, total=summarize(splits), dur=dur,
+                      summary_lines=summary_lines)
 
     def static(request: Request) -> Response:
         name = request.path_params["name"]
@@ -145,5 +181,6 @@ def make_app(db: Database, cfg: Config, token: str | None, loopback_only: bool) 
         return FileResponse(HERE / "static" / name, media_type=STATIC[name])
 
     routes = [Route("/", jobs, methods=["GET"]), Route("/jobs/{name:path}", job, methods=["GET"]),
+              Route("/fleet", fleet, methods=["GET"]), Route("/sweeps/{name:path}", sweep, methods=["GET"]),
               Route("/static/{name}", static, methods=["GET"])]
     return Guard(Starlette(routes=routes), token, loopback_only)

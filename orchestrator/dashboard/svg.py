@@ -61,3 +61,42 @@ def loss_svg(curve: dict[str, Any]) -> str:
         out.append(f'<circle cx="{cx}" cy="{cy}" r="4" fill="{colour}"><title>{what}</title></circle>')
     out.append("</svg>")
     return "".join(out)
+
+
+TIMELINE_ORDER = ("waiting", "startup", "useful", "save_stall", "lost_work", "hang_detection", "teardown",
+                  "failed_attempt")
+ROW_H, LABEL_W = 22, 150
+
+
+def timeline_svg(goodput: dict[str, Any] | None) -> str:
+    """The attempts one after another on one time axis (a Gantt chart): for each, the wait before it (queued, or
+    waiting after the previous attempt's end) and its held time split as ``orch show`` splits it (startup, useful,
+    saving, lost work, hang detection, stopping, a failed attempt), each part as wide as its share of the whole
+    and titled with its seconds; the cause of each end at the row's left. An empty string before anything was
+    held or waited."""
+    attempts = (goodput or {}).get("attempts") or []
+    waits = (goodput or {}).get("waits") or []
+    rows = []
+    for i, a in enumerate(attempts):
+        parts = [("waiting", waits[i]["seconds"] if len(waits) == len(attempts) else 0.0)]
+        parts += [(k, (a.get("seconds") or {}).get(k, 0.0)) for k in TIMELINE_ORDER[1:]]
+        rows.append((a.get("n"), a.get("cause") or "ok", [(k, float(v)) for k, v in parts if v and v > 0]))
+    total = sum(v for _, _, parts in rows for _, v in parts)
+    if not rows or not total > 0:
+        return ""
+    width = WIDTH - LABEL_W - PAD_R
+    height = ROW_H * len(rows) + PAD_B
+    out = [f'<svg class="timeline" viewBox="0 0 {WIDTH} {height}" role="img" aria-label="attempts over time">']
+    x = 0.0
+    for r, (n, cause, parts) in enumerate(rows):
+        y = r * ROW_H + 4
+        out.append(f'<text x="4" y="{y + 12}">attempt {int(n or 0)}: {escape(str(cause))}</text>')
+        for k, v in parts:
+            w = v / total * width
+            out.append(f'<rect class="tl-{k}" x="{LABEL_W + x:.1f}" y="{y}" width="{max(w, 0.5):.1f}" '
+                       f'height="{ROW_H - 8}"><title>{escape(k)}: {v:.1f} s</title></rect>')
+            x += w
+    out.append(f'<text x="{LABEL_W}" y="{height - 8}">0</text>'
+               f'<text x="{WIDTH - PAD_R}" y="{height - 8}" text-anchor="end">{total:.0f} s</text>')
+    out.append("</svg>")
+    return "".join(out)

@@ -12,6 +12,7 @@ import socket
 import subprocess
 import sys
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 from orchkit import PY, ROOT, Orch, orch_for
@@ -19,7 +20,9 @@ from orchkit import PY, ROOT, Orch, orch_for
 TRAINER = [sys.executable, "-m", "orch_trainer", "--preset", "tiny", "--max-steps", "60", "--save-interval", "5",
            "--heartbeat-interval", "0.02", "--inject-fault", "sigterm@step=12", "--inject-fault", "nan@step=25"]
 XSS = "<script>document.title='pwned'</script>"
-SHOTS = ROOT / "screenshots"
+# Where the screenshots go: screenshots/ (ignored) on every run; the docs' pictures are this run's, written with
+# ORCH_SCREENSHOTS_DIR=docs/images (docs/guides/dashboard.md says how).
+SHOTS = Path(os.environ.get("ORCH_SCREENSHOTS_DIR") or ROOT / "screenshots")
 
 
 def chromium() -> str:
@@ -87,7 +90,7 @@ def page(browser):
 
 
 def _shot(pg, name: str) -> None:
-    SHOTS.mkdir(exist_ok=True)
+    SHOTS.mkdir(parents=True, exist_ok=True)
     pg.screenshot(path=str(SHOTS / f"dashboard-{name}.png"), full_page=True)
 
 
@@ -120,10 +123,21 @@ def _the_fleet_as_a_user_sees_it(page, url: str) -> None:
     marks = page.locator("#curve figcaption .mark").all_inner_texts()
     assert any(m.startswith("preemption at step 11") for m in marks) and any(m.startswith("rollback") for m in marks)
     assert page.locator("#checkpoints tbody tr").count() >= 1
+    assert page.locator("#timeline svg text", has_text="attempt 1: preempted").count() == 1  # the Gantt of attempts
+    assert page.locator("#timeline svg rect.tl-useful").count() >= 2
     _shot(page, "job")
 
     page.goto(base + "jobs/ddp")
     assert page.locator("#attempts tbody tr td:nth-child(8)").inner_text() == "2"  # the world size
+
+    page.locator("header nav a", has_text="fleet").click()  # the fleet: orch report's view and the suspect nodes
+    page.wait_for_url("**/fleet")
+    assert page.locator("#fleet-summary").inner_text().startswith("5 jobs: goodput ")
+    assert page.locator("#by-partition tbody tr td:first-child").all_inner_texts() == ["local/-"]
+    assert page.locator("#by-sweep tbody a").all_inner_texts() == ["sw"]
+    badput = page.locator("#top-badput tbody .cause").all_inner_texts()
+    assert any("preempted" in c or "nan" in c for c in badput), badput  # the curve job's restarts cost held time
+    _shot(page, "fleet")
     assert page.console_errors == [], page.console_errors  # no CSP violation, no missing resource
 
 

@@ -240,3 +240,107 @@ def test_a_token_file_must_hold_a_long_url_safe_token_and_none_is_generated_weak
             load_token(f)
     f.write_text(TOKEN + "\n# a comment line\n")
     assert load_token(f) == TOKEN
+
+
+def test_the_fleet_page_shows_goodput_by_partition_the_top_badput_and_the_suspect_nodes_with_evidence(
+        db, cfg, monkeypatch):
+    """`orch report`'s fleet view and `orch nodes`' suspects on one page: three jobs crashed on the same two nodes."""
+    from orchestrator.decide import suspects
+    from tests.unit.test_suspects import _node_scheduler, _three_jobs_crash
+
+    sched = _node_scheduler(monkeypatch, frozenset({"gpu01", "gpu02", "gpu03"}))
+    monkeypatch.setattr(suspects, "node_backends", lambda: ["fakeslurm"])  # the fake is no registered backend
+    _three_jobs_crash(db, cfg, sched)
+    c = _client(cfg)
+    r = c.get("/fleet")
+    assert r.status_code == 200, r.text
+    assert 'id="fleet-summary">3 jobs: goodput' in r.text and "the last 7d" in r.text
+    part = r.text[r.text.index('id="by-partition"'):r.text.index('id="by-sweep"')]
+    assert "<td>fakeslurm/-</td>" in part and '<td class="num">3</td>' in part
+    top = r.text[r.text.index('id="top-badput"'):r.text.index('id="by-partition"')]
+    assert 'class="cause c-crash"' in top
+    nodes = r.text[r.text.index('id="suspects"'):]
+    for node in ("gpu01", "gpu02"):
+        assert f"<td>{node}</td><td>fakeslurm</td>" in nodes
+    assert all(f'href="/jobs/{j}"' in nodes for j in "abc") and "gpu03" not in nodes
+    assert c.get("/fleet?since=12h").status_code == 200
+    r = c.get("/fleet?since=soon")
+    assert r.status_code == 400 and "since 'soon': expected a number and a unit" in html.unescape(r.text)
+
+
+def test_the_fleet_page_of_an_empty_table_says_so(db, cfg):
+    r = _client(cfg).get("/fleet")
+    assert r.status_code == 200 and "no jobs in the last 7d" in r.text and "none: no node is excluded" in r.text
+
+
+@pytest.mark.each_db  # the partition filter's LIKE on the stored JSON text, on PostgreSQL too
+def test_each_row_has_its_goodput_and_partition_and_the_partition_filter_is_in_the_url(db, cfg, sched):
+    from orchestrator.core.jobqueries import get_job
+
+    _fleet(db, cfg, sched)
+    with db.write() as s:
+        get_job(s, "ok").resources = {"partition": "spot"}  # at the top level, as older orch stored it
+        get_job(s, "bad").resources = {"extras": {"partition": "gpu"}}  # under extras, as submit stores it now
+    c = _client(cfg)
+    r = c.get("/")
+
+    def row(name: str) -> str:
+        return r.text[r.text.index(f'href="/jobs/{name}"'):].split("</tr>")[0]
+
+    assert '<td class="num goodput">100 %</td>' in row("ok") and '<td class="num badput">0.000 s</td>' in row("ok")
+    assert '<td class="num goodput">0 %</td>' in row("bad")  # crashed with no heartbeat: all its held time badput
+    assert "<td>local/spot</td>" in row("ok") and "<td>local/gpu</td>" in row("bad") and "<td>local/-</td>" in row(
+        "live")
+    for part, shown in (("spot", "ok"), ("gpu", "bad")):
+        r = c.get(f"/?partition={part}")
+        assert [n for n in ("ok", "bad", "live") if f'href="/jobs/{n}"' in r.text] == [shown] and "1 job<" in r.text
+        assert f'name="partition" value="{part}"' in r.text
+    r = c.get("/?partition=sp%25t")  # a LIKE wildcard in the value is a character, not a pattern
+    assert r.status_code == 200 and "0 jobs" in r.text
+
+
+def test_an_ended_jobs_goodput_is_read_from_its_files_once_a_live_ones_on_every_page(db, cfg, sched, monkeypatch):
+    """A page refreshes every 15 s: an ended job's heartbeat histories (up to 8 MiB an attempt) are read once."""
+    from orchestrator.dashboard import queries
+
+    _fleet(db, cfg, sched)
+    queries._ENDED_SPLITS.clear()
+    reads: list[str] = []
+    real = queries.job_split
+    monkeypatch.setattr(queries, "job_split", lambda job, now: reads.append(job.name) or real(job, now))
+    c = _client(cfg)
+    for _ in range(3):
+        assert c.get("/").status_code == 200
+    assert sorted(reads) == ["bad", "live", "live", "live", "ok"]
+
+
+@pytest.mark.each_db
+def test_a_sweeps_page_shows_its_tasks_parameters_causes_and_goodput(db, cfg, sched):
+    from orchestrator.ops.sweep import SweepRequest, submit_sweep
+
+    submit_sweep(db, cfg, SweepRequest(name="lr", command=["echo", "{x}"], params=[{"x": 1}, {"x": "<b>2</b>"}]))
+    sched.ended.update({"lr.0000": 0, "lr.0001": 1})
+    reconcile_pass(db, cfg, backend_for=lambda _n: sched)
+    c = _client(cfg)
+    r = c.get("/sweeps/lr")
+    assert r.status_code == 200, r.text
+    assert 'id="sweep-name">lr' in r.text and "sweep of 2" in r.text
+    tasks = r.text[r.text.index('id="tasks"'):]
+    assert tasks.index('href="/jobs/lr.0000"') < tasks.index('href="/jobs/lr.0001"')  # in task order
+    assert '<code>{&#34;x&#34;: &#34;&lt;b&gt;2&lt;/b&gt;&#34;}</code>' in tasks  # a parameter is text
+    assert 'class="cause c-crash"' in tasks and 'id="sweep-goodput">goodput' in r.text
+    assert c.get("/sweeps/nope").status_code == 404
+    assert 'href="/sweeps/lr"' in c.get("/").text  # a task's row links to its sweep
+
+
+def test_the_timeline_draws_each_attempt_after_its_wait_with_its_held_split_and_cause():
+    from orchestrator.dashboard.svg import timeline_svg
+
+    g = {"attempts": [{"n": 1, "cause": "preempted", "seconds": {"startup": 5.0, "useful": 50.0, "lost_work": 10.0}},
+                      {"n": 2, "cause": None, "seconds": {"startup": 5.0, "useful": 30.0}}],
+         "waits": [{"seconds": 20.0, "cause": "queue"}, {"seconds": 0.0, "cause": "after preempted"}]}
+    svg = timeline_svg(g)
+    assert svg.count("<rect") == 6 and "attempt 1: preempted" in svg and "attempt 2: ok" in svg
+    assert "<title>lost_work: 10.0 s</title>" in svg and "120 s</text>" in svg  # 20 + 65 + 35 on one axis
+    assert timeline_svg({"attempts": [], "waits": []}) == "" and timeline_svg(None) == ""
+    assert "&lt;x&gt;" in timeline_svg({"attempts": [{"n": 1, "cause": "<x>", "seconds": {"useful": 1.0}}]})
