@@ -150,6 +150,8 @@ def reconcile_pass(db: Database, cfg: Config,
             settle_tallies(db)  # `orch metrics` then sums these instead of reading the history's run dirs
         except OrchError as e:  # e.g. the DB locked past the busy timeout: the next pass settles them
             rep.errors.append(f"metrics tallies not settled: {e}")
+        except Exception as e:  # a tally only counts: a surprise in one must never stop a pass (recovery)
+            rep.errors.append(f"metrics tallies not settled: {type(e).__name__}: {e}")
     finally:
         rep.query_failures += sum(getattr(b, "query_failures", 0) for b in backends.values())
         rep.duration_s = time.monotonic() - t0

@@ -120,3 +120,18 @@ def test_the_quick_and_the_slow_metrics_paths_give_the_same_counts(db, cfg, sche
     assert quick is not None, "the quick path declined a private SQLite DB at the current revision"
     assert replace(quick, goodput=None) == replace(slow, goodput=None)  # goodput: live held time grows with now
     assert quick.goodput.keys() == slow.goodput.keys() and quick.redone_sum == 15
+
+
+def test_a_tally_that_raises_is_a_pass_warning_and_recovery_goes_on(db, cfg, sched, monkeypatch):
+    """Settling only counts: a surprise in it (here a TypeError) must not stop the pass that requeues jobs."""
+    from orchestrator.ops.reconcile import reconcile_pass
+
+    _history(db, cfg)
+
+    def boom(*_a):
+        raise TypeError("a row of another shape")
+
+    monkeypatch.setattr(tallies, "attempt_tally", boom)
+    rep = reconcile_pass(db, cfg, backend_for=lambda _n: sched)
+    assert rep.ran and any("metrics tallies not settled: TypeError" in e for e in rep.errors), rep.errors
+    assert _stored(db)[1][2] is None  # nothing settled: the next pass tries again
