@@ -20,6 +20,7 @@ from orchestrator.errors import UsageError
 from orchestrator.views.goodputrows import jobs_from_rows, report_selects
 
 _SINCE_RE = re.compile(r"^([0-9]{1,6})([smhdw])$")
+MAX_SINCE_S = 100 * 365 * 86400
 _UNIT_S = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400}
 
 
@@ -28,7 +29,10 @@ def parse_since(text: str) -> timedelta:
     m = _SINCE_RE.fullmatch(text.strip()) if isinstance(text, str) else None
     if m is None:
         raise UsageError(f"--since {text[:40]!r}: expected a number and a unit s, m, h, d or w (e.g. 7d)")
-    return timedelta(seconds=int(m.group(1)) * _UNIT_S[m.group(2)])
+    seconds = int(m.group(1)) * _UNIT_S[m.group(2)]
+    if seconds > MAX_SINCE_S:  # 999999w: now - since overflowed datetime, "unexpected error" (a hostile pass)
+        raise UsageError(f"--since {text[:40]!r}: at most {MAX_SINCE_S // (365 * 86400)} years (or 'all')")
+    return timedelta(seconds=seconds)
 
 
 def _epoch(dt: datetime | None) -> float | None:

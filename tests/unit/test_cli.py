@@ -174,6 +174,9 @@ def test_status_shows_live_and_recent_jobs_and_says_how_many_older_ones_it_left_
                        "shown (orch status --since all)\n"
     p = orch.cli("status", "--since", "3x")
     assert (p.returncode, p.stdout) == (2, "") and "--since '3x': expected a number and a unit" in p.stderr
+    for cmd in ("status", "report"):  # now - 999999 weeks overflowed datetime: "unexpected error", exit 1
+        p = orch.cli(cmd, "--since", "999999w")
+        assert (p.returncode, p.stdout) == (2, "") and "--since '999999w': at most 100 years" in p.stderr, p.stderr
 
 
 COMMANDS = sorted(main.commands)
