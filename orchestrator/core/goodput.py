@@ -126,6 +126,8 @@ class AttemptSplit:
     waits: list[tuple[float, str]] = field(default_factory=list)
     runs: int = 1  # the held runs counted (the scheduler's, or one from orch's own observations)
     held_from: str = "orch"  # "scheduler": its per-run account; "orch": what reconcile passes saw, clamped
+    # The held intervals themselves (epoch s), for a fleet's goodput over time; not in ``as_dict``.
+    holds: list[tuple[float, float]] = field(default_factory=list)
 
     def as_dict(self) -> dict[str, Any]:
         return {"n": self.n, "held_s": self.held_s, "seconds": dict(self.seconds), "gpus": self.gpus,
@@ -288,6 +290,7 @@ def split_attempt(a: AttemptFacts, kept_until: int | None, now: float) -> Attemp
     ended = a.ended is not None
     end = max(a.ended if ended else now, a.started)
     holds = _holds(a, end)
+    out.holds = holds
     out.runs, out.held_from = len(holds), "scheduler" if a.holds else "orch"
     out.held_s = sum(e - s for s, e in holds)
     out.waits = [(max(0.0, holds[i + 1][0] - holds[i][1]), a.run_causes[i] if i < len(a.run_causes) else "restart")

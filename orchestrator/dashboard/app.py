@@ -26,10 +26,10 @@ from orchestrator.core.db import Database
 from orchestrator.core.goodput import summarize
 from orchestrator.dashboard.queries import MAX_PER_PAGE, PER_PAGE, SORTS, STATES, Filters, jobs_page, sweep_tasks
 from orchestrator.dashboard.security import Guard
-from orchestrator.dashboard.svg import loss_svg, timeline_svg
+from orchestrator.dashboard.svg import goodput_svg, loss_svg, timeline_svg
 from orchestrator.decide.suspects import all_suspects
 from orchestrator.errors import JobNotFound, UsageError
-from orchestrator.views.goodputview import dur, parse_since, report, summary_lines
+from orchestrator.views.goodputview import dur, goodput_over_time, parse_since, report_of, report_splits, summary_lines
 from orchestrator.views.losscurve import loss_curve
 from orchestrator.views.show import show_job, show_sweep
 
@@ -153,8 +153,11 @@ def make_app(db: Database, cfg: Config, token: str | None, loopback_only: bool) 
             since = since_of(text)
         except BadQuery as e:
             return problem(400, str(e))
-        return render("fleet.html", rep=report(db, since), since_text=text, suspects=all_suspects(db, cfg),
-                      dur=dur, summary_lines=summary_lines)
+        now = time.time()
+        splits = report_splits(db, since, now)
+        over = Markup(goodput_svg(goodput_over_time(splits, since, now)))
+        return render("fleet.html", rep=report_of(splits, since), over_time=over, since_text=text,
+                      suspects=all_suspects(db, cfg), dur=dur, summary_lines=summary_lines)
 
     def sweep(request: Request) -> Response:
         name = request.path_params["name"]

@@ -5,6 +5,7 @@ nothing for the page's Content-Security-Policy to allow. The same series and mar
 from __future__ import annotations
 
 import math
+import time
 from html import escape
 from typing import Any
 
@@ -98,5 +99,63 @@ def timeline_svg(goodput: dict[str, Any] | None) -> str:
             x += w
     out.append(f'<text x="{LABEL_W}" y="{height - 8}">0</text>'
                f'<text x="{WIDTH - PAD_R}" y="{height - 8}" text-anchor="end">{total:.0f} s</text>')
+    out.append("</svg>")
+    return "".join(out)
+
+
+MAX_GROUPS = 8  # lines on one chart: the groups that held the most; the rest are named below it
+
+
+def goodput_svg(over: dict[str, Any]) -> str:
+    """Goodput over time, one line per group (``views.goodputview.goodput_over_time``): y the useful share of the
+    held time, 0-100 %, x the buckets; a bucket in which a group held nothing breaks its line. Each point is titled
+    with its time, goodput and held hours. An empty string when nothing was held."""
+    groups = {g: vals for g, vals in over.get("groups", {}).items() if any(v is not None for v in vals)}
+    if not groups:
+        return ""
+    held = over.get("held_s", {})
+    shown = sorted(groups, key=lambda g: -sum(held.get(g, [])))[:MAX_GROUPS]
+    n = max(len(v) for v in groups.values())
+    start, width = float(over["start"]), float(over["width_s"])
+    hidden = [g for g in groups if g not in shown]
+    legend_h = 16 * (len(shown) + bool(hidden))
+    height = HEIGHT + legend_h
+    plot_w, plot_h = WIDTH - PAD_L - PAD_R, HEIGHT - PAD_T - PAD_B
+
+    def xy(i: int, g: float) -> tuple[float, float]:
+        return PAD_L + (i + 0.5) / n * plot_w, PAD_T + (1 - g) * plot_h
+
+    def when(t: float) -> str:
+        return time.strftime("%Y-%m-%d %H:%M", time.gmtime(t))
+
+    out = [f'<svg class="curve goodput" viewBox="0 0 {WIDTH} {height}" role="img" aria-label="goodput over time">',
+           f'<line class="axis" x1="{PAD_L}" y1="{HEIGHT - PAD_B}" x2="{WIDTH - PAD_R}" y2="{HEIGHT - PAD_B}"/>',
+           f'<line class="axis" x1="{PAD_L}" y1="{PAD_T}" x2="{PAD_L}" y2="{HEIGHT - PAD_B}"/>',
+           f'<text x="{PAD_L}" y="{HEIGHT - 8}">{when(start)} UTC</text>',
+           f'<text x="{WIDTH - PAD_R}" y="{HEIGHT - 8}" text-anchor="end">{when(start + n * width)}</text>',
+           f'<text x="{PAD_L - 4}" y="{PAD_T + 10}" text-anchor="end">100 %</text>',
+           f'<text x="{PAD_L - 4}" y="{HEIGHT - PAD_B}" text-anchor="end">0 %</text>']
+    for k, g in enumerate(shown):
+        vals, hs = groups[g], held.get(g, [])
+        runs: list[list[tuple[float, float]]] = [[]]
+        for i, v in enumerate(vals):
+            if v is None:
+                runs.append([])
+                continue
+            runs[-1].append(xy(i, v))
+            x, y = xy(i, v)
+            h = hs[i] / 3600 if i < len(hs) else 0.0
+            out.append(f'<circle class="a{k % 6}" cx="{x:.1f}" cy="{y:.1f}" r="2.5" fill="none"><title>'
+                       f'{escape(g)}, {when(start + i * width)}: {100 * v:.1f} % of {h:.2f} h held</title></circle>')
+        for run in runs:
+            if len(run) > 1:
+                out.append(f'<polyline class="series a{k % 6}" points="'
+                           f'{" ".join(f"{x:.1f},{y:.1f}" for x, y in run)}"><title>{escape(g)}</title></polyline>')
+        ly = HEIGHT + 16 * k + 4
+        out.append(f'<line class="series a{k % 6}" x1="{PAD_L}" y1="{ly}" x2="{PAD_L + 24}" y2="{ly}"/>'
+                   f'<text x="{PAD_L + 30}" y="{ly + 4}">{escape(g)}</text>')
+    if hidden:
+        out.append(f'<text x="{PAD_L}" y="{HEIGHT + 16 * len(shown) + 8}">and {len(hidden)} more, held less: '
+                   f'{escape(", ".join(sorted(hidden)[:20]))}{" …" if len(hidden) > 20 else ""}</text>')
     out.append("</svg>")
     return "".join(out)

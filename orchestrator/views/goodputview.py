@@ -7,6 +7,7 @@ Imports no torch (read commands stay fast); SQLAlchemy only inside the functions
 
 from __future__ import annotations
 
+import math
 import re
 import time
 from collections.abc import Iterable
@@ -15,6 +16,7 @@ from typing import Any
 
 from orchestrator import protocol
 from orchestrator.core.goodput import AttemptFacts, Beat, JobSplit, split_job, summarize
+from orchestrator.core.goodputtime import held_over_time
 from orchestrator.core.resources import partition_of
 from orchestrator.errors import UsageError
 from orchestrator.views.goodputrows import jobs_from_rows, report_selects
@@ -233,6 +235,29 @@ def fleet_gauges(db: Any, now: float | None = None) -> dict[str, Any]:
 def by_partition(splits: list[JobSplit]) -> dict[str, dict[str, Any]]:
     """The gauges' groups alone: the fleet and sweep summaries of a whole report were ~25 % of `orch metrics`."""
     return _grouped(splits, "partition")
+
+
+# A chart's bucket: the shortest of these that draws the window in at most MAX_BUCKETS points (24 h: hourly, 7 d:
+# every 6 h, 30 d: daily).
+BUCKET_WIDTHS_S = (3600, 3 * 3600, 6 * 3600, 12 * 3600, 86400, 7 * 86400, 30 * 86400, 365 * 86400)
+MAX_BUCKETS = 48
+
+
+def goodput_over_time(splits: list[JobSplit], since: timedelta | None, now: float,
+                      key: str = "partition") -> dict[str, Any]:
+    """Goodput per ``key`` group in time buckets over the window (``since`` None: from the first held second):
+    ``{"start", "width_s", "groups": {name: [goodput or None per bucket]}, "held_s": {name: [held per bucket]}}``.
+    A bucket in which a group held nothing is None (a gap in its line, not 0 %)."""
+    first = min((s for j in splits for a in j.attempts for s, _e in a.holds if math.isfinite(s)), default=now)
+    # a start before the window `orch report` itself allows (a clock gone wrong) would draw millions of buckets
+    start = now - since.total_seconds() if since is not None else min(max(first, now - MAX_SINCE_S), now - 3600)
+    span = max(now - start, 1.0)
+    width = next((w for w in BUCKET_WIDTHS_S if span / w <= MAX_BUCKETS), BUCKET_WIDTHS_S[-1])
+    start = now - math.ceil(span / width) * width  # whole buckets, the last one ending now
+    series = held_over_time(splits, key, start, now, width)
+    return {"start": start, "width_s": width,
+            "groups": {g: [u / h if h > 0 else None for h, u in bs] for g, bs in series.items()},
+            "held_s": {g: [h for h, _u in bs] for g, bs in series.items()}}
 
 
 # ------------------------------------------------------------------------------------------

@@ -135,6 +135,9 @@ def _the_fleet_as_a_user_sees_it(page, url: str) -> None:
     assert page.locator("#fleet-summary").inner_text().startswith("5 jobs: goodput ")
     assert page.locator("#by-partition tbody tr td:first-child").all_inner_texts() == ["local/-"]
     assert page.locator("#by-sweep tbody a").all_inner_texts() == ["sw"]
+    chart = page.locator("#goodput-over-time svg")  # goodput over time: local/-'s line, its legend
+    assert chart.is_visible() and chart.locator("circle").count() >= 1
+    assert "local/-" in chart.locator("text").all_text_contents()
     badput = page.locator("#top-badput tbody .cause").all_inner_texts()
     assert any("preempted" in c or "nan" in c for c in badput), badput  # the curve job's restarts cost held time
     _shot(page, "fleet")

@@ -344,3 +344,26 @@ def test_the_timeline_draws_each_attempt_after_its_wait_with_its_held_split_and_
     assert "<title>lost_work: 10.0 s</title>" in svg and "120 s</text>" in svg  # 20 + 65 + 35 on one axis
     assert timeline_svg({"attempts": [], "waits": []}) == "" and timeline_svg(None) == ""
     assert "&lt;x&gt;" in timeline_svg({"attempts": [{"n": 1, "cause": "<x>", "seconds": {"useful": 1.0}}]})
+
+
+def test_the_fleet_page_draws_goodput_over_time_one_line_per_partition_its_names_escaped(db, cfg, sched):
+    from orchestrator.core.jobqueries import get_job
+
+    _fleet(db, cfg, sched)
+    with db.write() as s:
+        get_job(s, "ok").resources = {"extras": {"partition": "spot"}}
+        get_job(s, "bad").resources = {"extras": {"partition": "<b>gpu</b>"}}  # a name with markup, shown as text
+    r = _client(cfg).get("/fleet")
+    chart = r.text[r.text.index('id="goodput-over-time"'):r.text.index('id="top-badput"')]
+    assert 'aria-label="goodput over time"' in chart
+    # the verified job held only useful time, the crashed one none: each its own line's point, titled
+    assert "local/spot, " in chart and ": 100.0 % of" in chart
+    assert "local/&lt;b&gt;gpu&lt;/b&gt;, " in chart and ": 0.0 % of" in chart and "<b>gpu" not in chart
+    assert chart.count('<text x="86"') == 3  # a legend entry per partition (the live job's local/- too)
+
+
+def test_the_fleet_page_with_nothing_held_says_so_instead_of_a_chart(db, cfg, sched):
+    submit(db, cfg, SubmitRequest(name="queued", command=["true"], max_attempts=1))  # no pass has seen it start
+    r = _client(cfg).get("/fleet")
+    chart = r.text[r.text.index('id="goodput-over-time"'):r.text.index('id="top-badput"')]
+    assert "nothing held in the last 7d" in chart and "<svg" not in chart

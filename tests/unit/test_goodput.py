@@ -334,3 +334,49 @@ def test_steps_a_run_reported_after_its_last_heartbeat_are_counted_out_of_its_ta
     t = split_attempt(b, None, now=100.0)
     assert t.seconds[C.LOST_WORK] == pytest.approx(1) and held_sum(t) == pytest.approx(13)  # the 1 s tail
     assert any("take longer than the time left" in x for x in t.assumptions), t.assumptions
+
+
+def test_goodput_over_time_spreads_each_attempts_useful_share_over_the_buckets_it_held():
+    from orchestrator.core.goodputtime import held_over_time
+
+    # a: held 0 -> 40, no beats and it succeeded: all 40 s useful; b (another partition): held 50 -> 70, failed
+    # with no beats: 20 s failed_attempt. Buckets of 30 s from 0 to 90: a holds 30 s of bucket 0 and 10 s of bucket
+    # 1, b 10 s of bucket 1 and 10 s of bucket 2; nothing falls in a bucket neither held.
+    a = split_job("a", [AttemptFacts(1, 0.0, 40.0, None)], 0.0, 100.0, {"partition": "p/one"})
+    b = split_job("b", [AttemptFacts(1, 50.0, 70.0, "crash")], 0.0, 100.0, {"partition": "p/two"})
+    got = held_over_time([a, b], "partition", 0.0, 90.0, 30.0)
+    assert got == {"p/one": [(30.0, 30.0), (10.0, 10.0), (0.0, 0.0)], "p/two": [(0.0, 0.0), (10.0, 0.0), (10.0, 0.0)]}
+    # an attempt partly useful (the preempted attempt of the timeline above, alone: 40 s held) counts its useful
+    # share of each second it held
+    j = split_job("j", preempted_then_resumed()[:1], 0.0, 100.0, {"partition": "x"})
+    (first,) = j.attempts
+    share = first.seconds[C.USEFUL] / first.held_s
+    assert 0 < share < 1 and first.held_s == 40.0
+    (b0, b1) = held_over_time([j], "partition", 0.0, 40.0, 20.0)["x"]
+    assert b0 == pytest.approx((20.0, 20.0 * share)) and b1 == pytest.approx((20.0, 20.0 * share))
+    # held time outside the window is left out; a group with no key is left out
+    assert held_over_time([a, b], "partition", 35.0, 55.0, 10.0) == {"p/one": [(5.0, 5.0), (0.0, 0.0)],
+                                                                    "p/two": [(0.0, 0.0), (5.0, 0.0)]}
+    assert held_over_time([a], "sweep", 0.0, 90.0, 30.0) == {}
+
+
+def test_goodput_over_time_picks_whole_buckets_ending_now_and_leaves_a_gap_where_nothing_was_held():
+    from datetime import timedelta
+
+    from orchestrator.views.goodputview import goodput_over_time
+
+    now = 10 * 86400.0
+    a = split_job("a", [AttemptFacts(1, now - 3 * 3600, now - 2 * 3600, None)], 0.0, now, {"partition": "p"})
+    day = goodput_over_time([a], timedelta(hours=24), now)
+    assert (day["start"], day["width_s"]) == (now - 86400, 3600)  # 24 h: hourly
+    assert day["groups"]["p"][-3] == 1.0 and day["groups"]["p"][-1] is None  # held 3 h ago; nothing since: a gap
+    assert day["held_s"]["p"][-3] == 3600.0 and len(day["groups"]["p"]) == 24
+    week = goodput_over_time([a], timedelta(days=7), now)
+    assert week["width_s"] == 6 * 3600 and len(week["groups"]["p"]) == 28
+    everything = goodput_over_time([a], None, now)  # from the first held second, in whole hours
+    assert everything["start"] == now - 3 * 3600 and everything["groups"]["p"] == [1.0, None, None]
+    # a hold that began at a time no clock shows (a wrong clock, a garbage record) costs no more than 100 years
+    early = split_job("e", [AttemptFacts(1, -1e18, now - 3600, None)], -1e18, now, {"partition": "p"})
+    nan = split_job("n", [AttemptFacts(1, float("nan"), now, None)], 0.0, now, {"partition": "q"})
+    wide = goodput_over_time([a, early, nan], None, now)
+    assert wide["width_s"] == 365 * 86400 and len(wide["groups"]["p"]) <= 101 and wide["groups"]["q"][-1] is None
