@@ -78,12 +78,17 @@ def sweep(cfg: Config, req: SweepRequest) -> SweepSubmitted | None:
     if db is None:
         return None
     try:
-        pre = preflight_sweep(cfg, req, backend)
+        pre = preflight_sweep(cfg, req, backend, lambda ns: _taken(db, ns))
         if pre.verified:  # a finished task of an earlier sweep: recorded done by the SQLAlchemy path
             return None
         return _sweep(db, cfg, req, backend, pre.names, pre.commands)
     finally:
         db.close()
+
+
+def _taken(db: QuickDB, names: list[str]) -> set[str]:
+    with db.read() as c:
+        return {name for (name,) in run(c, "any_names_taken", names=names)}
 
 
 def _sweep(db: QuickDB, cfg: Config, req: SweepRequest, backend: Backend, names: list[str],

@@ -58,10 +58,15 @@ from orchestrator.ops.sweepspec import (  # noqa: F401 - re-exported: the sweep'
 # ------------------------------------------------------------------------------------------
 # submission
 # ------------------------------------------------------------------------------------------
+def _taken(db: Database, names: list[str]) -> set[str]:
+    with db.read() as s:
+        return names_taken(s, names)
+
+
 def submit_sweep(db: Database, cfg: Config, req: SweepRequest) -> Sweep:
     """Create the sweep and its tasks, then launch (Slurm: one array; local: up to the throttle)."""
     backend = get_backend(req.backend)
-    pre = preflight_sweep(cfg, req, backend)
+    pre = preflight_sweep(cfg, req, backend, lambda ns: _taken(db, ns))
     names, commands, verified = pre.names, pre.commands, pre.verified
     with db.write() as s:
         taken = names_taken(s, [req.name, *names])

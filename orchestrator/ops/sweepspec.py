@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import re
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from itertools import product
 from pathlib import Path
@@ -168,7 +169,8 @@ class Preflight:
     verified: set[str]
 
 
-def preflight_sweep(cfg: Config, req: SweepRequest, backend: Backend) -> Preflight:
+def preflight_sweep(cfg: Config, req: SweepRequest, backend: Backend,
+                    names_taken: Callable[[list[str]], set[str]]) -> Preflight:
     """The checks of a new sweep before anything is written, in order of cost: names, commands, the scheduler's
     array limit, then each task's run dir (no symlink; a verified marker only of this task's command and
     argument set), then one process-table scan for live attempts the DB does not know."""
@@ -201,12 +203,16 @@ def preflight_sweep(cfg: Config, req: SweepRequest, backend: Backend) -> Preflig
             verified.add(n)  # a finished task of an earlier sweep (a lost DB): recorded done, never rerun
         else:
             unverified.append(run_dir)
+    if len(verified) == len(names):  # (no unverified run dir: no process to judge)
+        raise AlreadyVerified(f"refused: every task of {req.name!r} already holds a verified done marker")
+    # A name this DB holds is refused as one before any run dir's processes are judged: a task named like a job
+    # still running ("taken.0000") was refused as a live attempt "this DB does not know".
+    if taken := names_taken([req.name, *names]):
+        raise names_exist(taken)
     for run_dir, live in live_processes(unverified).items():
         if live:
             raise Refused(f"refused: a live attempt runs in {run_dir} ({'; '.join(live[:2])}) that this DB "
                           "does not know (was the DB deleted?); stop it first")
-    if len(verified) == len(names):
-        raise AlreadyVerified(f"refused: every task of {req.name!r} already holds a verified done marker")
     return Preflight(names, commands, verified)
 
 

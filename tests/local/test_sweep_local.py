@@ -171,9 +171,11 @@ def test_bad_sweep_arguments_are_refused_before_anything_is_written(orch):
     p = orch("sweep", "--name", "b", "--", "train")
     assert p.returncode == 2 and "--grid" in p.stderr
     assert not Path(orch.home / "runs").exists() or not any((orch.home / "runs").iterdir())
-    assert orch("submit", "--name", "taken.0000", "--", "true").returncode == 0
+    # a task named like a job that still runs: refused for its name, not as a live attempt the DB "does not know"
+    assert orch("submit", "--name", "taken.0000", "--", "sleep", "60").returncode == 0
     p = orch("sweep", "--name", "taken", "--grid", "i=1", "--", "true")
     assert p.returncode == 3 and "already exist" in p.stderr, p.stderr
+    assert orch("cancel", "taken.0000").returncode == 0
 
 
 def test_a_job_cannot_take_a_sweeps_name(orch):
