@@ -30,7 +30,9 @@ def test_a_two_rank_job_requeued_on_one_rank_resumes_where_both_stopped_with_no_
     run_dir = orch.runs / "rs"
     wait_for(lambda: int((protocol.read_progress(run_dir, 1) or {}).get("step") or 0) >= 10, 120, "step 10")
     assert orch("cancel", "rs").returncode == 0
-    wait_for(lambda: orch("reconcile") and orch.show("rs")["state"] == "cancelled", 90, "the cancel to settle")
+    # settled: the job cancelled and its attempt ended (requeue refuses while it is still stopping: its ranks save)
+    wait_for(lambda: orch("reconcile") and (lambda j: (j["state"], j["attempts"][-1]["state"]))(orch.show("rs"))
+             == ("cancelled", "cancelled"), 90, "the cancel to settle")
 
     # refused before anything is written: no new attempt, the job as it was
     for args, code, words in ((("--nodes", "2"), 3, "its backend runs a job on one machine only"),
