@@ -72,7 +72,11 @@ else
   # quick run lost its node kill (~110 s: the multinode tests kill a node) and tests/policy (161 s) joined it; a
   # clean run then took 36:01 (slurm 1801 + policy 161 + unit 110, integrations 1393 + trainer 256 + bench 253, the
   # rest 1953). tests/unit goes to the integrations stream: ~1960 / 2010 / 1950 s.
-  side=("tests/slurm tests/policy" "tests/integrations tests/trainer tests/bench tests/unit")
+  # The tests' `orch` runs are forked from a process that imported orch (tests/orchzygote.py): the CLI runs were ~40 %
+  # of the CPU asked for. A clean run (JUnit, s): the rest 1397 (local 743, adversarial 345, docs 197), slurm 1724 +
+  # policy 136, integrations 1466 + trainer 235 + bench 196 + unit 110. tests/trainer and tests/policy join the
+  # main stream: ~1770 / 1720 / 1770 s.
+  side=("tests/slurm" "tests/integrations tests/bench tests/unit")
   ignore=(); pids=()
   for i in "${!side[@]}"; do
     read -ra dirs <<<"${side[$i]}"

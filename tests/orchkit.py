@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
+from orchzygote import run_orch
 
 from orchestrator import protocol
 
@@ -127,8 +128,9 @@ def orch_env(env: dict[str, str]) -> Iterator[None]:
 @dataclass
 class Orch:
     """``orch`` as a user runs it, with this test's private ORCH_HOME: ``orch(*args)`` runs the real entry
-    point in a subprocess (exit codes, tracebacks, signals, pipes are the claim); ``orch.cli(*args)`` runs
-    the same click command in-process (CliRunner) for pure argument/usage checks, ~0.5 s cheaper each."""
+    point in a process of its own (exit codes, tracebacks, output are the claim), forked from a server that
+    imported orch already (tests/orchzygote.py: a new interpreter's imports were ~0.5 CPU-s of each run);
+    ``orch.cli(*args)`` runs the same click command in-process (CliRunner) for pure argument/usage checks."""
 
     home: Path
     env: dict
@@ -165,8 +167,8 @@ class Orch:
     def __call__(self, *args: str, timeout: float = 120, env: dict | None = None,
                  check: bool = False) -> subprocess.CompletedProcess:
         self.reconcile_runs += bool(args) and args[0] == "reconcile"
-        p = subprocess.run([PY, "-m", "orchestrator.cli", *map(str, args)], capture_output=True, text=True,
-                           timeout=timeout, env={**self.env, **(env or {})}, cwd=str(ROOT))
+        # the real entry point, forked from a process that imported orch already (orchzygote says why and when not)
+        p = run_orch(PY, list(map(str, args)), {**self.env, **(env or {})}, str(ROOT), timeout, _standard_env())
         if check and p.returncode != 0:
             raise AssertionError(f"orch {' '.join(map(str, args))} exited {p.returncode}:\n{p.stdout}\n{p.stderr}")
         return p
@@ -208,6 +210,16 @@ class Orch:
     def write_config(self, text: str) -> None:
         self.home.mkdir(mode=0o700, parents=True, exist_ok=True)
         (self.home / "orch.toml").write_text(text)
+
+
+def _standard_env() -> dict:
+    """The environment ``orch_for`` gives every Orch, without its own settings: what the fork server starts with."""
+    if not _STANDARD:
+        _STANDARD.update({k: v for k, v in orch_for(ROOT).env.items() if k != "ORCH_HOME"})
+    return _STANDARD
+
+
+_STANDARD: dict = {}
 
 
 def orch_for(home: Path, db_url: str | None = None) -> Orch:
