@@ -24,7 +24,16 @@ from orchestrator import protocol
 from orchestrator.core.config import Config
 from orchestrator.core.db import Database
 from orchestrator.core.goodput import summarize
-from orchestrator.dashboard.queries import MAX_PER_PAGE, PER_PAGE, SORTS, STATES, Filters, jobs_page, sweep_tasks
+from orchestrator.dashboard.queries import (
+    MAX_PER_PAGE,
+    PER_PAGE,
+    SORTS,
+    STATES,
+    Filters,
+    jobs_page,
+    split_of,
+    sweep_tasks,
+)
 from orchestrator.dashboard.security import Guard
 from orchestrator.dashboard.svg import goodput_svg, loss_svg, timeline_svg
 from orchestrator.decide.suspects import all_suspects
@@ -154,7 +163,7 @@ def make_app(db: Database, cfg: Config, token: str | None, loopback_only: bool) 
         except BadQuery as e:
             return problem(400, str(e))
         now = time.time()
-        splits = report_splits(db, since, now)
+        splits = report_splits(db, since, now, split_of)  # refreshed every 15 s: ended jobs' splits kept
         over = Markup(goodput_svg(goodput_over_time(splits, since, now)))
         return render("fleet.html", rep=report_of(splits, since), over_time=over, since_text=text,
                       suspects=all_suspects(db, cfg), dur=dur, summary_lines=summary_lines)

@@ -21,6 +21,7 @@ from orchestrator.core.lifecycle import JobState
 from orchestrator.core.models import Attempt, Job, Sweep
 from orchestrator.core.resources import partition_of
 from orchestrator.core.states import utcnow
+from orchestrator.views.beatcache import BeatCache
 from orchestrator.views.goodputrows import ATTEMPT_KEYS, JOB_KEYS, JobRow, jobs_from_rows
 from orchestrator.views.goodputview import job_split
 from orchestrator.views.status import make_row
@@ -143,17 +144,20 @@ def sweep_tasks(db: Database, name: str) -> tuple[list[dict[str, Any]], list[Job
 # reads an ended job's heartbeat histories (up to 8 MiB an attempt) once, not on every refresh. A live job's split
 # grows with the clock and its files: computed each time.
 _ENDED_SPLITS: OrderedDict[tuple[Any, ...], JobSplit] = OrderedDict()
-ENDED_SPLITS_KEPT = 4096
+ENDED_SPLITS_KEPT = 32768  # the fleet page's week of ended jobs, a few KiB each
+LIVE_BEATS = BeatCache()  # a live job's heartbeats: each refresh parses only the lines appended since the last
 
 
-def split_of(job: JobRow) -> JobSplit:
-    """``job_split(job)``, from the memo when every attempt of the job ended."""
+def split_of(job: JobRow, now: float | None = None) -> JobSplit:
+    """``job_split(job)``, from the memo when every attempt of the job ended; a live job's heartbeats read from
+    where the last page's read stopped."""
+    now = time.time() if now is None else now
     if not job.attempts or any(a.ended_at is None for a in job.attempts):
-        return job_split(job, time.time())
+        return job_split(job, now, LIVE_BEATS.beats)
     key = (job.name, job.run_dir, job.created_at, tuple((a.n, a.token, a.ended_at) for a in job.attempts))
     got = _ENDED_SPLITS.get(key)
     if got is None:
-        got = _ENDED_SPLITS[key] = job_split(job, time.time())
+        got = _ENDED_SPLITS[key] = job_split(job, now)
         if len(_ENDED_SPLITS) > ENDED_SPLITS_KEPT:
             _ENDED_SPLITS.popitem(last=False)
     else:

@@ -242,12 +242,12 @@ def read_progress_history(run_dir: Path | str, attempt: int) -> list[dict]:
     lines = raw.split(b"\n")
     if cut:
         lines = lines[1:]  # the first line of the tail is probably cut
-    out = []
-    for line in lines:
-        try:
-            rec = clean_progress(json.loads(line, parse_constant=float))
-        except (ValueError, RecursionError):
-            continue
-        if rec:
-            out.append(rec)
-    return out
+    return [rec for line in lines if (rec := history_record(line))]
+
+
+def history_record(line: bytes) -> dict | None:
+    """One line of a progress history, cleaned; None for a torn, malformed or empty one."""
+    try:
+        return clean_progress(json.loads(line, parse_constant=float)) or None
+    except (ValueError, RecursionError):
+        return None

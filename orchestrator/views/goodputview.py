@@ -10,7 +10,7 @@ from __future__ import annotations
 import math
 import re
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -43,16 +43,18 @@ def _epoch(dt: datetime | None) -> float | None:
 
 def beats_of(run_dir: str, n: int) -> tuple[Beat, ...]:
     """The attempt's heartbeat history as beats (records without a time or a step are skipped)."""
-    out = []
-    for r in protocol.read_progress_history(run_dir, n):
-        t, step = r.get("time"), r.get("step")
-        if not isinstance(t, float | int) or not isinstance(step, int):
-            continue
-        stall = r.get("save_stall_s")
-        out.append(Beat(float(t), step, r.get("resumed_from"),
-                        float(stall) if isinstance(stall, float | int) and not isinstance(stall, bool) else None,
-                        r.get("saved_step")))
-    return tuple(out)
+    return tuple(b for r in protocol.read_progress_history(run_dir, n) if (b := beat_of(r)) is not None)
+
+
+def beat_of(r: dict[str, Any]) -> Beat | None:
+    """One cleaned heartbeat record as a beat; None without a time or a step."""
+    t, step = r.get("time"), r.get("step")
+    if not isinstance(t, float | int) or not isinstance(step, int):
+        return None
+    stall = r.get("save_stall_s")
+    return Beat(float(t), step, r.get("resumed_from"),
+                float(stall) if isinstance(stall, float | int) and not isinstance(stall, bool) else None,
+                r.get("saved_step"))
 
 
 def _iso_epoch(v: Any) -> float | None:
@@ -123,7 +125,8 @@ def _last_beat(run_dir: str, n: int) -> float | None:
     return float(t) if isinstance(t, float | int) and not isinstance(t, bool) else None
 
 
-def attempt_facts(a: Any, run_dir: str, gpus: int | None) -> AttemptFacts:
+def attempt_facts(a: Any, run_dir: str, gpus: int | None,
+                  read_beats: Callable[[str, int], tuple[Beat, ...]] | None = None) -> AttemptFacts:
     """One attempt row (models.Attempt) and its heartbeats as the pure module's input.
 
     Held time: the scheduler's account of each run (``attempts.runs``, sacct's Start and End) where it kept one,
@@ -140,7 +143,7 @@ def attempt_facts(a: Any, run_dir: str, gpus: int | None) -> AttemptFacts:
     return AttemptFacts(n=a.n, started=started, ended=ended,
                         failure_class=getattr(cls, "value", cls), stop_reason=a.stop_reason,
                         stop_requested=_epoch(a.stop_requested_at), stale_age_s=a.stale_age_s,
-                        beats=beats_of(run_dir, a.n),
+                        beats=(read_beats or beats_of)(run_dir, a.n),
                         gpus=gpus, restarts=a.restarts or 0,
                         preempted_restarts=protocol.in_place_preemptions(history, a.restarts) if a.restarts else 0,
                         holds=holds, run_causes=tuple(h["class"] for h in history), notes=tuple(notes),
@@ -176,11 +179,13 @@ def group_of(job: Any) -> dict[str, str | None]:
             "sweep": job.sweep.name if job.sweep is not None else None}
 
 
-def job_split(job: Any, now: float | None = None) -> JobSplit:
-    """The split of one job (models.Job with its attempts loaded)."""
+def job_split(job: Any, now: float | None = None,
+              read_beats: Callable[[str, int], tuple[Beat, ...]] | None = None) -> JobSplit:
+    """The split of one job (models.Job with its attempts loaded); ``read_beats``: how its heartbeats are read
+    (``beats_of``; a view that stays open reads them through a ``beatcache.BeatCache``)."""
     now = time.time() if now is None else now
     gpus = _gpus(job.resources)
-    facts = [attempt_facts(a, job.run_dir, gpus) for a in job.attempts]
+    facts = [attempt_facts(a, job.run_dir, gpus, read_beats) for a in job.attempts]
     return split_job(job.name, facts, _epoch(job.created_at) or now, now, group_of(job))
 
 
@@ -196,8 +201,10 @@ def report(db: Any, since: timedelta | None, now: float | None = None) -> dict[s
     return report_of(report_splits(db, since, now), since)
 
 
-def report_splits(db: Any, since: timedelta | None, now: float | None = None) -> list[JobSplit]:
-    """The split of each job in ``orch report``'s window, through SQLAlchemy."""
+def report_splits(db: Any, since: timedelta | None, now: float | None = None,
+                  split: Callable[[Any, float], JobSplit] | None = None) -> list[JobSplit]:
+    """The split of each job in ``orch report``'s window, through SQLAlchemy; ``split``: how one job is split
+    (``job_split``; the dashboard keeps ended jobs' splits and reads live ones' heartbeats incrementally)."""
     now = time.time() if now is None else now
     jobs_q, attempts_q = report_selects(since is not None)
     params = {}
@@ -206,7 +213,7 @@ def report_splits(db: Any, since: timedelta | None, now: float | None = None) ->
     with db.read() as s:
         jobs = jobs_from_rows(s.execute(jobs_q, params).all(), s.execute(attempts_q, params).all())
     # the heartbeat files are read after the transaction
-    return [job_split(j, now) for j in jobs]
+    return [(split or job_split)(j, now) for j in jobs]
 
 
 def report_of(splits: list[JobSplit], since: timedelta | None) -> dict[str, Any]:
