@@ -118,6 +118,14 @@ def node_idle(timeout: float = 60) -> None:
     wait_for(idle, timeout, "the node to be free", interval=0.5, detail=lambda: run("squeue").stdout)
 
 
+def submitted_since(since: str) -> set[str]:
+    """The job ids (an array's one id) sacct holds as submitted at or after ``since`` (``%Y-%m-%dT%H:%M:%S``, local
+    time). ``sacct -S`` alone also lists a previous test's job that ended after ``since``: once the tests' orch runs
+    got faster, a job cancelled by the test before ended within that second and counted as a second sbatch."""
+    acct = run("sacct", "-X", "-n", "-P", "--duplicates", "-S", since, "-o", "JobID,Submit").stdout
+    return {job.split("_")[0] for job, submit in (line.split("|") for line in acct.split()) if submit >= since}
+
+
 def cancel_all_of(orch, extra: Sequence[str] = ()) -> None:
     """scancel every Slurm job of the test's orch jobs (and ``extra`` ids): a test's teardown. Never raises past
     a failing status query, so the test's own failure is the one reported."""

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 from orchkit import wait_for
-from slurmkit import cancel_all_of, node_idle, run
+from slurmkit import cancel_all_of, node_idle, submitted_since
 
 # The births transaction's first, second and last statement (a kill at any one rolls it back whole)
 BEFORE_ROWS = ["any_names_taken", "new_sweep", "sweep_tasks"]
@@ -82,10 +82,9 @@ def test_a_quick_sweep_killed_after_any_statement_runs_each_task_exactly_once(or
     for n in NAMES:
         assert (orch.runs / n / "result.txt").read_text() == n[-1]
     exts = {a[0]["external_id"] for a in attempts.values()}
-    acct = run("sacct", "-X", "-n", "-P", "--duplicates", "-S", since, "-o", "JobID").stdout
-    submitted = {line.split("_")[0] for line in acct.split()}
+    submitted = submitted_since(since)
     if statement in AFTER_SBATCH:  # the one array sbatch accepted, found by its token: no second sbatch
         (array,) = {e.split("_")[0] for e in exts}
-        assert exts == {f"{array}_{i}" for i in range(TASKS)} and submitted == {array}, (acct, attempts)
+        assert exts == {f"{array}_{i}" for i in range(TASKS)} and submitted == {array}, (submitted, attempts)
     else:  # nothing reached sbatch before the kill: sacct holds exactly the jobs the DB names
-        assert submitted == {e.split("_")[0] for e in exts}, (acct, attempts)
+        assert submitted == {e.split("_")[0] for e in exts}, (submitted, attempts)

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 from orchkit import wait_for
-from slurmkit import node_idle, run, start_requeued
+from slurmkit import node_idle, run, start_requeued, submitted_since
 
 from orchestrator import protocol
 
@@ -224,19 +224,18 @@ def test_a_sweep_whose_submitter_dies_right_after_sbatch_is_found_by_its_token(o
     ids = {n: orch.show(n)["attempts"] for n in names}
     assert all(len(a) == 1 for a in ids.values()), ids  # one attempt each: found, not resubmitted
     exts = {a[0]["external_id"] for a in ids.values()}
-    acct = run("sacct", "-X", "-n", "-P", "--duplicates", "-S", since, "-o", "JobID").stdout
-    submitted = {line.split("_")[0] for line in acct.split()}
+    submitted = submitted_since(since)
     if site == "after_backend_submit":
         arrays = {e.split("_")[0] for e in exts}
         assert len(arrays) == 1, ids
         (array,) = arrays
         assert exts == {f"{array}_{i}" for i in range(3)}
         # sacct: every job submitted since the sweep began is that one array (no second sbatch).
-        assert submitted == {array}, acct
+        assert submitted == {array}, submitted
     else:
         # Nothing was submitted before the crash and no group token recorded: the reconciler re-claims and
         # launches each task (as its own job); sacct holds exactly the 3 jobs the DB names, no second copy.
-        assert len(exts) == 3 and submitted == {e.split("_")[0] for e in exts}, (acct, ids)
+        assert len(exts) == 3 and submitted == {e.split("_")[0] for e in exts}, (submitted, ids)
     for n in names:
         assert (orch.runs / n / "result.txt").read_text() == n[-1]
 
