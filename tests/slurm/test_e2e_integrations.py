@@ -132,12 +132,17 @@ def test_lightning_hf_and_the_plain_loop_with_wandb_under_a_real_time_limit_redo
         shown = orch.show(name)["attempts"]
         assert len(shown) >= 2, (name, shown)
         assert all(a["failure_class"] in {"timeout", "preempted"} and not a["counted"] for a in shown[:-1]), shown
-        counts = collections.Counter(s for _, s in steps_of(tmp_path / f"{name}.log"))
+        steps = steps_of(tmp_path / f"{name}.log")
+        counts = collections.Counter(s for _, s in steps)
         assert sorted(counts) == list(range(1, TIME_LIMIT_STEPS + 1)) and max(counts.values()) == 1, \
             (name, counts.most_common(3))
         run_id = protocol.stable_run_id(orch.runs / name, name)
         runs = sorted((orch.runs / name / "wandb").glob("offline-run-*"))
-        assert len(runs) == len(shown) and all(p.name.endswith(f"-{run_id}") for p in runs), (name, runs)
+        # each attempt that trained a step logged to W&B, all into one run; one warned while it still started up
+        # (Lightning's imports under a loaded CI: 6 attempts, one with no step) may end before W&B starts
+        trained = {a for a, _ in steps}
+        assert len(trained) <= len(runs) <= len(shown) and all(p.name.endswith(f"-{run_id}") for p in runs), \
+            (name, runs, sorted(trained))
         print(f"\n[measured] {name}: {len(shown)} attempts under --time 1, 0 steps redone")
     print(f"[measured] all verified {history[-1][0]:.0f} s after the start of driving")
 
