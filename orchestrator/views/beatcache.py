@@ -12,6 +12,9 @@ from __future__ import annotations
 
 import os
 import threading
+import time
+from array import array
+from bisect import bisect_right
 from collections import OrderedDict
 from dataclasses import dataclass, field
 
@@ -20,18 +23,26 @@ from orchestrator.core.goodput import Beat
 from orchestrator.protocol import progress
 from orchestrator.views.goodputview import beat_of
 
-MAX_BEATS_KEPT = 1_000_000  # the beats all cursors hold together (~100 MB); the least recently read go first
+MAX_BEATS_KEPT = 750_000  # all cursors together, ~190 B a beat: ~140 MB (50 rows of 1 MiB histories: ~265,000)
+STALE_S = 120.0  # a cursor not read for this long (its row no longer shown: pages refresh every 15 s) goes first
 
 
 @dataclass
 class _Cursor:
     identity: tuple[int, int]  # st_dev, st_ino: a history replaced under the same name is read again
     parsed_to: int  # the offset after the last newline parsed
-    beats: list[tuple[int, Beat]] = field(default_factory=list)  # (the line's start offset, its beat), in order
+    starts: array = field(default_factory=lambda: array("q"))  # each kept beat's line start offset
+    beats: list[Beat] = field(default_factory=list)  # in order
+    read_at: float = 0.0  # time.monotonic() of its last read
 
 
 class BeatCache:
-    """Cursors by history path, bounded by MAX_BEATS_KEPT beats; safe to share between a server's threads."""
+    """Cursors by history path, bounded by MAX_BEATS_KEPT beats; safe to share between a server's threads.
+
+    Full, it evicts the cursors not read for STALE_S, then admits no new one: a page whose live rows hold more beats
+    than the bound keeps a fixed part of them and reads the rest whole (evicting the least recent instead, a page
+    read in the same order every refresh would evict each cursor just before its next read, and read every history
+    whole)."""
 
     def __init__(self, max_beats: int = MAX_BEATS_KEPT) -> None:
         self.max_beats = max_beats
@@ -73,25 +84,33 @@ class BeatCache:
         offset = c.parsed_to
         for line in data[:end].split(b"\n")[:-1]:
             if (rec := progress.history_record(line)) and (b := beat_of(rec)) is not None:
-                c.beats.append((offset, b))
+                c.starts.append(offset)
+                c.beats.append(b)
             offset += len(line) + 1
         c.parsed_to += end
         if window:
-            drop = next((i for i, (start, _b) in enumerate(c.beats) if start > window), len(c.beats))
+            drop = bisect_right(c.starts, window)  # the lines that start after the tail's first byte are kept
+            del c.starts[:drop]
             del c.beats[:drop]
         tail = progress.history_record(data[end:]) if end < len(data) else None
         last = beat_of(tail) if tail else None
-        out = tuple(b for _s, b in c.beats) + ((last,) if last is not None else ())
+        out = tuple(c.beats) + ((last,) if last is not None else ())
         self._keep(path, c)
         return out
 
     def _keep(self, path: str, c: _Cursor) -> None:
+        now = time.monotonic()
+        c.read_at = now
         with self._lock:
-            self._cursors[path] = c
-            self._held += len(c.beats)
-            while self._held > self.max_beats and len(self._cursors) > 1:
-                _p, old = self._cursors.popitem(last=False)
-                self._held -= len(old.beats)
+            while self._cursors and self._held + len(c.beats) > self.max_beats:
+                _p, oldest = next(iter(self._cursors.items()))  # read least recently
+                if oldest.read_at > now - STALE_S:
+                    return  # full of cursors still read: this one is not kept
+                self._cursors.popitem(last=False)
+                self._held -= len(oldest.beats)
+            if self._held + len(c.beats) <= self.max_beats:
+                self._cursors[path] = c
+                self._held += len(c.beats)
 
     def _drop(self, path: str) -> None:
         with self._lock:

@@ -91,12 +91,24 @@ def test_a_fifo_or_a_symlink_in_the_historys_place_is_no_history_and_never_block
     assert cache.beats(str(tmp_path), 1) == ()
 
 
-def test_the_cursors_hold_at_most_their_bound_of_beats(tmp_path, monkeypatch):
+def test_full_it_keeps_the_cursors_still_read_and_reads_a_new_history_whole(tmp_path, monkeypatch):
+    """Evicting the least recently read, a page that reads its rows in the same order each refresh would evict
+    each cursor just before its next read: with 50 rows over the bound, every refresh read every history whole."""
     cache = BeatCache(max_beats=10)
     for n in (1, 2, 3):
         adir = protocol.attempt_dir(tmp_path, n)
         adir.mkdir(parents=True)
         (adir / protocol.PROGRESS_HISTORY).write_bytes(b"".join(_beat(s) for s in range(1, 5)))
-        assert len(cache.beats(str(tmp_path), n)) == 4
-    assert cache._held <= 10 and len(cache._cursors) == 2  # the least recently read went
-    assert beatcache.MAX_BEATS_KEPT >= 100_000
+    parsed: list[bytes] = []
+    real = progress.history_record
+    monkeypatch.setattr(progress, "history_record", lambda line: parsed.append(line) or real(line))
+    for _refresh in range(3):  # rows 1, 2, 3 in order, as a page reads them
+        for n in (1, 2, 3):
+            assert len(cache.beats(str(tmp_path), n)) == 4
+    assert cache._held <= 10 and sorted(cache._cursors) == [str(protocol.attempt_dir(tmp_path, n) /
+                                                                protocol.PROGRESS_HISTORY) for n in (1, 2)]
+    assert len(parsed) == 4 * 2 + 4 * 3  # rows 1 and 2 parsed once, row 3 on each refresh
+    monkeypatch.setattr(beatcache.time, "monotonic", lambda: 1e12)  # no row read for a long time: stale
+    assert len(cache.beats(str(tmp_path), 3)) == 4 and str(protocol.attempt_dir(tmp_path, 3) /
+                                                              protocol.PROGRESS_HISTORY) in cache._cursors
+    assert beatcache.MAX_BEATS_KEPT >= 500_000
