@@ -9,11 +9,12 @@ import json
 import time
 from collections import OrderedDict
 from dataclasses import dataclass, field
-from datetime import timedelta
+from datetime import UTC, timedelta
 from typing import Any
 
 from sqlalchemy import Text, cast, func, select
 
+from orchestrator import protocol
 from orchestrator.core.config import Config
 from orchestrator.core.db import Database
 from orchestrator.core.goodput import Category, JobSplit
@@ -94,6 +95,7 @@ def jobs_page(db: Database, cfg: Config, f: Filters) -> JobsPage:
             for a in s.execute(select(*a_cols, Attempt.external_id, Attempt.state, Attempt.nodes)
                                .where(Attempt.job_id.in_(list(attempts))).order_by(Attempt.job_id, Attempt.n)):
                 attempts[a.job_id].append(a)
+    now = time.time()
     # each job's goodput from the same rows, its heartbeat files read after the transaction
     splits = {j.name: split_of(j) for j in jobs_from_rows(
         [tuple(j[k] for k in JOB_KEYS) for j in jobs], [tuple(a)[:len(ATTEMPT_KEYS)] for m in attempts.values()
@@ -113,6 +115,12 @@ def jobs_page(db: Database, cfg: Config, f: Filters) -> JobsPage:
         row["nodes"] = latest.nodes if latest else None
         row["submitted"] = j["created_at"].strftime("%Y-%m-%d %H:%M") if j["created_at"] else None
         row["goodput"] = row_goodput(splits.get(j["name"]))
+        # the step its last save committed (the heartbeat's saved_step: where a resume would start), and how long
+        # a live job's latest attempt has run
+        beat = protocol.read_progress(j["run_dir"], latest.n) if latest and row["state"] != "pending" else None
+        row["saved_step"] = (beat or {}).get("saved_step")
+        live = latest is not None and latest.started_at is not None and latest.ended_at is None
+        row["running_s"] = max(0.0, now - latest.started_at.replace(tzinfo=UTC).timestamp()) if live else None
         out.append(row)
     return JobsPage(out, total, {st: counts.get(st, 0) for st in STATES})
 

@@ -386,3 +386,15 @@ def test_the_fleet_page_reads_an_ended_jobs_heartbeats_once_and_a_live_ones_from
     for _ in range(3):
         assert c.get("/fleet").status_code == 200
     assert sorted(p.rsplit("/", 1)[-1] for p in full) == ["bad", "ok"]  # the live job's: never a full read
+
+
+def test_a_live_rows_step_shows_its_last_saved_step_and_how_long_it_has_run(db, cfg, sched):
+    _fleet(db, cfg, sched)
+    protocol.write_progress(cfg.runs_root / "live", 1, step=42, saved_step=40)
+    r = _client(cfg).get("/")
+    row = r.text[r.text.index('href="/jobs/live"'):].split("</tr>")[0]
+    assert '<td class="num step">42 <span class="note">(40)</span></td>' in row
+    running = row.split('<td class="num running">')[1].split("</td>")[0]
+    assert running.endswith(" s") and float(running[:-2]) >= 0, running  # seen running by the pass: a duration
+    ok = r.text[r.text.index('href="/jobs/ok"'):].split("</tr>")[0]
+    assert '<td class="num running"></td>' in ok  # ended: nothing runs
