@@ -97,7 +97,7 @@ def jobs_page(db: Database, cfg: Config, f: Filters) -> JobsPage:
                 attempts[a.job_id].append(a)
     now = time.time()
     # each job's goodput from the same rows, its heartbeat files read after the transaction
-    splits = {j.name: split_of(j) for j in jobs_from_rows(
+    splits = {j.name: split_of(j, now) for j in jobs_from_rows(
         [tuple(j[k] for k in JOB_KEYS) for j in jobs], [tuple(a)[:len(ATTEMPT_KEYS)] for m in attempts.values()
                                                        for a in m])}
     out = []

@@ -18,7 +18,9 @@ import pytest
 from orchkit import wait_for
 from slurmkit import cancel_all_of, node_idle, submitted_since
 
-# The births transaction's first, second and last statement (a kill at any one rolls it back whole)
+# Killed before any row: any_names_taken first runs in the sweep's preflight (a read: a name this DB holds is refused
+# before the run dirs' processes are judged), so its kill is one before the births transaction; new_sweep and
+# sweep_tasks are that transaction's second and last statement (a kill at either rolls it back whole)
 BEFORE_ROWS = ["any_names_taken", "new_sweep", "sweep_tasks"]
 # One statement of each transaction after it: the claims, the fence check, the batch mark (each before sbatch),
 # and the record of the array's ids (after sbatch: found again by the batch token in its job name)
